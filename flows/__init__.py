@@ -1,0 +1,1 @@
+"""Prefect flows: orchestration only; the steps live in `tasks/`."""

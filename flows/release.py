@@ -1,0 +1,116 @@
+"""The `release-model` flow: fetch -> export -> quantize -> validate -> build repository ->
+register -> deploy -> smoke -> promote. Orchestration only; each step lives in `tasks/`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow, get_run_logger
+
+from hf2triton.embeddings import read_sentences, resolve_embedding_config
+from hf2triton.spec import ReleaseSpec, parse_spec
+from hf2triton.workspace import digest, home
+from tasks.deploy import deploy
+from tasks.export import export
+from tasks.fetch import fetch
+from tasks.quantize import quantize
+from tasks.register import library_versions, promote, register
+from tasks.repository import repository
+from tasks.smoke import smoke
+from tasks.validate import Candidate, validate
+
+
+def _reuse_note(logger, step: str, result: dict[str, Any]) -> str | None:
+    if result.get("reused"):
+        logger.info("%s: reused the finished output of an earlier run (same inputs)", step)
+        return step
+    return None
+
+
+@flow(name="release-model", log_prints=False, validate_parameters=False)
+def release_model(spec: ReleaseSpec | dict[str, Any]) -> dict[str, Any]:
+    """Release one model as described by `spec`; returns the release summary."""
+    spec = parse_spec(spec)
+    logger = get_run_logger()
+    work = str(home() / "work" / spec.name)
+    sentences = read_sentences(spec.validation.sentences)  # bad input fails before any work
+    logger.info("release %s: %d validation sentences", spec.name, len(sentences))
+
+    src = fetch(spec.source)
+    logger.info("fetch: %s at %s, content %s", src["source_id"], src["revision"] or "local",
+                src["content_hash"][:12])
+    emb = resolve_embedding_config(src["model_dir"], spec.embedding.pooling,
+                                   spec.embedding.normalize, spec.embedding.max_length)
+
+    exp = export(src["model_dir"], src["content_hash"], spec.task.value, spec.export.opset,
+                 spec.export.atol, emb, sentences, work)
+    quant = quantize(exp["onnx_path"], spec.quantization, work)
+    candidates = [Candidate(name=quant["method"], onnx_path=quant["onnx_path"])]
+    if spec.quantization.method != "none" and spec.quantization.fallback_to_fp32:
+        candidates.append(Candidate(name="fp32", onnx_path=exp["onnx_path"]))
+    val = validate(src["model_dir"], exp["export_dir"], candidates, emb,
+                   spec.validation.sentences, spec.validation.thresholds,
+                   spec.validation.smoke_sentences, work)
+    for name, m in val["candidates"].items():
+        logger.info("validate: %s min cosine %.4f, mean %.4f, spearman %.4f -> %s", name,
+                    m["min_cosine"], m["mean_cosine"], m["spearman"],
+                    "ships" if name == val["chosen"] else "misses the gate")
+
+    repo = repository(spec.triton_model_name, val["onnx_path"], exp["export_dir"], emb,
+                      val["embedding_dim"], spec.deploy, val["smoke_texts"][-2:], work)
+    lineage = {
+        "source_id": src["source_id"], "revision": src["revision"] or "local",
+        "content_hash": src["content_hash"], "variant": val["chosen"],
+        **{f"sha256.{name}": sha for name, sha in src["files"].items()},
+        **{f"sha256.triton.{name}": sha for name, sha in repo["files"].items()
+           if name.endswith(("model.onnx", "tokenizer.json", "config.pbtxt"))},
+    }
+    metrics = {
+        **{k: v for k, v in val["metrics"].items()},
+        **{f"{n}.{k}": v for n, m in val["candidates"].items() for k, v in m.items()},
+        "export_max_abs_diff": exp["max_abs_diff"], "onnx_fp32_bytes": quant["fp32_bytes"],
+        "onnx_int8_bytes": quant["size_bytes"], "export_seconds": exp["seconds"],
+        "quantize_seconds": quant["seconds"], "validate_seconds": val["seconds"],
+    }
+    params = {**spec.model_dump(mode="json"), "versions": library_versions(),
+              "opset": exp["opset"], "embedding_resolved": emb.to_dict()}
+    reg = register(
+        spec.registry.model_name, spec.registry.experiment,
+        digest([src["content_hash"], repo["content_hash"]]), params, metrics, lineage,
+        {"triton_repository": repo["repository"], "model": exp["export_dir"],
+         "validation_report.json": val["report_path"]},
+    )
+    logger.info("register: %s version %s%s", reg["model_name"], reg["version"],
+                " (already registered: same release key)" if reg["reused"] else "")
+
+    dep = deploy(repo["repository"], spec.triton_model_name, reg["version"], repo["files"],
+                 spec.deploy)
+    sm = smoke(dep["grpc_url"], dep["http_url"], spec.triton_model_name, reg["version"],
+               val["reference_path"], spec.validation.thresholds.min_cosine)
+    promote(reg["model_name"], reg["version"], {k: v for k, v in sm.items() if k != "sentences"})
+    logger.info("smoke: served = PyTorch within min cosine %.4f (gRPC p50 %.1f ms); champion is "
+                "now version %s", min(sm["grpc_min_cosine"], sm["http_min_cosine"]),
+                sm["grpc_p50_ms"], reg["version"])
+
+    reused = [s for s, r in (("export", exp), ("quantize", quant), ("validate", val),
+                             ("build-repository", repo), ("register", reg), ("deploy", dep))
+              if _reuse_note(logger, s, r)]
+    base = f"{spec.deploy.host}"
+    return {
+        "release": spec.name,
+        "mlflow": {"model_name": reg["model_name"], "version": reg["version"],
+                   "run_id": reg["run_id"], "tracking_uri": reg["tracking_uri"]},
+        "source": {"id": src["source_id"], "revision": src["revision"],
+                   "content_hash": src["content_hash"]},
+        "variant": val["chosen"],
+        "metrics": {**val["metrics"], "smoke_min_cosine": min(
+            sm["grpc_min_cosine"], sm["http_min_cosine"], sm["batch_min_cosine"])},
+        "endpoint": {
+            "model": spec.triton_model_name, "version": reg["version"],
+            "http": f"http://{base}:{spec.deploy.http_port}/v2/models/"
+                    f"{spec.triton_model_name}/versions/{reg['version']}/infer",
+            "grpc": f"{base}:{spec.deploy.grpc_port}",
+        },
+        "reused_steps": reused,
+    }

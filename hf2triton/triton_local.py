@@ -1,0 +1,233 @@
+"""The embedded deploy target: a local `tritonserver` process from the nvidia-pytriton wheel, run
+from its own serving environment (numpy<2), in explicit model-control mode, bound to 127.0.0.1 by
+default, and left serving after the release ends.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from hf2triton.errors import DeployError, ServiceUnavailableError
+from hf2triton.workspace import PROJECT_ROOT, atomic_write_text, home
+
+
+def serving_env() -> Path:
+    """The Python environment Triton's Python backend runs models in."""
+    return Path(os.environ.get("HF2TRITON_SERVING_ENV") or PROJECT_ROOT / ".venv-serving")
+
+
+def _pytriton_dir(env: Path) -> Path:
+    found = sorted(env.glob("lib/python3*/site-packages/pytriton/tritonserver"))
+    if not found or not (found[0] / "bin" / "tritonserver").is_file():
+        raise DeployError(
+            f"no tritonserver in the serving environment {env}: run `bash infra/setup.sh` (or "
+            "set HF2TRITON_SERVING_ENV to an environment with nvidia-pytriton, onnxruntime, "
+            "tokenizers and numpy<2)"
+        )
+    return found[0]
+
+
+@dataclass(frozen=True)
+class ServerState:
+    pid: int
+    host: str
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+    model_repository: str
+    log_file: str
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.host}:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+
+def state_dir() -> Path:
+    return home() / "triton"
+
+
+def _state_file() -> Path:
+    return state_dir() / "server.json"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child still answers kill(0); /proc says whether it really runs.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return True
+
+
+def read_state() -> ServerState | None:
+    try:
+        state = ServerState(**json.loads(_state_file().read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+    return state if _alive(state.pid) else None
+
+
+def _http_ok(url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def is_live(state: ServerState) -> bool:
+    return _http_ok(f"http://{state.http_url}/v2/health/live")
+
+
+def _backends(pytriton: Path) -> Path:
+    """Triton wants the Python backend stub beside the backend library; the wheel keeps it apart."""
+    target = state_dir() / "backends"
+    python_dir = target / "python"
+    stub = pytriton / "python_backend_stubs" / "3.11" / "triton_python_backend_stub"
+    if not (python_dir / "triton_python_backend_stub").is_file():
+        tmp = state_dir() / f".backends.{os.getpid()}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(pytriton / "backends", tmp)
+        shutil.copy2(stub, tmp / "python" / "triton_python_backend_stub")
+        shutil.rmtree(target, ignore_errors=True)
+        os.rename(tmp, target)
+    return target
+
+
+def _log_tail(path: str, lines: int = 15) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def ensure_server(host: str, http_port: int, grpc_port: int, metrics_port: int,
+                  timeout_s: float = 120) -> ServerState:
+    """Return the running local server, starting one if none runs."""
+    state = read_state()
+    if state is not None:
+        wanted = (host, http_port, grpc_port, metrics_port)
+        if (state.host, state.http_port, state.grpc_port, state.metrics_port) != wanted:
+            raise DeployError(
+                f"a local Triton (pid {state.pid}) already serves on {state.host} ports "
+                f"{state.http_port}/{state.grpc_port}/{state.metrics_port}, not the spec's "
+                f"{host} {http_port}/{grpc_port}/{metrics_port}: change deploy ports in the spec "
+                "or run `hf2triton server stop`"
+            )
+        _wait_live(state, timeout_s)
+        return state
+    env = serving_env()
+    pytriton = _pytriton_dir(env)
+    repo = state_dir() / "models"
+    repo.mkdir(parents=True, exist_ok=True)
+    log_file = state_dir() / "server.log"
+    cmd = [
+        str(pytriton / "bin" / "tritonserver"),
+        f"--model-repository={repo}",
+        f"--backend-directory={_backends(pytriton)}",
+        "--model-control-mode=explicit",
+        "--load-model=*",  # what is already in the repository (the last release) serves again
+        f"--http-address={host}", f"--http-port={http_port}",
+        f"--grpc-address={host}", f"--grpc-port={grpc_port}",
+        f"--metrics-address={host}", f"--metrics-port={metrics_port}",
+        "--exit-on-error=false",
+        "--strict-readiness=true",
+    ]
+    # The Python backend stub imports numpy, onnxruntime and tokenizers from the python found
+    # first on PATH, so the serving environment goes first.
+    run_env = {**os.environ, "PATH": f"{env / 'bin'}:{os.environ.get('PATH', '')}"}
+    # The stub finds its bundled CUDA runtime stubs only through the wheel's .libs directory.
+    libs = pytriton.parent.parent / "nvidia_pytriton.libs"
+    run_env["LD_LIBRARY_PATH"] = ":".join(
+        p for p in (str(libs), os.environ.get("LD_LIBRARY_PATH", "")) if p
+    )
+    for secret in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "MLFLOW_TRACKING_PASSWORD",
+                   "MLFLOW_TRACKING_TOKEN", "AWS_SECRET_ACCESS_KEY"):
+        run_env.pop(secret, None)  # the server needs none of them
+    with open(log_file, "ab") as log:
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=run_env, start_new_session=True,  # keeps serving after the release ends
+        )
+    state = ServerState(proc.pid, host, http_port, grpc_port, metrics_port, str(repo),
+                        str(log_file))
+    atomic_write_text(_state_file(), json.dumps(asdict(state), indent=1))
+    _wait_live(state, timeout_s, proc)
+    return state
+
+
+def _wait_live(state: ServerState, timeout_s: float, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if is_live(state):
+            return
+        if proc is not None and proc.poll() is not None:
+            _state_file().unlink(missing_ok=True)
+            raise DeployError(
+                f"tritonserver exited with code {proc.returncode} while starting (is a port of "
+                f"{state.http_port}/{state.grpc_port}/{state.metrics_port} taken?). Log "
+                f"{state.log_file}:\n{_log_tail(state.log_file)}"
+            )
+        time.sleep(0.3)
+    raise ServiceUnavailableError(
+        f"tritonserver (pid {state.pid}) did not become live on {state.http_url} within "
+        f"{timeout_s:.0f}s; log: {state.log_file}"
+    )
+
+
+def stop_server(timeout_s: float = 30) -> ServerState | None:
+    """Stop the local server; returns what was stopped, or None if nothing ran."""
+    state = read_state()
+    if state is None:
+        _state_file().unlink(missing_ok=True)
+        return None
+    try:
+        os.killpg(state.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + timeout_s
+    while _alive(state.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if _alive(state.pid):
+        try:
+            os.killpg(state.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    _state_file().unlink(missing_ok=True)
+    return state
+
+
+def status() -> dict:
+    """What the local server serves: process, readiness and each model's versions and state."""
+    state = read_state()
+    if state is None:
+        return {"running": False}
+    info: dict = {"running": True, **asdict(state), "live": is_live(state),
+                  "ready": _http_ok(f"http://{state.http_url}/v2/health/ready")}
+    try:
+        req = urllib.request.Request(
+            f"http://{state.http_url}/v2/repository/index", data=b"{}", method="POST"
+        )
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            info["models"] = json.loads(resp.read())
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        info["models_error"] = str(exc)
+    return info

@@ -1,0 +1,144 @@
+"""Where hf2triton keeps its work, and how it writes artifacts so half-finished work never passes
+for finished work: build in a temporary directory, record content hashes, rename into place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hf2triton.errors import ArtifactError
+
+DONE_FILE = "hf2triton-done.json"
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def home() -> Path:
+    """The working directory: $HF2TRITON_HOME, else `.hf2triton` in the current directory."""
+    return Path(os.environ.get("HF2TRITON_HOME") or Path.cwd() / ".hf2triton").resolve()
+
+
+def templates_dir() -> Path:
+    return PROJECT_ROOT / "model_repository"
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def hash_files(root: str | Path, names: Iterable[str] | None = None) -> dict[str, str]:
+    """sha256 of each file below `root` (or of the named ones), keyed by relative POSIX path."""
+    root = Path(root)
+    if names is None:
+        # __pycache__ is what Triton's Python backend writes beside model.py, not content.
+        paths = sorted(
+            p for p in root.rglob("*")
+            if p.is_file() and p.name != DONE_FILE and "__pycache__" not in p.parts
+        )
+    else:
+        paths = [root / n for n in sorted(names)]
+    return {p.relative_to(root).as_posix(): sha256_file(p) for p in paths}
+
+
+def digest(obj: Any) -> str:
+    """A stable sha256 of a JSON-able value."""
+    return hashlib.sha256(
+        json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str).encode()
+    ).hexdigest()
+
+
+def source_digest(*modules: Any) -> str:
+    """Hash of the source files of the given modules, so a code change invalidates reuse."""
+    return digest([sha256_file(m.__file__) for m in modules])
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """A finished step directory: its path, what the step returned, and whether it was reused."""
+
+    path: Path
+    result: dict[str, Any]
+    files: dict[str, str]
+    reused: bool
+
+
+def _read_done(final: Path) -> StepOutput | None:
+    marker = final / DONE_FILE
+    if not marker.is_file():
+        return None
+    try:
+        done = json.loads(marker.read_text(encoding="utf-8"))
+        if hash_files(final) != done["files"]:
+            return None
+    except (OSError, ValueError, KeyError):
+        return None
+    return StepOutput(final, done["result"], done["files"], reused=True)
+
+
+def cached_step(
+    root: str | Path,
+    step: str,
+    key: str,
+    build: Callable[[Path], dict[str, Any]],
+) -> StepOutput:
+    """Run `build(tmp_dir)` once per `key`; reuse the finished directory when hashes still match.
+
+    `build` writes its files into the directory it is given and returns a JSON-able result. The
+    directory is renamed into place only after the marker holding every file's sha256 is written,
+    so an interrupted step leaves nothing that looks finished.
+    """
+    final = Path(root) / step / key[:16]
+    found = _read_done(final)
+    if found is not None:
+        return found
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
+    except OSError as exc:
+        raise ArtifactError(
+            f"cannot write to {final.parent}: {exc.strerror or exc}. Free disk space or fix "
+            "permissions of the hf2triton home (HF2TRITON_HOME)."
+        ) from exc
+    try:
+        result = build(tmp)
+        files = hash_files(tmp)
+        atomic_write_text(
+            tmp / DONE_FILE, json.dumps({"key": key, "result": result, "files": files}, indent=1)
+        )
+        if final.exists():  # a stale, unfinished or tampered copy: replace it
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ArtifactError(
+            f"writing the {step} step's output under {final.parent} failed: "
+            f"{exc.strerror or exc}. Free disk space or fix permissions and run again."
+        ) from exc
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return StepOutput(final, result, files, reused=False)

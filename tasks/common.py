@@ -1,0 +1,28 @@
+"""Task options shared by the steps: which failures are worth a second try."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect.cache_policies import NO_CACHE
+
+from hf2triton.errors import is_retryable
+
+
+def retry_transient(task: Any, task_run: Any, state: Any) -> bool:
+    """Prefect retry condition: retry only errors that can succeed on a second try."""
+    try:
+        state.result()
+    except BaseException as exc:  # noqa: BLE001 - classified, not swallowed
+        return is_retryable(exc)
+    return False
+
+
+# For steps that talk to a server or the network. Everything else fails fast.
+RETRY_TRANSIENT: dict[str, Any] = {
+    "retries": 3,
+    "retry_delay_seconds": [2, 10, 30],
+    "retry_condition_fn": retry_transient,
+}
+# Reuse across runs is by content (hf2triton.workspace.cached_step), not Prefect's cache.
+NO_PREFECT_CACHE: dict[str, Any] = {"cache_policy": NO_CACHE, "persist_result": False}

