@@ -5,6 +5,7 @@ needed); `server status|stop` manage the local Triton server the releases deploy
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -16,24 +17,51 @@ def _fail(message: str, code: int = 1) -> int:
 
 
 def _release(args: argparse.Namespace) -> int:
-    from hf2triton.errors import Hf2TritonError, SpecError
+    from hf2triton.errors import SpecError
     from hf2triton.spec import load_spec
 
     try:
         spec = load_spec(args.spec)
     except SpecError as exc:
         return _fail(str(exc), 2)
+    return _run_release(spec)
+
+
+def _stop_ephemeral_prefect() -> None:
+    """Stop Prefect's temporary API now rather than at exit, so the last line is ours."""
+    try:
+        from prefect.events.worker import EventsWorker
+        from prefect.logging.handlers import APILogWorker
+        from prefect.server.api.server import SubprocessASGIServer
+    except ImportError:
+        return
+    # Deliver pending logs and events first: afterwards there is no API to send them to.
+    for service in (APILogWorker, EventsWorker):
+        service.drain_all(timeout=10)
+    for server in list(SubprocessASGIServer._instances.values()):
+        server.stop()
+
+
+def _run_release(spec) -> int:
+    from hf2triton.errors import Hf2TritonError
     from flows.release import release_model
 
     try:
-        summary = release_model(spec)
+        # stdout carries exactly one JSON line; libraries that print (MLflow's "View run at")
+        # go to stderr with the progress.
+        with contextlib.redirect_stdout(sys.stderr):
+            summary = release_model(spec)
     except Hf2TritonError as exc:
+        _stop_ephemeral_prefect()
         return _fail(f"[{exc.code}] {exc}")
     except KeyboardInterrupt:
+        _stop_ephemeral_prefect()
         return _fail("interrupted; finished steps are kept and a re-run reuses them", 130)
     except Exception as exc:  # noqa: BLE001 - the last line of defence prints one line
+        _stop_ephemeral_prefect()
         return _fail(f"[UNEXPECTED] {type(exc).__name__}: {exc}. Re-run with "
                      "PREFECT_LOGGING_LEVEL=DEBUG for details and report it.")
+    _stop_ephemeral_prefect()
     print(json.dumps(summary, sort_keys=False), flush=True)
     return 0
 

@@ -73,6 +73,8 @@ class SourceSpec(_Strict):
     @field_validator("path")
     @classmethod
     def _resolve_path(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("an empty path; give the model directory")
         return None if v is None else _resolve(v, info)
 
     @field_validator("repo_id")
@@ -222,7 +224,8 @@ def parse_spec(data: Any, base_dir: str | Path | None = None, origin: str = "spe
     if isinstance(data, ReleaseSpec):
         return data
     if not isinstance(data, dict):
-        raise SpecError(f"{origin}: expected a mapping of keys, got {type(data).__name__}")
+        what = "an empty document" if data is None else f"a {type(data).__name__}"
+        raise SpecError(f"{origin}: a release spec is a YAML mapping of keys, got {what}")
     try:
         return ReleaseSpec.model_validate(data, context={"base_dir": base_dir})
     except ValidationError as exc:

