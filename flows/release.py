@@ -87,7 +87,8 @@ def release_model(spec: ReleaseSpec | dict[str, Any]) -> dict[str, Any]:
     dep = deploy(repo["repository"], spec.triton_model_name, reg["version"], repo["files"],
                  spec.deploy)
     sm = smoke(dep["grpc_url"], dep["http_url"], spec.triton_model_name, reg["version"],
-               val["reference_path"], spec.validation.thresholds.min_cosine)
+               val["reference_path"], spec.validation.thresholds.min_cosine,
+               spec.deploy.max_batch_size)
     promote(reg["model_name"], reg["version"], {k: v for k, v in sm.items() if k != "sentences"})
     logger.info("smoke: served = PyTorch within min cosine %.4f (gRPC p50 %.1f ms); champion is "
                 "now version %s", min(sm["grpc_min_cosine"], sm["http_min_cosine"]),

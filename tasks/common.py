@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from prefect.cache_policies import NO_CACHE
@@ -18,10 +19,21 @@ def retry_transient(task: Any, task_run: Any, state: Any) -> bool:
     return False
 
 
+def _delays() -> list[float]:
+    raw = os.environ.get("HF2TRITON_RETRY_DELAYS", "2,10,30")
+    try:
+        return [float(d) for d in raw.split(",") if d.strip()]
+    except ValueError:
+        raise ValueError(
+            f"HF2TRITON_RETRY_DELAYS={raw!r}: give seconds separated by commas, e.g. 2,10,30"
+        ) from None
+
+
+RETRY_DELAYS = _delays()
 # For steps that talk to a server or the network. Everything else fails fast.
 RETRY_TRANSIENT: dict[str, Any] = {
-    "retries": 3,
-    "retry_delay_seconds": [2, 10, 30],
+    "retries": len(RETRY_DELAYS),
+    "retry_delay_seconds": RETRY_DELAYS,
     "retry_condition_fn": retry_transient,
 }
 # Reuse across runs is by content (hf2triton.workspace.cached_step), not Prefect's cache.

@@ -59,6 +59,10 @@ def _flatten(prefix: str, value: Any, out: dict[str, str]) -> None:
 
 
 def _client(uri: str):
+    # MLflow's own HTTP retries back off for minutes; the task's retries own the schedule.
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "60")
     from mlflow import MlflowClient
 
     return MlflowClient(tracking_uri=uri, registry_uri=uri)

@@ -63,7 +63,7 @@ def embed_remote(protocol: str, url: str, model: str, version: str, texts: list[
 
 
 def smoke_test(grpc_url: str, http_url: str, model_name: str, version: str,
-               reference_path: str, min_cosine: float) -> SmokeResult:
+               reference_path: str, min_cosine: float, max_batch_size: int = 64) -> SmokeResult:
     """Fail unless every served embedding is within `min_cosine` of the PyTorch reference."""
     ref = np.load(reference_path, allow_pickle=True)
     texts, expected = [str(t) for t in ref["texts"]], ref["embeddings"]
@@ -75,8 +75,11 @@ def smoke_test(grpc_url: str, http_url: str, model_name: str, version: str,
         import tritonclient.grpc as grpcclient
 
         client = grpcclient.InferenceServerClient(url=grpc_url)
-        batch = client.infer(model_name, [_text_input(grpcclient, texts)],
-                             model_version=version).as_numpy("EMBEDDING")
+        batch = np.concatenate([
+            client.infer(model_name, [_text_input(grpcclient, texts[i:i + max_batch_size])],
+                         model_version=version).as_numpy("EMBEDDING")
+            for i in range(0, len(texts), max_batch_size)
+        ])
     except InferenceServerException as exc:
         raise SmokeTestError(
             f"{model_name} version {version} failed a smoke request: {exc}"

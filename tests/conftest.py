@@ -143,3 +143,52 @@ def spec_file(tmp_path):
 def copy_model(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst)
     return dst
+
+
+class TinyRelease:
+    """A tiny BERT released end to end in-process: served by a real local Triton."""
+
+    def __init__(self, home: Path, spec_path: Path, ports: dict[str, int], summary: dict):
+        self.home, self.spec_path, self.ports, self.summary = home, spec_path, ports, summary
+        self.model = summary["endpoint"]["model"]
+        self.grpc_url = f"127.0.0.1:{ports['grpc_port']}"
+        self.http_url = f"127.0.0.1:{ports['http_port']}"
+
+
+def tiny_spec(path: Path, model_dir: Path, ports: dict[str, int], **overrides) -> Path:
+    from tests.models import CORPUS
+
+    sentences = path.parent / "tiny-sentences.txt"
+    extra = ["ok", "thanks", "", "a " * 80, "prices rose 12.5%!", "😀 great"]
+    sentences.write_text("\n".join(dict.fromkeys(CORPUS + extra)) + "\n", encoding="utf-8")
+    base = {
+        "name": "tiny-embedder", "source__path": str(model_dir), "source__package": None,
+        "source__subdir": None, "source__model_id": "fixtures/tiny-bert",
+        "validation__sentences": str(sentences),
+        "validation__thresholds": {"min_cosine": 0.98, "mean_cosine": 0.99, "spearman": 0.98},
+        "registry__model_name": "tiny-embedder", "deploy__max_batch_size": 8,
+        "deploy__preferred_batch_sizes": [4, 8],
+        **{f"deploy__{k}": v for k, v in ports.items()},
+    }
+    base.update(overrides)
+    return write_spec(path, **base)
+
+
+@pytest.fixture(scope="module")
+def tiny_release(tmp_path_factory, tiny_bert):
+    """Module-wide: a tiny release served on free ports from a private hf2triton home."""
+    from flows.release import release_model
+    from hf2triton import triton_local
+    from hf2triton.spec import load_spec
+
+    tmp = tmp_path_factory.mktemp("tiny-release")
+    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
+    spec_path = tiny_spec(tmp / "tiny.yaml", tiny_bert, ports)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF2TRITON_HOME", str(tmp / "home"))
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        summary = release_model(load_spec(spec_path))
+        try:
+            yield TinyRelease(tmp / "home", spec_path, ports, summary)
+        finally:
+            triton_local.stop_server()
