@@ -7,11 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 from prefect import flow, get_run_logger
+from prefect.transactions import transaction
 
 from hf2triton.embeddings import read_sentences, resolve_embedding_config
 from hf2triton.spec import ReleaseSpec, parse_spec
 from hf2triton.workspace import digest, home
-from tasks.deploy import deploy
+from tasks.deploy import deploy, retire
 from tasks.export import export
 from tasks.fetch import fetch
 from tasks.quantize import quantize
@@ -84,12 +85,20 @@ def release_model(spec: ReleaseSpec | dict[str, Any]) -> dict[str, Any]:
     logger.info("register: %s version %s%s", reg["model_name"], reg["version"],
                 " (already registered: same release key)" if reg["reused"] else "")
 
-    dep = deploy(repo["repository"], spec.triton_model_name, reg["version"], repo["files"],
-                 spec.deploy)
-    sm = smoke(dep["grpc_url"], dep["http_url"], spec.triton_model_name, reg["version"],
-               val["reference_path"], spec.validation.thresholds.min_cosine,
-               spec.deploy.max_batch_size)
-    promote(reg["model_name"], reg["version"], {k: v for k, v in sm.items() if k != "sentences"})
+    # The rollout: the new version loads beside the serving one. If the smoke test or the alias
+    # move fails, the transaction's rollback unloads the new version; the old never stopped.
+    smoke_gate = spec.deploy.smoke_min_cosine or spec.validation.thresholds.min_cosine
+    with transaction():
+        dep = deploy(repo["repository"], spec.triton_model_name, reg["version"], repo["files"],
+                     spec.deploy)
+        sm = smoke(dep["grpc_url"], dep["http_url"], spec.triton_model_name, reg["version"],
+                   val["reference_path"], smoke_gate, spec.deploy.max_batch_size)
+        promote(reg["model_name"], reg["version"],
+                {k: v for k, v in sm.items() if k != "sentences"})
+    retired = retire(dep)
+    if retired:
+        logger.info("deploy: version %s serves; retired version(s) %s", reg["version"],
+                    ", ".join(retired))
     logger.info("smoke: served = PyTorch within min cosine %.4f (gRPC p50 %.1f ms); champion is "
                 "now version %s", min(sm["grpc_min_cosine"], sm["http_min_cosine"]),
                 sm["grpc_p50_ms"], reg["version"])

@@ -175,6 +175,10 @@ class DeploySpec(_Strict):
     instance_count: int = Field(1, ge=1, le=64)
     intra_op_threads: int = Field(0, ge=0, le=256, description="0: ONNX Runtime's default")
     ready_timeout_s: float = Field(180, gt=0)
+    smoke_min_cosine: Probability | None = Field(
+        None, description="the smoke test's gate on served embeddings; default: "
+        "validation.thresholds.min_cosine"
+    )
 
     @model_validator(mode="after")
     def _ports_and_batches(self) -> DeploySpec:

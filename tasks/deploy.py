@@ -1,40 +1,66 @@
-"""Deploy step: put the release's Triton repository into the local Triton server as the MLflow
-version number, load it, and wait until that version is ready. If the load fails, the new
-version is removed and the previous one is loaded back, so what served before keeps serving.
+"""Deploy step for the local Triton target: a rollout without downtime.
+
+`deploy` copies the release's repository in as the MLflow version number (every file's sha256
+checked) and loads it *beside* the version that serves, so both answer. The smoke test then
+queries the new version by number; `retire` unloads the old one. If anything fails before that,
+the transaction's rollback hook unloads the new version and the old one never stopped serving.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from pathlib import Path
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from prefect import task
+from prefect.transactions import get_transaction
 
 from hf2triton import triton_local
 from hf2triton.errors import ArtifactError, DeployError, ServiceUnavailableError
 from hf2triton.spec import DeploySpec
-from hf2triton.workspace import hash_files
+from hf2triton.workspace import atomic_write_text, hash_files
 from tasks.common import NO_PREFECT_CACHE, RETRY_TRANSIENT
 
-MODEL_LEVEL = ("config.pbtxt", "warmup")
+POLICY = re.compile(r"^version_policy:.*$", re.MULTILINE)
 
 
 class DeployResult(TypedDict):
     http_url: str
     grpc_url: str
+    model_repository: str
     model_name: str
     version: str
-    previous_versions: list[str]
+    previous_versions: list[str]  # what served before, still loaded until `retire`
     reused: bool
 
 
-def _versions(model_dir: Path) -> list[str]:
-    if not model_dir.is_dir():
-        return []
-    return sorted((p.name for p in model_dir.iterdir() if p.name.isdigit()), key=int)
+def _client(url: str):
+    import tritonclient.http as httpclient
+
+    return httpclient.InferenceServerClient(url=url, network_timeout=600.0)
+
+
+def serving_versions(client: Any, model_name: str) -> list[str]:
+    """Versions of `model_name` that Triton reports READY."""
+    index = client.get_model_repository_index()
+    return sorted(
+        (str(m["version"]) for m in index
+         if m.get("name") == model_name and m.get("state") == "READY" and m.get("version")),
+        key=int,
+    )
+
+
+def _set_policy(model_dir: Path, versions: list[str]) -> None:
+    """Pin exactly which versions Triton may load; the next load applies it."""
+    config = model_dir / "config.pbtxt"
+    listed = ", ".join(versions)
+    policy = f"version_policy: {{ specific: {{ versions: [ {listed} ] }} }}"
+    text = config.read_text()
+    text = POLICY.sub(policy, text) if POLICY.search(text) else f"{text.rstrip()}\n{policy}\n"
+    atomic_write_text(config, text)
 
 
 def _place(src_model: Path, model_dir: Path, version: str, expected: dict[str, str]) -> None:
@@ -53,53 +79,16 @@ def _place(src_model: Path, model_dir: Path, version: str, expected: dict[str, s
             "deploy them; re-run the release to rebuild the repository"
         )
     os.rename(tmp, model_dir / version)
-    for name in MODEL_LEVEL:
-        src, dst = src_model / name, model_dir / name
-        staged = model_dir / f".{name}.new"
-        if src.is_dir():
-            shutil.rmtree(staged, ignore_errors=True)
-            shutil.copytree(src, staged)
-            shutil.rmtree(dst, ignore_errors=True)
-            os.rename(staged, dst)
-        else:
-            shutil.copyfile(src, staged)
-            os.replace(staged, dst)
+    staged = model_dir / ".warmup.new"
+    shutil.rmtree(staged, ignore_errors=True)
+    shutil.copytree(src_model / "warmup", staged)
+    shutil.rmtree(model_dir / "warmup", ignore_errors=True)
+    os.rename(staged, model_dir / "warmup")
+    shutil.copyfile(src_model / "config.pbtxt", model_dir / ".config.pbtxt.new")
+    os.replace(model_dir / ".config.pbtxt.new", model_dir / "config.pbtxt")
 
 
-def _backup(model_dir: Path) -> Path | None:
-    if not (model_dir / "config.pbtxt").is_file():
-        return None
-    backup = model_dir.parent / f".{model_dir.name}.previous"
-    shutil.rmtree(backup, ignore_errors=True)
-    backup.mkdir()
-    for name in MODEL_LEVEL:
-        src = model_dir / name
-        if src.is_dir():
-            shutil.copytree(src, backup / name)
-        elif src.is_file():
-            shutil.copyfile(src, backup / name)
-    return backup
-
-
-def _restore(backup: Path | None, model_dir: Path) -> None:
-    if backup is None:
-        return
-    for name in MODEL_LEVEL:
-        src, dst = backup / name, model_dir / name
-        if src.is_dir():
-            shutil.rmtree(dst, ignore_errors=True)
-            shutil.copytree(src, dst)
-        elif src.is_file():
-            shutil.copyfile(src, dst)
-
-
-def _client(url: str):
-    import tritonclient.http as httpclient
-
-    return httpclient.InferenceServerClient(url=url, network_timeout=600.0)
-
-
-def _wait_ready(client, name: str, version: str, timeout_s: float) -> bool:
+def _wait_ready(client: Any, name: str, version: str, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
@@ -111,10 +100,28 @@ def _wait_ready(client, name: str, version: str, timeout_s: float) -> bool:
     return False
 
 
+def _restore(client: Any, model_dir: Path, version: str, previous: list[str]) -> None:
+    """Back to what served before: only the previous versions loaded, the new one gone."""
+    from tritonclient.utils import InferenceServerException
+
+    if previous:
+        _set_policy(model_dir, previous)
+        try:
+            client.load_model(model_dir.name)
+        except InferenceServerException:
+            pass
+    else:
+        try:
+            client.unload_model(model_dir.name)
+        except InferenceServerException:
+            pass
+    shutil.rmtree(model_dir / version, ignore_errors=True)
+
+
 def deploy_local(
     repository: str, model_name: str, version: str, files: dict[str, str], deploy: DeploySpec,
 ) -> DeployResult:
-    """Serve `version` of `model_name` from the local Triton server."""
+    """Load `version` of `model_name` beside whatever version serves now."""
     from tritonclient.utils import InferenceServerException
 
     state = triton_local.ensure_server(
@@ -124,20 +131,23 @@ def deploy_local(
     client = _client(state.http_url)
     model_dir = Path(state.model_repository) / model_name
     expected = {k.removeprefix(f"{model_name}/"): v for k, v in files.items()}
-    previous = [v for v in _versions(model_dir) if v != version]
+    previous = [v for v in serving_versions(client, model_name) if v != version]
     result = DeployResult(http_url=state.http_url, grpc_url=state.grpc_url,
-                          model_name=model_name, version=version,
-                          previous_versions=previous, reused=False)
+                          model_repository=state.model_repository, model_name=model_name,
+                          version=version, previous_versions=previous, reused=False)
+    txn = get_transaction()
+    if txn is not None:
+        txn.set("deploy", dict(result))
+    want = {k: v for k, v in expected.items() if k.startswith("1/")}
     if (model_dir / version).is_dir():
         placed = {f"1/{k}": v for k, v in hash_files(model_dir / version).items()}
-        if placed == {k: v for k, v in expected.items() if k.startswith("1/")} and \
-                _wait_ready(client, model_name, version, 1):
+        if placed == want and _wait_ready(client, model_name, version, 1):
             result["reused"] = True
             return result
         shutil.rmtree(model_dir / version)
 
-    backup = _backup(model_dir)
     _place(Path(repository) / model_name, model_dir, version, expected)
+    _set_policy(model_dir, [*previous, version])
     try:
         client.load_model(model_name)
         if not _wait_ready(client, model_name, version, deploy.ready_timeout_s):
@@ -145,28 +155,44 @@ def deploy_local(
                 f"Triton loaded {model_name} but version {version} was not ready within "
                 f"{deploy.ready_timeout_s:.0f}s; log: {state.log_file}"
             )
-    except (InferenceServerException, DeployError, OSError) as exc:
-        shutil.rmtree(model_dir / version, ignore_errors=True)
-        _restore(backup, model_dir)
-        if previous:
-            try:
-                client.load_model(model_name)  # bring back the version that served before
-            except InferenceServerException:
-                pass
-        if isinstance(exc, OSError) and not isinstance(exc, InferenceServerException):
-            raise ServiceUnavailableError(f"Triton at {state.http_url} did not answer: {exc}")
+    except (InferenceServerException, DeployError) as exc:
+        _restore(client, model_dir, version, previous)
         raise DeployError(
             f"Triton refused to load {model_name} version {version}: {str(exc)[:500]}. "
             f"{'Version ' + previous[-1] + ' keeps serving. ' if previous else ''}"
             f"Server log: {state.log_file}"
         ) from None
-    # Only the new version is loaded (version policy: latest 1). The one before stays on disk as
-    # the rollback target; older copies go.
-    for old in previous[:-1]:
-        shutil.rmtree(model_dir / old, ignore_errors=True)
-    if backup is not None:
-        shutil.rmtree(backup, ignore_errors=True)
+    except OSError as exc:
+        _restore(client, model_dir, version, previous)
+        raise ServiceUnavailableError(f"Triton at {state.http_url} did not answer: {exc}") from exc
     return result
 
 
+def rollback_deploy(txn: Any) -> None:
+    """Rollback hook: the smoke test (or anything after deploy) failed; unload the new version."""
+    info = txn.get("deploy", None)
+    if not info:
+        return
+    model_dir = Path(info["model_repository"]) / info["model_name"]
+    _restore(_client(info["http_url"]), model_dir, info["version"], info["previous_versions"])
+
+
+def retire_previous(deployed: DeployResult) -> list[str]:
+    """After the new version passed its smoke test: unload the versions that served before.
+
+    The newest of them stays on disk as the target of a manual rollback.
+    """
+    client = _client(deployed["http_url"])
+    model_dir = Path(deployed["model_repository"]) / deployed["model_name"]
+    if deployed["previous_versions"]:
+        _set_policy(model_dir, [deployed["version"]])
+        client.load_model(deployed["model_name"])
+    keep = {deployed["version"], *deployed["previous_versions"][-1:]}
+    for old in (p for p in model_dir.iterdir() if p.name.isdigit() and p.name not in keep):
+        shutil.rmtree(old, ignore_errors=True)
+    return deployed["previous_versions"]
+
+
 deploy = task(deploy_local, name="deploy", **RETRY_TRANSIENT, **NO_PREFECT_CACHE)
+deploy.on_rollback(rollback_deploy)
+retire = task(retire_previous, name="retire-previous", **RETRY_TRANSIENT, **NO_PREFECT_CACHE)

@@ -98,8 +98,8 @@ def smoke_test(grpc_url: str, http_url: str, model_name: str, version: str,
         i = int(np.argmin(cos))
         raise SmokeTestError(
             f"served embeddings of {model_name} version {version} differ from PyTorch: min "
-            f"cosine {worst:.4f} < {min_cosine} (worst sentence {texts[i][:40]!r} at "
-            f"{cos[i]:.4f}); champion was not moved"
+            f"cosine {worst:.6f} < {min_cosine} (worst sentence {texts[i][:40]!r} at "
+            f"{cos[i]:.6f}); champion was not moved"
         )
     return result
 

@@ -1,0 +1,134 @@
+"""Rollouts on the local Triton target: a new version loads beside the serving one, a failed smoke
+test or a failed load rolls back and the old version keeps answering; `champion` moves only after
+the smoke test passes. Real Triton, real MLflow (SQLite), tiny real models."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from flows.release import release_model
+from hf2triton.errors import ArtifactError, DeployError, SmokeTestError
+from hf2triton.spec import load_spec
+from hf2triton.workspace import hash_files
+from tasks.deploy import deploy_local, serving_versions
+from tests.conftest import tiny_spec
+
+TEXTS = ["the quick brown fox", "thanks a lot"]
+
+
+@pytest.fixture(autouse=True)
+def _same_home(tiny_release, monkeypatch):
+    monkeypatch.setenv("HF2TRITON_HOME", str(tiny_release.home))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+
+
+def _embed(url: str, model: str, version: str = "") -> np.ndarray:
+    client = httpclient.InferenceServerClient(url=url)
+    inp = httpclient.InferInput("TEXT", [len(TEXTS), 1], "BYTES")
+    inp.set_data_from_numpy(np.array([[t.encode()] for t in TEXTS], dtype=np.object_))
+    return client.infer(model, [inp], model_version=version).as_numpy("EMBEDDING")
+
+
+def _serving(rel) -> list[str]:
+    return serving_versions(httpclient.InferenceServerClient(url=rel.http_url), rel.model)
+
+
+def _champion(model: str) -> str:
+    from mlflow import MlflowClient
+
+    from tasks.register import tracking_uri
+
+    return str(MlflowClient(tracking_uri(), registry_uri=tracking_uri()).get_model_version_by_alias(
+        model, "champion").version)
+
+
+def _spec(rel, tmp_path: Path, model_dir: Path, **overrides):
+    return load_spec(tiny_spec(tmp_path / "next.yaml", model_dir, rel.ports, **overrides))
+
+
+def test_failed_smoke_test_rolls_back_and_old_version_keeps_serving(
+        tiny_release, other_tiny_bert, tmp_path):
+    rel = tiny_release
+    assert _serving(rel) == ["1"]
+    before = _embed(rel.http_url, rel.model)
+    # A gate of 1.0 cannot be met by a served model that is not bit-identical to PyTorch.
+    spec = _spec(rel, tmp_path, other_tiny_bert, deploy__smoke_min_cosine=1.0)
+    with pytest.raises(SmokeTestError, match="champion was not moved"):
+        release_model(spec)
+    assert _serving(rel) == ["1"]
+    assert not (rel.home / "triton" / "models" / rel.model / "2").exists()
+    assert np.allclose(_embed(rel.http_url, rel.model), before, atol=1e-6)
+    assert _champion(rel.model) == "1"
+
+
+def test_successful_rollout_answers_throughout_then_retires_the_old_version(
+        tiny_release, other_tiny_bert, tmp_path):
+    rel = tiny_release
+    stop, failures, answered = threading.Event(), [], []
+
+    def client_loop():
+        while not stop.is_set():
+            try:
+                answered.append(_embed(rel.http_url, rel.model).shape)
+            except Exception as exc:  # any failed request is downtime
+                failures.append(repr(exc))
+
+    thread = threading.Thread(target=client_loop)
+    thread.start()
+    try:
+        summary = release_model(_spec(rel, tmp_path, other_tiny_bert))
+    finally:
+        stop.set()
+        thread.join()
+    new = summary["mlflow"]["version"]
+    assert new != "1"
+    assert not failures, failures[:3]
+    assert len(answered) > 10
+    assert _serving(rel) == [new]
+    assert _champion(rel.model) == new
+
+
+def test_version_that_fails_to_load_is_removed_and_the_serving_one_stays(tiny_release, tmp_path):
+    rel = tiny_release
+    serving = _serving(rel)
+    before = _embed(rel.http_url, rel.model)
+    served_dir = rel.home / "triton" / "models" / rel.model
+    broken = tmp_path / "repo"
+    shutil.copytree(served_dir, broken / rel.model, ignore=shutil.ignore_patterns("__pycache__"))
+    for other in (p for p in (broken / rel.model).iterdir()
+                  if p.name.isdigit() and p.name != serving[-1]):
+        shutil.rmtree(other)
+    os.rename(broken / rel.model / serving[-1], broken / rel.model / "1")
+    onnx = broken / rel.model / "1" / "model.onnx"
+    onnx.write_bytes(onnx.read_bytes()[:1000])  # a truncated model file
+    files = {f"{rel.model}/{k}": v for k, v in hash_files(broken / rel.model).items()}
+    spec = load_spec(rel.spec_path)
+    with pytest.raises(DeployError, match=f"Version {serving[-1]} keeps serving"):
+        deploy_local(str(broken), rel.model, "99", files, spec.deploy)
+    assert _serving(rel) == serving
+    assert not (served_dir / "99").exists()
+    assert np.allclose(_embed(rel.http_url, rel.model), before, atol=1e-6)
+
+
+def test_tampered_model_file_is_refused_before_loading(tiny_release, tmp_path):
+    rel = tiny_release
+    serving = _serving(rel)
+    served_dir = rel.home / "triton" / "models" / rel.model
+    repo = tmp_path / "repo"
+    shutil.copytree(served_dir / serving[-1], repo / rel.model / "1",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(served_dir / "warmup", repo / rel.model / "warmup")
+    shutil.copyfile(served_dir / "config.pbtxt", repo / rel.model / "config.pbtxt")
+    files = {f"{rel.model}/{k}": v for k, v in hash_files(repo / rel.model).items()}
+    (repo / rel.model / "1" / "model.py").write_text("import os  # tampered\n")
+    with pytest.raises(ArtifactError, match="do not match the sha256"):
+        deploy_local(str(repo), rel.model, "98", files, load_spec(rel.spec_path).deploy)
+    assert _serving(rel) == serving
+    assert not (served_dir / "98").exists()
