@@ -78,6 +78,26 @@ def _server(args: argparse.Namespace) -> int:
     return 0
 
 
+def _deployments(args: argparse.Namespace) -> int:
+    from hf2triton.deployments import release_specs, render
+    from hf2triton.errors import SpecError
+    from hf2triton.workspace import PROJECT_ROOT
+
+    target = PROJECT_ROOT / "prefect.yaml"
+    try:
+        text = render(release_specs())
+    except SpecError as exc:
+        return _fail(str(exc), 2)
+    if args.check:
+        if not target.is_file() or target.read_text() != text:
+            return _fail(f"{target} is out of date with releases/: run `hf2triton deployments "
+                         "render`")
+        return 0
+    target.write_text(text)
+    print(f"wrote {target}", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="hf2triton", description="Release Hugging Face models to Triton Inference Server."
@@ -89,6 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     srv = sub.add_parser("server", help="the local Triton server releases deploy to")
     srv.add_argument("action", choices=["status", "stop"])
     srv.set_defaults(func=_server)
+    dep = sub.add_parser("deployments", help="render prefect.yaml from releases/*.yaml")
+    dep.add_argument("action", choices=["render"])
+    dep.add_argument("--check", action="store_true", help="fail if prefect.yaml is stale")
+    dep.set_defaults(func=_deployments)
     args = parser.parse_args(argv)
     # The tokenizers thread pool warns (and can deadlock) once Prefect forks workers.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -193,6 +193,38 @@ class DeploySpec(_Strict):
         return self
 
 
+class ScheduleSpec(_Strict):
+    """When the Prefect deployment of this spec re-runs the release (e.g. a retraining release)."""
+
+    cron: str
+    timezone: str = "UTC"
+    active: bool = True
+
+    @field_validator("cron")
+    @classmethod
+    def _check_cron(cls, v: str) -> str:
+        from datetime import datetime
+
+        from cronsim import CronSim, CronSimError
+
+        try:
+            CronSim(v, datetime(2026, 1, 1))
+        except CronSimError as exc:
+            raise ValueError(f"{v!r} is not a cron expression: {exc}") from None
+        return v
+
+    @field_validator("timezone")
+    @classmethod
+    def _check_timezone(cls, v: str) -> str:
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+        try:
+            ZoneInfo(v)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"{v!r} is not an IANA time zone such as 'Europe/Berlin'") from None
+        return v
+
+
 class ReleaseSpec(_Strict):
     """A whole release: what to ship, how to check it, where to record and serve it."""
 
@@ -205,6 +237,9 @@ class ReleaseSpec(_Strict):
     validation: ValidationSpec
     registry: RegistrySpec
     deploy: DeploySpec = DeploySpec()
+    schedule: ScheduleSpec | None = Field(
+        None, description="re-release on a schedule (the Prefect deployment's cron)"
+    )
 
     _check = field_validator("name")(classmethod(lambda cls, v: _check_name(v)))
 

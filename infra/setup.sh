@@ -24,6 +24,23 @@ if ! "$PY" -m venv --help >/dev/null 2>&1 || ! "$PY" -c 'import ensurepip' 2>/de
   fi
 fi
 
+# The image tests need a Docker engine, a registry and debootstrap (for a base image without
+# pulling). The tests start and stop them themselves (infra/docker-env.sh); here they are installed.
+if [[ -n "$extras" ]]; then
+  docker_pkgs=()
+  command -v dockerd >/dev/null || docker_pkgs+=(docker.io)
+  command -v docker-registry >/dev/null || docker_pkgs+=(docker-registry)
+  command -v debootstrap >/dev/null || docker_pkgs+=(debootstrap)
+  if ((${#docker_pkgs[@]})); then
+    if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+      echo "setup: ${docker_pkgs[*]} (for the image tests)" >&2
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${docker_pkgs[@]}" >/dev/null
+    else
+      echo "setup: ${docker_pkgs[*]} missing (sudo apt-get install ${docker_pkgs[*]}); the image tests use a running Docker engine if there is one" >&2
+    fi
+  fi
+fi
+
 export PIP_CACHE_DIR="$PWD/.cache/pip" PIP_DISABLE_PIP_VERSION_CHECK=1
 [[ -x .venv/bin/python ]] || "$PY" -m venv .venv
 [[ -x .venv-serving/bin/python ]] || "$PY" -m venv .venv-serving
@@ -37,4 +54,13 @@ echo "setup: pipeline environment (.venv)" >&2
 echo "setup: serving environment (.venv-serving)" >&2
 .venv-serving/bin/pip install -q --upgrade pip
 .venv-serving/bin/pip install -q -r infra/serving-requirements.txt
+if [[ -n "$extras" ]] && ! command -v chromium >/dev/null; then
+  # The UI test screenshots the Prefect flow-run page with headless Chromium.
+  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+    echo "setup: chromium (for the Prefect UI test)" >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "setup: chromium is missing (sudo apt-get install chromium); the UI test will fail" >&2
+  fi
+fi
 echo "setup: done" >&2

@@ -19,6 +19,13 @@ def retry_transient(task: Any, task_run: Any, state: Any) -> bool:
     return False
 
 
+def in_prefect_run() -> bool:
+    """True inside a flow or task run (artifacts then attach to it)."""
+    from prefect.context import FlowRunContext, TaskRunContext
+
+    return FlowRunContext.get() is not None or TaskRunContext.get() is not None
+
+
 def _delays() -> list[float]:
     raw = os.environ.get("HF2TRITON_RETRY_DELAYS", "2,10,30")
     try:

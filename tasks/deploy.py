@@ -193,6 +193,7 @@ def retire_previous(deployed: DeployResult) -> list[str]:
     return deployed["previous_versions"]
 
 
-deploy = task(deploy_local, name="deploy", **RETRY_TRANSIENT, **NO_PREFECT_CACHE)
+deploy = task(deploy_local, name="deploy", task_run_name="deploy {model_name} v{version}",
+              **RETRY_TRANSIENT, **NO_PREFECT_CACHE)
 deploy.on_rollback(rollback_deploy)
 retire = task(retire_previous, name="retire-previous", **RETRY_TRANSIENT, **NO_PREFECT_CACHE)

@@ -157,4 +157,5 @@ def fetch_model(source: SourceSpec) -> FetchResult:
     )
 
 
-fetch = task(fetch_model, name="fetch", **RETRY_TRANSIENT, **NO_PREFECT_CACHE)
+fetch = task(fetch_model, name="fetch", task_run_name="fetch {source.lineage_id}",
+             **RETRY_TRANSIENT, **NO_PREFECT_CACHE)

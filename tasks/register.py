@@ -27,6 +27,7 @@ class RegisterResult(TypedDict):
     model_name: str
     version: str
     run_id: str
+    experiment_id: str
     reused: bool
 
 
@@ -127,8 +128,10 @@ def register_release(
         mv = existing[0]
         _call("set the candidate alias", uri, client.set_registered_model_alias, model_name,
               "candidate", mv.version)
+        run = _call("read the run", uri, client.get_run, mv.run_id)
         return RegisterResult(tracking_uri=uri, model_name=model_name, version=str(mv.version),
-                              run_id=mv.run_id, reused=True)
+                              run_id=mv.run_id, experiment_id=run.info.experiment_id,
+                              reused=True)
 
     exp_id = _experiment_id(client, uri, experiment)
     run = _call("create a run", uri, client.create_run, exp_id,
@@ -164,7 +167,7 @@ def register_release(
         raise
     _call("finish the run", uri, client.set_terminated, run_id, "FINISHED")
     return RegisterResult(tracking_uri=uri, model_name=model_name, version=str(mv.version),
-                          run_id=run_id, reused=False)
+                          run_id=run_id, experiment_id=exp_id, reused=False)
 
 
 def _registered(client, name: str) -> bool:
@@ -191,5 +194,7 @@ def promote_release(model_name: str, version: str, metrics: dict[str, float]) ->
     return version
 
 
-register = task(register_release, name="register", **RETRY_TRANSIENT, **NO_PREFECT_CACHE)
-promote = task(promote_release, name="promote", **RETRY_TRANSIENT, **NO_PREFECT_CACHE)
+register = task(register_release, name="register", task_run_name="register {model_name}",
+                **RETRY_TRANSIENT, **NO_PREFECT_CACHE)
+promote = task(promote_release, name="promote", task_run_name="promote {model_name} v{version}",
+               **RETRY_TRANSIENT, **NO_PREFECT_CACHE)

@@ -104,4 +104,5 @@ def smoke_test(grpc_url: str, http_url: str, model_name: str, version: str,
     return result
 
 
-smoke = task(smoke_test, name="smoke", **RETRY_TRANSIENT, **NO_PREFECT_CACHE)
+smoke = task(smoke_test, name="smoke", task_run_name="smoke {model_name} v{version}",
+             **RETRY_TRANSIENT, **NO_PREFECT_CACHE)

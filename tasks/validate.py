@@ -20,7 +20,8 @@ from hf2triton.embeddings import EmbeddingConfig, OnnxEmbedder, TorchEmbedder, c
 from hf2triton.errors import AccuracyGateError
 from hf2triton.spec import Thresholds
 from hf2triton.workspace import atomic_write_text, cached_step, digest, sha256_file, source_digest
-from tasks.common import NO_PREFECT_CACHE
+from tasks.common import NO_PREFECT_CACHE, in_prefect_run
+from tasks.report import publish_gate_failure
 
 
 class Candidate(TypedDict):
@@ -127,7 +128,10 @@ def validate_candidates(
         text = json.dumps(report, indent=1, ensure_ascii=False)
         if chosen is None:
             atomic_write_text(failed_report, text)
-            raise AccuracyGateError(_gate_message(report, failed_report))
+            message = _gate_message(report, failed_report)
+            if in_prefect_run():
+                publish_gate_failure(Path(work_root).name, report, message)
+            raise AccuracyGateError(message)
         atomic_write_text(out / "validation_report.json", text)
         smoke = smoke_selection(sentences, smoke_count)
         np.savez(

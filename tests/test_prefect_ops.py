@@ -1,0 +1,193 @@
+"""Operating releases with a real Prefect server: `prefect deploy` from prefect.yaml, a process
+worker, `prefect deployment run --watch`, the schedule, and what the UI shows for the run."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hf2triton.deployments import render
+from tests.conftest import ROOT, free_port, tiny_spec, wait_http
+
+BIN = Path(sys.executable).parent
+
+
+def _run(cmd: list[str], env: dict, timeout: float = 300, cwd: Path = ROOT):
+    proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+def _start(cmd: list[str], env: dict, log: Path) -> subprocess.Popen:
+    return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=open(log, "wb"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_prefect_yaml_is_rendered_from_the_release_specs():
+    proc = subprocess.run([str(BIN / "hf2triton"), "deployments", "render", "--check"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    deployments = {d["name"]: d for d in __import__("yaml").safe_load(
+        (ROOT / "prefect.yaml").read_text())["deployments"]}
+    minilm = deployments["minilm-embedder"]
+    assert minilm["parameters"]["spec"]["validation"]["sentences"] == \
+        "releases/data/embedding-validation.txt"
+    assert minilm["schedules"][0]["cron"] == "0 3 * * 1"
+    assert minilm["concurrency_limit"]["limit"] == 1
+
+
+@pytest.fixture(scope="module")
+def prefect_server(tmp_path_factory):
+    """`prefect server start` (SQLite) on a free port, and a process work pool."""
+    tmp = tmp_path_factory.mktemp("prefect-server")
+    port = free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    env = {**os.environ, "PREFECT_HOME": str(tmp / "prefect-home"), "PREFECT_API_URL": api,
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "2", "PWD": str(ROOT)}
+    env.pop("PREFECT_API_KEY", None)
+    server = _start([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port",
+                     str(port)], env, tmp / "server.log")
+    try:
+        wait_http(f"{api}/health", timeout=180, proc=server)
+        _run([str(BIN / "prefect"), "work-pool", "create", "hf2triton-process", "--type",
+              "process"], env)
+        yield {"env": env, "api": api, "ui": f"http://127.0.0.1:{port}", "tmp": tmp}
+    finally:
+        _stop(server)
+
+
+@pytest.fixture(scope="module")
+def deployed_run(prefect_server, tiny_bert):
+    """Deploy the project's prefect.yaml and a tiny release, start a worker, run the tiny one."""
+    env, tmp = dict(prefect_server["env"]), prefect_server["tmp"]
+    _run([str(BIN / "prefect"), "--no-prompt", "deploy", "--all"], env)
+    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
+    spec_path = tiny_spec(tmp / "tiny-embedder.yaml", tiny_bert, ports)
+    prefect_file = tmp / "prefect.yaml"
+    prefect_file.write_text(render([spec_path]))
+    _run([str(BIN / "prefect"), "--no-prompt", "deploy", "--all", "--prefect-file",
+          str(prefect_file)], env)
+    home = tmp / "hf2triton-home"
+    worker_env = {**env, "HF2TRITON_HOME": str(home)}
+    worker_env.pop("MLFLOW_TRACKING_URI", None)
+    worker = _start([str(BIN / "prefect"), "worker", "start", "--pool", "hf2triton-process",
+                     "--limit", "1"], worker_env, tmp / "worker.log")
+    try:
+        run = subprocess.run(
+            [str(BIN / "prefect"), "deployment", "run", "release-model/tiny-embedder", "--watch",
+             "--watch-timeout", "900"],
+            env=env, cwd=ROOT, capture_output=True, text=True, timeout=1000)
+        yield {"proc": run, "home": home, "ports": ports, **prefect_server}
+    finally:
+        _stop(worker)
+        subprocess.run([str(BIN / "hf2triton"), "server", "stop"],
+                       env={**env, "HF2TRITON_HOME": str(home)}, capture_output=True)
+
+
+async def _flow_runs(api_env: dict, **filters):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
+
+    async with get_client() as client:
+        deployments = await client.read_deployments(
+            deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[filters["name"]])))
+        assert deployments, f"no deployment {filters['name']}"
+        runs = await client.read_flow_runs(
+            deployment_filter=DeploymentFilter(id={"any_": [deployments[0].id]}))
+        return deployments[0], runs
+
+
+def _with_api(env: dict, coro_fn, *args, **kwargs):
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: env["PREFECT_API_URL"]}):
+        return asyncio.run(coro_fn(*args, **kwargs))
+
+
+def test_deployment_run_releases_and_serves(deployed_run):
+    proc = deployed_run["proc"]
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Completed" in proc.stdout + proc.stderr
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{deployed_run['home'] / 'mlflow.db'}"
+    champion = MlflowClient(uri, registry_uri=uri).get_model_version_by_alias(
+        "tiny-embedder", "champion")
+    assert str(champion.version) == "1"
+    from tasks.smoke import embed_remote
+
+    emb, _ = embed_remote("grpc", f"127.0.0.1:{deployed_run['ports']['grpc_port']}",
+                          "tiny-embedder", "1", ["the quick brown fox"])
+    assert emb.shape == (1, 32) and np.isfinite(emb).all()
+
+
+def test_schedule_creates_a_scheduled_run(deployed_run):
+    import time
+
+    deadline = time.monotonic() + 60
+    while True:
+        deployment, runs = _with_api(deployed_run["env"], _flow_runs, deployed_run["env"],
+                                     name="minilm-embedder")
+        scheduled = [r for r in runs if r.state and r.state.type.value == "SCHEDULED"]
+        if scheduled or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert deployment.concurrency_limit == 1 or deployment.global_concurrency_limit
+    assert scheduled, "the cron schedule produced no scheduled run"
+    assert scheduled[0].expected_start_time.weekday() == 0  # Mondays
+    assert scheduled[0].expected_start_time.hour == 3
+
+
+def test_run_page_shows_the_release_artifacts(deployed_run, tmp_path):
+    _, runs = _with_api(deployed_run["env"], _flow_runs, deployed_run["env"],
+                        name="tiny-embedder")
+    run = next(r for r in runs if r.state and r.state.type.value == "COMPLETED")
+
+    async def artifacts():
+        from prefect.client.orchestration import get_client
+        from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+        async with get_client() as client:
+            return await client.read_artifacts(
+                artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id])))
+
+    found = {a.key: a for a in _with_api(deployed_run["env"], artifacts)}
+    assert {"tiny-embedder-report", "tiny-embedder-accuracy"} <= set(found)
+    report = found["tiny-embedder-report"].data
+    assert "MLflow tiny-embedder version 1" in report and "fixtures/tiny-bert" in report
+    table = found["tiny-embedder-accuracy"].data
+    rows = json.loads(table) if isinstance(table, str) else table
+    assert any(r["verdict"] == "ships" for r in rows)
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert chromium, "chromium is needed for the UI screenshot (infra/setup.sh --test installs it)"
+    shot = tmp_path / "flow-run.png"
+    subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+         "--no-first-run", "--disable-background-networking", "--disable-component-update",
+         "--disable-sync", f"--user-data-dir={tmp_path / 'chrome'}", "--window-size=1400,1100",
+         "--virtual-time-budget=15000", f"--screenshot={shot}",
+         f"{deployed_run['ui']}/runs/flow-run/{run.id}"],
+        capture_output=True, timeout=120,
+    )
+    assert shot.is_file() and shot.stat().st_size > 20_000  # a rendered page, not a blank one
+    if os.environ.get("HF2TRITON_SCREENSHOT_TO"):  # to look at it: set a destination path
+        shutil.copy(shot, os.environ["HF2TRITON_SCREENSHOT_TO"])
