@@ -10,16 +10,19 @@ from prefect import flow, get_run_logger
 from prefect.transactions import transaction
 
 from hf2triton.embeddings import read_sentences, resolve_embedding_config
-from hf2triton.spec import ReleaseSpec, parse_spec
+from hf2triton.spec import ReleaseSpec, Task, parse_spec
+from hf2triton.task_config import resolve_task_config
 from hf2triton.workspace import digest, home
 from tasks.deploy import deploy, retire
 from tasks.export import export
 from tasks.fetch import fetch
 from tasks.quantize import quantize
 from tasks.register import library_versions, promote, register
-from tasks.repository import repository
+from tasks.repository import repository, task_repository
 from tasks.smoke import smoke
 from tasks.validate import Candidate, validate
+from tasks.validate_classification import validate_classifier
+from tasks.validate_translation import validate_translator
 
 
 def _reuse_note(logger, step: str, result: dict[str, Any]) -> str | None:
@@ -43,23 +46,38 @@ def release_model(spec: ReleaseSpec | dict[str, Any]) -> dict[str, Any]:
                 src["content_hash"][:12])
     emb = resolve_embedding_config(src["model_dir"], spec.embedding.pooling,
                                    spec.embedding.normalize, spec.embedding.max_length)
+    # text-classification and translation: labels or decoding settings instead of pooling.
+    embedding_task = spec.task is Task.FEATURE_EXTRACTION
+    cfg = emb if embedding_task else resolve_task_config(spec, src["model_dir"])
 
     exp = export(src["model_dir"], src["content_hash"], spec.task.value, spec.export.opset,
-                 spec.export.atol, emb, sentences, work)
+                 spec.export.atol, cfg, sentences, work)
     quant = quantize(exp["onnx_path"], spec.quantization, work)
     candidates = [Candidate(name=quant["method"], onnx_path=quant["onnx_path"])]
     if spec.quantization.method != "none" and spec.quantization.fallback_to_fp32:
         candidates.append(Candidate(name="fp32", onnx_path=exp["onnx_path"]))
-    val = validate(src["model_dir"], exp["export_dir"], candidates, emb,
-                   spec.validation.sentences, spec.validation.thresholds,
-                   spec.validation.smoke_sentences, work)
-    for name, m in val["candidates"].items():
-        logger.info("validate: %s min cosine %.4f, mean %.4f, spearman %.4f -> %s", name,
-                    m["min_cosine"], m["mean_cosine"], m["spearman"],
-                    "ships" if name == val["chosen"] else "misses the gate")
-
-    repo = repository(spec.triton_model_name, val["onnx_path"], exp["export_dir"], emb,
-                      val["embedding_dim"], spec.deploy, val["smoke_texts"][-2:], work)
+    if embedding_task:
+        val = validate(src["model_dir"], exp["export_dir"], candidates, emb,
+                       spec.validation.sentences, spec.validation.thresholds,
+                       spec.validation.smoke_sentences, work)
+        for name, m in val["candidates"].items():
+            logger.info("validate: %s min cosine %.4f, mean %.4f, spearman %.4f -> %s", name,
+                        m["min_cosine"], m["mean_cosine"], m["spearman"],
+                        "ships" if name == val["chosen"] else "misses the gate")
+        repo = repository(spec.triton_model_name, val["onnx_path"], exp["export_dir"], emb,
+                          val["embedding_dim"], spec.deploy, val["smoke_texts"][-2:], work)
+    else:
+        gate = validate_classifier if spec.task is Task.TEXT_CLASSIFICATION else \
+            validate_translator
+        val = gate(src["model_dir"], exp["export_dir"], candidates, cfg,
+                   spec.validation.sentences, spec.task_section, spec.validation.smoke_sentences,
+                   work)
+        for name, m in val["candidates"].items():
+            logger.info("validate: %s %s -> %s", name,
+                        ", ".join(f"{k} {v:.4f}" for k, v in m.items()),
+                        "ships" if name == val["chosen"] else "misses the gate")
+        repo = task_repository(spec.triton_model_name, val["onnx_path"], exp["export_dir"], cfg,
+                               spec.deploy, val["smoke_texts"][-2:], work)
     lineage = {
         "source_id": src["source_id"], "revision": src["revision"] or "local",
         "content_hash": src["content_hash"], "variant": val["chosen"],
@@ -75,7 +93,9 @@ def release_model(spec: ReleaseSpec | dict[str, Any]) -> dict[str, Any]:
         "quantize_seconds": quant["seconds"], "validate_seconds": val["seconds"],
     }
     params = {**spec.model_dump(mode="json"), "versions": library_versions(),
-              "opset": exp["opset"], "embedding_resolved": emb.to_dict()}
+              "opset": exp["opset"], "embedding_resolved": emb.to_dict(),
+              **({} if embedding_task else {"task_resolved": {
+                  k: v for k, v in cfg.to_dict().items() if k not in ("labels", "target_langs")}})}
     reg = register(
         spec.registry.model_name, spec.registry.experiment,
         digest([src["content_hash"], repo["content_hash"]]), params, metrics, lineage,
@@ -99,9 +119,15 @@ def release_model(spec: ReleaseSpec | dict[str, Any]) -> dict[str, Any]:
     if retired:
         logger.info("deploy: version %s serves; retired version(s) %s", reg["version"],
                     ", ".join(retired))
-    logger.info("smoke: served = PyTorch within min cosine %.4f (gRPC p50 %.1f ms); champion is "
-                "now version %s", min(sm["grpc_min_cosine"], sm["http_min_cosine"]),
-                sm["grpc_p50_ms"], reg["version"])
+    if embedding_task:
+        logger.info("smoke: served = PyTorch within min cosine %.4f (gRPC p50 %.1f ms); champion "
+                    "is now version %s", min(sm["grpc_min_cosine"], sm["http_min_cosine"]),
+                    sm["grpc_p50_ms"], reg["version"])
+    else:
+        logger.info("smoke: served = validated model, %s (gRPC p50 %.1f ms); champion is now "
+                    "version %s", ", ".join(f"{k} {v:.4g}" for k, v in sm.items()
+                                            if not k.endswith("_ms")),
+                    sm["grpc_p50_ms"], reg["version"])
 
     reused = [s for s, r in (("export", exp), ("quantize", quant), ("validate", val),
                              ("build-repository", repo), ("register", reg), ("deploy", dep))
@@ -114,8 +140,9 @@ def release_model(spec: ReleaseSpec | dict[str, Any]) -> dict[str, Any]:
         "source": {"id": src["source_id"], "revision": src["revision"],
                    "content_hash": src["content_hash"]},
         "variant": val["chosen"],
-        "metrics": {**val["metrics"], "smoke_min_cosine": min(
-            sm["grpc_min_cosine"], sm["http_min_cosine"], sm["batch_min_cosine"])},
+        "metrics": {**val["metrics"], **({"smoke_min_cosine": min(
+            sm["grpc_min_cosine"], sm["http_min_cosine"], sm["batch_min_cosine"])}
+            if embedding_task else {f"smoke_{k}": v for k, v in sm.items()})},
         "endpoint": {
             "model": spec.triton_model_name, "version": reg["version"],
             "http": f"http://{base}:{spec.deploy.http_port}/v2/models/"

@@ -34,6 +34,9 @@ Probability = Annotated[float, Field(ge=-1.0, le=1.0)]
 
 class Task(str, Enum):
     FEATURE_EXTRACTION = "feature-extraction"
+    TEXT_CLASSIFICATION = "text-classification"
+    # Any model optimum exports as text2text-generation-with-past (M2M100, Marian, ...).
+    TRANSLATION = "translation"
 
 
 class _Strict(BaseModel):
@@ -113,6 +116,102 @@ class EmbeddingSpec(_Strict):
     max_length: int | None = Field(
         None, ge=1, le=8192, description="truncation length; default is the model's own"
     )
+
+
+class ClassificationThresholds(_Strict):
+    min_label_agreement: Probability = Field(
+        0.99, description="share of validation texts whose label equals PyTorch's"
+    )
+    max_prob_diff: float = Field(
+        0.05, ge=0, le=1, description="largest allowed |probability - PyTorch's| of any label"
+    )
+    min_accuracy: Probability | None = Field(
+        None, description="accuracy against the gold labels of `labelled`; needs `labelled`"
+    )
+
+
+class ClassificationSpec(_Strict):
+    """`task: text-classification`: labels from the model's id2label."""
+
+    max_length: int | None = Field(
+        None, ge=1, le=8192, description="truncation length; default is the model's own"
+    )
+    labelled: str | None = Field(
+        None, description="UTF-8 TSV file of `text<TAB>label` lines (label as in id2label): "
+        "accuracy against these gold labels is measured and reported"
+    )
+    thresholds: ClassificationThresholds = ClassificationThresholds()
+
+    @field_validator("labelled")
+    @classmethod
+    def _resolve_labelled(cls, v: str | None, info: ValidationInfo) -> str | None:
+        return None if v is None else _resolve(v, info)
+
+    @model_validator(mode="after")
+    def _accuracy_needs_labels(self) -> ClassificationSpec:
+        if self.thresholds.min_accuracy is not None and self.labelled is None:
+            raise ValueError(
+                "thresholds.min_accuracy needs gold labels: give classification.labelled"
+            )
+        return self
+
+
+Bleu = Annotated[float, Field(ge=0.0, le=100.0)]
+
+
+class GenerationThresholds(_Strict):
+    """sacrebleu scores (0-100) of the candidate's translations."""
+
+    min_bleu: Bleu = Field(90.0, description="BLEU against the fp32 PyTorch translations")
+    min_chrf: Bleu = Field(95.0, description="chrF against the fp32 PyTorch translations")
+    min_reference_bleu: Bleu | None = Field(
+        None, description="BLEU against `references`; needs `references`"
+    )
+    min_reference_chrf: Bleu | None = Field(
+        None, description="chrF against `references`; needs `references`"
+    )
+
+
+class GenerationSpec(_Strict):
+    """`task: translation`: how the served model generates (the defaults of every request)."""
+
+    source_lang: str | None = Field(
+        None, description="source language code for multilingual tokenizers (M2M100: 'en')"
+    )
+    target_lang: str | None = Field(
+        None, description="target language code; M2M100-style models force it as the first "
+        "generated token (forced BOS). Required when the model translates into many languages"
+    )
+    max_new_tokens: int | None = Field(
+        None, ge=1, le=4096, description="default: the model's generation_config max_length - 1"
+    )
+    num_beams: int | None = Field(
+        None, ge=1, le=16, description="default: the model's generation_config (1: greedy)"
+    )
+    max_input_length: int | None = Field(
+        None, ge=1, le=8192, description="source truncation length; default: the model's own"
+    )
+    references: str | None = Field(
+        None, description="UTF-8 file of reference translations, one per line of "
+        "validation.sentences: BLEU and chrF against them are measured and reported"
+    )
+    thresholds: GenerationThresholds = GenerationThresholds()
+
+    @field_validator("references")
+    @classmethod
+    def _resolve_references(cls, v: str | None, info: ValidationInfo) -> str | None:
+        return None if v is None else _resolve(v, info)
+
+    @model_validator(mode="after")
+    def _reference_gates_need_references(self) -> GenerationSpec:
+        t = self.thresholds
+        if (t.min_reference_bleu is not None or t.min_reference_chrf is not None) and \
+                self.references is None:
+            raise ValueError(
+                "thresholds.min_reference_bleu/min_reference_chrf need reference translations: "
+                "give generation.references"
+            )
+        return self
 
 
 class ExportSpec(_Strict):
@@ -234,6 +333,8 @@ class ReleaseSpec(_Strict):
     embedding: EmbeddingSpec = EmbeddingSpec()
     export: ExportSpec = ExportSpec()
     quantization: QuantizationSpec = QuantizationSpec()
+    classification: ClassificationSpec | None = None
+    generation: GenerationSpec | None = None
     validation: ValidationSpec
     registry: RegistrySpec
     deploy: DeploySpec = DeploySpec()
@@ -242,6 +343,28 @@ class ReleaseSpec(_Strict):
     )
 
     _check = field_validator("name")(classmethod(lambda cls, v: _check_name(v)))
+
+    @model_validator(mode="after")
+    def _sections_match_task(self) -> ReleaseSpec:
+        own = {Task.FEATURE_EXTRACTION: "embedding", Task.TEXT_CLASSIFICATION: "classification",
+               Task.TRANSLATION: "generation"}
+        wrong = [k for k in own.values()
+                 if k in self.model_fields_set and k != own[self.task]]
+        if wrong:
+            raise ValueError(
+                f"task {self.task.value!r} does not read the section(s) {wrong}: use "
+                f"'{own[self.task]}:' for this task, or change 'task:'"
+            )
+        return self
+
+    @property
+    def task_section(self) -> EmbeddingSpec | ClassificationSpec | GenerationSpec:
+        """The task's own section, defaults filled in when the spec leaves it out."""
+        if self.task is Task.TEXT_CLASSIFICATION:
+            return self.classification or ClassificationSpec()
+        if self.task is Task.TRANSLATION:
+            return self.generation or GenerationSpec()
+        return self.embedding
 
     @property
     def triton_model_name(self) -> str:

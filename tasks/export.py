@@ -12,13 +12,22 @@ from typing import TypedDict
 import numpy as np
 from prefect import task
 
-from hf2triton import embeddings
+from hf2triton import classification, embeddings, seq2seq, translation
+from hf2triton.classification import ClassificationConfig, compare_classification
 from hf2triton.embeddings import EmbeddingConfig, OnnxEmbedder, TorchEmbedder, batched
+from hf2triton.translation import TranslationConfig, compare_translation
 from hf2triton.errors import ExportError, UnsupportedModelError
 from hf2triton.workspace import cached_step, digest, source_digest
 from tasks.common import NO_PREFECT_CACHE
 
-ONNX_TASK = {"feature-extraction": "feature-extraction"}
+ONNX_TASK = {
+    "feature-extraction": "feature-extraction",
+    "text-classification": "text-classification",
+    # Encoder, decoder and decoder-with-past files: generation with a KV cache.
+    "translation": "text2text-generation-with-past",
+}
+# The file whose absence means the export failed.
+MAIN_FILE = {"translation": seq2seq.ONNX_FILES["encoder"]}
 
 
 class ExportResult(TypedDict):
@@ -54,8 +63,9 @@ def _export(model_dir: str, out: Path, task_name: str, opset: int) -> None:
                 f"optimum-onnx cannot export this model for {task_name}: {text.splitlines()[0]}"
             ) from None
         raise ExportError(f"ONNX export of {model_dir} failed: {text}") from exc
-    if not (out / "model.onnx").is_file():
-        raise ExportError(f"ONNX export of {model_dir} produced no model.onnx in {out}")
+    main = MAIN_FILE.get(task_name, "model.onnx")
+    if not (out / main).is_file():
+        raise ExportError(f"ONNX export of {model_dir} produced no {main} in {out}")
 
 
 def compare_with_torch(
@@ -81,20 +91,26 @@ def export_onnx(
     task_name: str,
     opset: int,
     atol: float,
-    embedding: EmbeddingConfig,
+    embedding: EmbeddingConfig | ClassificationConfig | TranslationConfig,
     sentences: list[str],
     work_root: str,
 ) -> ExportResult:
-    """Export `model_dir` to ONNX and prove it matches PyTorch within `atol`."""
+    """Export `model_dir` to ONNX and prove it matches PyTorch within `atol`.
+
+    `embedding` is the task's resolved config. For translation `onnx_path` is the export
+    directory (encoder, decoder and decoder-with-past files) and the check also requires greedy
+    ONNX Runtime generation to equal PyTorch `generate` token for token."""
     check = _check_sentences(sentences)
     key = digest([
         content_hash, task_name, opset, atol, embedding.to_dict(), check,
-        source_digest(sys.modules[__name__], embeddings),
+        source_digest(sys.modules[__name__], embeddings, classification, translation, seq2seq),
     ])
     started = time.perf_counter()
 
     def build(out: Path) -> dict:
         _export(model_dir, out, task_name, opset)
+        if isinstance(embedding, TranslationConfig):
+            return _check_translation(model_dir, out, embedding, check, atol)
         # The served model tokenizes with the `tokenizers` library, so tokenizer.json must exist.
         if not (out / "tokenizer.json").is_file():
             from transformers import AutoTokenizer
@@ -104,7 +120,9 @@ def export_onnx(
             raise ExportError(
                 f"{model_dir} has no fast tokenizer, which serving needs (tokenizer.json)"
             )
-        worst = compare_with_torch(model_dir, out / "model.onnx", embedding, check)
+        compare = (compare_classification if isinstance(embedding, ClassificationConfig)
+                   else compare_with_torch)
+        worst = compare(model_dir, out / "model.onnx", embedding, check)
         if not worst <= atol:
             raise ExportError(
                 f"the ONNX export disagrees with PyTorch: largest difference of hidden states "
@@ -115,7 +133,7 @@ def export_onnx(
 
     done = cached_step(work_root, "export", key, build)
     return ExportResult(
-        onnx_path=str(done.path / "model.onnx"),
+        onnx_path=str(done.path if task_name == "translation" else done.path / "model.onnx"),
         export_dir=str(done.path),
         opset=opset,
         max_abs_diff=done.result["max_abs_diff"],
@@ -123,6 +141,29 @@ def export_onnx(
         seconds=round(time.perf_counter() - started, 3),
         reused=done.reused,
     )
+
+
+def _check_translation(model_dir: str, out: Path, cfg: TranslationConfig, check: list[str],
+                       atol: float) -> dict:
+    import json
+
+    plan = translation.write_serving_tokenizer(model_dir, out / translation.TOKENIZER_DIR,
+                                               cfg.source_lang)
+    (out / translation.TOKENIZER_DIR / "plan.json").write_text(json.dumps(plan, indent=1))
+    found = compare_translation(model_dir, out, cfg, check)
+    if not found["max_abs_diff"] <= atol:
+        raise ExportError(
+            f"the ONNX encoder disagrees with PyTorch: largest difference of hidden states "
+            f"{found['max_abs_diff']:.2e} > export.atol {atol:.0e} on {len(check)} real "
+            "sentences; try another export.opset or report the model"
+        )
+    if found["greedy_mismatches"]:
+        raise ExportError(
+            f"greedy generation with the fp32 ONNX files differs from PyTorch generate on "
+            f"{found['greedy_mismatches']} of {len(check)} sentences (first: "
+            f"{found['first_mismatch'][:40]!r}); try another export.opset or report the model"
+        )
+    return {"max_abs_diff": found["max_abs_diff"], "checked_sentences": len(check)}
 
 
 export = task(export_onnx, name="export", **NO_PREFECT_CACHE)

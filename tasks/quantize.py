@@ -1,5 +1,7 @@
 """Quantize step: ONNX Runtime dynamic int8 quantization of the exported model (or a plain copy of
-the fp32 model when the spec says `method: none`).
+the fp32 model when the spec says `method: none`). A seq2seq export (a directory of encoder,
+decoder and decoder-with-past files) is quantized file by file; a file that does not survive
+quantization (ORT fails to quantize it or to load the result) ships fp32, and the result says so.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from tasks.common import NO_PREFECT_CACHE
 
 
 class QuantizeResult(TypedDict):
-    onnx_path: str
+    onnx_path: str  # a file, or for seq2seq the directory holding every role's file
     method: str
+    fallbacks: dict[str, str]  # seq2seq: ONNX file kept in fp32 -> why
     fp32_bytes: int
     size_bytes: int
     sha256: str
@@ -32,6 +35,8 @@ class QuantizeResult(TypedDict):
 def quantize_onnx(onnx_path: str, spec: QuantizationSpec, work_root: str) -> QuantizeResult:
     """Write the quantized model for `onnx_path` and return where it is."""
     src = Path(onnx_path)
+    if src.is_dir():
+        return _quantize_files(src, spec, work_root)
     key = digest([sha256_file(src), spec.model_dump(), source_digest(sys.modules[__name__])])
     started = time.perf_counter()
 
@@ -61,12 +66,8 @@ def quantize_onnx(onnx_path: str, spec: QuantizationSpec, work_root: str) -> Qua
     path = done.path / "model.onnx"
     return QuantizeResult(
         onnx_path=str(path),
-        method=spec.method if spec.method == "none" else (
-            f"dynamic-int8/{spec.weight_type}/"
-            f"{'per-channel' if spec.per_channel else 'per-tensor'}"
-            f"{'/reduce-range' if spec.reduce_range else ''}"
-            f"{'/' + '+'.join(spec.op_types) if spec.op_types else ''}"
-        ),
+        method=method_name(spec),
+        fallbacks={},
         fp32_bytes=src.stat().st_size,
         size_bytes=path.stat().st_size,
         sha256=done.files["model.onnx"],
@@ -75,4 +76,91 @@ def quantize_onnx(onnx_path: str, spec: QuantizationSpec, work_root: str) -> Qua
     )
 
 
-quantize = task(quantize_onnx, name="quantize", **NO_PREFECT_CACHE)
+def method_name(spec: QuantizationSpec) -> str:
+    return spec.method if spec.method == "none" else (
+        f"dynamic-int8/{spec.weight_type}/"
+        f"{'per-channel' if spec.per_channel else 'per-tensor'}"
+        f"{'/reduce-range' if spec.reduce_range else ''}"
+        f"{'/' + '+'.join(spec.op_types) if spec.op_types else ''}"
+    )
+
+
+def _companions(model: Path) -> list[Path]:
+    """External-data files saved beside an ONNX file (`x.onnx_data`, `x.onnx.data`)."""
+    return sorted(p for p in model.parent.iterdir()
+                  if p.name != model.name and p.name.startswith(model.name) and p.is_file())
+
+
+def _quantize_one(src: Path, target: Path, spec: QuantizationSpec) -> str | None:
+    """Quantize one file; None when it survived, else why it did not (then nothing is left)."""
+    import onnxruntime as ort
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    try:
+        quantize_dynamic(
+            src, target,
+            weight_type=QuantType.QInt8 if spec.weight_type == "qint8" else QuantType.QUInt8,
+            per_channel=spec.per_channel, reduce_range=spec.reduce_range,
+            op_types_to_quantize=spec.op_types,
+            use_external_data_format=bool(_companions(src)),
+        )
+        ort.InferenceSession(str(target), providers=["CPUExecutionProvider"])
+        return None
+    except Exception as exc:  # ORT raises plain Exceptions for unsupported graphs
+        for p in [target, *_companions(target)] if target.exists() else []:
+            p.unlink(missing_ok=True)
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+
+
+def _quantize_files(src_dir: Path, spec: QuantizationSpec, work_root: str) -> QuantizeResult:
+    from hf2triton.seq2seq import ONNX_FILES
+
+    names = list(ONNX_FILES.values())
+    key = digest([[sha256_file(src_dir / n) for n in names], spec.model_dump(),
+                  source_digest(sys.modules[__name__])])
+    started = time.perf_counter()
+
+    def build(out: Path) -> dict:
+        fallbacks = {}
+        for name in names:
+            why = "quantization.method is none" if spec.method == "none" else \
+                _quantize_one(src_dir / name, out / name, spec)
+            if why is not None:
+                for p in [src_dir / name, *_companions(src_dir / name)]:
+                    shutil.copyfile(p, out / p.name)
+                if spec.method != "none":
+                    fallbacks[name] = why
+        return {"fallbacks": fallbacks}
+
+    done = cached_step(work_root, "quantize", key, build)
+    fallbacks = done.result["fallbacks"]
+    if fallbacks:
+        from prefect.exceptions import MissingContextError
+
+        try:
+            from prefect import get_run_logger
+
+            log = get_run_logger()
+        except MissingContextError:
+            import logging
+
+            log = logging.getLogger(__name__)
+        for name, why in fallbacks.items():
+            log.warning("quantize: %s did not survive int8 quantization (%s); it ships fp32",
+                        name, why)
+    size = lambda d: sum(p.stat().st_size for n in names
+                         for p in [d / n, *_companions(d / n)])  # noqa: E731
+    return QuantizeResult(
+        onnx_path=str(done.path),
+        method=method_name(spec) + (f"/{len(fallbacks)}-files-fp32" if fallbacks else ""),
+        fallbacks=fallbacks,
+        fp32_bytes=size(src_dir),
+        size_bytes=size(done.path),
+        sha256=digest(done.files),
+        seconds=round(time.perf_counter() - started, 3),
+        reused=done.reused,
+    )
+
+
+quantize = task(quantize_onnx, name="quantize", task_run_name="quantize {spec.method}",
+                **NO_PREFECT_CACHE)

@@ -65,6 +65,11 @@ def embed_remote(protocol: str, url: str, model: str, version: str, texts: list[
 def smoke_test(grpc_url: str, http_url: str, model_name: str, version: str,
                reference_path: str, min_cosine: float, max_batch_size: int = 64) -> SmokeResult:
     """Fail unless every served embedding is within `min_cosine` of the PyTorch reference."""
+    if reference_path.endswith(".json"):  # text-classification and translation releases
+        from tasks.smoke_tasks import smoke_task
+
+        return smoke_task(grpc_url, http_url, model_name, version, reference_path,
+                          max_batch_size)
     ref = np.load(reference_path, allow_pickle=True)
     texts, expected = [str(t) for t in ref["texts"]], ref["embeddings"]
     from tritonclient.utils import InferenceServerException

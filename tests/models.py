@@ -54,3 +54,106 @@ def build_tiny_bert(out: Path, seed: int = 0, vocab_size: int = 200) -> Path:
     )
     BertModel(config).eval().save_pretrained(out)
     return out
+
+
+# A few dozen short English lines for the translation fixtures' sentencepiece model.
+SEQ2SEQ_CORPUS = list(dict.fromkeys(CORPUS)) + [
+    "good morning, how are you today?",
+    "the weather is nice and warm",
+    "please send me the report by friday",
+    "water boils at one hundred degrees",
+    "she reads a book every week",
+    "the children play in the park",
+    "we need more time to finish the work",
+    "open the door and close the window",
+]
+
+
+def _train_spm(out: Path, lines: list[str], vocab_size: int = 80) -> Path:
+    import sentencepiece as spm
+
+    model_prefix = out / "spm"
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_prefix=str(model_prefix), vocab_size=vocab_size,
+        hard_vocab_limit=False, model_type="unigram", character_coverage=1.0,
+        bos_id=-1, eos_id=-1, pad_id=-1, unk_id=0, minloglevel=2,
+    )
+    return model_prefix.with_suffix(".model")
+
+
+def _spm_vocab(spm_path: Path, specials: list[str]) -> dict[str, int]:
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(spm_path))
+    vocab = {s: i for i, s in enumerate(specials)}
+    for i in range(sp.get_piece_size()):
+        vocab.setdefault(sp.id_to_piece(i), len(vocab))
+    return vocab
+
+
+def build_tiny_m2m100(out: Path, seed: int = 0, src_lang: str = "en",
+                      tgt_lang: str = "sw") -> Path:
+    """Save a 2+2-layer M2M100 (d_model 16) with its sentencepiece tokenizer to `out`."""
+    import json
+    import shutil
+
+    import torch
+    from transformers import M2M100Config, M2M100ForConditionalGeneration, M2M100Tokenizer
+
+    out.mkdir(parents=True, exist_ok=True)
+    work = out.parent / f".{out.name}-spm"
+    work.mkdir(exist_ok=True)
+    spm_path = _train_spm(work, SEQ2SEQ_CORPUS)
+    vocab = _spm_vocab(spm_path, ["<s>", "<pad>", "</s>", "<unk>"])
+    (work / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
+    shutil.copyfile(spm_path, work / "sentencepiece.bpe.model")
+    tok = M2M100Tokenizer(str(work / "vocab.json"), str(work / "sentencepiece.bpe.model"),
+                          src_lang=src_lang, tgt_lang=tgt_lang, model_max_length=64)
+    tok.save_pretrained(out)
+    shutil.rmtree(work)
+    torch.manual_seed(seed)
+    config = M2M100Config(
+        vocab_size=len(tok.encoder) + len(tok.lang_token_to_id) + 8, d_model=16,
+        encoder_layers=2, decoder_layers=2, encoder_attention_heads=2, decoder_attention_heads=2,
+        encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64,
+        pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2,
+        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+        init_std=0.6,  # large enough that the translation depends on the source text
+    )
+    model = M2M100ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        # Random weights would mostly emit language tokens (they are most of this tiny vocab):
+        # shrink their (tied) output rows so translations are made of ordinary pieces, and lift
+        # </s> so some translations end before max_length.
+        model.model.shared.weight[len(tok.encoder):] *= 0.05
+        model.model.shared.weight[config.eos_token_id] *= 2.0
+    model.generation_config.max_length = 32
+    # Exercised by the served decoder too (real seq2seq checkpoints such as Marian set it).
+    model.generation_config.no_repeat_ngram_size = 3
+    model.save_pretrained(out)
+    return out
+
+
+SENTIMENT_LABELS = {0: "negative", 1: "neutral", 2: "positive"}
+
+
+def build_tiny_classifier(out: Path, seed: int = 0) -> Path:
+    """Save a 2-layer BERT sequence classifier (3 sentiment labels) and its fast tokenizer."""
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification
+
+    build_tiny_bert(out, seed=seed)  # the tokenizer (and a base model we replace)
+    base = BertConfig.from_pretrained(out)
+    config = BertConfig(
+        **{k: getattr(base, k) for k in ("vocab_size", "hidden_size", "num_hidden_layers",
+                                         "num_attention_heads", "intermediate_size",
+                                         "max_position_embeddings")},
+        id2label=SENTIMENT_LABELS, label2id={v: k for k, v in SENTIMENT_LABELS.items()},
+        initializer_range=0.5,  # large enough that the label depends on the text
+    )
+    torch.manual_seed(seed)
+    model = BertForSequenceClassification(config).eval()
+    with torch.no_grad():  # spread the logits so labels differ between texts
+        model.classifier.weight.mul_(4.0)
+    model.save_pretrained(out)
+    return out

@@ -1,0 +1,249 @@
+"""text-classification and translation releases end to end on tiny random-weight models (a BERT
+classifier and an M2M100 translator built once per module): real export, quantization, gate,
+MLflow (SQLite), and a real Triton server on free ports. The served labels must equal PyTorch's,
+and the served greedy translation of every validation sentence must equal PyTorch `generate`."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from hf2triton.errors import SpecError
+from hf2triton.spec import GenerationSpec, load_spec, parse_spec
+from tests.conftest import free_port, tiny_spec
+from tests.models import SEQ2SEQ_CORPUS, build_tiny_classifier, build_tiny_m2m100
+
+ODD = ["a", "ok", "prices rose 12.5% to $43,210 on tuesday!", "ÄÖÜ ß straße 😀",
+       "word " * 90]  # the last is cut at the model's 64 positions
+
+
+def _release(tmp, model_dir: Path, name: str, task: str, **overrides):
+    from flows.release import release_model
+
+    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
+    spec_path = tiny_spec(
+        tmp / f"{name}.yaml", model_dir, ports, name=name, task=task, embedding=None,
+        registry__model_name=name, source__model_id=f"fixtures/{name}",
+        **overrides)
+    sentences = tmp / f"{name}-sentences.txt"
+    sentences.write_text("\n".join(dict.fromkeys(SEQ2SEQ_CORPUS + ODD)) + "\n", encoding="utf-8")
+    import yaml
+
+    data = yaml.safe_load(spec_path.read_text())
+    data["validation"]["sentences"] = str(sentences)
+    data["validation"]["smoke_sentences"] = 12
+    spec_path.write_text(yaml.safe_dump(data, sort_keys=False))
+    spec = load_spec(spec_path)
+    return spec, ports, release_model(spec)
+
+
+@pytest.fixture(scope="module")
+def translation_release(tmp_path_factory):
+    from hf2triton import triton_local
+
+    tmp = tmp_path_factory.mktemp("translation-release")
+    model_dir = build_tiny_m2m100(tmp / "tiny-m2m100")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF2TRITON_HOME", str(tmp / "home"))
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        try:
+            spec, ports, summary = _release(
+                tmp, model_dir, "tiny-translator", "translation",
+                generation={"target_lang": "sw", "max_new_tokens": 20, "num_beams": 2,
+                            # int8 ships only if it translates exactly as PyTorch does
+                            "thresholds": {"min_bleu": 100.0, "min_chrf": 100.0}})
+            yield {"spec": spec, "ports": ports, "summary": summary, "model_dir": model_dir,
+                   "home": tmp / "home"}
+        finally:
+            triton_local.stop_server()
+
+
+@pytest.fixture(scope="module")
+def classification_release(tmp_path_factory):
+    from hf2triton import triton_local
+
+    tmp = tmp_path_factory.mktemp("classification-release")
+    model_dir = build_tiny_classifier(tmp / "tiny-classifier")
+    labelled = tmp / "labelled.tsv"
+    labelled.write_text("the team won the match after extra time\tpositive\n"
+                        "the server returned an error when the disk was full\tnegative\n"
+                        "new york is a large city\tneutral\n", encoding="utf-8")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF2TRITON_HOME", str(tmp / "home"))
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        try:
+            spec, ports, summary = _release(
+                tmp, model_dir, "tiny-classifier", "text-classification",
+                classification={"labelled": str(labelled),
+                                "thresholds": {"min_label_agreement": 1.0,
+                                               "max_prob_diff": 0.001}})
+            yield {"spec": spec, "ports": ports, "summary": summary, "model_dir": model_dir,
+                   "home": tmp / "home"}
+        finally:
+            triton_local.stop_server()
+
+
+def _translate(url: str, model: str, texts: list[str], **params) -> list[str]:
+    client = grpcclient.InferenceServerClient(url=url)
+    data = np.array([[t.encode()] for t in texts], dtype=np.object_)
+    inputs = [grpcclient.InferInput("TEXT", list(data.shape), "BYTES")]
+    inputs[0].set_data_from_numpy(data)
+    for name, value in params.items():
+        if isinstance(value, str):
+            arr = np.array([[value.encode()]] * len(texts), dtype=np.object_)
+            x = grpcclient.InferInput(name, list(arr.shape), "BYTES")
+        else:
+            arr = np.full((len(texts), 1), value, dtype=np.int32)
+            x = grpcclient.InferInput(name, list(arr.shape), "INT32")
+        x.set_data_from_numpy(arr)
+        inputs.append(x)
+    out = client.infer(model, inputs).as_numpy("TRANSLATION")
+    return [row[0].decode() for row in out]
+
+
+def _torch_translations(rel, texts, **overrides):
+    from hf2triton.task_config import resolve_task_config
+    from hf2triton.translation import TorchTranslator
+
+    cfg = resolve_task_config(rel["spec"], rel["model_dir"])
+    ref = TorchTranslator(rel["model_dir"], cfg)
+    kwargs = {"num_beams": 1, "max_new_tokens": 20, **overrides}
+    import torch
+
+    enc = ref.tokenizer(texts, padding=True, truncation=True, max_length=64, return_tensors="pt")
+    s = cfg.settings
+    with torch.inference_mode():
+        ids = ref.model.generate(**enc, do_sample=False, forced_bos_token_id=kwargs.pop(
+            "forced_bos_token_id", s.forced_bos_token_id), **kwargs)
+    return ref.decode(ids.tolist()), ref
+
+
+def test_translation_release_serves_pytorch_greedy_output_for_every_sentence(
+        translation_release):
+    rel = translation_release
+    summary = rel["summary"]
+    url = f"127.0.0.1:{rel['ports']['grpc_port']}"
+    texts = list(dict.fromkeys(SEQ2SEQ_CORPUS + ODD))
+    want, _ = _torch_translations(rel, texts)
+    one_by_one = [_translate(url, "tiny-translator", [t], NUM_BEAMS=1)[0] for t in texts]
+    assert one_by_one == want
+    assert _translate(url, "tiny-translator", texts[:8], NUM_BEAMS=1) == want[:8]
+    assert len(set(want)) > len(texts) // 2  # the fixture's output depends on its input
+    report = json.loads(Path(_report_path(rel)).read_text())
+    print("translation gate:", json.dumps(
+        {c["name"]: c["metrics"] for c in report["candidates"]}), "ships", summary["variant"])
+    assert summary["metrics"]["smoke_greedy_exact_match"] == 1.0
+
+
+def _report_path(rel) -> str:
+    found = sorted((rel["home"] / "work").rglob("validation_report.json"))
+    return str(found[-1])
+
+
+def test_translation_default_decoding_is_pytorch_beam_search(translation_release):
+    rel = translation_release
+    url = f"127.0.0.1:{rel['ports']['grpc_port']}"
+    texts = list(dict.fromkeys(SEQ2SEQ_CORPUS))[:8]  # max_batch_size
+    want, _ = _torch_translations(rel, texts, num_beams=2)
+    assert _translate(url, "tiny-translator", texts) == want
+
+
+def test_translation_per_request_parameters(translation_release):
+    rel = translation_release
+    url = f"127.0.0.1:{rel['ports']['grpc_port']}"
+    texts = ["the quick brown fox jumps over the lazy dog", "we need more time"]
+    short, ref = _torch_translations(rel, texts, max_new_tokens=3)
+    assert _translate(url, "tiny-translator", texts, NUM_BEAMS=1, MAX_NEW_TOKENS=3) == short
+    french, _ = _torch_translations(rel, texts, forced_bos_token_id=ref.tokenizer.get_lang_id("fr"))
+    assert _translate(url, "tiny-translator", texts, NUM_BEAMS=1, TARGET_LANG="fr") == french
+    with pytest.raises(InferenceServerException, match="TARGET_LANG 'xx'"):
+        _translate(url, "tiny-translator", texts, TARGET_LANG="xx")
+    with pytest.raises(InferenceServerException, match="MAX_NEW_TOKENS 100000"):
+        _translate(url, "tiny-translator", texts, MAX_NEW_TOKENS=100000)
+    # A bad request does not break the next one.
+    assert _translate(url, "tiny-translator", texts, NUM_BEAMS=1, MAX_NEW_TOKENS=3) == short
+
+
+def test_translation_concurrent_requests_are_answered_like_single_ones(translation_release):
+    rel = translation_release
+    url = f"127.0.0.1:{rel['ports']['grpc_port']}"
+    texts = list(dict.fromkeys(SEQ2SEQ_CORPUS))[:16]
+    want, _ = _torch_translations(rel, texts)
+    got: dict[int, str] = {}
+    errors: list[str] = []
+
+    def worker(i: int) -> None:
+        try:
+            got[i] = _translate(url, "tiny-translator", [texts[i]], NUM_BEAMS=1)[0]
+        except Exception as exc:  # any failure is a wrong answer
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(texts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert [got[i] for i in range(len(texts))] == want
+
+
+def test_classification_release_serves_pytorch_labels(classification_release):
+    rel = classification_release
+    from hf2triton.classification import TorchClassifier, resolve_classification_config
+
+    texts = list(dict.fromkeys(SEQ2SEQ_CORPUS + ODD))
+    ref = TorchClassifier(rel["model_dir"], resolve_classification_config(rel["model_dir"]))
+    probs = ref.probs(texts)
+    want = [ref.cfg.labels[i] for i in probs.argmax(axis=1)]
+    assert len(set(want)) > 1
+    client = grpcclient.InferenceServerClient(url=f"127.0.0.1:{rel['ports']['grpc_port']}")
+    data = np.array([[t.encode()] for t in texts], dtype=np.object_)
+    labels, scores = [], []
+    for i in range(0, len(texts), 8):  # max_batch_size of the fixture spec
+        x = grpcclient.InferInput("TEXT", [len(data[i:i + 8]), 1], "BYTES")
+        x.set_data_from_numpy(data[i:i + 8])
+        res = client.infer("tiny-classifier", [x])
+        labels += [r[0].decode() for r in res.as_numpy("LABEL")]
+        scores.append(res.as_numpy("SCORES"))
+    assert labels == want
+    assert np.abs(np.concatenate(scores) - probs).max() < 1e-3
+    summary = rel["summary"]
+    assert summary["metrics"]["label_agreement"] == 1.0
+    assert "accuracy" in summary["metrics"]
+    print("classification gate:", json.dumps(summary["metrics"]), "ships", summary["variant"])
+
+
+def test_task_sections_are_checked():
+    base = {"name": "x", "source": {"path": "/m"}, "validation": {"sentences": "s.txt"},
+            "registry": {"model_name": "x"}}
+    assert parse_spec({**base, "task": "translation"}).task_section == GenerationSpec()
+    with pytest.raises(SpecError, match="does not read the section"):
+        parse_spec({**base, "task": "translation", "classification": {}})
+    with pytest.raises(SpecError, match="does not read the section"):
+        parse_spec({**base, "task": "text-classification", "embedding": {"pooling": "cls"}})
+    with pytest.raises(SpecError, match="needs gold labels"):
+        parse_spec({**base, "task": "text-classification",
+                    "classification": {"thresholds": {"min_accuracy": 0.9}}})
+    with pytest.raises(SpecError, match="unknown key 'generation.beams'"):
+        parse_spec({**base, "task": "translation", "generation": {"beams": 4}})
+    with pytest.raises(SpecError, match="generation.num_beams"):
+        parse_spec({**base, "task": "translation", "generation": {"num_beams": 0}})
+
+
+def test_seed_release_specs_are_valid():
+    root = Path(__file__).resolve().parents[1] / "releases"
+    tasks = {}
+    for name in ("m2m100-en-sw.yaml", "twitter-roberta-sentiment.yaml",
+                 "multilingual-e5-large.yaml", "biolinkbert-large.yaml"):
+        spec = load_spec(root / name)
+        assert spec.source.repo_id and spec.source.revision
+        tasks[name] = spec.task.value
+    assert tasks["m2m100-en-sw.yaml"] == "translation"
+    assert tasks["twitter-roberta-sentiment.yaml"] == "text-classification"
+    assert load_spec(root / "biolinkbert-large.yaml").embedding.pooling == "mean"
