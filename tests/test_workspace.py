@@ -6,6 +6,9 @@ from __future__ import annotations
 import errno
 import json
 import os
+import subprocess
+import sys
+import shutil
 import stat
 from pathlib import Path
 
@@ -191,18 +194,40 @@ def test_a_tampered_or_unfinished_directory_is_rebuilt(tmp_path, tamper):
     assert leftovers(tmp_path / "export") == []
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
+READ_ONLY_PROBE = """
+import sys
+from hf2triton.errors import ArtifactError
+from hf2triton.workspace import cached_step
+try:
+    cached_step(sys.argv[1], "export", "k" * 64, lambda out: {})
+except ArtifactError as exc:
+    print(exc)
+    sys.exit(3)
+"""
+
+
 def test_a_read_only_home_gives_an_artifact_error_naming_the_directory(tmp_path):
     root = tmp_path / "home"
     root.mkdir()
-    root.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    root.chmod(stat.S_IRUSR | stat.S_IXUSR | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH
+               | stat.S_IXOTH)
+    tmp_path.chmod(0o755)
+    cmd = [sys.executable, "-c", READ_ONLY_PROBE, str(root)]
+    if os.geteuid() == 0:
+        # Root ignores directory permissions: run the step as an ordinary user instead.
+        setpriv = shutil.which("setpriv")
+        assert setpriv, "setpriv (util-linux) is needed to drop root for this test"
+        for parent in tmp_path.parents:
+            if parent != Path("/"):
+                parent.chmod(parent.stat().st_mode | stat.S_IXOTH)
+        cmd = [setpriv, "--reuid=nobody", "--regid=nogroup", "--clear-groups", *cmd]
     try:
-        build = Builder()
-        with pytest.raises(ArtifactError) as info:
-            cached_step(root, "export", KEY, build)
-        assert str(root / "export") in str(info.value)
-        assert "permissions" in str(info.value)
-        assert build.runs == []
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
+                              cwd=Path(__file__).resolve().parents[1])
+        assert proc.returncode == 3, proc.stderr[-2000:]
+        assert str(root / "export") in proc.stdout
+        assert "permissions" in proc.stdout
+        assert not (root / "export").exists()
     finally:
         root.chmod(stat.S_IRWXU)
 
