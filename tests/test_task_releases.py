@@ -247,3 +247,42 @@ def test_seed_release_specs_are_valid():
     assert tasks["m2m100-en-sw.yaml"] == "translation"
     assert tasks["twitter-roberta-sentiment.yaml"] == "text-classification"
     assert load_spec(root / "biolinkbert-large.yaml").embedding.pooling == "mean"
+
+
+def test_a_file_that_does_not_survive_quantization_ships_fp32(translation_release, tmp_path,
+                                                               monkeypatch):
+    import hashlib
+
+    from onnxruntime import quantization
+
+    from hf2triton.seq2seq import OrtSeq2Seq
+    from hf2triton.spec import QuantizationSpec
+    from hf2triton.translation import serving_files
+    from tasks.quantize import quantize_onnx
+
+    export_dir = next(p.parent for p in (translation_release["home"] / "work").rglob(
+        "encoder_model.onnx") if p.parent.parent.name == "export")
+    real = quantization.quantize_dynamic
+
+    def breaks_on_decoder_with_past(src, target, **kwargs):
+        if Path(src).name == "decoder_with_past_model.onnx":
+            raise RuntimeError("Unsupported op in graph")  # as ORT reports such graphs
+        return real(src, target, **kwargs)
+
+    monkeypatch.setattr(quantization, "quantize_dynamic", breaks_on_decoder_with_past)
+    result = quantize_onnx(str(export_dir), QuantizationSpec(), str(tmp_path))
+    assert list(result["fallbacks"]) == ["decoder_with_past_model.onnx"]
+    assert "Unsupported op" in result["fallbacks"]["decoder_with_past_model.onnx"]
+    assert result["method"].endswith("/1-files-fp32")
+    sha = lambda p: hashlib.sha256(Path(p).read_bytes()).hexdigest()  # noqa: E731
+    out = Path(result["onnx_path"])
+    assert sha(out / "decoder_with_past_model.onnx") == sha(export_dir / "decoder_with_past_model.onnx")
+    assert sha(out / "encoder_model.onnx") != sha(export_dir / "encoder_model.onnx")
+    # The mixed int8/fp32 set still generates.
+    cfg = json.loads((translation_release["home"] / "triton" / "models" / "tiny-translator"
+                      / "1" / "serving.json").read_text())
+    from hf2triton.seq2seq import DecodeSettings
+
+    ids = OrtSeq2Seq(serving_files(out)).generate([[101, 40, 2]], DecodeSettings.from_dict(
+        cfg["decode"]).with_request(num_beams=1), 1)
+    assert len(ids[0]) > 1
