@@ -16,6 +16,7 @@ from hf2triton.workspace import digest, home
 from tasks.deploy import deploy, retire
 from tasks.export import export
 from tasks.fetch import fetch
+from tasks.image import deploy_image, release_image
 from tasks.quantize import quantize
 from tasks.register import library_versions, promote, register
 from tasks.repository import repository, task_repository
@@ -105,20 +106,36 @@ def release_model(spec: ReleaseSpec | dict[str, Any]) -> dict[str, Any]:
     logger.info("register: %s version %s%s", reg["model_name"], reg["version"],
                 " (already registered: same release key)" if reg["reused"] else "")
 
-    # The rollout: the new version loads beside the serving one. If the smoke test or the alias
-    # move fails, the transaction's rollback unloads the new version; the old never stopped.
+    # The serving image: built offline, pushed, its digest recorded on the MLflow version.
+    image = release_image(spec, repo["repository"], repo["files"], reg["model_name"],
+                          reg["version"], digest([src["content_hash"], repo["content_hash"]]),
+                          lineage)
+
     smoke_gate = spec.deploy.smoke_min_cosine or spec.validation.thresholds.min_cosine
-    with transaction():
-        dep = deploy(repo["repository"], spec.triton_model_name, reg["version"], repo["files"],
-                     spec.deploy)
-        sm = smoke(dep["grpc_url"], dep["http_url"], spec.triton_model_name, reg["version"],
-                   val["reference_path"], smoke_gate, spec.deploy.max_batch_size)
+    if spec.deploy.target == "docker":
+        # Blue/green: the image runs by digest and passes the smoke test before it replaces the
+        # container that serves; a failure leaves that container serving.
+        rolled = deploy_image(image["reference"], spec.name, spec.triton_model_name,
+                              reg["version"], spec.deploy, val["reference_path"], smoke_gate,
+                              spec.image)
+        dep, sm = rolled["deployment"], rolled["smoke"]
         promote(reg["model_name"], reg["version"],
                 {k: v for k, v in sm.items() if k != "sentences"})
-    retired = retire(dep)
-    if retired:
-        logger.info("deploy: version %s serves; retired version(s) %s", reg["version"],
-                    ", ".join(retired))
+    else:
+        # The rollout: the new version loads beside the serving one. If the smoke test or the
+        # alias move fails, the transaction's rollback unloads the new version; the old never
+        # stopped.
+        with transaction():
+            dep = deploy(repo["repository"], spec.triton_model_name, reg["version"],
+                         repo["files"], spec.deploy)
+            sm = smoke(dep["grpc_url"], dep["http_url"], spec.triton_model_name, reg["version"],
+                       val["reference_path"], smoke_gate, spec.deploy.max_batch_size)
+            promote(reg["model_name"], reg["version"],
+                    {k: v for k, v in sm.items() if k != "sentences"})
+        retired = retire(dep)
+        if retired:
+            logger.info("deploy: version %s serves; retired version(s) %s", reg["version"],
+                        ", ".join(retired))
     if embedding_task:
         logger.info("smoke: served = PyTorch within min cosine %.4f (gRPC p50 %.1f ms); champion "
                     "is now version %s", min(sm["grpc_min_cosine"], sm["http_min_cosine"]),
@@ -149,5 +166,9 @@ def release_model(spec: ReleaseSpec | dict[str, Any]) -> dict[str, Any]:
                     f"{spec.triton_model_name}/versions/{reg['version']}/infer",
             "grpc": f"{base}:{spec.deploy.grpc_port}",
         },
+        "image": image,
+        **({"container": {k: dep[k] for k in ("container_name", "container_id", "image",
+                                               "switch_seconds", "previous")}}
+           if spec.deploy.target == "docker" else {}),
         "reused_steps": reused,
     }

@@ -81,6 +81,24 @@ class SmokeTestError(Hf2TritonError):
     code = "SMOKE_TEST_FAILED"
 
 
+class DockerUnavailableError(Hf2TritonError):
+    """No Docker engine, registry or base image can be had where the release needs one."""
+
+    code = "DOCKER_UNAVAILABLE"
+
+
+class ImageBuildError(Hf2TritonError):
+    """The serving image did not build: a Dockerfile step failed or the wheelhouse is incomplete."""
+
+    code = "IMAGE_BUILD_FAILED"
+
+
+class RegistryAuthError(Hf2TritonError):
+    """The image registry refused the credentials, or gave none where it needs them."""
+
+    code = "REGISTRY_AUTH_FAILED"
+
+
 # Transient errors: a server still starting, a refused connection, a 5xx.
 
 
@@ -95,6 +113,12 @@ class ServiceUnavailableError(TransientError):
     """A server (MLflow, Triton, the hub) did not answer or answered 5xx."""
 
     code = "SERVICE_UNAVAILABLE"
+
+
+class RegistryUnavailableError(TransientError):
+    """The image registry or the Docker engine did not answer, or answered 5xx, mid-push."""
+
+    code = "REGISTRY_UNAVAILABLE"
 
 
 def is_retryable(exc: BaseException | None) -> bool:

@@ -262,8 +262,59 @@ class RegistrySpec(_Strict):
     _check = field_validator("model_name")(classmethod(lambda cls, v: _check_name(v)))
 
 
+# host[:port] of an image registry, and a repository path in it (Docker's reference grammar).
+REGISTRY_PATTERN = re.compile(r"^[a-zA-Z0-9](?:[a-zA-Z0-9.-]*[a-zA-Z0-9])?(?::[0-9]{1,5})?$")
+REPOSITORY_PATTERN = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*$")
+
+
+class ImageSpec(_Strict):
+    """The release's serving image: built offline, pushed to `registry`, tagged
+    `<registry>/<repository>:<MLflow version>-<short content hash>`."""
+
+    build: Literal["auto"] | bool = Field(
+        "auto",
+        description="auto: build and push when a Docker engine, the registry and the base image "
+        "can be had, else say why the image step is skipped; true: they must; false: never",
+    )
+    registry: str = Field(
+        "127.0.0.1:5000", description="host[:port]; $HF2TRITON_REGISTRY overrides it"
+    )
+    repository: str | None = Field(None, description="repository in the registry; default: name")
+    base_image: str = Field(
+        "python:3.11-slim-bookworm",
+        description="Python 3.11 base; $HF2TRITON_BASE_IMAGE overrides it",
+    )
+    credentials_block: str | None = Field(
+        None,
+        description="name of a saved hf2triton RegistryCredentials Prefect block; without it "
+        "$HF2TRITON_REGISTRY_USERNAME and $HF2TRITON_REGISTRY_PASSWORD are used when set",
+    )
+    build_timeout_s: float = Field(1800, gt=0)
+
+    @field_validator("registry")
+    @classmethod
+    def _check_registry(cls, v: str) -> str:
+        if not REGISTRY_PATTERN.match(v):
+            raise ValueError(f"{v!r} is not a registry address such as 'registry.example.com:5000'")
+        return v
+
+    @field_validator("repository")
+    @classmethod
+    def _check_repository(cls, v: str | None) -> str | None:
+        if v is not None and not REPOSITORY_PATTERN.match(v):
+            raise ValueError(
+                f"{v!r} is not an image repository: lower-case path components of letters, "
+                "digits and single '.', '_' or '-' separators, joined by '/'"
+            )
+        return v
+
+
 class DeploySpec(_Strict):
-    target: Literal["local-triton"] = "local-triton"
+    target: Literal["local-triton", "docker"] = Field(
+        "local-triton",
+        description="local-triton: the local tritonserver process; docker: the release's image, "
+        "run by digest, replaced blue/green",
+    )
     host: str = "127.0.0.1"
     http_port: int = Field(8000, ge=1, le=65535)
     grpc_port: int = Field(8001, ge=1, le=65535)
@@ -338,11 +389,24 @@ class ReleaseSpec(_Strict):
     validation: ValidationSpec
     registry: RegistrySpec
     deploy: DeploySpec = DeploySpec()
+    image: ImageSpec = ImageSpec()
     schedule: ScheduleSpec | None = Field(
         None, description="re-release on a schedule (the Prefect deployment's cron)"
     )
 
     _check = field_validator("name")(classmethod(lambda cls, v: _check_name(v)))
+
+    @model_validator(mode="after")
+    def _docker_needs_image(self) -> ReleaseSpec:
+        if self.deploy.target == "docker" and self.image.build is False:
+            raise ValueError(
+                "deploy.target 'docker' runs the release's image: image.build cannot be false"
+            )
+        return self
+
+    @property
+    def image_repository(self) -> str:
+        return self.image.repository or self.name
 
     @model_validator(mode="after")
     def _sections_match_task(self) -> ReleaseSpec:
@@ -378,6 +442,8 @@ def _describe(err: dict[str, Any]) -> str:
     if err["type"] == "missing":
         return f"missing key '{key}'"
     msg = err["msg"].removeprefix("Value error, ")
+    if not err["loc"]:  # a rule across keys: the message names them; the input is the whole spec
+        return msg
     return f"'{key}' = {err.get('input')!r}: {msg}"
 
 

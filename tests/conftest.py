@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.docker_fixtures import docker_client, docker_env, serving_wheelhouse  # noqa: F401
 from tests.models import build_tiny_bert
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,0 +1,256 @@
+"""End to end with the `docker` target: the default MiniLM release built into an image offline,
+pushed to a real registry, run by digest and smoke-tested; then a second release that replaces it
+blue/green, and new images that fail (smoke test, model load) while the first keeps serving."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from hf2triton.embeddings import TorchEmbedder, cosine_rows, read_sentences, resolve_embedding_config
+from hf2triton.errors import DeployError, SmokeTestError
+from tests.conftest import ROOT, free_port
+
+pytestmark = pytest.mark.e2e
+HF2TRITON = str(Path(sys.executable).parent / "hf2triton")
+MODEL = "minilm-embedder"
+PREFIX = f"hf2triton-test{os.getpid()}"
+LIVE = f"{PREFIX}-{MODEL}"
+
+
+def _spec(path: Path, ports: dict[str, int], **deploy) -> Path:
+    spec = yaml.safe_load((ROOT / "releases" / "minilm-embedder-docker.yaml").read_text())
+    spec["validation"]["sentences"] = str(ROOT / "releases" / "data" / "embedding-validation.txt")
+    spec["deploy"].update(ports, **deploy)
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+class DockerRelease:
+    def __init__(self, tmp: Path, mlflow_uri: str, docker_env):
+        self.tmp, self.mlflow_uri, self.docker_env = tmp, mlflow_uri, docker_env
+        self.ports = {"http_port": free_port(), "grpc_port": free_port(),
+                      "metrics_port": free_port()}
+        self.home = tmp / "home"
+        self.env = {**os.environ, "HF2TRITON_HOME": str(self.home),
+                    "MLFLOW_TRACKING_URI": mlflow_uri, "HF2TRITON_CONTAINER_PREFIX": PREFIX,
+                    **docker_env.env()}
+        self.env.pop("PREFECT_API_URL", None)
+
+    def run(self, name: str, **deploy) -> subprocess.CompletedProcess:
+        spec = _spec(self.tmp / f"{name}.yaml", self.ports, **deploy)
+        return subprocess.run([HF2TRITON, "release", str(spec)], env=self.env, cwd=ROOT,
+                              capture_output=True, text=True, timeout=1500)
+
+    def url(self, protocol: str) -> str:
+        return f"127.0.0.1:{self.ports[protocol + '_port']}"
+
+
+def _summary(proc: subprocess.CompletedProcess) -> dict:
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1, proc.stdout
+    return json.loads(lines[0])
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory, mlflow_server, docker_env):
+    rel = DockerRelease(tmp_path_factory.mktemp("docker-e2e"), mlflow_server, docker_env)
+    started = time.monotonic()
+    rel.first = rel.run("first")
+    rel.first_seconds = time.monotonic() - started
+    yield rel
+    from hf2triton.docker_target import engine
+
+    client = engine()
+    for c in client.containers.list(all=True, filters={"name": PREFIX}):
+        c.remove(force=True)
+
+
+@pytest.fixture(scope="module")
+def minilm_reference(minilm_dir):
+    return TorchEmbedder(minilm_dir, resolve_embedding_config(minilm_dir))
+
+
+def _mlflow(uri: str):
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
+def _live(client):
+    return client.containers.get(LIVE)
+
+
+def test_the_digest_that_runs_is_the_digest_in_mlflow(release, docker_client):
+    summary = _summary(release.first)
+    image = summary["image"]
+    assert image["reference"] == f"{release.docker_env.registry}/{MODEL}@{image['digest']}"
+    assert image["tag"] == f"{release.docker_env.registry}/{MODEL}:1-" + image["tag"][-12:]
+    mv = _mlflow(release.mlflow_uri).get_model_version(MODEL, "1")
+    assert mv.tags["image.digest"] == image["digest"]
+    assert mv.tags["image.reference"] == image["reference"]
+    live = _live(docker_client)
+    assert live.attrs["Config"]["Image"] == image["reference"]  # run by digest
+    assert image["reference"] in docker_client.images.get(live.attrs["Image"]).attrs["RepoDigests"]
+    # The registry itself holds that digest under the tag.
+    assert docker_client.api.inspect_distribution(image["tag"])["Descriptor"]["digest"] == \
+        image["digest"]
+    assert summary["container"]["container_name"] == LIVE
+
+
+def test_image_size_is_reported_and_under_1_gb(release):
+    summary = _summary(release.first)
+    assert 100e6 < summary["image"]["size_bytes"] <= 1e9
+    assert "MB; minilm-embedder version 1 carries its digest" in release.first.stderr
+
+
+def test_image_carries_lineage_labels_and_runs_as_non_root(release, docker_client):
+    summary = _summary(release.first)
+    img = docker_client.images.get(summary["image"]["reference"])
+    labels = img.labels
+    assert labels["io.hf2triton.source-id"] == "sentence-transformers/all-MiniLM-L6-v2"
+    assert labels["io.hf2triton.content-hash"] == summary["source"]["content_hash"]
+    assert labels["io.hf2triton.mlflow.model-name"] == MODEL
+    assert labels["io.hf2triton.mlflow.model-version"] == "1"
+    assert labels["org.opencontainers.image.version"] == "1"
+    assert "/v2/health/ready" in " ".join(img.attrs["Config"]["Healthcheck"]["Test"])
+    live = _live(docker_client)
+    uid = live.exec_run(["python3", "-c", "import os; print(os.getuid())"]).output.strip()
+    assert uid != b"0" and uid.isdigit()
+    # The runtime user can read the model but not change it.
+    probe = ("import os; p='/models/minilm-embedder/1/model.onnx'; "
+             "print(os.access(p, os.R_OK), os.access(p, os.W_OK), os.access(os.path.dirname(p), "
+             "os.W_OK))")
+    assert live.exec_run(["python3", "-c", probe]).output.strip() == b"True False False"
+
+
+def test_healthcheck_reports_healthy(release, docker_client):
+    _summary(release.first)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        state = _live(docker_client).attrs["State"]
+        if state.get("Health", {}).get("Status") == "healthy":
+            return
+        time.sleep(2)
+    pytest.fail(f"container never became healthy: {state.get('Health')}")
+
+
+def test_container_serves_pytorch_embeddings_on_unseen_sentences(release, minilm_reference):
+    from tasks.smoke import embed_remote
+
+    _summary(release.first)
+    heldout = read_sentences(ROOT / "tests" / "data" / "heldout-sentences.txt")[:40]
+    served, _ = embed_remote("grpc", release.url("grpc"), MODEL, "1", heldout)
+    assert cosine_rows(minilm_reference.embed(heldout), served).min() >= 0.99
+
+
+def _poll(url: str, stop: threading.Event, seen: list) -> None:
+    import urllib.request
+
+    while not stop.is_set():
+        try:
+            with urllib.request.urlopen(f"http://{url}/v2/models/{MODEL}", timeout=1) as r:
+                seen.append((time.monotonic(), json.loads(r.read())["versions"]))
+        except OSError:
+            seen.append((time.monotonic(), None))
+        time.sleep(0.2)
+
+
+def test_second_release_replaces_the_container_blue_green(release, docker_client):
+    first = _summary(release.first)
+    old_id = _live(docker_client).id
+    seen: list = []
+    stop = threading.Event()
+    poller = threading.Thread(target=_poll, args=(release.url("http"), stop, seen), daemon=True)
+    poller.start()
+    try:
+        release.second = release.run("second", max_queue_delay_us=1000)
+    finally:
+        stop.set()
+        poller.join(5)
+    second = _summary(release.second)
+    assert second["mlflow"]["version"] == "2"
+    assert second["image"]["digest"] != first["image"]["digest"]
+    assert second["container"]["previous"]["version"] == "1"
+    live = _live(docker_client)
+    assert live.id != old_id and live.attrs["Config"]["Image"] == second["image"]["reference"]
+    names = {c.name for c in docker_client.containers.list(all=True, filters={"name": PREFIX})}
+    assert names == {LIVE}, "the old and the candidate containers are removed"
+    assert "keeps serving" in release.second.stderr  # the candidate was checked beside the old
+    # Version 1 answered until the switch; after one gap (old stops, new loads) version 2 did.
+    answers = [v for _, v in seen]
+    assert answers[0] == ["1"] and answers[-1] == ["2"]
+    down = [t for t, v in seen if v is None]
+    assert down and down[-1] - down[0] < second["container"]["switch_seconds"] + 5
+    first_two = next(i for i, v in enumerate(answers) if v == ["2"])
+    assert all(v == ["1"] for v in answers[:first_two] if v is not None)
+    tags = _mlflow(release.mlflow_uri).get_model_version(MODEL, "2").tags
+    assert tags["image.digest"] == second["image"]["digest"]
+
+
+def _tampered_image(release, version: str, mark: str, serving_changes: dict):
+    """Build and push an image of the served release with serving.json changed: a bad model."""
+    from hf2triton.workspace import hash_files
+    from tasks.image import build_serving_image, image_target, push_serving_image
+    from hf2triton.spec import ImageSpec
+
+    src = next((release.home / "work" / MODEL / "repository").glob(f"*/{MODEL}")).parent
+    repo = release.tmp / f"tampered-{mark}"
+    shutil.copytree(src, repo)
+    serving = repo / MODEL / "1" / "serving.json"
+    serving.write_text(json.dumps({**json.loads(serving.read_text()), **serving_changes}))
+    files = hash_files(repo)
+    files.pop("hf2triton-done.json", None)
+    key = mark * 64
+    target = image_target(ImageSpec(), MODEL, version, key)
+    lineage = {"release": MODEL, "source_id": "test/tampered", "revision": "local",
+               "content_hash": key, "release_key": key, "variant": "fp32", "model_name": MODEL}
+    build_serving_image(str(repo), MODEL, version, files, target, lineage)
+    return push_serving_image(target)["reference"]
+
+
+def _reference_npz(release) -> str:
+    return str(next((release.home / "work" / MODEL / "validate").glob("*/reference*.npz")))
+
+
+@pytest.mark.parametrize("case", ["smoke-fails", "model-fails-to-load"])
+def test_a_failing_new_image_leaves_the_old_container_serving(release, docker_env,
+                                                              docker_client, case, monkeypatch,
+                                                              minilm_reference):
+    from hf2triton.spec import DeploySpec
+    from tasks.image import deploy_serving_image
+    from tasks.smoke import embed_remote
+
+    serving = _summary(getattr(release, "second", None) or release.first)
+    version = serving["mlflow"]["version"]
+    monkeypatch.setenv("HF2TRITON_CONTAINER_PREFIX", PREFIX)
+    for k, v in docker_env.env().items():
+        monkeypatch.setenv(k, v)
+    live_before = _live(docker_client).id
+    # CLS pooling serves embeddings unlike PyTorch's mean pooling; an unknown pooling makes the
+    # model's initialize() raise, so Triton exits at start.
+    changes = {"pooling": "cls"} if case == "smoke-fails" else {"pooling": "bogus"}
+    reference = _tampered_image(release, version, "9" if case == "smoke-fails" else "8",
+                                changes)
+    deploy = DeploySpec(host="127.0.0.1", ready_timeout_s=120, **release.ports)
+    expected = SmokeTestError if case == "smoke-fails" else DeployError
+    with pytest.raises(expected, match=f"{LIVE} \\(version {version}\\) keeps serving"):
+        deploy_serving_image(reference, MODEL, MODEL, version, deploy,
+                                _reference_npz(release), 0.99)
+    assert _live(docker_client).id == live_before
+    names = {c.name for c in docker_client.containers.list(all=True, filters={"name": PREFIX})}
+    assert names == {LIVE}, "the failed candidate was removed"
+    texts = ["the old container still answers", "thank you"]
+    served, _ = embed_remote("http", release.url("http"), MODEL, version, texts)
+    assert cosine_rows(minilm_reference.embed(texts), served).min() >= 0.99

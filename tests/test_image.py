@@ -1,0 +1,266 @@
+"""The image steps on their own: the spec's image section, the tag, credentials, and build and push
+against a real Docker engine and real registries (one open, one with htpasswd auth, one absent)."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import time
+import urllib.request
+import warnings
+from pathlib import Path
+
+import pytest
+
+from hf2triton.errors import (
+    DockerUnavailableError,
+    ImageBuildError,
+    RegistryAuthError,
+    RegistryUnavailableError,
+    SpecError,
+    is_retryable,
+)
+from hf2triton.spec import ImageSpec, parse_spec
+from tasks import image as image_step
+from tests.conftest import ROOT, free_port
+
+PASSWORD = "s3cret-Registry-pw"
+
+
+def _spec(**image) -> dict:
+    import yaml
+
+    data = yaml.safe_load((ROOT / "releases" / "minilm-embedder.yaml").read_text())
+    data["image"] = image
+    return data
+
+
+@pytest.mark.parametrize("image, problem", [
+    ({"registry": "http://reg:5000"}, "'image.registry' = 'http://reg:5000'"),
+    ({"repository": "Team/Embedder"}, "'image.repository' = 'Team/Embedder'"),
+    ({"build": "sometimes"}, "'image.build"),
+    ({"colour": "blue"}, "unknown key 'image.colour'"),
+])
+def test_bad_image_section_names_the_key(image, problem):
+    with pytest.raises(SpecError, match=problem.replace("(", r"\(").replace(".", r"\.")):
+        parse_spec(_spec(**image), ROOT / "releases")
+
+
+def test_docker_target_cannot_turn_the_image_off():
+    data = _spec(build=False)
+    data["deploy"]["target"] = "docker"
+    with pytest.raises(SpecError, match="deploy.target 'docker' .* image.build cannot be false"):
+        parse_spec(data, ROOT / "releases")
+
+
+def test_default_and_docker_release_specs_load():
+    from hf2triton.spec import load_spec
+
+    default = load_spec(ROOT / "releases" / "minilm-embedder.yaml")
+    assert default.image.build == "auto" and default.deploy.target == "local-triton"
+    docker = load_spec(ROOT / "releases" / "minilm-embedder-docker.yaml")
+    assert docker.deploy.target == "docker" and docker.image.build is True
+    assert docker.image_repository == "minilm-embedder"
+
+
+def test_tag_carries_name_version_and_short_content_hash(monkeypatch):
+    monkeypatch.delenv("HF2TRITON_REGISTRY", raising=False)
+    monkeypatch.delenv("HF2TRITON_BASE_IMAGE", raising=False)
+    key = "0123456789abcdef" * 4
+    target = image_step.image_target(ImageSpec(registry="reg.example:5000"), "my-embedder", "7",
+                                     key)
+    assert target["tag"] == "reg.example:5000/my-embedder:7-0123456789ab"
+    assert target["base_image"] == "python:3.11-slim-bookworm"
+    monkeypatch.setenv("HF2TRITON_REGISTRY", "127.0.0.1:5999")
+    monkeypatch.setenv("HF2TRITON_BASE_IMAGE", "local/base:1")
+    target = image_step.image_target(ImageSpec(), "my-embedder", "7", key)
+    assert target["tag"].startswith("127.0.0.1:5999/my-embedder:7-")
+    assert target["base_image"] == "local/base:1"
+
+
+def test_credentials_from_env_or_a_prefect_block(monkeypatch):
+    from hf2triton.docker_target import RegistryCredentials
+
+    monkeypatch.delenv(image_step.ENV_USERNAME, raising=False)
+    monkeypatch.delenv(image_step.ENV_PASSWORD, raising=False)
+    assert image_step.registry_auth(ImageSpec(), "r:5000") is None
+    monkeypatch.setenv(image_step.ENV_USERNAME, "ci")
+    with pytest.raises(RegistryAuthError, match="set both"):
+        image_step.registry_auth(ImageSpec(), "r:5000")
+    monkeypatch.setenv(image_step.ENV_PASSWORD, PASSWORD)
+    assert image_step.registry_auth(ImageSpec(), "r:5000") == {
+        "username": "ci", "password": PASSWORD, "serveraddress": "r:5000"}
+    RegistryCredentials(username="blockuser", password="block-pw").save("test-registry",
+                                                                        overwrite=True)
+    auth = image_step.registry_auth(ImageSpec(credentials_block="test-registry"), "r:5000")
+    assert auth["username"] == "blockuser" and auth["password"] == "block-pw"
+    with pytest.raises(RegistryAuthError, match="no saved"):
+        image_step.registry_auth(ImageSpec(credentials_block="nope"), "r:5000")
+
+
+def test_push_errors_are_classified():
+    target = image_step.ImageTarget(registry="r:1", repository="r:1/x", base_image="b",
+                                    tag="r:1/x:1-a")
+    assert isinstance(image_step._push_error(target, "unauthorized: authentication required"),
+                      RegistryAuthError)
+    net = image_step._push_error(target, "dial tcp 127.0.0.1:1: connect: connection refused")
+    assert isinstance(net, RegistryUnavailableError) and is_retryable(net)
+    assert not is_retryable(image_step._push_error(target, "manifest invalid"))
+
+
+# ---- against the real engine and registries ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def auth_registry(tmp_path_factory, docker_env):
+    """A second real registry that demands a user and password (htpasswd, bcrypt)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import crypt
+
+    root = tmp_path_factory.mktemp("auth-registry")
+    (root / "htpasswd").write_text(
+        f"ci:{crypt.crypt(PASSWORD, crypt.mksalt(crypt.METHOD_BLOWFISH))}\n")
+    port = free_port()
+    (root / "config.yml").write_text(
+        "version: 0.1\nlog: {level: warn}\n"
+        f"storage: {{filesystem: {{rootdirectory: {root / 'data'}}}}}\n"
+        f"http: {{addr: 127.0.0.1:{port}}}\n"
+        f"auth: {{htpasswd: {{realm: hf2triton-test, path: {root / 'htpasswd'}}}}}\n")
+    log = open(root / "registry.log", "wb")
+    proc = subprocess.Popen(["docker-registry", "serve", str(root / "config.yml")], stdout=log,
+                            stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while image_step._registry_answers(f"127.0.0.1:{port}") is not None:
+            assert proc.poll() is None and time.monotonic() < deadline, \
+                (root / "registry.log").read_text()
+            time.sleep(0.3)
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(20)
+        log.close()
+
+
+def _tagged_base(docker_client, docker_env, registry: str, name: str) -> image_step.ImageTarget:
+    tag = f"{registry}/{name}:1-abc"
+    docker_client.images.get(docker_env.base_image).tag(tag)
+    return image_step.ImageTarget(registry=registry, repository=f"{registry}/{name}",
+                                  base_image=docker_env.base_image, tag=tag)
+
+
+def test_push_needs_the_right_credentials_and_never_logs_them(auth_registry, docker_env,
+                                                              docker_client, monkeypatch, caplog):
+    caplog.set_level(logging.DEBUG)
+    target = _tagged_base(docker_client, docker_env, auth_registry, "auth-check")
+    monkeypatch.delenv(image_step.ENV_USERNAME, raising=False)
+    monkeypatch.delenv(image_step.ENV_PASSWORD, raising=False)
+    with pytest.raises(RegistryAuthError) as none_given:
+        image_step.push_serving_image(target)
+    assert not is_retryable(none_given.value)
+    monkeypatch.setenv(image_step.ENV_USERNAME, "ci")
+    monkeypatch.setenv(image_step.ENV_PASSWORD, "wrong-" + PASSWORD)
+    with pytest.raises(RegistryAuthError) as wrong:
+        image_step.push_serving_image(target)
+    assert PASSWORD not in str(wrong.value)
+    monkeypatch.setenv(image_step.ENV_PASSWORD, PASSWORD)
+    pushed = image_step.push_serving_image(target)
+    assert pushed["digest"].startswith("sha256:") and pushed["reference"].endswith(pushed["digest"])
+    assert PASSWORD not in caplog.text and "image: pushed" in caplog.text
+
+
+def test_push_to_a_registry_that_does_not_answer_is_transient(docker_env, docker_client):
+    target = _tagged_base(docker_client, docker_env, f"127.0.0.1:{free_port()}", "nowhere")
+    with pytest.raises(RegistryUnavailableError) as err:
+        image_step.push_serving_image(target)
+    assert is_retryable(err.value)
+
+
+def test_prerequisites_say_what_is_missing(docker_env, monkeypatch):
+    monkeypatch.setenv("HF2TRITON_BASE_IMAGE", docker_env.base_image)
+    ok = image_step.image_target(ImageSpec(registry=docker_env.registry), "x", "1", "a" * 64)
+    assert image_step.check_prerequisites(ok) is None
+    nowhere = image_step.image_target(ImageSpec(registry=f"127.0.0.1:{free_port()}"), "x", "1",
+                                      "a" * 64)
+    assert "no registry answers" in image_step.check_prerequisites(nowhere)
+    monkeypatch.setenv("HF2TRITON_BASE_IMAGE", "hf2triton-test/no-such-base:1")
+    missing = image_step.image_target(ImageSpec(registry=docker_env.registry), "x", "1", "a" * 64)
+    why = image_step.check_prerequisites(missing)
+    assert "no-such-base:1 is not on this engine and cannot be pulled" in why
+    assert "HF2TRITON_BASE_IMAGE" in why
+
+
+def test_auto_skips_the_image_and_says_why_while_docker_target_fails(docker_env, monkeypatch):
+    monkeypatch.setenv("HF2TRITON_REGISTRY", f"127.0.0.1:{free_port()}")
+    spec = parse_spec(_spec(build="auto"), ROOT / "releases")
+    out = image_step.release_image(spec, "/nonexistent", {}, "m", "1", "a" * 64, {})
+    assert "no registry answers" in out["skipped"]
+    data = _spec(build=True)
+    data["deploy"]["target"] = "docker"
+    with pytest.raises(DockerUnavailableError, match="needs its image .deploy.target is docker"):
+        image_step.release_image(parse_spec(data, ROOT / "releases"), "/nonexistent", {}, "m",
+                                 "1", "a" * 64, {})
+
+
+def _tiny_repository(root: Path) -> tuple[str, dict[str, str]]:
+    from hf2triton.workspace import hash_files
+
+    (root / "m" / "1").mkdir(parents=True)
+    (root / "m" / "config.pbtxt").write_text('name: "m"\nbackend: "python"\n')
+    (root / "m" / "1" / "model.py").write_text("# not served in this test\n")
+    return str(root), hash_files(root)
+
+
+LINEAGE = {"release": "m", "source_id": "t/m", "revision": "local", "content_hash": "c" * 64,
+           "release_key": "k" * 64, "variant": "fp32", "model_name": "m"}
+
+
+def test_an_error_in_the_build_stream_raises(docker_env, serving_wheelhouse, tmp_path,
+                                             monkeypatch):
+    broken = tmp_path / "Dockerfile"
+    broken.write_text("ARG BASE_IMAGE\nFROM ${BASE_IMAGE}\nRUN echo building && exit 3\n")
+    monkeypatch.setattr(image_step, "DOCKERFILE", broken)
+    monkeypatch.setenv("HF2TRITON_HOME", str(tmp_path / "home"))
+    repo, files = _tiny_repository(tmp_path / "repo")
+    target = image_step.ImageTarget(registry=docker_env.registry,
+                                    repository=f"{docker_env.registry}/m",
+                                    base_image=docker_env.base_image,
+                                    tag=f"{docker_env.registry}/m:1-kkkk")
+    with pytest.raises(ImageBuildError, match="returned a non-zero code: 3") as err:
+        image_step.build_serving_image(repo, "m", "1", files, target, LINEAGE)
+    assert "building" in str(err.value)  # the last build output comes with the error
+    assert not is_retryable(err.value)
+
+
+def test_build_is_offline_and_refuses_a_tampered_repository(docker_env, serving_wheelhouse,
+                                                            tmp_path, monkeypatch):
+    monkeypatch.setenv("HF2TRITON_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HF2TRITON_BASE_IMAGE", docker_env.base_image)
+    repo, files = _tiny_repository(tmp_path / "repo")
+    (Path(repo) / "m" / "1" / "model.py").write_text("# changed after it was recorded\n")
+    target = image_step.image_target(ImageSpec(registry=docker_env.registry), "m", "1", "k" * 64)
+    with pytest.raises(Exception, match="do not match the sha256 recorded"):
+        image_step.build_serving_image(repo, "m", "1", files, target, LINEAGE)
+    # No RUN step of the build can reach the network: the Dockerfile's steps get none.
+    probe = tmp_path / "Dockerfile"
+    probe.write_text("ARG BASE_IMAGE\nFROM ${BASE_IMAGE}\nRUN python3 -c \"import socket; "
+                     "socket.create_connection(('deb.debian.org', 80), 5)\"\n")
+    monkeypatch.setattr(image_step, "DOCKERFILE", probe)
+    repo, files = _tiny_repository(tmp_path / "repo2")
+    with pytest.raises(ImageBuildError, match="non-zero code") as err:
+        image_step.build_serving_image(repo, "m", "1", files, target, LINEAGE)
+    assert "deb.debian.org" in str(err.value)
+
+
+def test_wheelhouse_is_cached_and_holds_the_pinned_serving_wheels(serving_wheelhouse):
+    names = {p.name.split("-")[0].lower() for p in serving_wheelhouse.glob("*.whl")}
+    assert {"nvidia_pytriton", "onnxruntime", "tokenizers", "numpy"} <= names
+    assert any(p.name.startswith("numpy-1.") for p in serving_wheelhouse.glob("*.whl"))
+    assert image_step.ensure_wheelhouse() == serving_wheelhouse  # the second call downloads nothing
+    assert not any(serving_wheelhouse.parent.glob(".*.tmp"))
+
+
+def test_registry_answers_over_http_on_loopback(docker_env):
+    with urllib.request.urlopen(f"http://{docker_env.registry}/v2/", timeout=5) as r:
+        assert r.status == 200
