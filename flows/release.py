@@ -19,6 +19,7 @@ from tasks.fetch import fetch
 from tasks.image import deploy_image, release_image
 from tasks.quantize import quantize
 from tasks.register import library_versions, promote, register
+from tasks.report import report
 from tasks.repository import repository, task_repository
 from tasks.smoke import smoke
 from tasks.validate import Candidate, validate
@@ -150,7 +151,7 @@ def release_model(spec: ReleaseSpec | dict[str, Any]) -> dict[str, Any]:
                              ("build-repository", repo), ("register", reg), ("deploy", dep))
               if _reuse_note(logger, s, r)]
     base = f"{spec.deploy.host}"
-    return {
+    summary = {
         "release": spec.name,
         "mlflow": {"model_name": reg["model_name"], "version": reg["version"],
                    "run_id": reg["run_id"], "tracking_uri": reg["tracking_uri"]},
@@ -172,3 +173,7 @@ def release_model(spec: ReleaseSpec | dict[str, Any]) -> dict[str, Any]:
            if spec.deploy.target == "docker" else {}),
         "reused_steps": reused,
     }
+    if embedding_task:  # the release report's tables are the embedding gate's
+        report(summary, val["report_path"], spec.validation.thresholds.model_dump(),
+               reg["experiment_id"])
+    return summary

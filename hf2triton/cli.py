@@ -20,8 +20,11 @@ def _release(args: argparse.Namespace) -> int:
     from hf2triton.errors import SpecError
     from hf2triton.spec import load_spec
 
+    from hf2triton.embeddings import read_sentences
+
     try:
         spec = load_spec(args.spec)
+        read_sentences(spec.validation.sentences)  # an unusable validation set fails up front
     except SpecError as exc:
         return _fail(str(exc), 2)
     return _run_release(spec)

@@ -20,6 +20,10 @@ from hf2triton.errors import DeployError, ServiceUnavailableError
 from hf2triton.workspace import PROJECT_ROOT, atomic_write_text, home
 
 
+SERVER_ENV = {"HOME", "LANG", "TZ", "TMPDIR", "USER", "LOGNAME", "OMP_NUM_THREADS"}
+SERVER_ENV_PREFIXES = ("LC_", "OPENBLAS_")
+
+
 def serving_env() -> Path:
     """The Python environment Triton's Python backend runs models in."""
     return Path(os.environ.get("HF2TRITON_SERVING_ENV") or PROJECT_ROOT / ".venv-serving")
@@ -153,15 +157,15 @@ def ensure_server(host: str, http_port: int, grpc_port: int, metrics_port: int,
     ]
     # The Python backend stub imports numpy, onnxruntime and tokenizers from the python found
     # first on PATH, so the serving environment goes first.
-    run_env = {**os.environ, "PATH": f"{env / 'bin'}:{os.environ.get('PATH', '')}"}
+    # Only what the server needs: no token or password of the pipeline's reaches its environment.
+    run_env = {k: v for k, v in os.environ.items()
+               if k in SERVER_ENV or k.startswith(SERVER_ENV_PREFIXES)}
+    run_env["PATH"] = f"{env / 'bin'}:{os.environ.get('PATH', '')}"
     # The stub finds its bundled CUDA runtime stubs only through the wheel's .libs directory.
     libs = pytriton.parent.parent / "nvidia_pytriton.libs"
     run_env["LD_LIBRARY_PATH"] = ":".join(
         p for p in (str(libs), os.environ.get("LD_LIBRARY_PATH", "")) if p
     )
-    for secret in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "MLFLOW_TRACKING_PASSWORD",
-                   "MLFLOW_TRACKING_TOKEN", "AWS_SECRET_ACCESS_KEY"):
-        run_env.pop(secret, None)  # the server needs none of them
     with open(log_file, "ab") as log:
         proc = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
