@@ -54,18 +54,25 @@ def release_model(spec: ReleaseSpec | dict[str, Any]) -> dict[str, Any]:
 
     exp = export(src["model_dir"], src["content_hash"], spec.task.value, spec.export.opset,
                  spec.export.atol, cfg, sentences, work)
-    quant = quantize(exp["onnx_path"], spec.quantization, work)
-    candidates = [Candidate(name=quant["method"], onnx_path=quant["onnx_path"])]
-    if spec.quantization.method != "none" and spec.quantization.fallback_to_fp32:
+    variants = quantize(exp["onnx_path"], spec.quantization, work)
+    quant = variants[0]
+    candidates = [Candidate(name=v["method"], onnx_path=v["onnx_path"]) for v in variants]
+    if spec.quantization.method != "none" and (
+            spec.quantization.fallback_to_fp32 or spec.quantization.search):
         candidates.append(Candidate(name="fp32", onnx_path=exp["onnx_path"]))
     if embedding_task:
         val = validate(src["model_dir"], exp["export_dir"], candidates, emb,
                        spec.validation.sentences, spec.validation.thresholds,
-                       spec.validation.smoke_sentences, work)
+                       spec.validation.smoke_sentences, work,
+                       "fastest" if spec.quantization.search else "first")
         for name, m in val["candidates"].items():
-            logger.info("validate: %s min cosine %.4f, mean %.4f, spearman %.4f -> %s", name,
+            passes = all(m[k] >= v for k, v in spec.validation.thresholds.model_dump().items())
+            logger.info("validate: %s min cosine %.4f, mean %.4f, spearman %.4f%s -> %s", name,
                         m["min_cosine"], m["mean_cosine"], m["spearman"],
-                        "ships" if name == val["chosen"] else "misses the gate")
+                        f", {m['sentences_per_s_batch_32']:.0f} sentences/s at batch 32"
+                        if "sentences_per_s_batch_32" in m else "",
+                        "ships" if name == val["chosen"] else
+                        "passes, slower" if passes else "misses the gate")
         repo = repository(spec.triton_model_name, val["onnx_path"], exp["export_dir"], emb,
                           val["embedding_dim"], spec.deploy, val["smoke_texts"][-2:], work)
     else:

@@ -230,6 +230,11 @@ class QuantizationSpec(_Strict):
     op_types: list[str] | None = Field(
         None, description="ONNX op types to quantize; default: ONNX Runtime's own list"
     )
+    search: bool = Field(
+        False,
+        description="also build and gate the variant grid (QInt8/QUInt8, per-tensor/channel, "
+        "reduce_range, MatMul-only, ORT-optimised fp32) and ship the fastest that passes",
+    )
     fallback_to_fp32: bool = Field(
         True,
         description="when the int8 model misses the gate, validate and ship the fp32 ONNX model",
@@ -309,11 +314,42 @@ class ImageSpec(_Strict):
         return v
 
 
+ENDPOINT_PATTERN = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?:[0-9]{1,5}$")
+
+
+class ReplicaSpec(_Strict):
+    """One Triton server of a replica set (`deploy.target: triton-replicas`): its endpoints, and
+    its model repository as this machine sees it (a local path, or a shared mount). Replicas may
+    share one repository; the release writes each distinct repository once."""
+
+    http: str = Field(description="host:port of the replica's HTTP endpoint")
+    grpc: str = Field(description="host:port of the replica's gRPC endpoint")
+    model_repository: str = Field(
+        description="the replica's --model-repository, as a path on this machine"
+    )
+
+    @field_validator("http", "grpc")
+    @classmethod
+    def _check_endpoint(cls, v: str) -> str:
+        if not ENDPOINT_PATTERN.match(v):
+            raise ValueError(f"{v!r} is not an endpoint such as '10.0.0.5:8000' (host:port)")
+        return v
+
+    @field_validator("model_repository")
+    @classmethod
+    def _resolve_repository(cls, v: str, info: ValidationInfo) -> str:
+        return _resolve(v, info)
+
+
 class DeploySpec(_Strict):
-    target: Literal["local-triton", "docker"] = Field(
+    target: Literal["local-triton", "docker", "triton-replicas"] = Field(
         "local-triton",
         description="local-triton: the local tritonserver process; docker: the release's image, "
-        "run by digest, replaced blue/green",
+        "run by digest, replaced blue/green; triton-replicas: the Triton servers listed in "
+        "`replicas`, all rolled forward or all rolled back",
+    )
+    replicas: list[ReplicaSpec] = Field(
+        default_factory=list, description="with target triton-replicas: the servers to roll out to"
     )
     host: str = "127.0.0.1"
     http_port: int = Field(8000, ge=1, le=65535)
@@ -335,6 +371,15 @@ class DeploySpec(_Strict):
         ports = [self.http_port, self.grpc_port, self.metrics_port]
         if len(set(ports)) != 3:
             raise ValueError(f"http_port, grpc_port and metrics_port must differ (got {ports})")
+        if self.target == "triton-replicas" and not self.replicas:
+            raise ValueError("deploy.target 'triton-replicas' needs deploy.replicas: a list of "
+                             "{http, grpc, model_repository} for each Triton server")
+        if self.replicas and self.target != "triton-replicas":
+            raise ValueError(f"deploy.replicas is read only by target 'triton-replicas', not "
+                             f"{self.target!r}")
+        endpoints = [r.http for r in self.replicas]
+        if len(set(endpoints)) != len(endpoints):
+            raise ValueError(f"deploy.replicas lists an endpoint twice: {endpoints}")
         too_big = [b for b in self.preferred_batch_sizes if b > self.max_batch_size]
         if too_big:
             raise ValueError(

@@ -162,5 +162,63 @@ def _quantize_files(src_dir: Path, spec: QuantizationSpec, work_root: str) -> Qu
     )
 
 
-quantize = task(quantize_onnx, name="quantize", task_run_name="quantize {spec.method}",
+# What `quantization.search` tries besides the spec's own variant, measured on MiniLM: per-tensor
+# drops the worst case to 0.954 where per-channel keeps 0.989; QUInt8 weights run at half speed.
+SEARCH_GRID: list[dict] = [
+    {"method": "dynamic-int8", "weight_type": "qint8", "per_channel": True},
+    {"method": "dynamic-int8", "weight_type": "qint8", "per_channel": False},
+    {"method": "dynamic-int8", "weight_type": "quint8", "per_channel": True},
+    {"method": "dynamic-int8", "weight_type": "qint8", "per_channel": True, "reduce_range": True},
+    {"method": "dynamic-int8", "weight_type": "qint8", "per_channel": True,
+     "op_types": ["MatMul"]},
+]
+OPTIMIZATION_LEVELS = ("basic", "extended", "all")
+
+
+def optimize_fp32(onnx_path: str, level: str, work_root: str) -> QuantizeResult:
+    """The fp32 graph as ONNX Runtime optimises it at `level`, saved as a variant of its own."""
+    import onnxruntime as ort
+
+    src = Path(onnx_path)
+    levels = {"basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+              "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+              "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
+    key = digest([sha256_file(src), level, ort.__version__, source_digest(sys.modules[__name__])])
+    started = time.perf_counter()
+
+    def build(out: Path) -> dict:
+        options = ort.SessionOptions()
+        options.graph_optimization_level = levels[level]
+        options.optimized_model_filepath = str(out / "model.onnx")
+        ort.InferenceSession(str(src), options, providers=["CPUExecutionProvider"])
+        return {}
+
+    done = cached_step(work_root, "optimize", key, build)
+    path = done.path / "model.onnx"
+    return QuantizeResult(
+        onnx_path=str(path), method=f"fp32/ort-{level}", fallbacks={},
+        fp32_bytes=src.stat().st_size, size_bytes=path.stat().st_size,
+        sha256=done.files["model.onnx"], seconds=round(time.perf_counter() - started, 3),
+        reused=done.reused,
+    )
+
+
+def quantize_variants(onnx_path: str, spec: QuantizationSpec, work_root: str
+                      ) -> list[QuantizeResult]:
+    """The spec's own variant first; with `quantization.search`, every variant of the search
+    grid and the ONNX Runtime-optimised fp32 graphs after it (single-file models only)."""
+    results = [quantize_onnx(onnx_path, spec, work_root)]
+    if not spec.search or Path(onnx_path).is_dir():
+        return results
+    seen = {results[0]["method"]}
+    for change in SEARCH_GRID:
+        variant = spec.model_copy(update=change)
+        if method_name(variant) not in seen:
+            seen.add(method_name(variant))
+            results.append(quantize_onnx(onnx_path, variant, work_root))
+    results.extend(optimize_fp32(onnx_path, level, work_root) for level in OPTIMIZATION_LEVELS)
+    return results
+
+
+quantize = task(quantize_variants, name="quantize", task_run_name="quantize {spec.method}",
                 **NO_PREFECT_CACHE)

@@ -27,7 +27,10 @@ def accuracy_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
         for metric, limit in thresholds.items():
             row[metric] = round(cand["metrics"][metric], 6)
             row[f"{metric} gate"] = limit
-        row["verdict"] = "ships" if cand["name"] == report.get("chosen") else "misses the gate"
+        for batch, rate in cand.get("throughput", {}).items():
+            row[f"sentences/s {batch.replace('_', ' ')}"] = rate
+        row["verdict"] = ("ships" if cand["name"] == report.get("chosen") else
+                          "passes, slower" if not cand["misses"] else "misses the gate")
         row["worst sentence"] = cand["worst"][0]["text"][:60] if cand["worst"] else ""
         rows.append(row)
     return rows

@@ -1,0 +1,79 @@
+"""Variant search: every quantization variant is gated and timed on this machine; the release
+ships the fastest that passes, says why the others did not ship, and when none passes names the
+one that came closest. Tiny real BERT, real MLflow (SQLite) and Triton."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from flows.release import release_model
+from hf2triton.errors import AccuracyGateError
+from hf2triton.spec import load_spec
+from tests.conftest import free_port, tiny_spec
+
+PER_TENSOR = "dynamic-int8/qint8/per-tensor"
+PER_CHANNEL = "dynamic-int8/qint8/per-channel"
+
+
+@pytest.fixture()
+def release_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF2TRITON_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    yield {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
+    from hf2triton import triton_local
+
+    triton_local.stop_server()
+
+
+def _figures(tiny_bert, tmp_path, ports) -> dict[str, float]:
+    """min cosine of every variant, from a search with a gate every variant passes."""
+    spec = load_spec(tiny_spec(tmp_path / "probe.yaml", tiny_bert, ports, name="tiny-probe",
+                               registry__model_name="tiny-probe", quantization__search=True,
+                               validation__thresholds={"min_cosine": 0.5, "mean_cosine": 0.5,
+                                                       "spearman": 0.5}))
+    summary = release_model(spec)
+    report = json.loads(open(summary_report(summary)).read())
+    return {c["name"]: c["metrics"]["min_cosine"] for c in report["candidates"]}
+
+
+def summary_report(summary: dict) -> str:
+    from mlflow import MlflowClient
+
+    from tasks.register import tracking_uri
+
+    client = MlflowClient(tracking_uri(), registry_uri=tracking_uri())
+    return client.download_artifacts(summary["mlflow"]["run_id"], "validation_report.json")
+
+
+def test_search_ships_the_fastest_variant_that_passes_and_says_why(
+        tiny_bert, tmp_path, release_env):
+    figures = _figures(tiny_bert, tmp_path, release_env)
+    assert {PER_TENSOR, PER_CHANNEL, "fp32", "fp32/ort-all"} <= set(figures)
+    worse, better = sorted((PER_TENSOR, PER_CHANNEL), key=figures.get)
+    assert figures[worse] < figures[better], figures
+    threshold = round((figures[worse] + figures[better]) / 2, 6)
+    spec = load_spec(tiny_spec(
+        tmp_path / "search.yaml", tiny_bert, release_env, quantization__search=True,
+        quantization__per_channel=worse == PER_CHANNEL,
+        validation__thresholds={"min_cosine": threshold, "mean_cosine": 0.5, "spearman": 0.5}))
+    summary = release_model(spec)
+    assert summary["variant"] != worse
+    report = json.loads(open(summary_report(summary)).read())
+    by_name = {c["name"]: c for c in report["candidates"]}
+    assert report["candidates"][0]["name"] == worse  # the spec's own variant, tried first
+    assert "min_cosine" in by_name[worse]["misses"]
+    shipped = by_name[summary["variant"]]
+    assert not shipped["misses"] and shipped["metrics"]["min_cosine"] >= threshold
+    passing = [c for c in report["candidates"] if not c["misses"]]
+    assert shipped["throughput"]["batch_32"] == max(c["throughput"]["batch_32"] for c in passing)
+
+
+def test_when_no_variant_passes_the_closest_is_named(tiny_bert, tmp_path, release_env):
+    spec = load_spec(tiny_spec(
+        tmp_path / "strict.yaml", tiny_bert, release_env, quantization__search=True,
+        validation__thresholds={"min_cosine": 1.0, "mean_cosine": 1.0, "spearman": 1.0}))
+    with pytest.raises(AccuracyGateError, match=r"closest: \S+") as info:
+        release_model(spec)
+    assert PER_TENSOR in str(info.value) and "fp32/ort-basic" in str(info.value)
