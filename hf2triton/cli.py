@@ -126,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     if not os.environ.get("PREFECT_API_URL"):
         os.environ.setdefault("PREFECT_HOME", str(home() / "prefect"))
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # Its 20 s default start-up deadline is too short on a busy 2-core machine.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     os.environ.setdefault("DO_NOT_TRACK", "1")
     return args.func(args)
 
