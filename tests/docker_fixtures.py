@@ -55,7 +55,7 @@ def serving_wheelhouse(docker_env) -> Path:
     return ensure_wheelhouse()
 
 
-@pytest.fixture()
+@pytest.fixture(scope="session")
 def docker_client(docker_env):
     from hf2triton.docker_target import engine
 

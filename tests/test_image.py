@@ -143,17 +143,27 @@ def auth_registry(tmp_path_factory, docker_env):
         log.close()
 
 
-def _tagged_base(docker_client, docker_env, registry: str, name: str) -> image_step.ImageTarget:
+@pytest.fixture(scope="module")
+def tiny_image(docker_client, tmp_path_factory) -> str:
+    """A one-file image built FROM scratch: pushes in a moment, needs no base."""
+    ctx = tmp_path_factory.mktemp("tiny-image")
+    (ctx / "hello.txt").write_text("hello\n")
+    (ctx / "Dockerfile").write_text("FROM scratch\nCOPY hello.txt /\n")
+    image, _ = docker_client.images.build(path=str(ctx), tag="hf2triton-test/tiny:1", rm=True)
+    return image.id
+
+
+def _tagged(docker_client, tiny_image: str, registry: str, name: str) -> image_step.ImageTarget:
     tag = f"{registry}/{name}:1-abc"
-    docker_client.images.get(docker_env.base_image).tag(tag)
+    docker_client.images.get(tiny_image).tag(tag)
     return image_step.ImageTarget(registry=registry, repository=f"{registry}/{name}",
-                                  base_image=docker_env.base_image, tag=tag)
+                                  base_image="scratch", tag=tag)
 
 
-def test_push_needs_the_right_credentials_and_never_logs_them(auth_registry, docker_env,
+def test_push_needs_the_right_credentials_and_never_logs_them(auth_registry, tiny_image,
                                                               docker_client, monkeypatch, caplog):
     caplog.set_level(logging.DEBUG)
-    target = _tagged_base(docker_client, docker_env, auth_registry, "auth-check")
+    target = _tagged(docker_client, tiny_image, auth_registry, "auth-check")
     monkeypatch.delenv(image_step.ENV_USERNAME, raising=False)
     monkeypatch.delenv(image_step.ENV_PASSWORD, raising=False)
     with pytest.raises(RegistryAuthError) as none_given:
@@ -170,8 +180,8 @@ def test_push_needs_the_right_credentials_and_never_logs_them(auth_registry, doc
     assert PASSWORD not in caplog.text and "image: pushed" in caplog.text
 
 
-def test_push_to_a_registry_that_does_not_answer_is_transient(docker_env, docker_client):
-    target = _tagged_base(docker_client, docker_env, f"127.0.0.1:{free_port()}", "nowhere")
+def test_push_to_a_registry_that_does_not_answer_is_transient(tiny_image, docker_client):
+    target = _tagged(docker_client, tiny_image, f"127.0.0.1:{free_port()}", "nowhere")
     with pytest.raises(RegistryUnavailableError) as err:
         image_step.push_serving_image(target)
     assert is_retryable(err.value)
