@@ -153,8 +153,11 @@ def _registry_url(registry: str) -> str:
 def _registry_answers(registry: str) -> str | None:
     """None when the registry speaks the v2 API (401 counts: it wants credentials), else why not."""
     url = _registry_url(registry)
+    # A loopback registry is asked directly, never through an HTTP(S)_PROXY of the environment.
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({})) \
+        if url.startswith("http://") else urllib.request.build_opener()
     try:
-        with urllib.request.urlopen(url, timeout=5):
+        with opener.open(url, timeout=5):
             return None
     except urllib.error.HTTPError as exc:
         return None if exc.code == 401 else f"{url} answered HTTP {exc.code}"
