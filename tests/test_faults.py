@@ -116,7 +116,7 @@ BAD_SPECS = {
                           "'registry.model_name' = 'my model'"),
     "threshold above 1": ({"validation": {"thresholds": {"min_cosine": 1.5}}},
                           "'validation.thresholds.min_cosine' = 1.5"),
-    "unknown key": ({"deploy": {"replicas": 3}}, "unknown key 'deploy.replicas'"),
+    "unknown key": ({"deploy": {"colour": "blue"}}, "unknown key 'deploy.colour'"),
 }
 
 
