@@ -19,6 +19,7 @@ from tasks.fetch import fetch
 from tasks.image import deploy_image, release_image
 from tasks.quantize import quantize
 from tasks.register import library_versions, promote, register
+from tasks.replicas import deploy_set, retire_set, smoke_set
 from tasks.report import report
 from tasks.repository import repository, task_repository
 from tasks.smoke import smoke
@@ -129,6 +130,19 @@ def release_model(spec: ReleaseSpec | dict[str, Any]) -> dict[str, Any]:
         dep, sm = rolled["deployment"], rolled["smoke"]
         promote(reg["model_name"], reg["version"],
                 {k: v for k, v in sm.items() if k != "sentences"})
+    elif spec.deploy.target == "triton-replicas":
+        # The same rollout on every replica: all load the new version beside the old one and all
+        # pass the smoke test, or the rollback puts all of them back.
+        with transaction():
+            dep = deploy_set(repo["repository"], spec.triton_model_name, reg["version"],
+                             repo["files"], spec.deploy)
+            sm = smoke_set(dep, val["reference_path"], smoke_gate, spec.deploy.max_batch_size)
+            promote(reg["model_name"], reg["version"],
+                    {k: v for k, v in sm.items() if k != "sentences"})
+        retired = retire_set(dep)
+        logger.info("deploy: version %s serves on %d replicas%s", reg["version"],
+                    len(dep["replicas"]), f"; retired version(s) {', '.join(retired)}"
+                    if retired else "")
     else:
         # The rollout: the new version loads beside the serving one. If the smoke test or the
         # alias move fails, the transaction's rollback unloads the new version; the old never
@@ -158,6 +172,10 @@ def release_model(spec: ReleaseSpec | dict[str, Any]) -> dict[str, Any]:
                              ("build-repository", repo), ("register", reg), ("deploy", dep))
               if _reuse_note(logger, s, r)]
     base = f"{spec.deploy.host}"
+    replicas = [{"http": r["http_url"], "grpc": r["grpc_url"]}
+                for r in dep["replicas"]] if spec.deploy.target == "triton-replicas" else []
+    http_at = replicas[0]["http"] if replicas else f"{base}:{spec.deploy.http_port}"
+    grpc_at = replicas[0]["grpc"] if replicas else f"{base}:{spec.deploy.grpc_port}"
     summary = {
         "release": spec.name,
         "mlflow": {"model_name": reg["model_name"], "version": reg["version"],
@@ -170,9 +188,10 @@ def release_model(spec: ReleaseSpec | dict[str, Any]) -> dict[str, Any]:
             if embedding_task else {f"smoke_{k}": v for k, v in sm.items()})},
         "endpoint": {
             "model": spec.triton_model_name, "version": reg["version"],
-            "http": f"http://{base}:{spec.deploy.http_port}/v2/models/"
+            "http": f"http://{http_at}/v2/models/"
                     f"{spec.triton_model_name}/versions/{reg['version']}/infer",
-            "grpc": f"{base}:{spec.deploy.grpc_port}",
+            "grpc": grpc_at,
+            **({"replicas": replicas} if replicas else {}),
         },
         "image": image,
         **({"container": {k: dep[k] for k in ("container_name", "container_id", "image",

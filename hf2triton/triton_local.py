@@ -123,26 +123,16 @@ def _log_tail(path: str, lines: int = 15) -> str:
         return "(no log)"
 
 
-def ensure_server(host: str, http_port: int, grpc_port: int, metrics_port: int,
-                  timeout_s: float = 120) -> ServerState:
-    """Return the running local server, starting one if none runs."""
-    state = read_state()
-    if state is not None:
-        wanted = (host, http_port, grpc_port, metrics_port)
-        if (state.host, state.http_port, state.grpc_port, state.metrics_port) != wanted:
-            raise DeployError(
-                f"a local Triton (pid {state.pid}) already serves on {state.host} ports "
-                f"{state.http_port}/{state.grpc_port}/{state.metrics_port}, not the spec's "
-                f"{host} {http_port}/{grpc_port}/{metrics_port}: change deploy ports in the spec "
-                "or run `hf2triton server stop`"
-            )
-        _wait_live(state, timeout_s)
-        return state
+def launch(repo: Path, host: str, http_port: int, grpc_port: int, metrics_port: int,
+           log_file: Path, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start one `tritonserver` on `repo` in explicit model-control mode, in its own session (it
+    keeps serving after the caller ends); the caller waits for it to become live.
+
+    `ensure_server` runs the one local server with it; a replica set (tasks/replicas.py) is any
+    number of servers started like this, here or on other machines.
+    """
     env = serving_env()
     pytriton = _pytriton_dir(env)
-    repo = state_dir() / "models"
-    repo.mkdir(parents=True, exist_ok=True)
-    log_file = state_dir() / "server.log"
     cmd = [
         str(pytriton / "bin" / "tritonserver"),
         f"--model-repository={repo}",
@@ -166,11 +156,34 @@ def ensure_server(host: str, http_port: int, grpc_port: int, metrics_port: int,
     run_env["LD_LIBRARY_PATH"] = ":".join(
         p for p in (str(libs), os.environ.get("LD_LIBRARY_PATH", "")) if p
     )
+    run_env.update(extra_env or {})
+    log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "ab") as log:
-        proc = subprocess.Popen(
+        return subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=run_env, start_new_session=True,  # keeps serving after the release ends
+            env=run_env, start_new_session=True,
         )
+
+
+def ensure_server(host: str, http_port: int, grpc_port: int, metrics_port: int,
+                  timeout_s: float = 120) -> ServerState:
+    """Return the running local server, starting one if none runs."""
+    state = read_state()
+    if state is not None:
+        wanted = (host, http_port, grpc_port, metrics_port)
+        if (state.host, state.http_port, state.grpc_port, state.metrics_port) != wanted:
+            raise DeployError(
+                f"a local Triton (pid {state.pid}) already serves on {state.host} ports "
+                f"{state.http_port}/{state.grpc_port}/{state.metrics_port}, not the spec's "
+                f"{host} {http_port}/{grpc_port}/{metrics_port}: change deploy ports in the spec "
+                "or run `hf2triton server stop`"
+            )
+        _wait_live(state, timeout_s)
+        return state
+    repo = state_dir() / "models"
+    repo.mkdir(parents=True, exist_ok=True)
+    log_file = state_dir() / "server.log"
+    proc = launch(repo, host, http_port, grpc_port, metrics_port, log_file)
     state = ServerState(proc.pid, host, http_port, grpc_port, metrics_port, str(repo),
                         str(log_file))
     atomic_write_text(_state_file(), json.dumps(asdict(state), indent=1))

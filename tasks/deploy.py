@@ -37,7 +37,7 @@ class DeployResult(TypedDict):
     reused: bool
 
 
-def _client(url: str):
+def triton_client(url: str):
     import tritonclient.http as httpclient
 
     return httpclient.InferenceServerClient(url=url, network_timeout=600.0)
@@ -53,7 +53,7 @@ def serving_versions(client: Any, model_name: str) -> list[str]:
     )
 
 
-def _set_policy(model_dir: Path, versions: list[str]) -> None:
+def set_version_policy(model_dir: Path, versions: list[str]) -> None:
     """Pin exactly which versions Triton may load; the next load applies it."""
     config = model_dir / "config.pbtxt"
     listed = ", ".join(versions)
@@ -63,7 +63,8 @@ def _set_policy(model_dir: Path, versions: list[str]) -> None:
     atomic_write_text(config, text)
 
 
-def _place(src_model: Path, model_dir: Path, version: str, expected: dict[str, str]) -> None:
+def place_version(src_model: Path, model_dir: Path, version: str,
+                  expected: dict[str, str]) -> None:
     """Copy the version directory and model-level files in, checking every sha256 on the way."""
     model_dir.mkdir(parents=True, exist_ok=True)
     tmp = model_dir / f".{version}.tmp"
@@ -88,7 +89,7 @@ def _place(src_model: Path, model_dir: Path, version: str, expected: dict[str, s
     os.replace(model_dir / ".config.pbtxt.new", model_dir / "config.pbtxt")
 
 
-def _wait_ready(client: Any, name: str, version: str, timeout_s: float) -> bool:
+def wait_ready(client: Any, name: str, version: str, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
@@ -100,12 +101,26 @@ def _wait_ready(client: Any, name: str, version: str, timeout_s: float) -> bool:
     return False
 
 
-def _restore(client: Any, model_dir: Path, version: str, previous: list[str]) -> None:
+def load_and_wait(client: Any, model_name: str, version: str, timeout_s: float,
+                  where: str = "") -> None:
+    """Ask Triton to load the versions the policy lists; raise unless `version` becomes ready.
+
+    Triton loads the versions new to the policy beside those already loaded, which keep serving.
+    """
+    client.load_model(model_name)
+    if not wait_ready(client, model_name, version, timeout_s):
+        raise DeployError(
+            f"Triton loaded {model_name} but version {version} was not ready within "
+            f"{timeout_s:.0f}s; {where}"
+        )
+
+
+def restore_previous(client: Any, model_dir: Path, version: str, previous: list[str]) -> None:
     """Back to what served before: only the previous versions loaded, the new one gone."""
     from tritonclient.utils import InferenceServerException
 
     if previous:
-        _set_policy(model_dir, previous)
+        set_version_policy(model_dir, previous)
         try:
             client.load_model(model_dir.name)
         except InferenceServerException:
@@ -128,7 +143,7 @@ def deploy_local(
         deploy.host, deploy.http_port, deploy.grpc_port, deploy.metrics_port,
         timeout_s=deploy.ready_timeout_s,
     )
-    client = _client(state.http_url)
+    client = triton_client(state.http_url)
     model_dir = Path(state.model_repository) / model_name
     expected = {k.removeprefix(f"{model_name}/"): v for k, v in files.items()}
     previous = [v for v in serving_versions(client, model_name) if v != version]
@@ -141,29 +156,25 @@ def deploy_local(
     want = {k: v for k, v in expected.items() if k.startswith("1/")}
     if (model_dir / version).is_dir():
         placed = {f"1/{k}": v for k, v in hash_files(model_dir / version).items()}
-        if placed == want and _wait_ready(client, model_name, version, 1):
+        if placed == want and wait_ready(client, model_name, version, 1):
             result["reused"] = True
             return result
         shutil.rmtree(model_dir / version)
 
-    _place(Path(repository) / model_name, model_dir, version, expected)
-    _set_policy(model_dir, [*previous, version])
+    place_version(Path(repository) / model_name, model_dir, version, expected)
+    set_version_policy(model_dir, [*previous, version])
     try:
-        client.load_model(model_name)
-        if not _wait_ready(client, model_name, version, deploy.ready_timeout_s):
-            raise DeployError(
-                f"Triton loaded {model_name} but version {version} was not ready within "
-                f"{deploy.ready_timeout_s:.0f}s; log: {state.log_file}"
-            )
+        load_and_wait(client, model_name, version, deploy.ready_timeout_s,
+                      f"log: {state.log_file}")
     except (InferenceServerException, DeployError) as exc:
-        _restore(client, model_dir, version, previous)
+        restore_previous(client, model_dir, version, previous)
         raise DeployError(
             f"Triton refused to load {model_name} version {version}: {str(exc)[:500]}. "
             f"{'Version ' + previous[-1] + ' keeps serving. ' if previous else ''}"
             f"Server log: {state.log_file}"
         ) from None
     except OSError as exc:
-        _restore(client, model_dir, version, previous)
+        restore_previous(client, model_dir, version, previous)
         raise ServiceUnavailableError(f"Triton at {state.http_url} did not answer: {exc}") from exc
     return result
 
@@ -174,7 +185,11 @@ def rollback_deploy(txn: Any) -> None:
     if not info:
         return
     model_dir = Path(info["model_repository"]) / info["model_name"]
-    _restore(_client(info["http_url"]), model_dir, info["version"], info["previous_versions"])
+    client = triton_client(info["http_url"])
+    try:
+        restore_previous(client, model_dir, info["version"], info["previous_versions"])
+    finally:
+        client.close()
 
 
 def retire_previous(deployed: DeployResult) -> list[str]:
@@ -182,11 +197,14 @@ def retire_previous(deployed: DeployResult) -> list[str]:
 
     The newest of them stays on disk as the target of a manual rollback.
     """
-    client = _client(deployed["http_url"])
     model_dir = Path(deployed["model_repository"]) / deployed["model_name"]
     if deployed["previous_versions"]:
-        _set_policy(model_dir, [deployed["version"]])
-        client.load_model(deployed["model_name"])
+        set_version_policy(model_dir, [deployed["version"]])
+        client = triton_client(deployed["http_url"])
+        try:
+            client.load_model(deployed["model_name"])
+        finally:
+            client.close()  # an open connection holds the server's shutdown for its exit timeout
     keep = {deployed["version"], *deployed["previous_versions"][-1:]}
     for old in (p for p in model_dir.iterdir() if p.name.isdigit() and p.name not in keep):
         shutil.rmtree(old, ignore_errors=True)

@@ -85,6 +85,7 @@ def smoke_test(grpc_url: str, http_url: str, model_name: str, version: str,
                          model_version=version).as_numpy("EMBEDDING")
             for i in range(0, len(texts), max_batch_size)
         ])
+        client.close()  # an open connection holds the server's shutdown for its exit timeout
     except InferenceServerException as exc:
         raise SmokeTestError(
             f"{model_name} version {version} failed a smoke request: {exc}"
