@@ -41,6 +41,16 @@ if [[ -n "$extras" ]]; then
   fi
 fi
 
+# The MLflow-on-PostgreSQL test starts its own cluster with initdb/pg_ctl from Debian's package.
+if [[ -n "$extras" ]] && ! compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null; then
+  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+    echo "setup: postgresql (for the MLflow-on-PostgreSQL test)" >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+  else
+    echo "setup: postgresql missing (sudo apt-get install postgresql); the MLflow-on-PostgreSQL test will be skipped" >&2
+  fi
+fi
+
 export PIP_CACHE_DIR="$PWD/.cache/pip" PIP_DISABLE_PIP_VERSION_CHECK=1
 [[ -x .venv/bin/python ]] || "$PY" -m venv .venv
 [[ -x .venv-serving/bin/python ]] || "$PY" -m venv .venv-serving
