@@ -17,6 +17,7 @@ from tasks.deploy import deploy, retire
 from tasks.export import export
 from tasks.fetch import fetch
 from tasks.image import deploy_image, release_image
+from tasks.kubernetes import deploy_k8s
 from tasks.quantize import quantize
 from tasks.register import library_versions, promote, register
 from tasks.replicas import deploy_set, retire_set, smoke_set
@@ -130,6 +131,15 @@ def release_model(spec: ReleaseSpec | dict[str, Any]) -> dict[str, Any]:
         dep, sm = rolled["deployment"], rolled["smoke"]
         promote(reg["model_name"], reg["version"],
                 {k: v for k, v in sm.items() if k != "sentences"})
+    elif spec.deploy.target == "kserve":
+        # The image by digest on the cluster (KServe InferenceService or a Deployment); champion
+        # moves once the served model passes the smoke test where the pipeline reaches it.
+        dep = deploy_k8s(spec.name, spec.triton_model_name, reg["model_name"], reg["version"],
+                         image, spec.deploy.kubernetes, spec.deploy.ready_timeout_s, work)
+        sm = smoke(dep["grpc_url"], dep["http_url"], spec.triton_model_name, "",
+                   val["reference_path"], smoke_gate, spec.deploy.max_batch_size)
+        promote(reg["model_name"], reg["version"],
+                {k: v for k, v in sm.items() if k != "sentences"})
     elif spec.deploy.target == "triton-replicas":
         # The same rollout on every replica: all load the new version beside the old one and all
         # pass the smoke test, or the rollback puts all of them back.
@@ -176,6 +186,8 @@ def release_model(spec: ReleaseSpec | dict[str, Any]) -> dict[str, Any]:
                 for r in dep["replicas"]] if spec.deploy.target == "triton-replicas" else []
     http_at = replicas[0]["http"] if replicas else f"{base}:{spec.deploy.http_port}"
     grpc_at = replicas[0]["grpc"] if replicas else f"{base}:{spec.deploy.grpc_port}"
+    if spec.deploy.target == "kserve":
+        http_at, grpc_at = dep["http_url"], dep["grpc_url"]
     summary = {
         "release": spec.name,
         "mlflow": {"model_name": reg["model_name"], "version": reg["version"],
@@ -194,6 +206,9 @@ def release_model(spec: ReleaseSpec | dict[str, Any]) -> dict[str, Any]:
             **({"replicas": replicas} if replicas else {}),
         },
         "image": image,
+        **({"kubernetes": {k: dep[k] for k in ("workload", "namespace", "name", "image",
+                                                "storage_uri", "manifests")}}
+           if spec.deploy.target == "kserve" else {}),
         **({"container": {k: dep[k] for k in ("container_name", "container_id", "image",
                                                "switch_seconds", "previous")}}
            if spec.deploy.target == "docker" else {}),

@@ -341,16 +341,77 @@ class ReplicaSpec(_Strict):
         return _resolve(v, info)
 
 
+K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|M|G|T)?$")
+
+
+class KubernetesSpec(_Strict):
+    """`deploy.target: kserve`: where and how the release's image runs on a cluster."""
+
+    namespace: str = "default"
+    workload: Literal["inferenceservice", "deployment"] = Field(
+        "inferenceservice",
+        description="what is applied: a KServe InferenceService (Triton runtime, model from "
+        "storage_uri), or a plain Deployment + Service + HorizontalPodAutoscaler running the "
+        "image with its baked-in model; both are always rendered",
+    )
+    storage_uri: str | None = Field(
+        None, description="the model repository KServe downloads (s3://, gs://, pvc://, https://); "
+        "default: the MLflow version's triton_repository artifact when it is such a URI"
+    )
+    min_replicas: int = Field(1, ge=0, le=1000)
+    max_replicas: int = Field(3, ge=1, le=1000)
+    target_cpu_utilization: int = Field(70, ge=1, le=100, description="HPA target, percent")
+    cpu_request: str = "1"
+    memory_request: str = "1Gi"
+    cpu_limit: str = "2"
+    memory_limit: str = "4Gi"
+    kubeconfig: str | None = Field(
+        None, description="default: $KUBECONFIG, else ~/.kube/config, else the in-cluster "
+        "service account"
+    )
+    context: str | None = None
+    endpoint_http: str | None = Field(
+        None, description="host:port where the pipeline reaches the served model over HTTP for "
+        "the smoke test; default: the cluster-internal Service (a pipeline run as a Prefect "
+        "Kubernetes work pool job reaches it)"
+    )
+    endpoint_grpc: str | None = Field(None, description="as endpoint_http, for gRPC")
+
+    @field_validator("namespace")
+    @classmethod
+    def _check_namespace(cls, v: str) -> str:
+        if not K8S_NAME.match(v):
+            raise ValueError(f"{v!r} is not a Kubernetes namespace name (RFC 1123 label)")
+        return v
+
+    @field_validator("cpu_request", "memory_request", "cpu_limit", "memory_limit")
+    @classmethod
+    def _check_quantity(cls, v: str) -> str:
+        if not QUANTITY.match(v):
+            raise ValueError(f"{v!r} is not a Kubernetes quantity such as '500m', '2' or '4Gi'")
+        return v
+
+    @model_validator(mode="after")
+    def _replica_range(self) -> KubernetesSpec:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas {self.min_replicas} exceeds max_replicas "
+                             f"{self.max_replicas}")
+        return self
+
+
 class DeploySpec(_Strict):
-    target: Literal["local-triton", "docker", "triton-replicas"] = Field(
+    target: Literal["local-triton", "docker", "triton-replicas", "kserve"] = Field(
         "local-triton",
         description="local-triton: the local tritonserver process; docker: the release's image, "
         "run by digest, replaced blue/green; triton-replicas: the Triton servers listed in "
-        "`replicas`, all rolled forward or all rolled back",
+        "`replicas`, all rolled forward or all rolled back; kserve: the image on a Kubernetes "
+        "cluster (see `kubernetes`)",
     )
     replicas: list[ReplicaSpec] = Field(
         default_factory=list, description="with target triton-replicas: the servers to roll out to"
     )
+    kubernetes: KubernetesSpec = KubernetesSpec()
     host: str = "127.0.0.1"
     http_port: int = Field(8000, ge=1, le=65535)
     grpc_port: int = Field(8001, ge=1, le=65535)
@@ -443,9 +504,10 @@ class ReleaseSpec(_Strict):
 
     @model_validator(mode="after")
     def _docker_needs_image(self) -> ReleaseSpec:
-        if self.deploy.target == "docker" and self.image.build is False:
+        if self.deploy.target in ("docker", "kserve") and self.image.build is False:
             raise ValueError(
-                "deploy.target 'docker' runs the release's image: image.build cannot be false"
+                f"deploy.target {self.deploy.target!r} runs the release's image: image.build "
+                "cannot be false"
             )
         return self
 

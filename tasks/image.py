@@ -537,9 +537,9 @@ def release_image(spec: ReleaseSpec, repository: str, files: dict[str, str], mod
     target = image_target(spec.image, spec.image_repository, version, release_key)
     why_not = check_prerequisites(target, logger)
     if why_not:
-        if spec.image.build is True or spec.deploy.target == "docker":
-            need = "deploy.target is docker" if spec.deploy.target == "docker" \
-                else "image.build is true"
+        if spec.image.build is True or spec.deploy.target in ("docker", "kserve"):
+            need = f"deploy.target is {spec.deploy.target}" if spec.deploy.target in (
+                "docker", "kserve") else "image.build is true"
             raise DockerUnavailableError(f"the release needs its image ({need}) but {why_not}")
         logger.warning("image: skipped: %s", why_not)
         return {"skipped": why_not}

@@ -1,0 +1,173 @@
+"""Kubernetes and KServe manifests of a release, and the `kserve` deploy target.
+
+There is no Kubernetes cluster here: the manifests are checked against the Kubernetes client's
+models (a round trip through `ApiClient` that must lose no field) and the InferenceService against
+the KServe SDK's models; the apply path is tested only for its clear error when no cluster is
+configured.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from hf2triton import k8s
+from hf2triton.errors import DeployError, SpecError
+from hf2triton.spec import KubernetesSpec, parse_spec
+from tasks.kubernetes import deploy_kubernetes
+
+ROOT = Path(__file__).resolve().parents[1]
+KSERVE_SDK = ROOT / ".cache" / "kserve-sdk"
+# What tasks/image.py's PushResult records for a pushed release image.
+PUSHED = {"tag": "127.0.0.1:5000/tiny-embedder:3-0123456789ab",
+          "digest": "sha256:" + "ab" * 32,
+          "reference": "127.0.0.1:5000/tiny-embedder@sha256:" + "ab" * 32}
+STORE = "s3://models/hf2triton/3/triton_repository"
+
+
+def _render(**kube) -> dict:
+    return k8s.render("tiny-embedder", "tiny-embedder", "3", PUSHED["reference"], STORE,
+                      KubernetesSpec(namespace="serving", **kube))
+
+
+def test_rendered_manifests_are_valid_kubernetes_objects_pinned_to_the_digest():
+    objs = _render(min_replicas=2, max_replicas=6, target_cpu_utilization=60)
+    k8s.check_manifests(objs)  # raises on any field the Kubernetes models cannot read
+
+    dep = objs["Deployment"]
+    pod = dep["spec"]["template"]["spec"]
+    (triton,) = pod["containers"]
+    assert triton["image"] == PUSHED["reference"]
+    assert dep["metadata"]["annotations"]["hf2triton.io/image-digest"] == PUSHED["digest"]
+    assert triton["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
+    assert triton["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": "http"}
+    assert dep["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert {p["name"]: p["port"] for p in objs["Service"]["spec"]["ports"]} == \
+        {"http": 8000, "grpc": 8001, "metrics": 8002}
+    hpa = objs["HorizontalPodAutoscaler"]["spec"]
+    assert (hpa["minReplicas"], hpa["maxReplicas"]) == (2, 6)
+    assert hpa["metrics"][0]["resource"]["target"]["averageUtilization"] == 60
+    assert hpa["scaleTargetRef"]["name"] == dep["metadata"]["name"]
+
+    model = objs["InferenceService"]["spec"]["predictor"]["model"]
+    assert model["storageUri"] == STORE
+    assert model["image"] == PUSHED["reference"]
+    assert model["modelFormat"] == {"name": "triton"}
+    assert model["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert "--strict-readiness=true" in model["args"]
+
+
+def test_a_field_the_api_does_not_know_is_caught(tmp_path, monkeypatch):
+    templates = tmp_path / "k8s"
+    shutil.copytree(k8s.TEMPLATES, templates)
+    deployment = templates / "triton-deployment.yaml"
+    deployment.write_text(deployment.read_text().replace("readinessProbe:", "readinesProbe:"))
+    monkeypatch.setattr(k8s, "TEMPLATES", templates)
+    with pytest.raises(DeployError, match="readinesProbe"):
+        k8s.check_manifests(_render())
+    with pytest.raises(DeployError, match="not pinned by digest"):
+        k8s.render("x", "x", "1", PUSHED["tag"], STORE, KubernetesSpec())
+
+
+def _kserve_models():
+    """The KServe SDK's generated model classes (kserve.models), from the wheel unpacked without
+    its dependencies by `infra/setup.sh --test`: importing the `kserve` package itself would pull
+    its model server (fastapi, uvicorn, pandas<3, ...); kserve.models needs only six and urllib3."""
+    if not (KSERVE_SDK / "kserve" / "models").is_dir():
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"no KServe SDK in {KSERVE_SDK}: run `bash infra/setup.sh --test`")
+        pytest.skip(f"no KServe SDK in {KSERVE_SDK} (bash infra/setup.sh --test unpacks it)")
+    if "kserve.models" not in sys.modules:
+        pkg = types.ModuleType("kserve")
+        pkg.__path__ = [str(KSERVE_SDK / "kserve")]
+        sys.modules.setdefault("kserve", pkg)
+    import kserve.models
+
+    return kserve.models
+
+
+def _build(models, data, klass: str):
+    """`data` as an instance of the SDK model `klass`, refusing any key the model does not have;
+    the models' constructors refuse missing required fields. Kubernetes types (V1Probe,
+    V1ResourceRequirements, ...) are checked with the Kubernetes client's models."""
+    if klass.startswith("list["):
+        return [_build(models, x, klass[5:-1]) for x in data]
+    if klass.startswith("dict("):
+        return {k: _build(models, v, klass[5:-1].split(", ", 1)[1]) for k, v in data.items()}
+    if klass in ("str", "int", "bool", "float", "object"):
+        return data
+    if not hasattr(models, klass):
+        k8s.check_model(data, klass, klass)
+        return data
+    cls = getattr(models, klass)
+    by_key = {v: k for k, v in cls.attribute_map.items()}
+    unknown = sorted(set(data) - set(by_key))
+    assert not unknown, f"{klass} has no field(s) {unknown}"
+    return cls(**{by_key[k]: _build(models, v, cls.openapi_types[by_key[k]])
+                  for k, v in data.items()})
+
+
+def test_inference_service_matches_the_kserve_sdk_models():
+    models = _kserve_models()
+    isvc = _build(models, _render()["InferenceService"], "V1beta1InferenceService")
+    assert isvc.spec.predictor.model.storage_uri == STORE
+    assert isvc.spec.predictor.model.runtime == "kserve-tritonserver"
+    assert isvc.spec.predictor.min_replicas == 1
+
+    typo = copy.deepcopy(_render()["InferenceService"])
+    typo["spec"]["predictor"]["model"]["storageURI"] = typo["spec"]["predictor"]["model"].pop(
+        "storageUri")
+    with pytest.raises(AssertionError, match="storageURI"):
+        _build(models, typo, "V1beta1InferenceService")
+
+
+def test_prefect_kubernetes_work_pool_template_renders_a_valid_job():
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.utilities.templating import apply_values
+
+    template = k8s.work_pool_template()
+    WorkPoolCreate(name="hf2triton-k8s", type="kubernetes", base_job_template=template)
+    values = {k: v.get("default") for k, v in template["variables"]["properties"].items()}
+    values["env"] = {"MLFLOW_TRACKING_URI": "http://mlflow.hf2triton.svc:5000"}
+    job = apply_values(template["job_configuration"], values)["job_manifest"]
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    # The worker turns the env mapping into a list of name/value pairs, as here.
+    container["env"] = [{"name": k, "value": v} for k, v in container["env"].items()]
+    k8s.check_model(job, "V1Job", "work pool job")
+    assert container["args"] == ["prefect", "flow-run", "execute"]
+
+
+def test_kserve_target_without_a_cluster_fails_saying_so(tmp_path, monkeypatch):
+    # No cluster here: this is the only part of the apply path a test can reach.
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    kube = KubernetesSpec(namespace="serving", storage_uri=STORE)
+    with pytest.raises(DeployError, match="no Kubernetes cluster is configured") as err:
+        deploy_kubernetes("tiny-embedder", "tiny-embedder", "tiny-embedder", "3", PUSHED, kube,
+                          60, str(tmp_path / "work"))
+    written = tmp_path / "work" / "k8s" / "3"
+    assert str(written) in str(err.value)
+    assert sorted(p.name for p in written.iterdir()) == [
+        "deployment.yaml", "horizontalpodautoscaler.yaml", "inferenceservice.yaml",
+        "service.yaml"]
+    with pytest.raises(DeployError, match="no image was built: no registry answers"):
+        deploy_kubernetes("tiny-embedder", "tiny-embedder", "tiny-embedder", "3",
+                          {"skipped": "no registry answers"}, kube, 60, str(tmp_path / "work"))
+
+
+def test_kserve_target_needs_the_image():
+    base = {"name": "x", "source": {"path": "/m"}, "validation": {"sentences": "/s"},
+            "registry": {"model_name": "x"}, "deploy": {"target": "kserve"}}
+    with pytest.raises(SpecError, match="'kserve' runs the release's image"):
+        parse_spec({**base, "image": {"build": False}})
+    with pytest.raises(SpecError, match="not a Kubernetes quantity"):
+        parse_spec({**base, "deploy": {"target": "kserve", "kubernetes": {"cpu_limit": "lots"}}})
+    assert parse_spec(base).deploy.kubernetes.workload == "inferenceservice"
