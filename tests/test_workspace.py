@@ -280,3 +280,33 @@ def test_home_follows_hf2triton_home(tmp_path, monkeypatch):
     monkeypatch.delenv("HF2TRITON_HOME")
     monkeypatch.chdir(tmp_path)
     assert home() == (tmp_path / ".hf2triton").resolve()
+
+
+@pytest.fixture()
+def full_disk(tmp_path):
+    """A 256 KiB tmpfs: a real filesystem that runs out of space."""
+    mount = tmp_path / "small-disk"
+    mount.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"cannot mount a small tmpfs to fill: {proc.stderr.strip()}")
+        pytest.skip(f"mounting a tmpfs needs root: {proc.stderr.strip()}")
+    yield mount
+    subprocess.run(["umount", str(mount)], capture_output=True)
+
+
+def test_a_full_disk_is_reported_as_such_and_leaves_nothing_finished(full_disk):
+    def build(out: Path) -> dict:
+        (out / "model.onnx").write_bytes(b"\0" * (1 << 20))  # 1 MiB onto 256 KiB
+        return {}
+
+    with pytest.raises(ArtifactError) as info:
+        cached_step(full_disk, "quantize", KEY, build)
+    message = str(info.value)
+    assert "No space left on device" in message and "Free disk space" in message
+    assert str(full_disk / "quantize") in message
+    assert leftovers(full_disk / "quantize") == []
+    assert not any(p.is_dir() and not p.name.startswith(".")
+                   for p in (full_disk / "quantize").iterdir())
