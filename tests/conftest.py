@@ -188,8 +188,8 @@ def tiny_release(tmp_path_factory, tiny_bert):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF2TRITON_HOME", str(tmp / "home"))
         mp.delenv("MLFLOW_TRACKING_URI", raising=False)
-        summary = release_model(load_spec(spec_path))
-        try:
+        try:  # a release that fails half-way may still have started the server
+            summary = release_model(load_spec(spec_path))
             yield TinyRelease(tmp / "home", spec_path, ports, summary)
         finally:
             triton_local.stop_server()
