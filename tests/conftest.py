@@ -87,7 +87,11 @@ def hf2triton_home(tmp_path, monkeypatch) -> Path:
 @pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory) -> str:
     """A real `mlflow server` (SQLite backend, local artifact store) on a free port."""
-    root = tmp_path_factory.mktemp("mlflow-server")
+    yield from run_mlflow_server(tmp_path_factory.mktemp("mlflow-server"))
+
+
+def run_mlflow_server(root: Path):
+    """Start `mlflow server` with its store under `root`; yields its URI, stops it after."""
     port = free_port()
     cmd = [
         str(Path(sys.executable).parent / "mlflow"), "server",

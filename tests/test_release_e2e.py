@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from hf2triton.embeddings import TorchEmbedder, cosine_rows, read_sentences, resolve_embedding_config
-from tests.conftest import ROOT, free_port, write_spec
+from tests.conftest import ROOT, free_port, run_mlflow_server, write_spec
 
 pytestmark = pytest.mark.e2e
 HF2TRITON = str(Path(sys.executable).parent / "hf2triton")
@@ -35,6 +35,12 @@ class Release:
     def cli(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run([HF2TRITON, *args], env=self.env, capture_output=True, text=True,
                               timeout=120)
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    """This module's own MLflow server: its assertions count every version of the model."""
+    yield from run_mlflow_server(tmp_path_factory.mktemp("e2e-mlflow"))
 
 
 @pytest.fixture(scope="module")
