@@ -99,6 +99,12 @@ class RegistryAuthError(Hf2TritonError):
     code = "REGISTRY_AUTH_FAILED"
 
 
+class ModelStoreError(Hf2TritonError):
+    """The S3-compatible model store is misconfigured: no bucket, no or refused credentials."""
+
+    code = "MODEL_STORE"
+
+
 # Transient errors: a server still starting, a refused connection, a 5xx.
 
 

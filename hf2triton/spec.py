@@ -400,6 +400,94 @@ class KubernetesSpec(_Strict):
         return self
 
 
+BUCKET_PATTERN = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+S3_ENDPOINT_PATTERN = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?$")
+
+
+class ModelStoreSpec(_Strict):
+    """Where the served model repository lives: the local server's directory, or a bucket of an
+    S3-compatible store that Triton reads itself (`--model-repository=s3://...`)."""
+
+    kind: Literal["local", "s3"] = "local"
+    endpoint: str | None = Field(
+        None, description="with kind s3: the store's URL, e.g. 'http://minio.internal:9000'; "
+        "leave out for AWS S3"
+    )
+    bucket: str | None = Field(None, description="with kind s3: the bucket (it must exist)")
+    prefix: str = Field("triton", description="the repository's folder in the bucket")
+    region: str = "us-east-1"
+    credentials_block: str | None = Field(
+        None,
+        description="name of a saved hf2triton S3 Credentials Prefect block; without it "
+        "$AWS_ACCESS_KEY_ID and $AWS_SECRET_ACCESS_KEY are used",
+    )
+
+    @field_validator("endpoint")
+    @classmethod
+    def _check_endpoint(cls, v: str | None) -> str | None:
+        if v is not None and not S3_ENDPOINT_PATTERN.match(v):
+            raise ValueError(f"{v!r} is not an endpoint URL such as 'http://127.0.0.1:9000' "
+                             "(scheme, host and port only)")
+        return v
+
+    @field_validator("bucket")
+    @classmethod
+    def _check_bucket(cls, v: str | None) -> str | None:
+        if v is not None and (not BUCKET_PATTERN.match(v) or ".." in v):
+            raise ValueError(f"{v!r} is not an S3 bucket name: 3 to 63 lower-case letters, "
+                             "digits, '.' and '-'")
+        return v
+
+    @field_validator("prefix")
+    @classmethod
+    def _check_prefix(cls, v: str) -> str:
+        parts = v.strip("/").split("/")
+        if v.strip("/") and any(not p or p in (".", "..") or " " in p for p in parts):
+            raise ValueError(f"{v!r} is not a folder path in a bucket such as 'triton/prod'")
+        return v.strip("/")
+
+    @model_validator(mode="after")
+    def _s3_needs_bucket(self) -> ModelStoreSpec:
+        if self.kind == "s3" and not self.bucket:
+            raise ValueError("model_store kind 's3' needs a bucket")
+        if self.kind == "local" and (self.bucket or self.endpoint or self.credentials_block):
+            raise ValueError("model_store kind 'local' takes no endpoint, bucket or "
+                             "credentials_block: set kind: s3")
+        return self
+
+
+class TuningSpec(_Strict):
+    """Triton configuration search (feature-extraction releases): every combination of the
+    listed dynamic-batching and execution settings is loaded into a private tritonserver with the
+    validated model and driven by closed-loop gRPC clients, one sentence per request; the release
+    ships the configuration with the most requests/s (mean over `clients`) whose p99 stays under
+    `max_p99_ms`, written into the generated config.pbtxt."""
+
+    search: bool = False
+    preferred_batch_sizes: list[list[Annotated[int, Field(ge=1)]]] | None = Field(
+        None, description="candidates; default: only deploy.preferred_batch_sizes"
+    )
+    max_queue_delay_us: list[Annotated[int, Field(ge=0, le=1_000_000)]] = [2000, 8000]
+    execution: list[tuple[Annotated[int, Field(ge=1, le=64)],
+                          Annotated[int, Field(ge=0, le=256)]]] = Field(
+        [(1, 0), (2, 1)],
+        description="(instance_count, intra_op_threads) pairs; threads 0: ONNX Runtime's default",
+    )
+    clients: list[Annotated[int, Field(ge=1, le=1000)]] = [16, 64]
+    seconds: float = Field(5, gt=0, le=600, description="measured per configuration and client "
+                           "count, after a warm-up")
+    max_p99_ms: float | None = Field(None, gt=0, description="latency cap at every client count")
+
+    @model_validator(mode="after")
+    def _non_empty(self) -> TuningSpec:
+        for key in ("max_queue_delay_us", "execution", "clients"):
+            if not getattr(self, key):
+                raise ValueError(f"tuning.{key} needs at least one value")
+        if self.preferred_batch_sizes is not None and not all(self.preferred_batch_sizes):
+            raise ValueError("tuning.preferred_batch_sizes: each candidate needs a batch size")
+        return self
+
+
 class DeploySpec(_Strict):
     target: Literal["local-triton", "docker", "triton-replicas", "kserve"] = Field(
         "local-triton",
@@ -412,6 +500,11 @@ class DeploySpec(_Strict):
         default_factory=list, description="with target triton-replicas: the servers to roll out to"
     )
     kubernetes: KubernetesSpec = KubernetesSpec()
+    model_store: ModelStoreSpec = Field(
+        ModelStoreSpec(),
+        description="with target local-triton: where the served repository lives (local "
+        "directory, or an S3-compatible bucket Triton loads from)",
+    )
     host: str = "127.0.0.1"
     http_port: int = Field(8000, ge=1, le=65535)
     grpc_port: int = Field(8001, ge=1, le=65535)
@@ -422,6 +515,7 @@ class DeploySpec(_Strict):
     instance_count: int = Field(1, ge=1, le=64)
     intra_op_threads: int = Field(0, ge=0, le=256, description="0: ONNX Runtime's default")
     ready_timeout_s: float = Field(180, gt=0)
+    tuning: TuningSpec = TuningSpec()
     smoke_min_cosine: Probability | None = Field(
         None, description="the smoke test's gate on served embeddings; default: "
         "validation.thresholds.min_cosine"
@@ -435,6 +529,9 @@ class DeploySpec(_Strict):
         if self.target == "triton-replicas" and not self.replicas:
             raise ValueError("deploy.target 'triton-replicas' needs deploy.replicas: a list of "
                              "{http, grpc, model_repository} for each Triton server")
+        if self.model_store.kind != "local" and self.target != "local-triton":
+            raise ValueError(f"deploy.model_store kind {self.model_store.kind!r} is read only by "
+                             f"target 'local-triton', not {self.target!r}")
         if self.replicas and self.target != "triton-replicas":
             raise ValueError(f"deploy.replicas is read only by target 'triton-replicas', not "
                              f"{self.target!r}")
@@ -442,6 +539,8 @@ class DeploySpec(_Strict):
         if len(set(endpoints)) != len(endpoints):
             raise ValueError(f"deploy.replicas lists an endpoint twice: {endpoints}")
         too_big = [b for b in self.preferred_batch_sizes if b > self.max_batch_size]
+        too_big += [b for c in self.tuning.preferred_batch_sizes or [] for b in c
+                    if b > self.max_batch_size]
         if too_big:
             raise ValueError(
                 f"preferred_batch_sizes {too_big} exceed max_batch_size {self.max_batch_size}"
@@ -509,6 +608,13 @@ class ReleaseSpec(_Strict):
                 f"deploy.target {self.deploy.target!r} runs the release's image: image.build "
                 "cannot be false"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _tuning_task(self) -> ReleaseSpec:
+        if self.deploy.tuning.search and self.task is not Task.FEATURE_EXTRACTION:
+            raise ValueError(f"deploy.tuning.search is implemented for feature-extraction "
+                             f"releases, not {self.task.value!r}: set it false")
         return self
 
     @property

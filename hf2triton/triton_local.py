@@ -123,7 +123,7 @@ def _log_tail(path: str, lines: int = 15) -> str:
         return "(no log)"
 
 
-def launch(repo: Path, host: str, http_port: int, grpc_port: int, metrics_port: int,
+def launch(repo: Path | str, host: str, http_port: int, grpc_port: int, metrics_port: int,
            log_file: Path, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
     """Start one `tritonserver` on `repo` in explicit model-control mode, in its own session (it
     keeps serving after the caller ends); the caller waits for it to become live.
@@ -166,9 +166,22 @@ def launch(repo: Path, host: str, http_port: int, grpc_port: int, metrics_port: 
 
 
 def ensure_server(host: str, http_port: int, grpc_port: int, metrics_port: int,
-                  timeout_s: float = 120) -> ServerState:
-    """Return the running local server, starting one if none runs."""
+                  timeout_s: float = 120, repository: str | None = None,
+                  extra_env: dict[str, str] | None = None) -> ServerState:
+    """Return the running local server, starting one if none runs.
+
+    `repository` is the server's --model-repository (default: `models/` of the state directory;
+    an s3:// URI makes it read an S3-compatible store, whose credentials come in `extra_env` and
+    are kept in the server's environment only).
+    """
     state = read_state()
+    wanted_repo = repository or str(state_dir() / "models")
+    if state is not None and state.model_repository != wanted_repo:
+        raise DeployError(
+            f"the local Triton (pid {state.pid}) serves the model repository "
+            f"{state.model_repository}, not the spec's {wanted_repo}: run `hf2triton server "
+            "stop` first (its models stop serving), or change deploy.model_store"
+        )
     if state is not None:
         wanted = (host, http_port, grpc_port, metrics_port)
         if (state.host, state.http_port, state.grpc_port, state.metrics_port) != wanted:
@@ -180,11 +193,11 @@ def ensure_server(host: str, http_port: int, grpc_port: int, metrics_port: int,
             )
         _wait_live(state, timeout_s)
         return state
-    repo = state_dir() / "models"
-    repo.mkdir(parents=True, exist_ok=True)
+    if not wanted_repo.startswith("s3://"):
+        Path(wanted_repo).mkdir(parents=True, exist_ok=True)
     log_file = state_dir() / "server.log"
-    proc = launch(repo, host, http_port, grpc_port, metrics_port, log_file)
-    state = ServerState(proc.pid, host, http_port, grpc_port, metrics_port, str(repo),
+    proc = launch(wanted_repo, host, http_port, grpc_port, metrics_port, log_file, extra_env)
+    state = ServerState(proc.pid, host, http_port, grpc_port, metrics_port, wanted_repo,
                         str(log_file))
     atomic_write_text(_state_file(), json.dumps(asdict(state), indent=1))
     _wait_live(state, timeout_s, proc)

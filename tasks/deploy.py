@@ -8,20 +8,25 @@ the transaction's rollback hook unloads the new version and the old one never st
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import time
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 from prefect import task
 from prefect.transactions import get_transaction
 
 from hf2triton import triton_local
-from hf2triton.errors import ArtifactError, DeployError, ServiceUnavailableError
-from hf2triton.spec import DeploySpec
-from hf2triton.workspace import atomic_write_text, hash_files
+from hf2triton.errors import DeployError, ServiceUnavailableError
+from hf2triton.model_store import (
+    LocalModelDir,
+    ModelDir,
+    prepare_s3_repository,
+    server_env,
+    triton_uri,
+)
+from hf2triton.model_store import model_dir as store_model_dir
+from hf2triton.spec import DeploySpec, ModelStoreSpec
 from tasks.common import NO_PREFECT_CACHE, RETRY_TRANSIENT
 
 POLICY = re.compile(r"^version_policy:.*$", re.MULTILINE)
@@ -35,6 +40,7 @@ class DeployResult(TypedDict):
     version: str
     previous_versions: list[str]  # what served before, still loaded until `retire`
     reused: bool
+    model_store: NotRequired[dict]  # the spec's deploy.model_store (no credentials in it)
 
 
 def triton_client(url: str):
@@ -53,40 +59,19 @@ def serving_versions(client: Any, model_name: str) -> list[str]:
     )
 
 
-def set_version_policy(model_dir: Path, versions: list[str]) -> None:
+def set_version_policy(model_dir: ModelDir, versions: list[str]) -> None:
     """Pin exactly which versions Triton may load; the next load applies it."""
-    config = model_dir / "config.pbtxt"
     listed = ", ".join(versions)
     policy = f"version_policy: {{ specific: {{ versions: [ {listed} ] }} }}"
-    text = config.read_text()
+    text = model_dir.read_config()
     text = POLICY.sub(policy, text) if POLICY.search(text) else f"{text.rstrip()}\n{policy}\n"
-    atomic_write_text(config, text)
+    model_dir.write_config(text)
 
 
 def place_version(src_model: Path, model_dir: Path, version: str,
                   expected: dict[str, str]) -> None:
     """Copy the version directory and model-level files in, checking every sha256 on the way."""
-    model_dir.mkdir(parents=True, exist_ok=True)
-    tmp = model_dir / f".{version}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(src_model / "1", tmp)
-    got = {f"1/{k}": v for k, v in hash_files(tmp).items()}
-    want = {k: v for k, v in expected.items() if k.startswith("1/")}
-    if got != want:
-        shutil.rmtree(tmp, ignore_errors=True)
-        bad = sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))
-        raise ArtifactError(
-            f"model files {bad} do not match the sha256 recorded for this release: refusing to "
-            "deploy them; re-run the release to rebuild the repository"
-        )
-    os.rename(tmp, model_dir / version)
-    staged = model_dir / ".warmup.new"
-    shutil.rmtree(staged, ignore_errors=True)
-    shutil.copytree(src_model / "warmup", staged)
-    shutil.rmtree(model_dir / "warmup", ignore_errors=True)
-    os.rename(staged, model_dir / "warmup")
-    shutil.copyfile(src_model / "config.pbtxt", model_dir / ".config.pbtxt.new")
-    os.replace(model_dir / ".config.pbtxt.new", model_dir / "config.pbtxt")
+    LocalModelDir(model_dir).put_version(src_model, version, expected)
 
 
 def wait_ready(client: Any, name: str, version: str, timeout_s: float) -> bool:
@@ -115,7 +100,8 @@ def load_and_wait(client: Any, model_name: str, version: str, timeout_s: float,
         )
 
 
-def restore_previous(client: Any, model_dir: Path, version: str, previous: list[str]) -> None:
+def restore_previous(client: Any, model_dir: ModelDir, version: str,
+                     previous: list[str]) -> None:
     """Back to what served before: only the previous versions loaded, the new one gone."""
     from tritonclient.utils import InferenceServerException
 
@@ -130,7 +116,7 @@ def restore_previous(client: Any, model_dir: Path, version: str, previous: list[
             client.unload_model(model_dir.name)
         except InferenceServerException:
             pass
-    shutil.rmtree(model_dir / version, ignore_errors=True)
+    model_dir.remove_version(version)
 
 
 def deploy_local(
@@ -139,29 +125,35 @@ def deploy_local(
     """Load `version` of `model_name` beside whatever version serves now."""
     from tritonclient.utils import InferenceServerException
 
+    store = deploy.model_store
+    if store.kind == "s3":
+        prepare_s3_repository(store)
     state = triton_local.ensure_server(
         deploy.host, deploy.http_port, deploy.grpc_port, deploy.metrics_port,
         timeout_s=deploy.ready_timeout_s,
+        repository=triton_uri(store) if store.kind == "s3" else None,
+        extra_env=server_env(store),
     )
     client = triton_client(state.http_url)
-    model_dir = Path(state.model_repository) / model_name
+    model_dir = store_model_dir(state.model_repository, model_name, store)
     expected = {k.removeprefix(f"{model_name}/"): v for k, v in files.items()}
     previous = [v for v in serving_versions(client, model_name) if v != version]
     result = DeployResult(http_url=state.http_url, grpc_url=state.grpc_url,
                           model_repository=state.model_repository, model_name=model_name,
-                          version=version, previous_versions=previous, reused=False)
+                          version=version, previous_versions=previous, reused=False,
+                          model_store=store.model_dump())
     txn = get_transaction()
     if txn is not None:
         txn.set("deploy", dict(result))
     want = {k: v for k, v in expected.items() if k.startswith("1/")}
-    if (model_dir / version).is_dir():
-        placed = {f"1/{k}": v for k, v in hash_files(model_dir / version).items()}
+    placed = model_dir.version_files(version)
+    if placed is not None:
         if placed == want and wait_ready(client, model_name, version, 1):
             result["reused"] = True
             return result
-        shutil.rmtree(model_dir / version)
+        model_dir.remove_version(version)
 
-    place_version(Path(repository) / model_name, model_dir, version, expected)
+    model_dir.put_version(Path(repository) / model_name, version, expected)
     set_version_policy(model_dir, [*previous, version])
     try:
         load_and_wait(client, model_name, version, deploy.ready_timeout_s,
@@ -179,12 +171,18 @@ def deploy_local(
     return result
 
 
+def _model_dir_of(deployed: dict) -> ModelDir:
+    store = deployed.get("model_store")
+    return store_model_dir(deployed["model_repository"], deployed["model_name"],
+                           ModelStoreSpec(**store) if store else None)
+
+
 def rollback_deploy(txn: Any) -> None:
     """Rollback hook: the smoke test (or anything after deploy) failed; unload the new version."""
     info = txn.get("deploy", None)
     if not info:
         return
-    model_dir = Path(info["model_repository"]) / info["model_name"]
+    model_dir = _model_dir_of(info)
     client = triton_client(info["http_url"])
     try:
         restore_previous(client, model_dir, info["version"], info["previous_versions"])
@@ -197,7 +195,7 @@ def retire_previous(deployed: DeployResult) -> list[str]:
 
     The newest of them stays on disk as the target of a manual rollback.
     """
-    model_dir = Path(deployed["model_repository"]) / deployed["model_name"]
+    model_dir = _model_dir_of(deployed)
     if deployed["previous_versions"]:
         set_version_policy(model_dir, [deployed["version"]])
         client = triton_client(deployed["http_url"])
@@ -206,8 +204,9 @@ def retire_previous(deployed: DeployResult) -> list[str]:
         finally:
             client.close()  # an open connection holds the server's shutdown for its exit timeout
     keep = {deployed["version"], *deployed["previous_versions"][-1:]}
-    for old in (p for p in model_dir.iterdir() if p.name.isdigit() and p.name not in keep):
-        shutil.rmtree(old, ignore_errors=True)
+    for old in model_dir.versions():
+        if old not in keep:
+            model_dir.remove_version(old)
     return deployed["previous_versions"]
 
 

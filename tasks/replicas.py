@@ -19,6 +19,7 @@ from prefect import task
 from prefect.transactions import get_transaction
 
 from hf2triton.errors import DeployError, ServiceUnavailableError, SmokeTestError
+from hf2triton.model_store import LocalModelDir
 from hf2triton.spec import DeploySpec
 from hf2triton.workspace import hash_files
 from tasks.common import NO_PREFECT_CACHE, RETRY_TRANSIENT
@@ -71,7 +72,7 @@ def _restore_all(model_name: str, version: str, replicas: list[DeployResult]) ->
     """Put every replica back to what it served before; returns the replicas that did not answer."""
     failed = []
     for rep in replicas:
-        model_dir = Path(rep["model_repository"]) / model_name
+        model_dir = LocalModelDir(Path(rep["model_repository"]) / model_name)
         client = triton_client(rep["http_url"])
         try:
             restore_previous(client, model_dir, version, rep["previous_versions"])
@@ -129,7 +130,7 @@ def deploy_replicas(
                 shutil.rmtree(vdir, ignore_errors=True)
                 place_version(Path(repository) / model_name, model_dir, version, expected)
             keep = sorted({v for r in reps for v in r["previous_versions"]} | {version}, key=int)
-            set_version_policy(model_dir, keep)
+            set_version_policy(LocalModelDir(model_dir), keep)
 
         def load(item: tuple[Any, list[str]]) -> str | None:
             replica = item[0]

@@ -1,8 +1,11 @@
-"""MLflow on PostgreSQL: a team's tracking server keeps its store in PostgreSQL, not SQLite.
+"""At team scale: MLflow on PostgreSQL with its artifacts in an S3-compatible store, and Triton
+loading the served model repository from that store.
 
-The test starts its own PostgreSQL cluster (Debian's postgresql package, which `infra/setup.sh
---test` installs) in a temporary directory on a free loopback port, a real `mlflow server` on it,
-and runs one tiny release end to end against that server. Everything it starts, it stops.
+The tests start their own PostgreSQL cluster (Debian's postgresql package, which `infra/setup.sh
+--test` installs) in a temporary directory on a free loopback port, a real S3-protocol server
+(`moto_server` from PyPI's moto[server]; there is no MinIO or AWS here), a real `mlflow server`
+on both, and run one tiny release end to end: registered through that MLflow, served by a local
+tritonserver reading `s3://`. Everything they start, they stop.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import uuid
 from pathlib import Path
 
 import pytest
@@ -65,15 +69,49 @@ def postgres():
         shutil.rmtree(root, ignore_errors=True)
 
 
+# Credentials of the test's own S3 server; the secret is searched for where it must not be.
+S3_KEY = "AKIAHF2TRITONTEST"
+S3_SECRET = f"s3-secret-{uuid.uuid4().hex}"
+BUCKET = "models"
+
+
 @pytest.fixture(scope="module")
-def mlflow_on_postgres(postgres, tmp_path_factory):
+def s3_server(tmp_path_factory):
+    """A real S3-protocol server (moto_server) on a free loopback port, with bucket `models`."""
+    import boto3
+
+    root = tmp_path_factory.mktemp("s3")
+    port = free_port()
+    exe = Path(sys.executable).parent / "moto_server"
+    with open(root / "server.log", "wb") as log:
+        proc = subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port)], stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(f"{endpoint}/moto-api/", timeout=60, proc=proc)
+        s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                          aws_access_key_id=S3_KEY, aws_secret_access_key=S3_SECRET)
+        s3.create_bucket(Bucket=BUCKET)
+        yield endpoint, s3
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(20)
+
+
+@pytest.fixture(scope="module")
+def mlflow_on_postgres(postgres, s3_server, tmp_path_factory):
+    """`mlflow server` with its store in PostgreSQL and its artifacts in the S3 bucket (proxied:
+    only the server holds the store's credentials)."""
+    endpoint, _ = s3_server
     root = tmp_path_factory.mktemp("mlflow-pg")
     port = free_port()
     cmd = [str(Path(sys.executable).parent / "mlflow"), "server",
-           "--backend-store-uri", postgres, "--artifacts-destination", str(root / "artifacts"),
+           "--backend-store-uri", postgres, "--artifacts-destination", f"s3://{BUCKET}/mlflow",
            "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    env = {**os.environ, "MLFLOW_S3_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": S3_KEY,
+           "AWS_SECRET_ACCESS_KEY": S3_SECRET, "AWS_DEFAULT_REGION": "us-east-1"}
     with open(root / "server.log", "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
     try:
         wait_http(f"http://127.0.0.1:{port}/health", timeout=180, proc=proc)
@@ -87,18 +125,35 @@ def mlflow_on_postgres(postgres, tmp_path_factory):
             proc.wait(10)
 
 
-def test_release_records_into_mlflow_backed_by_postgresql(
-        mlflow_on_postgres, tiny_bert, hf2triton_home, deploy_ports, tmp_path, monkeypatch):
+def _sha256(s3, key: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()).hexdigest()
+
+
+def test_release_with_mlflow_on_postgresql_and_the_repository_in_s3(
+        mlflow_on_postgres, s3_server, tiny_bert, hf2triton_home, deploy_ports, tmp_path,
+        monkeypatch, caplog):
     import psycopg2
     from mlflow import MlflowClient
 
     from flows.release import release_model
+    from hf2triton import triton_local
+    from hf2triton.errors import DeployError
     from hf2triton.spec import load_spec
+    from hf2triton.workspace import hash_files
+    from tasks.deploy import deploy_local, serving_versions, triton_client
 
     uri, database = mlflow_on_postgres
+    endpoint, s3 = s3_server
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    summary = release_model(load_spec(tiny_spec(tmp_path / "tiny.yaml", tiny_bert, deploy_ports,
-                                                image__build=False)))
+    # The release reads the store's key pair from the environment (or a Prefect block).
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", S3_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", S3_SECRET)
+    store = {"kind": "s3", "endpoint": endpoint, "bucket": BUCKET, "prefix": "triton/prod"}
+    spec_path = tiny_spec(tmp_path / "tiny.yaml", tiny_bert, deploy_ports, image__build=False,
+                          deploy__model_store=store)
+    summary = release_model(load_spec(spec_path))
     assert summary["mlflow"]["tracking_uri"] == uri
     version = summary["mlflow"]["version"]
 
@@ -119,3 +174,65 @@ def test_release_records_into_mlflow_backed_by_postgresql(
     assert mv.tags["smoke.grpc_min_cosine"]
     arts = {a.path for a in client.list_artifacts(mv.run_id, "triton_repository/tiny-embedder")}
     assert "triton_repository/tiny-embedder/config.pbtxt" in arts
+    # MLflow's artifacts are objects in the bucket, not files beside the server.
+    mlflow_keys = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="mlflow/")
+                   .get("Contents", [])]
+    assert any(k.endswith(f"{mv.run_id}/artifacts/triton_repository/tiny-embedder/config.pbtxt")
+               for k in mlflow_keys), mlflow_keys[:20]
+
+    # Triton serves from the bucket: its repository is the s3:// URI, the version's files are
+    # objects whose sha256 is the one MLflow recorded, and the version answers.
+    state = triton_local.read_state()
+    assert state.model_repository == f"s3://{endpoint}/{BUCKET}/triton/prod"
+    onnx_key = f"triton/prod/tiny-embedder/{version}/model.onnx"
+    assert _sha256(s3, onnx_key) == mv.tags["sha256.triton.tiny-embedder/1/model.onnx"]
+    assert not any(p.name == "tiny-embedder" for p in (hf2triton_home / "triton").rglob("*")), \
+        "the served model must not be a local copy"
+    triton = triton_client(state.http_url)
+    try:
+        assert serving_versions(triton, "tiny-embedder") == [version]
+    finally:
+        triton.close()
+
+    # A version that fails to load is removed from the bucket; the serving one stays.
+    broken = tmp_path / "broken"
+    [src] = (hf2triton_home / "work" / "tiny-embedder" / "repository").glob("*/tiny-embedder")
+    shutil.copytree(src, broken / "tiny-embedder", ignore=shutil.ignore_patterns("__pycache__"))
+    onnx = broken / "tiny-embedder" / "1" / "model.onnx"
+    onnx.write_bytes(onnx.read_bytes()[:1000])
+    files = {f"tiny-embedder/{k}": v for k, v in hash_files(broken / "tiny-embedder").items()}
+    spec = load_spec(spec_path)
+    with pytest.raises(DeployError, match=f"Version {version} keeps serving"):
+        deploy_local(str(broken), "tiny-embedder", "99", files, spec.deploy)
+    assert not s3.list_objects_v2(Bucket=BUCKET, Prefix="triton/prod/tiny-embedder/99/").get(
+        "Contents")
+    triton = triton_client(state.http_url)
+    try:
+        assert serving_versions(triton, "tiny-embedder") == [version]
+    finally:
+        triton.close()
+
+    # The store's secret reached the server's environment only: not its state file, the logs,
+    # or the MLflow record.
+    assert S3_SECRET not in (hf2triton_home / "triton" / "server.json").read_text()
+    assert S3_SECRET not in caplog.text
+    run = client.get_run(mv.run_id)
+    assert S3_SECRET not in repr(run.data.params) + repr(run.data.tags) + repr(mv.tags)
+
+
+def test_s3_store_without_credentials_or_bucket_is_refused(s3_server, monkeypatch):
+    from hf2triton.errors import ModelStoreError
+    from hf2triton.model_store import S3ModelDir
+    from hf2triton.spec import ModelStoreSpec
+
+    endpoint, _ = s3_server
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID", raising=False)
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY", raising=False)
+    store = ModelStoreSpec(kind="s3", endpoint=endpoint, bucket=BUCKET)
+    with pytest.raises(ModelStoreError, match="AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"):
+        S3ModelDir(store, "m")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", S3_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", S3_SECRET)
+    missing = ModelStoreSpec(kind="s3", endpoint=endpoint, bucket="no-such-bucket")
+    with pytest.raises(ModelStoreError, match="no bucket 'no-such-bucket'"):
+        S3ModelDir(missing, "m").versions()
