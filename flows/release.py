@@ -24,6 +24,7 @@ from tasks.replicas import deploy_set, retire_set, smoke_set
 from tasks.report import report
 from tasks.repository import repository, task_repository
 from tasks.smoke import smoke
+from tasks.tune import describe, tune
 from tasks.validate import Candidate, validate
 from tasks.validate_classification import validate_classifier
 from tasks.validate_translation import validate_translator
@@ -53,6 +54,7 @@ def release_model(spec: ReleaseSpec | dict[str, Any]) -> dict[str, Any]:
     # text-classification and translation: labels or decoding settings instead of pooling.
     embedding_task = spec.task is Task.FEATURE_EXTRACTION
     cfg = emb if embedding_task else resolve_task_config(spec, src["model_dir"])
+    tuned = None
 
     exp = export(src["model_dir"], src["content_hash"], spec.task.value, spec.export.opset,
                  spec.export.atol, cfg, sentences, work)
@@ -75,8 +77,15 @@ def release_model(spec: ReleaseSpec | dict[str, Any]) -> dict[str, Any]:
                         if "sentences_per_s_batch_32" in m else "",
                         "ships" if name == val["chosen"] else
                         "passes, slower" if passes else "misses the gate")
+        serving = spec.deploy
+        if spec.deploy.tuning.search:  # measured on a private server, written into config.pbtxt
+            tuned = tune(spec.triton_model_name, val["onnx_path"], exp["export_dir"], emb,
+                         val["embedding_dim"], spec.deploy, val["smoke_texts"][-2:],
+                         [t for t in sentences if t.strip()][:256], work)
+            serving = spec.deploy.model_copy(update=tuned["chosen"])
+            logger.info("tune: ships %s", describe(tuned["chosen"]))
         repo = repository(spec.triton_model_name, val["onnx_path"], exp["export_dir"], emb,
-                          val["embedding_dim"], spec.deploy, val["smoke_texts"][-2:], work)
+                          val["embedding_dim"], serving, val["smoke_texts"][-2:], work)
     else:
         gate = validate_classifier if spec.task is Task.TEXT_CLASSIFICATION else \
             validate_translator
@@ -103,7 +112,12 @@ def release_model(spec: ReleaseSpec | dict[str, Any]) -> dict[str, Any]:
         "onnx_int8_bytes": quant["size_bytes"], "export_seconds": exp["seconds"],
         "quantize_seconds": quant["seconds"], "validate_seconds": val["seconds"],
     }
+    if tuned is not None:
+        best = next(c for c in tuned["cells"] if c["settings"] == tuned["chosen"])
+        metrics.update({f"tuning.{k}_at_{p['clients']}": p[k] for p in best["points"]
+                        for k in ("rps", "p99_ms")})
     params = {**spec.model_dump(mode="json"), "versions": library_versions(),
+              **({"tuning_chosen": tuned["chosen"]} if tuned is not None else {}),
               "opset": exp["opset"], "embedding_resolved": emb.to_dict(),
               **({} if embedding_task else {"task_resolved": {
                   k: v for k, v in cfg.to_dict().items() if k not in ("labels", "target_langs")}})}
