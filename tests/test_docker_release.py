@@ -26,6 +26,13 @@ HF2TRITON = str(Path(sys.executable).parent / "hf2triton")
 MODEL = "minilm-embedder"
 PREFIX = f"hf2triton-test{os.getpid()}"
 LIVE = f"{PREFIX}-{MODEL}"
+# Planted in the release's environment, as a scheduled release has them: a hub token, the
+# registry's password (this test registry needs none and ignores it) and a model store's secret.
+# None may reach the image (test_planted_secrets_are_in_no_image_layer).
+SECRETS = {"HF_TOKEN": f"hf_planted{os.getpid()}TokenValue",
+           "HF2TRITON_REGISTRY_USERNAME": "ci",
+           "HF2TRITON_REGISTRY_PASSWORD": f"planted-registry-pw-{os.getpid()}",
+           "AWS_SECRET_ACCESS_KEY": f"planted-s3-secret-{os.getpid()}"}
 
 
 def _spec(path: Path, ports: dict[str, int], **deploy) -> Path:
@@ -44,7 +51,7 @@ class DockerRelease:
         self.home = tmp / "home"
         self.env = {**os.environ, "HF2TRITON_HOME": str(self.home),
                     "MLFLOW_TRACKING_URI": mlflow_uri, "HF2TRITON_CONTAINER_PREFIX": PREFIX,
-                    **docker_env.env()}
+                    **docker_env.env(), **SECRETS}
         self.env.pop("PREFECT_API_URL", None)
 
     def run(self, name: str, **deploy) -> subprocess.CompletedProcess:
@@ -133,6 +140,50 @@ def test_image_carries_lineage_labels_and_runs_as_non_root(release, docker_clien
              "print(os.access(p, os.R_OK), os.access(p, os.W_OK), os.access(os.path.dirname(p), "
              "os.W_OK))")
     assert live.exec_run(["python3", "-c", probe]).output.strip() == b"True False False"
+
+
+def test_planted_secrets_are_in_no_image_layer(release, docker_client, tmp_path):
+    """`docker save` of the released image: every layer (decompressed), the image config and
+    its history are searched for the secrets the release had in its environment."""
+    import gzip
+    import tarfile
+
+    summary = _summary(release.first)
+    saved = tmp_path / "image.tar"
+    with open(saved, "wb") as f:
+        for chunk in docker_client.images.get(summary["image"]["reference"]).save(
+                chunk_size=1 << 20):
+            f.write(chunk)
+    needles = [v.encode() for k, v in SECRETS.items() if k != "HF2TRITON_REGISTRY_USERNAME"]
+    # A control the search must find: the model's config.pbtxt, inside a layer.
+    control = f'name: "{MODEL}"'.encode()
+    needles.append(control)
+    keep = max(len(n) for n in needles)
+    found, searched, layers = [], 0, 0
+    with tarfile.open(saved) as outer:
+        for member in outer:
+            if not member.isfile():
+                continue
+            stream = outer.extractfile(member)
+            head = stream.read(2)
+            stream.seek(0)
+            if head == b"\x1f\x8b":
+                stream = gzip.GzipFile(fileobj=stream)
+            layers += member.size > 1 << 20
+            tail = b""
+            for chunk in iter(lambda: stream.read(1 << 20), b""):
+                window = tail + chunk
+                found += [(member.name, n.decode()[:12]) for n in needles if n in window]
+                tail = window[-keep:]
+                searched += len(chunk)
+    assert layers >= 2 and searched > 100e6, (layers, searched)  # the whole image was read
+    label = control.decode()[:12]
+    assert label in {n for _, n in found}, "the search did not find config.pbtxt in any layer"
+    leaked = [f for f in found if f[1] != label]
+    assert not leaked, f"planted secrets in the image: {leaked}"
+    # The same secrets are not in the container's environment either.
+    env = _live(docker_client).attrs["Config"]["Env"]
+    assert not [e for e in env for n in needles if n != control and n.decode() in e]
 
 
 def test_healthcheck_reports_healthy(release, docker_client):
