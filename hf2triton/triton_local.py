@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -196,19 +197,46 @@ def ensure_server(host: str, http_port: int, grpc_port: int, metrics_port: int,
     if not wanted_repo.startswith("s3://"):
         Path(wanted_repo).mkdir(parents=True, exist_ok=True)
     log_file = state_dir() / "server.log"
+    log_offset = log_file.stat().st_size if log_file.exists() else 0
     proc = launch(wanted_repo, host, http_port, grpc_port, metrics_port, log_file, extra_env)
     state = ServerState(proc.pid, host, http_port, grpc_port, metrics_port, wanted_repo,
                         str(log_file))
     atomic_write_text(_state_file(), json.dumps(asdict(state), indent=1))
-    _wait_live(state, timeout_s, proc)
+    _wait_live(state, timeout_s, proc, log_offset)
     return state
 
 
-def _wait_live(state: ServerState, timeout_s: float, proc: subprocess.Popen | None = None) -> None:
+# The server's own start-up failures (e.g. "repository path is not a valid directory"): with
+# --exit-on-error=false it keeps running but never becomes live.
+STARTUP_ERROR = re.compile(r'^E\S* \S+ \d+ tritonserver\.cc:\d+\] "(.*)"$', re.MULTILINE)
+
+
+def _startup_error(log_file: str, offset: int) -> str | None:
+    """The first start-up error the server logged after `offset` (the log is appended to)."""
+    try:
+        with open(log_file, "rb") as f:
+            f.seek(offset)
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    found = STARTUP_ERROR.search(text)
+    return found.group(1) if found else None
+
+
+def _wait_live(state: ServerState, timeout_s: float, proc: subprocess.Popen | None = None,
+               log_offset: int = 0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if is_live(state):
             return
+        failed = _startup_error(state.log_file, log_offset) if proc is not None else None
+        if failed:
+            _terminate(proc)
+            _state_file().unlink(missing_ok=True)
+            raise DeployError(
+                f"tritonserver could not start on the model repository "
+                f"{state.model_repository}: {failed}. Log: {state.log_file}"
+            )
         if proc is not None and proc.poll() is not None:
             _state_file().unlink(missing_ok=True)
             raise DeployError(
@@ -221,6 +249,15 @@ def _wait_live(state: ServerState, timeout_s: float, proc: subprocess.Popen | No
         f"tritonserver (pid {state.pid}) did not become live on {state.http_url} within "
         f"{timeout_s:.0f}s; log: {state.log_file}"
     )
+
+
+def _terminate(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
 
 
 def stop_server(timeout_s: float = 30) -> ServerState | None:

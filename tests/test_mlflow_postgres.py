@@ -236,3 +236,22 @@ def test_s3_store_without_credentials_or_bucket_is_refused(s3_server, monkeypatc
     missing = ModelStoreSpec(kind="s3", endpoint=endpoint, bucket="no-such-bucket")
     with pytest.raises(ModelStoreError, match="no bucket 'no-such-bucket'"):
         S3ModelDir(missing, "m").versions()
+
+
+def test_triton_on_an_s3_path_it_cannot_use_fails_at_once_and_says_why(s3_server, hf2triton_home,
+                                                                       deploy_ports):
+    """Triton stays up but never becomes live on a repository it cannot read: the start must
+    end with its reason (a permanent DeployError), not wait out the readiness timeout and end in
+    a ServiceUnavailableError that the deploy step would retry."""
+    from hf2triton import triton_local
+    from hf2triton.errors import DeployError
+
+    endpoint, _ = s3_server
+    env = {"AWS_ACCESS_KEY_ID": S3_KEY, "AWS_SECRET_ACCESS_KEY": S3_SECRET,
+           "AWS_DEFAULT_REGION": "us-east-1"}
+    with pytest.raises(DeployError, match="repository path is not a valid directory"):
+        triton_local.ensure_server("127.0.0.1", deploy_ports["http_port"],
+                                   deploy_ports["grpc_port"], deploy_ports["metrics_port"],
+                                   timeout_s=120, repository=f"s3://{endpoint}/{BUCKET}/nothing",
+                                   extra_env=env)
+    assert triton_local.read_state() is None
