@@ -29,6 +29,9 @@ from hf2triton.workspace import atomic_write_text, hash_files
 
 ENV_ACCESS_KEY = "AWS_ACCESS_KEY_ID"
 ENV_SECRET_KEY = "AWS_SECRET_ACCESS_KEY"
+ENV_SESSION_TOKEN = "AWS_SESSION_TOKEN"  # temporary credentials (STS, IRSA)
+RETRYABLE_CODES = ("SlowDown", "RequestTimeout", "RequestTimeTooSkewed", "Throttling",
+                   "ThrottlingException", "ServiceUnavailable", "InternalError")
 
 
 class S3Credentials(Block):
@@ -43,6 +46,7 @@ class S3Credentials(Block):
     _block_type_slug = "hf2triton-s3-credentials"
     access_key_id: str
     secret_access_key: SecretStr
+    session_token: SecretStr | None = None
 
 
 class ModelDir(Protocol):
@@ -136,8 +140,11 @@ def s3_credentials(store: ModelStoreSpec) -> dict[str, str]:
                 f"deploy.model_store.credentials_block {store.credentials_block!r}: no saved "
                 "hf2triton-s3-credentials block of that name"
             ) from None
-        return {ENV_ACCESS_KEY: block.access_key_id,
-                ENV_SECRET_KEY: block.secret_access_key.get_secret_value()}
+        creds = {ENV_ACCESS_KEY: block.access_key_id,
+                 ENV_SECRET_KEY: block.secret_access_key.get_secret_value()}
+        if block.session_token is not None:
+            creds[ENV_SESSION_TOKEN] = block.session_token.get_secret_value()
+        return creds
     key, secret = os.environ.get(ENV_ACCESS_KEY), os.environ.get(ENV_SECRET_KEY)
     if not (key and secret):
         raise ModelStoreError(
@@ -145,7 +152,10 @@ def s3_credentials(store: ModelStoreSpec) -> dict[str, str]:
             f"hf2triton-s3-credentials block in deploy.model_store.credentials_block, or set "
             f"{ENV_ACCESS_KEY} and {ENV_SECRET_KEY}"
         )
-    return {ENV_ACCESS_KEY: key, ENV_SECRET_KEY: secret}
+    creds = {ENV_ACCESS_KEY: key, ENV_SECRET_KEY: secret}
+    if os.environ.get(ENV_SESSION_TOKEN):
+        creds[ENV_SESSION_TOKEN] = os.environ[ENV_SESSION_TOKEN]
+    return creds
 
 
 def server_env(store: ModelStoreSpec) -> dict[str, str]:
@@ -163,6 +173,7 @@ def s3_client(store: ModelStoreSpec) -> Any:
     return boto3.client(
         "s3", endpoint_url=store.endpoint, region_name=store.region,
         aws_access_key_id=creds[ENV_ACCESS_KEY], aws_secret_access_key=creds[ENV_SECRET_KEY],
+        aws_session_token=creds.get(ENV_SESSION_TOKEN),
         config=Config(retries={"max_attempts": 3, "mode": "standard"},
                       connect_timeout=10, read_timeout=120),
     )
@@ -184,6 +195,9 @@ class S3ModelDir:
         self.root = "".join(f"{p}/" for p in parts)  # "" or "a/b/"
 
     def _call(self, what: str, fn, *args, **kwargs):
+        """Run one S3 operation; its failure becomes a ModelStoreError (fix the store or the
+        spec) or, for what a second try can fix, a ServiceUnavailableError (retried)."""
+        from boto3.exceptions import S3UploadFailedError
         from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError
 
         try:
@@ -193,21 +207,29 @@ class S3ModelDir:
                 f"the model store {self.store.endpoint or 'AWS S3'} did not answer ({what}): "
                 f"{exc}"
             ) from None
-        except ClientError as exc:
-            code = exc.response.get("Error", {}).get("Code", "")
-            if code in ("NoSuchBucket",):
-                raise ModelStoreError(
-                    f"the model store has no bucket {self.store.bucket!r}: create it, or fix "
-                    "deploy.model_store.bucket"
-                ) from None
-            if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403"):
-                raise ModelStoreError(
-                    f"the model store refused the credentials ({code}) for {what}: check the "
-                    "access key of deploy.model_store"
-                ) from None
-            raise ServiceUnavailableError(f"the model store failed {what}: {code} {exc}") from None
-        except BotoCoreError as exc:
+        except S3UploadFailedError as exc:  # upload_file wraps the ClientError it met
+            cause = exc.__cause__ or exc.__context__
+            if isinstance(cause, ClientError):
+                raise self._client_error(what, cause) from None
             raise ServiceUnavailableError(f"the model store failed {what}: {exc}") from None
+        except ClientError as exc:
+            raise self._client_error(what, exc) from None
+        except BotoCoreError as exc:  # timeouts, dropped connections, broken streams
+            raise ServiceUnavailableError(f"the model store failed {what}: {exc}") from None
+
+    def _client_error(self, what: str, exc: Any) -> Exception:
+        code = str(exc.response.get("Error", {}).get("Code", ""))
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+        if code == "NoSuchBucket":
+            return ModelStoreError(f"the model store has no bucket {self.store.bucket!r}: "
+                                   "create it, or fix deploy.model_store.bucket")
+        if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch",
+                    "ExpiredToken", "InvalidToken", "403") or status == 403:
+            return ModelStoreError(f"the model store refused the credentials ({code}) for "
+                                   f"{what}: check the key pair of deploy.model_store")
+        if status >= 500 or code in RETRYABLE_CODES:
+            return ServiceUnavailableError(f"the model store failed {what}: {code} {exc}")
+        return ModelStoreError(f"the model store refused {what}: {code} {exc}")
 
     def _keys(self, prefix: str) -> list[str]:
         keys: list[str] = []
@@ -223,12 +245,14 @@ class S3ModelDir:
             token = page["NextContinuationToken"]
 
     def _sha256(self, key: str) -> str:
-        body = self._call(f"reading {key}", self.client.get_object, Bucket=self.store.bucket,
-                          Key=key)["Body"]
-        h = hashlib.sha256()
-        for chunk in iter(lambda: body.read(1 << 20), b""):
-            h.update(chunk)
-        return h.hexdigest()
+        def read() -> str:
+            body = self.client.get_object(Bucket=self.store.bucket, Key=key)["Body"]
+            h = hashlib.sha256()
+            for chunk in iter(lambda: body.read(1 << 20), b""):
+                h.update(chunk)
+            return h.hexdigest()
+
+        return self._call(f"reading {key}", read)
 
     def _upload_tree(self, src: Path, prefix: str) -> None:
         for path in sorted(p for p in src.rglob("*") if p.is_file()):
@@ -264,8 +288,8 @@ class S3ModelDir:
 
     def read_config(self) -> str:
         key = f"{self.root}config.pbtxt"
-        return self._call(f"reading {key}", self.client.get_object, Bucket=self.store.bucket,
-                          Key=key)["Body"].read().decode()
+        return self._call(f"reading {key}", lambda: self.client.get_object(
+            Bucket=self.store.bucket, Key=key)["Body"].read().decode())
 
     def write_config(self, text: str) -> None:
         key = f"{self.root}config.pbtxt"
@@ -294,7 +318,9 @@ def prepare_s3_repository(store: ModelStoreSpec) -> None:
     models = S3ModelDir(store, "")
     root = models.root.rstrip("/")
     key = f"{root}/{MARKER}" if root else MARKER
-    if not models._keys(f"{root}/" if root else ""):
+    page = models._call(f"listing {root or 'the bucket'}", models.client.list_objects_v2,
+                        Bucket=store.bucket, Prefix=f"{root}/" if root else "", MaxKeys=1)
+    if not page.get("Contents"):
         models._call(f"writing {key}", models.client.put_object, Bucket=store.bucket, Key=key,
                      Body=b"hf2triton model repository\n")
 

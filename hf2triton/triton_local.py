@@ -230,8 +230,12 @@ def _wait_live(state: ServerState, timeout_s: float, proc: subprocess.Popen | No
         if is_live(state):
             return
         failed = _startup_error(state.log_file, log_offset) if proc is not None else None
+        # A model that fails under --load-model=* is logged the same way, and the server then
+        # goes live anyway: only an error that is still not followed by liveness is fatal.
+        if failed and _live_within(state, STARTUP_GRACE_S):
+            return
         if failed:
-            _terminate(proc)
+            terminate(proc)
             _state_file().unlink(missing_ok=True)
             raise DeployError(
                 f"tritonserver could not start on the model repository "
@@ -251,13 +255,30 @@ def _wait_live(state: ServerState, timeout_s: float, proc: subprocess.Popen | No
     )
 
 
-def _terminate(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
+STARTUP_GRACE_S = 15
+
+
+def _live_within(state: ServerState, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if is_live(state):
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def terminate(proc: subprocess.Popen) -> None:
+    """Stop a server started by `launch` and its Python-backend stubs (its own session)."""
+    for sig, wait_s in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def stop_server(timeout_s: float = 30) -> ServerState | None:

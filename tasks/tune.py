@@ -123,9 +123,12 @@ def _free_ports(n: int) -> list[int]:
             s.close()
 
 
-def _wait(predicate, timeout_s: float, what: str) -> None:
+def _wait(predicate, timeout_s: float, what: str, proc: Any = None) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise DeployError(f"configuration search: the private tritonserver exited with code "
+                              f"{proc.returncode} ({what})")
         try:
             if predicate():
                 return
@@ -138,7 +141,8 @@ def _wait(predicate, timeout_s: float, what: str) -> None:
 def choose(cells: list[dict[str, Any]], max_p99_ms: float | None) -> tuple[dict[str, Any], bool]:
     """The cell with the most requests/s over its points, among those without errors and with
     p99 under the cap at every point; without any such cell, the fastest error-free one."""
-    clean = [c for c in cells if not any(p["errors"] for p in c["points"])]
+    clean = [c for c in cells if c["points"] and not any(
+        p["errors"] or not p["requests"] or not np.isfinite(p["p99_ms"]) for p in c["points"])]
     if not clean:
         raise DeployError("configuration search: every configuration failed requests; see the "
                           "server log in the tune step's directory")
@@ -161,6 +165,8 @@ def tune_config(
 ) -> TuneResult:
     """Measure every configuration of `deploy.tuning` on a private server; return the best."""
     tuning = deploy.tuning
+    if not texts:
+        raise DeployError("configuration search: no non-empty validation sentence to send")
     cells = grid(tuning, deploy)
     key = digest([model_name, sha256_file(onnx_path), embedding.to_dict(), embedding_dim,
                   deploy.max_batch_size, cells, tuning.model_dump(), texts,
@@ -172,11 +178,13 @@ def tune_config(
         http, grpc, metrics = _free_ports(3)
         proc = triton_local.launch(repo, "127.0.0.1", http, grpc, metrics, out / "server.log")
         import tritonclient.http as httpclient
+        from tritonclient.utils import InferenceServerException
 
         client = httpclient.InferenceServerClient(f"127.0.0.1:{http}", network_timeout=600.0)
         measured = []
         try:
-            _wait(client.is_server_live, deploy.ready_timeout_s, "the server did not start")
+            _wait(client.is_server_live, deploy.ready_timeout_s, "the server did not start",
+                  proc)
             for i, cell in enumerate(cells):
                 name = f"{model_name}-tune-{i}"
                 cell_deploy = deploy.model_copy(update=cell)
@@ -184,25 +192,28 @@ def tune_config(
                                          embedding_dim, cell_deploy, warmup_texts,
                                          str(out / "builds"))
                 shutil.copytree(Path(built["repository"]) / name, repo / name)
-                client.load_model(name)
-                _wait(lambda: client.is_model_ready(name), deploy.ready_timeout_s,
-                      f"{name} did not load")
-                points = [asyncio.run(closed_loop(f"127.0.0.1:{grpc}", name, texts, n,
-                                                  tuning.seconds, min(2.0, tuning.seconds)))
-                          for n in tuning.clients]
+                row = {"settings": cell, "name": describe(cell), "points": [], "score_rps": 0.0}
+                try:
+                    client.load_model(name)
+                    _wait(lambda: client.is_model_ready(name), deploy.ready_timeout_s,
+                          f"{name} did not load", proc)
+                except (InferenceServerException, DeployError) as exc:
+                    if proc.poll() is not None:
+                        raise
+                    row["failed"] = " ".join(str(exc).split())[:300]  # never ships
+                else:
+                    row["points"] = [asyncio.run(closed_loop(
+                        f"127.0.0.1:{grpc}", name, texts, n, tuning.seconds,
+                        min(2.0, tuning.seconds))) for n in tuning.clients]
+                    row["score_rps"] = float(np.mean([p["rps"] for p in row["points"]]))
                 client.unload_model(name)
-                _wait(lambda: not client.is_model_ready(name), 120, f"{name} did not unload")
+                _wait(lambda: not client.is_model_ready(name), 120, f"{name} did not unload",
+                      proc)
                 shutil.rmtree(repo / name)
-                measured.append({"settings": cell, "name": describe(cell), "points": points,
-                                 "score_rps": float(np.mean([p["rps"] for p in points]))})
+                measured.append(row)
         finally:
             client.close()
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except Exception:  # noqa: BLE001 - a server that ignores SIGTERM is killed
-                proc.kill()
-                proc.wait(10)
+            triton_local.terminate(proc)  # the server and its Python-backend stubs
             shutil.rmtree(out / "builds", ignore_errors=True)
             shutil.rmtree(repo, ignore_errors=True)
         best, cap_met = choose(measured, tuning.max_p99_ms)
@@ -225,13 +236,14 @@ def _report(result: TuneResult, tuning: TuningSpec) -> None:
     rows = []
     for c in result["cells"]:
         shipped = c["settings"] == result["chosen"]
-        row = {"configuration": c["name"], "ships": "yes" if shipped else ""}
+        row = {"configuration": c["name"], "ships": "yes" if shipped else "",
+               "failed": c.get("failed", "")}
         for p in c["points"]:
             row[f"req/s @{p['clients']}"] = round(p["rps"], 1)
             row[f"p99 ms @{p['clients']}"] = round(p["p99_ms"], 1)
             row[f"errors @{p['clients']}"] = p["errors"]
         rows.append(row)
-        logger.info("tune: %s: %s%s", c["name"], ", ".join(
+        logger.info("tune: %s: %s%s", c["name"], c.get("failed") or ", ".join(
             f"{p['rps']:.0f} req/s p99 {p['p99_ms']:.0f} ms @{p['clients']}" for p in c["points"]),
             " -> ships" if shipped else "")
     if not result["cap_met"]:

@@ -15,13 +15,17 @@ from tasks.tune import choose
 from tests.conftest import free_port, tiny_spec
 
 
-def _cell(name: str, rps: float, p99: float, errors: int = 0) -> dict:
+def _cell(name: str, rps: float, p99: float, errors: int = 0, requests: int = 100) -> dict:
     return {"settings": {"name": name}, "name": name, "score_rps": rps,
-            "points": [{"clients": 4, "rps": rps, "p99_ms": p99, "errors": errors}]}
+            "points": [{"clients": 4, "rps": rps, "p99_ms": p99, "errors": errors,
+                        "requests": requests}]}
 
 
 def test_choice_is_the_fastest_under_the_latency_cap_and_never_one_with_errors():
-    cells = [_cell("slow", 100, 20), _cell("fast-but-late", 300, 90), _cell("broken", 900, 5, 3)]
+    cells = [_cell("slow", 100, 20), _cell("fast-but-late", 300, 90), _cell("broken", 900, 5, 3),
+             _cell("measured-nothing", 950, float("nan"), requests=0),
+             {"settings": {"name": "did-not-load"}, "name": "did-not-load", "score_rps": 0.0,
+              "points": [], "failed": "load failed"}]
     best, cap_met = choose(cells, max_p99_ms=50)
     assert (best["name"], cap_met) == ("slow", True)
     best, cap_met = choose(cells, max_p99_ms=None)
@@ -86,7 +90,7 @@ def test_release_ships_the_searched_config(tiny_bert, tmp_path, monkeypatch):
                                            str(tmp_path / "dl"))
         text = open(config).read()
         assert re.search(rf"max_queue_delay_microseconds: {best['max_queue_delay_us']}\b", text)
-        assert re.search(rf"count: {best['instance_count']}\b", text)
+        assert re.search(rf"instance_group \[\s*{{\s*count: {best['instance_count']}\b", text)
         run = mlflow.get_run(mv.run_id)
         assert run.data.metrics["tuning.rps_at_4"] > 0
         assert json.loads(run.data.params["tuning_chosen.instance_count"]) == \
