@@ -101,6 +101,27 @@ def _deployments(args: argparse.Namespace) -> int:
     return 0
 
 
+def _store(args: argparse.Namespace) -> int:
+    from hf2triton.errors import Hf2TritonError, SpecError
+    from hf2triton.model_store import prepare_s3_repository, triton_uri
+    from hf2triton.spec import load_spec
+
+    try:
+        store = load_spec(args.spec).deploy.model_store
+    except SpecError as exc:
+        return _fail(str(exc), 2)
+    if store.kind != "s3":
+        return _fail(f"{args.spec}: deploy.model_store is {store.kind!r}; `store init` prepares "
+                     "an s3 store", 2)
+    try:
+        prepare_s3_repository(store)
+    except Hf2TritonError as exc:
+        return _fail(f"[{exc.code}] {exc}")
+    # What each Triton replica is started with (credentials go in its environment).
+    print(f"--model-repository={triton_uri(store)}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="hf2triton", description="Release Hugging Face models to Triton Inference Server."
@@ -116,6 +137,11 @@ def main(argv: list[str] | None = None) -> int:
     dep.add_argument("action", choices=["render"])
     dep.add_argument("--check", action="store_true", help="fail if prefect.yaml is stale")
     dep.set_defaults(func=_deployments)
+    sto = sub.add_parser("store", help="the spec's S3 model store")
+    sto.add_argument("action", choices=["init"], help="init: check the bucket and credentials and "
+                     "create the repository folder Triton replicas start on")
+    sto.add_argument("spec", help="release spec YAML with deploy.model_store kind s3")
+    sto.set_defaults(func=_store)
     args = parser.parse_args(argv)
     # The tokenizers thread pool warns (and can deadlock) once Prefect forks workers.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

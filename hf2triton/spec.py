@@ -324,8 +324,9 @@ class ReplicaSpec(_Strict):
 
     http: str = Field(description="host:port of the replica's HTTP endpoint")
     grpc: str = Field(description="host:port of the replica's gRPC endpoint")
-    model_repository: str = Field(
-        description="the replica's --model-repository, as a path on this machine"
+    model_repository: str | None = Field(
+        None, description="the replica's --model-repository, as a path on this machine; leave "
+        "out when the replicas read deploy.model_store (kind s3)"
     )
 
     @field_validator("http", "grpc")
@@ -337,8 +338,8 @@ class ReplicaSpec(_Strict):
 
     @field_validator("model_repository")
     @classmethod
-    def _resolve_repository(cls, v: str, info: ValidationInfo) -> str:
-        return _resolve(v, info)
+    def _resolve_repository(cls, v: str | None, info: ValidationInfo) -> str | None:
+        return None if v is None else _resolve(v, info)
 
 
 K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -401,7 +402,10 @@ class KubernetesSpec(_Strict):
 
 
 BUCKET_PATTERN = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
-S3_ENDPOINT_PATTERN = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?$")
+# Triton parses s3://[http(s)://]host:port/bucket/path itself: the port is not optional, and
+# path parts may hold only [0-9A-Za-z._-].
+S3_ENDPOINT_PATTERN = re.compile(r"^https?://[A-Za-z0-9.-]+:[0-9]{1,5}$")
+S3_PATH_PART = re.compile(r"^[0-9A-Za-z._-]+$")
 
 
 class ModelStoreSpec(_Strict):
@@ -427,7 +431,7 @@ class ModelStoreSpec(_Strict):
     def _check_endpoint(cls, v: str | None) -> str | None:
         if v is not None and not S3_ENDPOINT_PATTERN.match(v):
             raise ValueError(f"{v!r} is not an endpoint URL such as 'http://127.0.0.1:9000' "
-                             "(scheme, host and port only)")
+                             "(scheme, host and port, which Triton needs even for 80/443)")
         return v
 
     @field_validator("bucket")
@@ -442,8 +446,9 @@ class ModelStoreSpec(_Strict):
     @classmethod
     def _check_prefix(cls, v: str) -> str:
         parts = v.strip("/").split("/")
-        if v.strip("/") and any(not p or p in (".", "..") or " " in p for p in parts):
-            raise ValueError(f"{v!r} is not a folder path in a bucket such as 'triton/prod'")
+        if v.strip("/") and any(p in (".", "..") or not S3_PATH_PART.match(p) for p in parts):
+            raise ValueError(f"{v!r} is not a folder path in a bucket such as 'triton/prod': "
+                             "parts of letters, digits, '.', '_' and '-' (what Triton reads)")
         return v.strip("/")
 
     @model_validator(mode="after")
@@ -529,9 +534,20 @@ class DeploySpec(_Strict):
         if self.target == "triton-replicas" and not self.replicas:
             raise ValueError("deploy.target 'triton-replicas' needs deploy.replicas: a list of "
                              "{http, grpc, model_repository} for each Triton server")
-        if self.model_store.kind != "local" and self.target != "local-triton":
-            raise ValueError(f"deploy.model_store kind {self.model_store.kind!r} is read only by "
-                             f"target 'local-triton', not {self.target!r}")
+        if self.model_store.kind != "local" and self.target not in ("local-triton",
+                                                                    "triton-replicas"):
+            raise ValueError(f"deploy.model_store kind {self.model_store.kind!r} is read by "
+                             f"targets 'local-triton' and 'triton-replicas', not {self.target!r}")
+        if self.target == "triton-replicas":
+            shared = self.model_store.kind == "s3"
+            odd = [r.http for r in self.replicas if (r.model_repository is None) != shared]
+            if odd:
+                raise ValueError(
+                    f"deploy.replicas {odd}: " + (
+                        "with deploy.model_store kind s3 every replica reads the bucket: leave "
+                        "out model_repository" if shared else
+                        "each replica needs model_repository (a path on this machine), or set "
+                        "deploy.model_store kind s3 for replicas that read one bucket"))
         if self.replicas and self.target != "triton-replicas":
             raise ValueError(f"deploy.replicas is read only by target 'triton-replicas', not "
                              f"{self.target!r}")

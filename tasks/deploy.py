@@ -19,7 +19,6 @@ from prefect.transactions import get_transaction
 from hf2triton import triton_local
 from hf2triton.errors import DeployError, ServiceUnavailableError
 from hf2triton.model_store import (
-    LocalModelDir,
     ModelDir,
     prepare_s3_repository,
     server_env,
@@ -66,12 +65,6 @@ def set_version_policy(model_dir: ModelDir, versions: list[str]) -> None:
     text = model_dir.read_config()
     text = POLICY.sub(policy, text) if POLICY.search(text) else f"{text.rstrip()}\n{policy}\n"
     model_dir.write_config(text)
-
-
-def place_version(src_model: Path, model_dir: Path, version: str,
-                  expected: dict[str, str]) -> None:
-    """Copy the version directory and model-level files in, checking every sha256 on the way."""
-    LocalModelDir(model_dir).put_version(src_model, version, expected)
 
 
 def wait_ready(client: Any, name: str, version: str, timeout_s: float) -> bool:
@@ -171,7 +164,8 @@ def deploy_local(
     return result
 
 
-def _model_dir_of(deployed: dict) -> ModelDir:
+def model_dir_of(deployed: dict) -> ModelDir:
+    """The model directory a deploy result (local or one replica's) wrote to."""
     store = deployed.get("model_store")
     return store_model_dir(deployed["model_repository"], deployed["model_name"],
                            ModelStoreSpec(**store) if store else None)
@@ -182,7 +176,7 @@ def rollback_deploy(txn: Any) -> None:
     info = txn.get("deploy", None)
     if not info:
         return
-    model_dir = _model_dir_of(info)
+    model_dir = model_dir_of(info)
     client = triton_client(info["http_url"])
     try:
         restore_previous(client, model_dir, info["version"], info["previous_versions"])
@@ -195,7 +189,7 @@ def retire_previous(deployed: DeployResult) -> list[str]:
 
     The newest of them stays on disk as the target of a manual rollback.
     """
-    model_dir = _model_dir_of(deployed)
+    model_dir = model_dir_of(deployed)
     if deployed["previous_versions"]:
         set_version_policy(model_dir, [deployed["version"]])
         client = triton_client(deployed["http_url"])

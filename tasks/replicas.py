@@ -10,7 +10,6 @@ for long (the failure mode of rollouts that reach only some replicas).
 from __future__ import annotations
 
 import os
-import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypedDict
@@ -19,14 +18,14 @@ from prefect import task
 from prefect.transactions import get_transaction
 
 from hf2triton.errors import DeployError, ServiceUnavailableError, SmokeTestError
-from hf2triton.model_store import LocalModelDir
+from hf2triton.model_store import model_dir as store_model_dir
+from hf2triton.model_store import prepare_s3_repository, triton_uri
 from hf2triton.spec import DeploySpec
-from hf2triton.workspace import hash_files
 from tasks.common import NO_PREFECT_CACHE, RETRY_TRANSIENT
 from tasks.deploy import (
     DeployResult,
     load_and_wait,
-    place_version,
+    model_dir_of,
     restore_previous,
     retire_previous,
     serving_versions,
@@ -72,7 +71,7 @@ def _restore_all(model_name: str, version: str, replicas: list[DeployResult]) ->
     """Put every replica back to what it served before; returns the replicas that did not answer."""
     failed = []
     for rep in replicas:
-        model_dir = LocalModelDir(Path(rep["model_repository"]) / model_name)
+        model_dir = model_dir_of(rep)
         client = triton_client(rep["http_url"])
         try:
             restore_previous(client, model_dir, version, rep["previous_versions"])
@@ -93,11 +92,15 @@ def deploy_replicas(
         >>> deploy_replicas(repo, "my-embedder", "3", files, spec.deploy)["replicas"][0]["version"]
         '3'
     """
+    store = deploy.model_store
     opened = [(r, _serving(r, model_name)) for r in deploy.replicas]
     results = [
-        DeployResult(http_url=r.http, grpc_url=r.grpc, model_repository=r.model_repository,
+        DeployResult(http_url=r.http, grpc_url=r.grpc,
+                     model_repository=triton_uri(store) if store.kind == "s3" else
+                     str(r.model_repository),
                      model_name=model_name, version=version,
-                     previous_versions=[v for v in serving if v != version], reused=False)
+                     previous_versions=[v for v in serving if v != version], reused=False,
+                     model_store=store.model_dump())
         for r, serving in opened
     ]
     out = ReplicaSetResult(model_name=model_name, version=version, replicas=results, reused=False)
@@ -116,21 +119,24 @@ def deploy_replicas(
     # version policy that keeps what any of its replicas serves.
     shared: dict[str, list[DeployResult]] = {}
     for rep in results:
-        shared.setdefault(os.path.realpath(rep["model_repository"]), []).append(rep)
+        root = rep["model_repository"]
+        shared.setdefault(root if root.startswith("s3://") else os.path.realpath(root),
+                          []).append(rep)
     try:
+        if store.kind == "s3":
+            prepare_s3_repository(store)
         for root, reps in shared.items():
-            model_dir = Path(root) / model_name
-            if not Path(root).is_dir():
+            if not root.startswith("s3://") and not Path(root).is_dir():
                 raise DeployError(
                     f"the model repository {root} of replica {reps[0]['http_url']} does not exist "
                     "on this machine: mount it, or fix deploy.replicas[].model_repository"
                 )
-            vdir = model_dir / version
-            if not (vdir.is_dir() and {f"1/{k}": v for k, v in hash_files(vdir).items()} == want):
-                shutil.rmtree(vdir, ignore_errors=True)
-                place_version(Path(repository) / model_name, model_dir, version, expected)
+            model_dir = store_model_dir(root, model_name, store)
+            if model_dir.version_files(version) != want:
+                model_dir.remove_version(version)
+                model_dir.put_version(Path(repository) / model_name, version, expected)
             keep = sorted({v for r in reps for v in r["previous_versions"]} | {version}, key=int)
-            set_version_policy(LocalModelDir(model_dir), keep)
+            set_version_policy(model_dir, keep)
 
         def load(item: tuple[Any, list[str]]) -> str | None:
             replica = item[0]

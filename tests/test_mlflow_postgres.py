@@ -95,7 +95,11 @@ def s3_server(tmp_path_factory):
         yield endpoint, s3
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(20)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
 
 
 @pytest.fixture(scope="module")
@@ -255,3 +259,66 @@ def test_triton_on_an_s3_path_it_cannot_use_fails_at_once_and_says_why(s3_server
                                    timeout_s=120, repository=f"s3://{endpoint}/{BUCKET}/nothing",
                                    extra_env=env)
     assert triton_local.read_state() is None
+
+
+def test_replicas_that_read_one_bucket_all_serve_the_release(s3_server, tiny_bert, hf2triton_home,
+                                                             deploy_ports, tmp_path, monkeypatch):
+    """Two Triton replicas started on the same s3:// repository (as pods on one bucket are): the
+    release writes the version once, every replica loads it and passes the smoke test."""
+    import yaml
+
+    from flows.release import release_model
+    from hf2triton import triton_local
+    from hf2triton.spec import load_spec
+    from tasks.deploy import serving_versions, triton_client
+
+    endpoint, s3 = s3_server
+    creds = {"AWS_ACCESS_KEY_ID": S3_KEY, "AWS_SECRET_ACCESS_KEY": S3_SECRET,
+             "AWS_DEFAULT_REGION": "us-east-1"}
+    for k, v in creds.items():
+        monkeypatch.setenv(k, v)
+    store = {"kind": "s3", "endpoint": endpoint, "bucket": BUCKET, "prefix": "fleet"}
+    spec_path = tiny_spec(tmp_path / "fleet.yaml", tiny_bert, deploy_ports, image__build=False,
+                          name="tiny-fleet", registry__model_name="tiny-fleet",
+                          deploy__model_store=store)
+    # The operator's step before starting replicas on an empty bucket folder.
+    init = subprocess.run([str(Path(sys.executable).parent / "hf2triton"), "store", "init",
+                           str(spec_path)], capture_output=True, text=True, timeout=120)
+    assert init.returncode == 0, init.stderr
+    uri = init.stdout.strip().removeprefix("--model-repository=")
+    assert uri == f"s3://{endpoint}/{BUCKET}/fleet"
+
+    replicas = []
+    try:
+        for i in range(2):
+            ports = [free_port() for _ in range(3)]
+            proc = triton_local.launch(uri, "127.0.0.1", *ports, tmp_path / f"replica-{i}.log",
+                                       extra_env=creds)
+            replicas.append((proc, f"127.0.0.1:{ports[0]}", f"127.0.0.1:{ports[1]}"))
+        for proc, http, _ in replicas:
+            wait_http(f"http://{http}/v2/health/live", timeout=120, proc=proc)
+        spec = yaml.safe_load(spec_path.read_text())
+        spec["deploy"].update(target="triton-replicas",
+                              replicas=[{"http": h, "grpc": g} for _, h, g in replicas])
+        spec_path.write_text(yaml.safe_dump(spec))
+        summary = release_model(load_spec(spec_path))
+        version = summary["mlflow"]["version"]
+        for _, http, _ in replicas:
+            client = triton_client(http)
+            try:
+                assert serving_versions(client, "tiny-fleet") == [version]
+            finally:
+                client.close()
+        keys = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="fleet/tiny-fleet/")
+                .get("Contents", [])]
+        assert f"fleet/tiny-fleet/{version}/model.onnx" in keys
+        assert "fleet/tiny-fleet/config.pbtxt" in keys
+    finally:
+        for proc, _, _ in replicas:
+            os.killpg(proc.pid, signal.SIGTERM)
+        for proc, _, _ in replicas:
+            try:
+                proc.wait(40)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
