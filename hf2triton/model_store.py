@@ -58,8 +58,9 @@ class ModelDir(Protocol):
         """sha256 of each file of `version` as stored ('1/<file>' keys), None if absent."""
 
     def put_version(self, src_model: Path, version: str, expected: dict[str, str]) -> None:
-        """Write `src_model`'s version 1 as `version`, its warmup/ and config.pbtxt; every file of
-        the version checked against `expected` ('1/<file>' keys) as stored."""
+        """Write `src_model`'s version 1 as `version` (replacing what is stored under it), its
+        warmup/ and config.pbtxt; every file of the version checked against `expected`
+        ('1/<file>' keys) as stored."""
 
     def read_config(self) -> str: ...
 
@@ -105,6 +106,7 @@ class LocalModelDir:
         if got != want:
             shutil.rmtree(tmp, ignore_errors=True)
             raise _refuse(_mismatch(got, want))
+        shutil.rmtree(self.path / version, ignore_errors=True)
         os.rename(tmp, self.path / version)
         staged = self.path / ".warmup.new"
         shutil.rmtree(staged, ignore_errors=True)

@@ -267,18 +267,25 @@ def _live_within(state: ServerState, seconds: float) -> bool:
     return False
 
 
-def terminate(proc: subprocess.Popen) -> None:
-    """Stop a server started by `launch` and its Python-backend stubs (its own session)."""
-    for sig, wait_s in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+def stop_group(pid: int, timeout_s: float = 30) -> None:
+    """Stop a process started in its own session and everything it started (a tritonserver and
+    its Python-backend stubs): SIGTERM to the group, SIGKILL if it still runs after `timeout_s`."""
+    for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10)):
         try:
-            os.killpg(proc.pid, sig)
+            os.killpg(pid, sig)
         except ProcessLookupError:
             return
-        try:
-            proc.wait(wait_s)
+        deadline = time.monotonic() + wait_s
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if not _alive(pid):
             return
-        except subprocess.TimeoutExpired:
-            continue
+
+
+def terminate(proc: subprocess.Popen) -> None:
+    """`stop_group` for a process this one started, which is then reaped."""
+    stop_group(proc.pid)
+    proc.poll()
 
 
 def stop_server(timeout_s: float = 30) -> ServerState | None:
@@ -287,18 +294,7 @@ def stop_server(timeout_s: float = 30) -> ServerState | None:
     if state is None:
         _state_file().unlink(missing_ok=True)
         return None
-    try:
-        os.killpg(state.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    deadline = time.monotonic() + timeout_s
-    while _alive(state.pid) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    if _alive(state.pid):
-        try:
-            os.killpg(state.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    stop_group(state.pid, timeout_s)
     _state_file().unlink(missing_ok=True)
     return state
 

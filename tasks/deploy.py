@@ -139,13 +139,9 @@ def deploy_local(
     if txn is not None:
         txn.set("deploy", dict(result))
     want = {k: v for k, v in expected.items() if k.startswith("1/")}
-    placed = model_dir.version_files(version)
-    if placed is not None:
-        if placed == want and wait_ready(client, model_name, version, 1):
-            result["reused"] = True
-            return result
-        model_dir.remove_version(version)
-
+    if model_dir.version_files(version) == want and wait_ready(client, model_name, version, 1):
+        result["reused"] = True
+        return result
     model_dir.put_version(Path(repository) / model_name, version, expected)
     set_version_policy(model_dir, [*previous, version])
     try:

@@ -133,7 +133,6 @@ def deploy_replicas(
                 )
             model_dir = store_model_dir(root, model_name, store)
             if model_dir.version_files(version) != want:
-                model_dir.remove_version(version)
                 model_dir.put_version(Path(repository) / model_name, version, expected)
             keep = sorted({v for r in reps for v in r["previous_versions"]} | {version}, key=int)
             set_version_policy(model_dir, keep)

@@ -10,6 +10,7 @@ tritonserver reading `s3://`. Everything they start, they stop.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from hf2triton import triton_local
 from tests.conftest import free_port, tiny_spec, wait_http
 
 
@@ -94,12 +96,8 @@ def s3_server(tmp_path_factory):
         s3.create_bucket(Bucket=BUCKET)
         yield endpoint, s3
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+        triton_local.stop_group(proc.pid, 20)
+        proc.wait(10)
 
 
 @pytest.fixture(scope="module")
@@ -121,12 +119,8 @@ def mlflow_on_postgres(postgres, s3_server, tmp_path_factory):
         wait_http(f"http://127.0.0.1:{port}/health", timeout=180, proc=proc)
         yield f"http://127.0.0.1:{port}", postgres
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+        triton_local.stop_group(proc.pid, 20)
+        proc.wait(10)
 
 
 def _sha256(s3, key: str) -> str:
@@ -142,12 +136,12 @@ def test_release_with_mlflow_on_postgresql_and_the_repository_in_s3(
     from mlflow import MlflowClient
 
     from flows.release import release_model
-    from hf2triton import triton_local
     from hf2triton.errors import DeployError
     from hf2triton.spec import load_spec
     from hf2triton.workspace import hash_files
     from tasks.deploy import deploy_local, serving_versions, triton_client
 
+    caplog.set_level(logging.INFO)
     uri, database = mlflow_on_postgres
     endpoint, s3 = s3_server
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
@@ -219,6 +213,7 @@ def test_release_with_mlflow_on_postgresql_and_the_repository_in_s3(
     # The store's secret reached the server's environment only: not its state file, the logs,
     # or the MLflow record.
     assert S3_SECRET not in (hf2triton_home / "triton" / "server.json").read_text()
+    assert "register: tiny-embedder version" in caplog.text  # the release's log was captured
     assert S3_SECRET not in caplog.text
     run = client.get_run(mv.run_id)
     assert S3_SECRET not in repr(run.data.params) + repr(run.data.tags) + repr(mv.tags)
@@ -247,7 +242,6 @@ def test_triton_on_an_s3_path_it_cannot_use_fails_at_once_and_says_why(s3_server
     """Triton stays up but never becomes live on a repository it cannot read: the start must
     end with its reason (a permanent DeployError), not wait out the readiness timeout and end in
     a ServiceUnavailableError that the deploy step would retry."""
-    from hf2triton import triton_local
     from hf2triton.errors import DeployError
 
     endpoint, _ = s3_server
@@ -268,7 +262,6 @@ def test_replicas_that_read_one_bucket_all_serve_the_release(s3_server, tiny_ber
     import yaml
 
     from flows.release import release_model
-    from hf2triton import triton_local
     from hf2triton.spec import load_spec
     from tasks.deploy import serving_versions, triton_client
 

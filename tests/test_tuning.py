@@ -10,6 +10,7 @@ import re
 import pytest
 
 from flows.release import release_model
+from hf2triton.errors import SpecError
 from hf2triton.spec import load_spec, parse_spec
 from tasks.tune import choose
 from tests.conftest import free_port, tiny_spec
@@ -35,7 +36,7 @@ def test_choice_is_the_fastest_under_the_latency_cap_and_never_one_with_errors()
 
 
 def test_search_is_refused_for_tasks_it_cannot_drive():
-    with pytest.raises(Exception, match="deploy.tuning.search is implemented for "
+    with pytest.raises(SpecError, match="deploy.tuning.search is implemented for "
                                         "feature-extraction releases"):
         parse_spec({"name": "t", "task": "translation", "source": {"repo_id": "a/b", "revision": "main"},
                     "validation": {"sentences": "x.txt"}, "registry": {"model_name": "t"},
