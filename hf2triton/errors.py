@@ -12,6 +12,7 @@ class Hf2TritonError(Exception):
 
     code = "HF2TRITON_ERROR"
     retryable = False
+    exit_code = 1  # what the CLI exits with
 
     def __init__(self, message: str):
         super().__init__(message)
@@ -31,6 +32,15 @@ class SpecError(Hf2TritonError):
     """The release spec is missing, malformed or has a bad value."""
 
     code = "INVALID_SPEC"
+    exit_code = 2
+
+
+class EnvironmentSetupError(Hf2TritonError):
+    """This machine cannot run a release as set up: the hf2triton home cannot be created or
+    written, or Prefect's API cannot be started or reached. Nothing was started."""
+
+    code = "ENVIRONMENT"
+    exit_code = 3
 
 
 class SourceError(Hf2TritonError):

@@ -25,6 +25,41 @@ def home() -> Path:
     return Path(os.environ.get("HF2TRITON_HOME") or Path.cwd() / ".hf2triton").resolve()
 
 
+def ensure_home(*subdirs: str) -> Path:
+    """Create the hf2triton home (and the named folders in it) with every missing parent, and
+    check that it can be written; raise EnvironmentSetupError naming the path otherwise.
+
+    Libraries handed a folder in the home (Prefect's PREFECT_HOME, MLflow's SQLite store) create
+    at most its last part, and fail minutes later and far from the cause when they cannot.
+    """
+    from hf2triton.errors import EnvironmentSetupError
+
+    root = home()
+    where = "HF2TRITON_HOME" if os.environ.get("HF2TRITON_HOME") else "the working directory"
+    fix = ("Set HF2TRITON_HOME to a folder you can write (e.g. HF2TRITON_HOME=$HOME/.hf2triton), "
+           "or run from a writable directory")
+    for path in (root, *(root / s for s in subdirs)):
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            blocked = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()),
+                           None)
+            why = f"{blocked} is a file, not a folder" if blocked else exc.strerror or str(exc)
+            raise EnvironmentSetupError(
+                f"cannot create the hf2triton home {path} (from {where}): {why}. {fix}."
+            ) from None
+    try:
+        fd, probe = tempfile.mkstemp(dir=root, prefix=".write-check.")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise EnvironmentSetupError(
+            f"cannot write to the hf2triton home {root} (from {where}): {exc.strerror or exc}. "
+            f"{fix}."
+        ) from None
+    return root
+
+
 def templates_dir() -> Path:
     return PROJECT_ROOT / "model_repository"
 

@@ -19,6 +19,19 @@ def retry_transient(task: Any, task_run: Any, state: Any) -> bool:
     return False
 
 
+def step_logger():
+    """The Prefect run logger inside a run, else this package's logger."""
+    import logging
+
+    from prefect import get_run_logger
+    from prefect.exceptions import MissingContextError
+
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logging.getLogger("hf2triton")
+
+
 def in_prefect_run() -> bool:
     """True inside a flow or task run (artifacts then attach to it)."""
     from prefect.context import FlowRunContext, TaskRunContext

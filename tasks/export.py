@@ -47,15 +47,26 @@ def _check_sentences(sentences: list[str], n: int = 24) -> list[str]:
 
 
 def _export(model_dir: str, out: Path, task_name: str, opset: int) -> None:
+    import torch
     from optimum.exporters.onnx import main_export
 
+    from hf2triton import quiet
+
+    # optimum-onnx 0.1.0 loads the model with `torch_dtype=float32`, which transformers 4.57
+    # renamed to `dtype` and warns about; float32 is what we export either way.
+    for source in ("transformers.modeling_utils", "transformers.configuration_utils"):
+        quiet.drop_log_message(source, "`torch_dtype` is deprecated")
     try:
-        main_export(
-            model_dir, output=out, task=ONNX_TASK[task_name], opset=opset, device="cpu",
-            # Token states out, not sentence-transformers' pooled output: serving pools itself.
-            library_name="transformers",
-            do_validation=False,  # replaced by our check on real sentences below
-        )
+        # Tracing turns Python values computed from the example input into constants and warns
+        # each time. A trace that froze a shape would disagree with PyTorch on the real sentences
+        # of other lengths and batch sizes that every export is checked on below.
+        with quiet.ignored_warnings(torch.jit.TracerWarning):
+            main_export(
+                model_dir, output=out, task=ONNX_TASK[task_name], opset=opset, device="cpu",
+                # Token states out, not sentence-transformers' pooled output: serving pools.
+                library_name="transformers",
+                do_validation=False,  # replaced by our check on real sentences below
+            )
     except (ValueError, KeyError, NotImplementedError) as exc:
         text = str(exc)
         if "not supported" in text or "unsupported" in text.lower() or isinstance(exc, KeyError):

@@ -100,7 +100,26 @@ def inspect_model_dir(model_dir: Path) -> dict[str, str]:
     extras = [
         f for f in (*TOKENIZER_EXTRAS, *SENTENCE_TRANSFORMERS_FILES) if (model_dir / f).is_file()
     ]
-    return hash_files(model_dir, ["config.json", *weights, *tokenizer, *extras])
+    names = ["config.json", *weights, *tokenizer, *extras]
+    _check_json(model_dir, [n for n in names if n.endswith(".json")])
+    return hash_files(model_dir, names)
+
+
+def _check_json(model_dir: Path, names: list[str]) -> None:
+    """Every JSON file that defines the model parses, so a damaged one is named here and not met
+    as a bare JSONDecodeError deep inside transformers or optimum."""
+    import json
+
+    for name in names:
+        path = model_dir / name
+        try:
+            json.loads(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as exc:
+            raise SourceError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start}): "
+                              "re-download or re-save the model") from None
+        except ValueError as exc:
+            raise SourceError(f"{path} is not valid JSON ({exc}): re-download or re-save the "
+                              "model") from None
 
 
 def _snapshot(repo_id: str, revision: str) -> Path:

@@ -541,7 +541,9 @@ def release_image(spec: ReleaseSpec, repository: str, files: dict[str, str], mod
             need = f"deploy.target is {spec.deploy.target}" if spec.deploy.target in (
                 "docker", "kserve") else "image.build is true"
             raise DockerUnavailableError(f"the release needs its image ({need}) but {why_not}")
-        logger.warning("image: skipped: %s", why_not)
+        # The default (image.build auto, target local-triton) needs no image: this is news, not
+        # a problem; `image.build: true` turns it into an error.
+        logger.info("image: skipped (set image.build: true to require it): %s", why_not)
         return {"skipped": why_not}
     labels = {"release": spec.name, "model_name": model_name, "release_key": release_key,
               **{k: lineage[k] for k in ("source_id", "revision", "content_hash", "variant")}}

@@ -14,11 +14,20 @@ from typing import TypedDict
 
 from prefect import task
 
+from hf2triton import quiet
 from hf2triton.errors import QuantizationError
 from hf2triton.spec import QuantizationSpec
 from hf2triton.workspace import cached_step, digest, sha256_file, source_digest
 from tasks.common import NO_PREFECT_CACHE
 
+
+
+# ONNX Runtime asks for its quantization pre-processing (symbolic shape inference, then graph
+# optimisation) on every call. Measured on all-MiniLM-L6-v2: symbolic shape inference fails on
+# optimum's export ("Incomplete symbolic shape inference"), and with it skipped the pre-processed
+# int8 model has the same accuracy (min cosine 0.9391 both) and speed within 2% (806 vs 793
+# sentences/s at batch 32), so the step is not run and its reminder is dropped.
+PRE_PROCESS_REMINDER = "Please consider to run pre-processing before quantization"
 
 
 class QuantizeResult(TypedDict):
@@ -48,13 +57,15 @@ def quantize_onnx(onnx_path: str, spec: QuantizationSpec, work_root: str) -> Qua
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
         try:
-            quantize_dynamic(
-                src, target,
-                weight_type=QuantType.QInt8 if spec.weight_type == "qint8" else QuantType.QUInt8,
-                per_channel=spec.per_channel,
-                reduce_range=spec.reduce_range,
-                op_types_to_quantize=spec.op_types,
-            )
+            with quiet.dropped("", PRE_PROCESS_REMINDER):
+                quantize_dynamic(
+                    src, target,
+                    weight_type=QuantType.QInt8 if spec.weight_type == "qint8"
+                    else QuantType.QUInt8,
+                    per_channel=spec.per_channel,
+                    reduce_range=spec.reduce_range,
+                    op_types_to_quantize=spec.op_types,
+                )
         except Exception as exc:  # ORT raises plain Exceptions for unsupported graphs
             raise QuantizationError(
                 f"dynamic int8 quantization of {src} failed: {exc}. Set quantization.method: "
@@ -97,13 +108,14 @@ def _quantize_one(src: Path, target: Path, spec: QuantizationSpec) -> str | None
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     try:
-        quantize_dynamic(
-            src, target,
-            weight_type=QuantType.QInt8 if spec.weight_type == "qint8" else QuantType.QUInt8,
-            per_channel=spec.per_channel, reduce_range=spec.reduce_range,
-            op_types_to_quantize=spec.op_types,
-            use_external_data_format=bool(_companions(src)),
-        )
+        with quiet.dropped("", PRE_PROCESS_REMINDER):
+            quantize_dynamic(
+                src, target,
+                weight_type=QuantType.QInt8 if spec.weight_type == "qint8" else QuantType.QUInt8,
+                per_channel=spec.per_channel, reduce_range=spec.reduce_range,
+                op_types_to_quantize=spec.op_types,
+                use_external_data_format=bool(_companions(src)),
+            )
         ort.InferenceSession(str(target), providers=["CPUExecutionProvider"])
         return None
     except Exception as exc:  # ORT raises plain Exceptions for unsupported graphs

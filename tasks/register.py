@@ -13,6 +13,7 @@ from typing import Any, TypedDict
 
 from prefect import task
 
+from hf2triton import quiet
 from hf2triton.errors import ServiceUnavailableError
 from hf2triton.workspace import home
 from tasks.common import NO_PREFECT_CACHE, RETRY_TRANSIENT
@@ -29,6 +30,11 @@ class RegisterResult(TypedDict):
     run_id: str
     experiment_id: str
     reused: bool
+
+
+# A new local store announces its schema set-up at INFO on the first release; nothing to act on.
+for _message in ("Creating initial MLflow database tables", "Updating database tables"):
+    quiet.drop_log_message("mlflow.store.db.utils", _message)
 
 
 def tracking_uri() -> str:

@@ -20,7 +20,7 @@ from hf2triton.embeddings import EmbeddingConfig, OnnxEmbedder, TorchEmbedder, c
 from hf2triton.errors import AccuracyGateError
 from hf2triton.spec import Thresholds
 from hf2triton.workspace import atomic_write_text, cached_step, digest, sha256_file, source_digest
-from tasks.common import NO_PREFECT_CACHE, in_prefect_run
+from tasks.common import NO_PREFECT_CACHE, in_prefect_run, step_logger
 from tasks.report import publish_gate_failure
 
 
@@ -135,6 +135,9 @@ def validate_candidates(
     failed_report = Path(work_root) / "validate" / f"failed-{key[:16]}.json"
 
     def build(out: Path) -> dict:
+        log = step_logger()
+        log.info("validate: PyTorch reference embeddings of %d sentences (up to %d candidates "
+                 "x %d sentences follow)", len(sentences), len(candidates), len(sentences))
         reference_model = TorchEmbedder(model_dir, embedding)
         reference = reference_model.embed(sentences)
         from transformers import AutoTokenizer
@@ -146,7 +149,9 @@ def validate_candidates(
         }
         chosen = None
         timing_batch = timing_sentences(sentences)
-        for cand in candidates:
+        for n, cand in enumerate(candidates, 1):
+            log.info("validate: candidate %d of %d, %s: %d sentences", n, len(candidates),
+                     cand["name"], len(sentences))
             model = OnnxEmbedder(cand["onnx_path"], tokenizer, embedding)
             metrics, cos = score(reference, model.embed(sentences))
             worst = np.argsort(cos)[:10]

@@ -20,7 +20,7 @@ from hf2triton.classification import ClassificationConfig, OnnxClassifier, Torch
 from hf2triton.errors import AccuracyGateError
 from hf2triton.spec import ClassificationSpec
 from hf2triton.workspace import atomic_write_text, cached_step, digest, sha256_file, source_digest
-from tasks.common import NO_PREFECT_CACHE
+from tasks.common import NO_PREFECT_CACHE, step_logger
 from tasks.validate import Candidate, smoke_selection
 
 
@@ -93,7 +93,9 @@ def validate_classification(
             report["pytorch_accuracy"] = float(
                 (reference_model.probs(labelled[0]).argmax(axis=1) == gold).mean())
         chosen = None
-        for cand in candidates:
+        for n, cand in enumerate(candidates, 1):
+            step_logger().info("validate: candidate %d of %d, %s: %d texts", n, len(candidates),
+                               cand["name"], len(sentences))
             model = OnnxClassifier(cand["onnx_path"], tokenizer, cfg)
             probs = model.probs(sentences)
             diff = np.abs(probs - reference).max(axis=1)

@@ -22,7 +22,7 @@ from hf2triton.seq2seq import OrtSeq2Seq, Seq2SeqTokenizer
 from hf2triton.spec import GenerationSpec
 from hf2triton.translation import TOKENIZER_DIR, TorchTranslator, TranslationConfig, bleu_chrf
 from hf2triton.workspace import atomic_write_text, cached_step, digest, sha256_file, source_digest
-from tasks.common import NO_PREFECT_CACHE
+from tasks.common import NO_PREFECT_CACHE, step_logger
 from tasks.validate import Candidate, smoke_selection
 
 
@@ -119,7 +119,9 @@ def validate_translation(
             bleu, chrf = bleu_chrf(reference, references)
             report["pytorch_vs_references"] = {"bleu": bleu, "chrf": chrf}
         chosen = None
-        for cand in candidates:
+        for n, cand in enumerate(candidates, 1):
+            step_logger().info("validate: candidate %d of %d, %s: %d sentences", n, len(candidates),
+                               cand["name"], len(sentences))
             hyp = CandidateTranslator(cand["onnx_path"], export_dir, cfg).translate(sentences)
             bleu, chrf = bleu_chrf(hyp, reference)
             same = [h == r for h, r in zip(hyp, reference)]

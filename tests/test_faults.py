@@ -70,6 +70,8 @@ def _broken_model(kind: str, tiny_bert: Path, tmp: Path) -> Path:
     elif kind == "no-tokenizer":
         for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
             (model / name).unlink(missing_ok=True)
+    elif kind == "config-not-json":
+        (model / "config.json").write_text('{"model_type": "bert", architectures: [}')
     elif kind == "unsupported-architecture":
         from transformers import ErnieConfig, ErnieModel
 
@@ -86,6 +88,7 @@ BAD_MODELS = {
     "missing-weights": "has no model weights",
     "corrupt-weights": "corrupt or truncated",
     "no-tokenizer": "has no tokenizer",
+    "config-not-json": "config.json is not valid JSON",
     "unsupported-architecture": "cannot export",
 }
 
@@ -99,8 +102,9 @@ def test_bad_model_directory_is_refused_and_serving_untouched(tiny_release, tiny
     spec = tiny_spec(tmp_path / "bad.yaml", model, rel.ports, name="tiny-bad",
                      registry__model_name="tiny-bad")
     proc = _cli(["release", str(spec)])
-    assert proc.returncode != 0
-    assert BAD_MODELS[kind] in _error_line(proc)
+    assert proc.returncode == 1
+    line = _error_line(proc)
+    assert BAD_MODELS[kind] in line and "[UNEXPECTED]" not in line
     assert _mlflow_versions(rel.home) == before
     after_versions, after = _served(rel)
     assert after_versions == before_versions[0] and np.allclose(after, before_versions[1])
