@@ -25,15 +25,15 @@ class Req(BaseModel):  # module level: FastAPI resolves the (string) annotation 
 def build_app(backend: str, model_dir: str, onnx_path: str | None, endpoint: str):
     from fastapi import FastAPI
 
-    from hf2triton.embeddings import OnnxEmbedder, TorchEmbedder, resolve_embedding_config
+    from hf2triton.kinds.embedding import TorchEmbedder, resolve_embedding_config
 
     cfg = resolve_embedding_config(model_dir)
     if backend == "torch":
         embedder = TorchEmbedder(model_dir, cfg)
     else:
-        from transformers import AutoTokenizer
+        from hf2triton.serving.embedding import Embedder
 
-        embedder = OnnxEmbedder(onnx_path, AutoTokenizer.from_pretrained(model_dir), cfg)
+        embedder = Embedder(onnx_path, str(Path(model_dir) / "tokenizer.json"), cfg.to_dict())
     embedder.embed(["warm up"])
 
     app = FastAPI()

@@ -24,6 +24,8 @@ def _portable(spec: ReleaseSpec, root: Path) -> dict[str, Any]:
     """The spec as deployment parameters, with paths relative to the project root (the worker's
     working directory) so the file holds no machine-specific path."""
     data = spec.model_dump(mode="json", exclude={"schedule"}, exclude_none=True)
+    deploy = data["deploy"]
+    data["deploy"] = {"target": deploy.pop("target"), **deploy}  # what the section is, first
     for section, key in (("validation", "sentences"), ("source", "path")):
         value = data.get(section, {}).get(key)
         if value and Path(value).is_absolute() and Path(value).is_relative_to(root):

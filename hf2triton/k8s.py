@@ -207,3 +207,47 @@ def wait_inference_service(name: str, k8s: KubernetesSpec, timeout_s: float) -> 
         time.sleep(5)
     raise DeployError(f"InferenceService {k8s.namespace}/{name} was not Ready within "
                       f"{timeout_s:.0f}s ({last})")
+
+
+def _resource(dyn: Any, obj: dict[str, Any]) -> Any:
+    return dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+
+
+def current(objs: list[dict[str, Any]], k8s: KubernetesSpec) -> list[dict[str, Any] | None]:
+    """What the cluster holds now under the names of `objs` (None where nothing), so a rollback
+    can put it back."""
+    from kubernetes import dynamic
+    from kubernetes.client.exceptions import ApiException
+
+    dyn = dynamic.DynamicClient(_client(k8s))
+    found: list[dict[str, Any] | None] = []
+    for obj in objs:
+        try:
+            live = _resource(dyn, obj).get(name=obj["metadata"]["name"],
+                                           namespace=obj["metadata"]["namespace"]).to_dict()
+        except ApiException as exc:
+            if exc.status == 404:
+                found.append(None)
+                continue
+            raise DeployError(f"the cluster refused to read {obj['kind']}: {exc.status} "
+                              f"{exc.reason}") from None
+        meta = live.get("metadata", {})
+        live["metadata"] = {k: meta[k] for k in ("name", "namespace", "labels", "annotations")
+                            if k in meta}
+        live.pop("status", None)
+        found.append(live)
+    return found
+
+
+def restore(applied: list[dict[str, Any]], before: list[dict[str, Any] | None],
+            k8s: KubernetesSpec) -> None:
+    """Undo `apply(applied)`: re-apply what was there before, delete what was not."""
+    from kubernetes import dynamic
+
+    dyn = dynamic.DynamicClient(_client(k8s))
+    for obj, old in zip(applied, before):
+        if old is not None:
+            apply([old], k8s)
+        else:
+            _resource(dyn, obj).delete(name=obj["metadata"]["name"],
+                                       namespace=obj["metadata"]["namespace"])

@@ -24,6 +24,7 @@ from prefect.blocks.core import Block
 from pydantic import SecretStr
 
 from hf2triton.errors import ArtifactError, ModelStoreError, ServiceUnavailableError
+from hf2triton.runs import load_block
 from hf2triton.spec import ModelStoreSpec
 from hf2triton.workspace import atomic_write_text, hash_files
 
@@ -135,13 +136,8 @@ class LocalModelDir:
 def s3_credentials(store: ModelStoreSpec) -> dict[str, str]:
     """The store's key pair: the spec's Prefect block, else the environment."""
     if store.credentials_block:
-        try:
-            block = S3Credentials.load(store.credentials_block)
-        except ValueError:
-            raise ModelStoreError(
-                f"deploy.model_store.credentials_block {store.credentials_block!r}: no saved "
-                "hf2triton-s3-credentials block of that name"
-            ) from None
+        block = load_block(S3Credentials, store.credentials_block,
+                           "deploy.model_store.credentials_block", ModelStoreError)
         creds = {ENV_ACCESS_KEY: block.access_key_id,
                  ENV_SECRET_KEY: block.secret_access_key.get_secret_value()}
         if block.session_token is not None:

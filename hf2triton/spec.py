@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -39,6 +40,16 @@ class Task(str, Enum):
     TRANSLATION = "translation"
 
 
+# The spec section each task reads (its model kind's options: hf2triton.kinds).
+TASK_SECTIONS = {
+    Task.FEATURE_EXTRACTION: "embedding",
+    Task.TEXT_CLASSIFICATION: "classification",
+    Task.TRANSLATION: "generation",
+}
+# Tasks whose load deploy.tuning.search cannot drive (generation is another kind of traffic).
+UNTUNABLE_TASKS = (Task.TRANSLATION,)
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -59,6 +70,29 @@ def _resolve(path: str, info: ValidationInfo) -> str:
     if not p.is_absolute() and base is not None:
         p = Path(base) / p
     return str(p)
+
+
+def _matching(pattern: re.Pattern[str], what: str) -> AfterValidator:
+    """A validator refusing values that do not match `pattern`, saying what they should be."""
+    def check(value: str) -> str:
+        if not pattern.match(value):
+            raise ValueError(f"{value!r} is not {what}")
+        return value
+
+    return AfterValidator(check)
+
+
+def _unless(problem: bool, value: Any, message: str) -> Any:
+    """`value` when there is no problem; a validation error with `message` when there is."""
+    if problem:
+        raise ValueError(message)
+    return value
+
+
+# A file or folder named in a spec: relative paths are relative to the spec file.
+SpecPath = Annotated[str, AfterValidator(_resolve)]
+# A truncation length in tokens; None: the model's own.
+MaxLength = Annotated[int | None, Field(ge=1, le=8192)]
 
 
 class SourceSpec(_Strict):
@@ -113,9 +147,7 @@ class EmbeddingSpec(_Strict):
     normalize: Literal["auto"] | bool = Field(
         "auto", description="auto: normalise when the model declares a Normalize module"
     )
-    max_length: int | None = Field(
-        None, ge=1, le=8192, description="truncation length; default is the model's own"
-    )
+    max_length: MaxLength = Field(None, description="truncation length; default: the model's")
 
 
 class ClassificationThresholds(_Strict):
@@ -133,27 +165,17 @@ class ClassificationThresholds(_Strict):
 class ClassificationSpec(_Strict):
     """`task: text-classification`: labels from the model's id2label."""
 
-    max_length: int | None = Field(
-        None, ge=1, le=8192, description="truncation length; default is the model's own"
-    )
-    labelled: str | None = Field(
+    max_length: MaxLength = Field(None, description="truncation length; default: the model's")
+    labelled: SpecPath | None = Field(
         None, description="UTF-8 TSV file of `text<TAB>label` lines (label as in id2label): "
         "accuracy against these gold labels is measured and reported"
     )
     thresholds: ClassificationThresholds = ClassificationThresholds()
 
-    @field_validator("labelled")
-    @classmethod
-    def _resolve_labelled(cls, v: str | None, info: ValidationInfo) -> str | None:
-        return None if v is None else _resolve(v, info)
-
     @model_validator(mode="after")
     def _accuracy_needs_labels(self) -> ClassificationSpec:
-        if self.thresholds.min_accuracy is not None and self.labelled is None:
-            raise ValueError(
-                "thresholds.min_accuracy needs gold labels: give classification.labelled"
-            )
-        return self
+        return _unless(self.thresholds.min_accuracy is not None and self.labelled is None, self,
+                       "thresholds.min_accuracy needs gold labels: give classification.labelled")
 
 
 Bleu = Annotated[float, Field(ge=0.0, le=100.0)]
@@ -188,30 +210,20 @@ class GenerationSpec(_Strict):
     num_beams: int | None = Field(
         None, ge=1, le=16, description="default: the model's generation_config (1: greedy)"
     )
-    max_input_length: int | None = Field(
-        None, ge=1, le=8192, description="source truncation length; default: the model's own"
-    )
-    references: str | None = Field(
-        None, description="UTF-8 file of reference translations, one per line of "
-        "validation.sentences: BLEU and chrF against them are measured and reported"
-    )
+    max_input_length: MaxLength = Field(None, description="source truncation length; default: "
+                                       "the model's")
     thresholds: GenerationThresholds = GenerationThresholds()
-
-    @field_validator("references")
-    @classmethod
-    def _resolve_references(cls, v: str | None, info: ValidationInfo) -> str | None:
-        return None if v is None else _resolve(v, info)
+    references: SpecPath | None = Field(
+        None, description="UTF-8 file of reference translations, one per line of "
+        "validation.sentences: BLEU and chrF against them are measured and reported")
 
     @model_validator(mode="after")
     def _reference_gates_need_references(self) -> GenerationSpec:
         t = self.thresholds
-        if (t.min_reference_bleu is not None or t.min_reference_chrf is not None) and \
-                self.references is None:
-            raise ValueError(
-                "thresholds.min_reference_bleu/min_reference_chrf need reference translations: "
-                "give generation.references"
-            )
-        return self
+        wanted = t.min_reference_bleu is not None or t.min_reference_chrf is not None
+        return _unless(wanted and self.references is None, self,
+                       "thresholds.min_reference_bleu/min_reference_chrf need reference "
+                       "translations: give generation.references")
 
 
 class ExportSpec(_Strict):
@@ -250,16 +262,12 @@ class Thresholds(_Strict):
 
 
 class ValidationSpec(_Strict):
-    sentences: str = Field(description="UTF-8 text file, one sentence per line")
+    sentences: SpecPath = Field(description="UTF-8 text file, one sentence per line")
     thresholds: Thresholds = Thresholds()
     smoke_sentences: int = Field(
         16, ge=1, le=256, description="how many validation sentences the smoke test sends"
     )
 
-    @field_validator("sentences")
-    @classmethod
-    def _resolve_sentences(cls, v: str, info: ValidationInfo) -> str:
-        return _resolve(v, info)
 
 
 class RegistrySpec(_Strict):
@@ -283,7 +291,8 @@ class ImageSpec(_Strict):
         description="auto: build and push when a Docker engine, the registry and the base image "
         "can be had, else say why the image step is skipped; true: they must; false: never",
     )
-    registry: str = Field(
+    registry: Annotated[str, _matching(REGISTRY_PATTERN, "a registry address such as "
+                                       "'registry.example.com:5000'")] = Field(
         "127.0.0.1:5000", description="host[:port]; $HF2TRITON_REGISTRY overrides it"
     )
     repository: str | None = Field(None, description="repository in the registry; default: name")
@@ -297,13 +306,6 @@ class ImageSpec(_Strict):
         "$HF2TRITON_REGISTRY_USERNAME and $HF2TRITON_REGISTRY_PASSWORD are used when set",
     )
     build_timeout_s: float = Field(1800, gt=0)
-
-    @field_validator("registry")
-    @classmethod
-    def _check_registry(cls, v: str) -> str:
-        if not REGISTRY_PATTERN.match(v):
-            raise ValueError(f"{v!r} is not a registry address such as 'registry.example.com:5000'")
-        return v
 
     @field_validator("repository")
     @classmethod
@@ -326,7 +328,7 @@ class ReplicaSpec(_Strict):
 
     http: str = Field(description="host:port of the replica's HTTP endpoint")
     grpc: str = Field(description="host:port of the replica's gRPC endpoint")
-    model_repository: str | None = Field(
+    model_repository: SpecPath | None = Field(
         None, description="the replica's --model-repository, as a path on this machine; leave "
         "out when the replicas read deploy.model_store (kind s3)"
     )
@@ -338,10 +340,6 @@ class ReplicaSpec(_Strict):
             raise ValueError(f"{v!r} is not an endpoint such as '10.0.0.5:8000' (host:port)")
         return v
 
-    @field_validator("model_repository")
-    @classmethod
-    def _resolve_repository(cls, v: str | None, info: ValidationInfo) -> str | None:
-        return None if v is None else _resolve(v, info)
 
 
 K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -351,7 +349,8 @@ QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|M|G|T)?$")
 class KubernetesSpec(_Strict):
     """`deploy.target: kserve`: where and how the release's image runs on a cluster."""
 
-    namespace: str = "default"
+    namespace: Annotated[str, _matching(K8S_NAME, "a Kubernetes namespace name (RFC 1123 "
+                                        "label)")] = "default"
     workload: Literal["inferenceservice", "deployment"] = Field(
         "inferenceservice",
         description="what is applied: a KServe InferenceService (Triton runtime, model from "
@@ -380,13 +379,6 @@ class KubernetesSpec(_Strict):
         "Kubernetes work pool job reaches it)"
     )
     endpoint_grpc: str | None = Field(None, description="as endpoint_http, for gRPC")
-
-    @field_validator("namespace")
-    @classmethod
-    def _check_namespace(cls, v: str) -> str:
-        if not K8S_NAME.match(v):
-            raise ValueError(f"{v!r} is not a Kubernetes namespace name (RFC 1123 label)")
-        return v
 
     @field_validator("cpu_request", "memory_request", "cpu_limit", "memory_limit")
     @classmethod
@@ -495,27 +487,10 @@ class TuningSpec(_Strict):
         return self
 
 
-class DeploySpec(_Strict):
-    target: Literal["local-triton", "docker", "triton-replicas", "kserve"] = Field(
-        "local-triton",
-        description="local-triton: the local tritonserver process; docker: the release's image, "
-        "run by digest, replaced blue/green; triton-replicas: the Triton servers listed in "
-        "`replicas`, all rolled forward or all rolled back; kserve: the image on a Kubernetes "
-        "cluster (see `kubernetes`)",
-    )
-    replicas: list[ReplicaSpec] = Field(
-        default_factory=list, description="with target triton-replicas: the servers to roll out to"
-    )
-    kubernetes: KubernetesSpec = KubernetesSpec()
-    model_store: ModelStoreSpec = Field(
-        ModelStoreSpec(),
-        description="with target local-triton: where the served repository lives (local "
-        "directory, or an S3-compatible bucket Triton loads from)",
-    )
-    host: str = "127.0.0.1"
-    http_port: int = Field(8000, ge=1, le=65535)
-    grpc_port: int = Field(8001, ge=1, le=65535)
-    metrics_port: int = Field(8002, ge=1, le=65535)
+class _DeployBase(_Strict):
+    """What every deploy target shares: how Triton batches and runs the model, how long a new
+    version may take to load, and the smoke test's cosine gate."""
+
     max_batch_size: int = Field(64, ge=1, le=4096)
     preferred_batch_sizes: list[Annotated[int, Field(ge=1)]] = [8, 16, 32]
     max_queue_delay_us: int = Field(2000, ge=0, le=1_000_000)
@@ -529,33 +504,7 @@ class DeploySpec(_Strict):
     )
 
     @model_validator(mode="after")
-    def _ports_and_batches(self) -> DeploySpec:
-        ports = [self.http_port, self.grpc_port, self.metrics_port]
-        if len(set(ports)) != 3:
-            raise ValueError(f"http_port, grpc_port and metrics_port must differ (got {ports})")
-        if self.target == "triton-replicas" and not self.replicas:
-            raise ValueError("deploy.target 'triton-replicas' needs deploy.replicas: a list of "
-                             "{http, grpc, model_repository} for each Triton server")
-        if self.model_store.kind != "local" and self.target not in ("local-triton",
-                                                                    "triton-replicas"):
-            raise ValueError(f"deploy.model_store kind {self.model_store.kind!r} is read by "
-                             f"targets 'local-triton' and 'triton-replicas', not {self.target!r}")
-        if self.target == "triton-replicas":
-            shared = self.model_store.kind == "s3"
-            odd = [r.http for r in self.replicas if (r.model_repository is None) != shared]
-            if odd:
-                raise ValueError(
-                    f"deploy.replicas {odd}: " + (
-                        "with deploy.model_store kind s3 every replica reads the bucket: leave "
-                        "out model_repository" if shared else
-                        "each replica needs model_repository (a path on this machine), or set "
-                        "deploy.model_store kind s3 for replicas that read one bucket"))
-        if self.replicas and self.target != "triton-replicas":
-            raise ValueError(f"deploy.replicas is read only by target 'triton-replicas', not "
-                             f"{self.target!r}")
-        endpoints = [r.http for r in self.replicas]
-        if len(set(endpoints)) != len(endpoints):
-            raise ValueError(f"deploy.replicas lists an endpoint twice: {endpoints}")
+    def _batches(self) -> _DeployBase:
         too_big = [b for b in self.preferred_batch_sizes if b > self.max_batch_size]
         too_big += [b for c in self.tuning.preferred_batch_sizes or [] for b in c
                     if b > self.max_batch_size]
@@ -564,6 +513,86 @@ class DeploySpec(_Strict):
                 f"preferred_batch_sizes {too_big} exceed max_batch_size {self.max_batch_size}"
             )
         return self
+
+
+class _Published(_DeployBase):
+    """A target whose Triton listens on ports of this machine."""
+
+    host: str = "127.0.0.1"
+    http_port: int = Field(8000, ge=1, le=65535)
+    grpc_port: int = Field(8001, ge=1, le=65535)
+    metrics_port: int = Field(8002, ge=1, le=65535)
+
+    @model_validator(mode="after")
+    def _ports_differ(self) -> _Published:
+        ports = [self.http_port, self.grpc_port, self.metrics_port]
+        if len(set(ports)) != 3:
+            raise ValueError(f"http_port, grpc_port and metrics_port must differ (got {ports})")
+        return self
+
+
+class LocalTritonDeploy(_Published):
+    """`target: local-triton`: the local tritonserver process, new versions loaded beside the
+    serving one."""
+
+    target: Literal["local-triton"] = "local-triton"
+    model_store: ModelStoreSpec = Field(
+        ModelStoreSpec(), description="where the served repository lives: the local server's "
+        "directory, or an S3-compatible bucket Triton loads from"
+    )
+
+
+class DockerDeploy(_Published):
+    """`target: docker`: the release's image, run by digest, replaced blue/green. The image
+    carries its model, so it reads no model store."""
+
+    target: Literal["docker"]
+
+
+class ReplicasDeploy(_DeployBase):
+    """`target: triton-replicas`: the Triton servers listed, all rolled forward or all back."""
+
+    target: Literal["triton-replicas"]
+    replicas: list[ReplicaSpec] = Field(
+        min_length=1, description="the servers to roll out to: {http, grpc, model_repository}"
+    )
+    model_store: ModelStoreSpec = Field(
+        ModelStoreSpec(), description="kind s3: every replica reads one bucket"
+    )
+
+    @model_validator(mode="after")
+    def _repositories(self) -> ReplicasDeploy:
+        shared = self.model_store.kind == "s3"
+        odd = [r.http for r in self.replicas if (r.model_repository is None) != shared]
+        if odd:
+            raise ValueError(
+                f"deploy.replicas {odd}: " + (
+                    "with deploy.model_store kind s3 every replica reads the bucket: leave out "
+                    "model_repository" if shared else
+                    "each replica needs model_repository (a path on this machine), or set "
+                    "deploy.model_store kind s3 for replicas that read one bucket"))
+        endpoints = [r.http for r in self.replicas]
+        if len(set(endpoints)) != len(endpoints):
+            raise ValueError(f"deploy.replicas lists an endpoint twice: {endpoints}")
+        return self
+
+
+class KServeDeploy(_DeployBase):
+    """`target: kserve`: the image on a Kubernetes cluster (see `kubernetes`); with a model store
+    of kind s3 the version is written to the bucket and the InferenceService reads it there."""
+
+    target: Literal["kserve"]
+    kubernetes: KubernetesSpec = KubernetesSpec()
+    model_store: ModelStoreSpec = Field(
+        ModelStoreSpec(), description="kind s3: the InferenceService's storageUri is this bucket"
+    )
+
+
+DEPLOY_TARGETS = ("local-triton", "docker", "triton-replicas", "kserve")
+DeploySpec = Annotated[
+    LocalTritonDeploy | DockerDeploy | ReplicasDeploy | KServeDeploy,
+    Field(discriminator="target"),
+]
 
 
 class ScheduleSpec(_Strict):
@@ -611,13 +640,20 @@ class ReleaseSpec(_Strict):
     generation: GenerationSpec | None = None
     validation: ValidationSpec
     registry: RegistrySpec
-    deploy: DeploySpec = DeploySpec()
+    deploy: DeploySpec = LocalTritonDeploy()
     image: ImageSpec = ImageSpec()
     schedule: ScheduleSpec | None = Field(
         None, description="re-release on a schedule (the Prefect deployment's cron)"
     )
 
     _check = field_validator("name")(classmethod(lambda cls, v: _check_name(v)))
+
+    @field_validator("deploy", mode="before")
+    @classmethod
+    def _default_target(cls, v: Any) -> Any:
+        if isinstance(v, dict) and "target" not in v:
+            return {**v, "target": "local-triton"}
+        return v
 
     @model_validator(mode="after")
     def _docker_needs_image(self) -> ReleaseSpec:
@@ -630,9 +666,9 @@ class ReleaseSpec(_Strict):
 
     @model_validator(mode="after")
     def _tuning_task(self) -> ReleaseSpec:
-        if self.deploy.tuning.search and self.task is not Task.FEATURE_EXTRACTION:
-            raise ValueError(f"deploy.tuning.search is implemented for feature-extraction "
-                             f"releases, not {self.task.value!r}: set it false")
+        if self.deploy.tuning.search and self.task in UNTUNABLE_TASKS:
+            raise ValueError(f"deploy.tuning.search cannot drive {self.task.value!r} releases "
+                             "(generation load): set it false")
         return self
 
     @property
@@ -641,25 +677,21 @@ class ReleaseSpec(_Strict):
 
     @model_validator(mode="after")
     def _sections_match_task(self) -> ReleaseSpec:
-        own = {Task.FEATURE_EXTRACTION: "embedding", Task.TEXT_CLASSIFICATION: "classification",
-               Task.TRANSLATION: "generation"}
-        wrong = [k for k in own.values()
-                 if k in self.model_fields_set and k != own[self.task]]
+        own = TASK_SECTIONS[self.task]
+        wrong = [k for k in TASK_SECTIONS.values() if k in self.model_fields_set and k != own]
         if wrong:
             raise ValueError(
                 f"task {self.task.value!r} does not read the section(s) {wrong}: use "
-                f"'{own[self.task]}:' for this task, or change 'task:'"
+                f"'{own}:' for this task, or change 'task:'"
             )
         return self
 
     @property
-    def task_section(self) -> EmbeddingSpec | ClassificationSpec | GenerationSpec:
+    def task_section(self) -> Any:
         """The task's own section, defaults filled in when the spec leaves it out."""
-        if self.task is Task.TEXT_CLASSIFICATION:
-            return self.classification or ClassificationSpec()
-        if self.task is Task.TRANSLATION:
-            return self.generation or GenerationSpec()
-        return self.embedding
+        name = TASK_SECTIONS[self.task]
+        value = getattr(self, name)
+        return value if value is not None else type(self).model_fields[name].annotation.__args__[0]()
 
     @property
     def triton_model_name(self) -> str:
@@ -667,15 +699,24 @@ class ReleaseSpec(_Strict):
 
 
 def _describe(err: dict[str, Any]) -> str:
-    key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    loc = list(err["loc"])
+    # The deploy union puts the target's name into the location: name it once, by the key.
+    target = loc.pop(1) if loc[:1] == ["deploy"] and len(loc) > 1 and loc[1] in DEPLOY_TARGETS \
+        else None
+    key = ".".join(str(p) for p in loc) or "(top level)"
+    for_target = f" (deploy.target {target!r})" if target else ""
     if err["type"] == "extra_forbidden":
-        return f"unknown key '{key}'"
+        return f"unknown key '{key}'{for_target}"
     if err["type"] == "missing":
-        return f"missing key '{key}'"
+        return f"missing key '{key}'{for_target}"
+    if err["type"] == "union_tag_invalid":
+        tag = (err.get("ctx") or {}).get("tag")
+        return (f"'{key}.target' = {tag!r}: use one of "
+                f"{', '.join(repr(t) for t in DEPLOY_TARGETS)}")
     msg = err["msg"].removeprefix("Value error, ")
-    if not err["loc"]:  # a rule across keys: the message names them; the input is the whole spec
+    if not loc:  # a rule across keys: the message names them; the input is the whole spec
         return msg
-    return f"'{key}' = {err.get('input')!r}: {msg}"
+    return f"'{key}' = {err.get('input')!r}: {msg}{for_target}"
 
 
 def parse_spec(data: Any, base_dir: str | Path | None = None, origin: str = "spec") -> ReleaseSpec:

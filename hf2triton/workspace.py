@@ -25,6 +25,11 @@ def home() -> Path:
     return Path(os.environ.get("HF2TRITON_HOME") or Path.cwd() / ".hf2triton").resolve()
 
 
+def work_dir(release: str) -> str:
+    """Where a release's step outputs live: <home>/work/<release>."""
+    return str(home() / "work" / release)
+
+
 def ensure_home(*subdirs: str) -> Path:
     """Create the hf2triton home (and the named folders in it) with every missing parent, and
     check that it can be written; raise EnvironmentSetupError naming the path otherwise.

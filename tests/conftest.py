@@ -133,6 +133,9 @@ def write_spec(path: Path, **overrides) -> Path:
             node.pop(leaf, None)
         else:
             node[leaf] = value
+    if spec.get("deploy", {}).get("target") in ("triton-replicas", "kserve"):
+        for key in ("host", "http_port", "grpc_port", "metrics_port"):  # not theirs
+            spec["deploy"].pop(key, None)
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
 

@@ -50,13 +50,13 @@ def docker_env(tmp_path_factory) -> DockerEnv:
 
 @pytest.fixture(scope="session")
 def serving_wheelhouse(docker_env) -> Path:
-    from tasks.image import ensure_wheelhouse
+    from hf2triton.image import ensure_wheelhouse
 
     return ensure_wheelhouse()
 
 
 @pytest.fixture(scope="session")
 def docker_client(docker_env):
-    from hf2triton.docker_target import engine
+    from hf2triton.clients.docker import engine
 
     return engine()

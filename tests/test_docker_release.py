@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 import yaml
 
-from hf2triton.embeddings import TorchEmbedder, cosine_rows, read_sentences, resolve_embedding_config
+from hf2triton.kinds.embedding import TorchEmbedder, cosine_rows, resolve_embedding_config
+from tests.served import read_sentences
 from hf2triton.errors import DeployError, SmokeTestError
 from tests.conftest import ROOT, free_port
 
@@ -77,7 +78,7 @@ def release(tmp_path_factory, mlflow_server, docker_env):
     rel.first = rel.run("first")
     rel.first_seconds = time.monotonic() - started
     yield rel
-    from hf2triton.docker_target import engine
+    from hf2triton.clients.docker import engine
 
     client = engine()
     for c in client.containers.list(all=True, filters={"name": PREFIX}):
@@ -198,7 +199,7 @@ def test_healthcheck_reports_healthy(release, docker_client):
 
 
 def test_container_serves_pytorch_embeddings_on_unseen_sentences(release, minilm_reference):
-    from tasks.smoke import embed_remote
+    from tests.served import embed_remote
 
     _summary(release.first)
     heldout = read_sentences(ROOT / "tests" / "data" / "heldout-sentences.txt")[:40]
@@ -253,7 +254,7 @@ def test_second_release_replaces_the_container_blue_green(release, docker_client
 def _tampered_image(release, version: str, mark: str, serving_changes: dict):
     """Build and push an image of the served release with serving.json changed: a bad model."""
     from hf2triton.workspace import hash_files
-    from tasks.image import build_serving_image, image_target, push_serving_image
+    from hf2triton.image import build_serving_image, image_target, push_serving_image
     from hf2triton.spec import ImageSpec
 
     src = next((release.home / "work" / MODEL / "repository").glob(f"*/{MODEL}")).parent
@@ -271,17 +272,19 @@ def _tampered_image(release, version: str, mark: str, serving_changes: dict):
     return push_serving_image(target)["reference"]
 
 
-def _reference_npz(release) -> str:
-    return str(next((release.home / "work" / MODEL / "validate").glob("*/reference*.npz")))
+def _reference(release) -> str:
+    return str(next((release.home / "work" / MODEL / "validate").glob("*/reference.json")))
 
 
 @pytest.mark.parametrize("case", ["smoke-fails", "model-fails-to-load"])
 def test_a_failing_new_image_leaves_the_old_container_serving(release, docker_env,
                                                               docker_client, case, monkeypatch,
                                                               minilm_reference):
-    from hf2triton.spec import DeploySpec
-    from tasks.image import deploy_serving_image
-    from tasks.smoke import embed_remote
+    from hf2triton.kinds import kind_for
+    from hf2triton.spec import DockerDeploy, load_spec
+    from hf2triton.targets.docker import DockerContainers
+    from tasks.deploy import _check
+    from tests.served import embed_remote
 
     serving = _summary(getattr(release, "second", None) or release.first)
     version = serving["mlflow"]["version"]
@@ -294,11 +297,13 @@ def test_a_failing_new_image_leaves_the_old_container_serving(release, docker_en
     changes = {"pooling": "cls"} if case == "smoke-fails" else {"pooling": "bogus"}
     reference = _tampered_image(release, version, "9" if case == "smoke-fails" else "8",
                                 changes)
-    deploy = DeploySpec(host="127.0.0.1", ready_timeout_s=120, **release.ports)
+    deploy = DockerDeploy(target="docker", host="127.0.0.1", ready_timeout_s=120,
+                          **release.ports)
+    kind = kind_for(load_spec(release.tmp / "first.yaml"))
     expected = SmokeTestError if case == "smoke-fails" else DeployError
     with pytest.raises(expected, match=f"{LIVE} \\(version {version}\\) keeps serving"):
-        deploy_serving_image(reference, MODEL, MODEL, version, deploy,
-                                _reference_npz(release), 0.99)
+        DockerContainers(deploy, MODEL).deploy("", MODEL, version, {}, {"reference": reference},
+                                               _check(kind, MODEL, _reference(release)))
     assert _live(docker_client).id == live_before
     names = {c.name for c in docker_client.containers.list(all=True, filters={"name": PREFIX})}
     assert names == {LIVE}, "the failed candidate was removed"

@@ -48,8 +48,8 @@ def _mlflow_versions(home: Path) -> list[tuple[str, str]]:
 def _served(rel) -> tuple[list[str], np.ndarray]:
     import tritonclient.http as httpclient
 
-    from tasks.deploy import serving_versions
-    from tasks.smoke import embed_remote
+    from tests.served import serving_versions
+    from tests.served import embed_remote
 
     client = httpclient.InferenceServerClient(url=rel.http_url)
     emb, _ = embed_remote("grpc", rel.grpc_url, rel.model, "", ["the quick brown fox"])

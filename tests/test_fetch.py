@@ -15,7 +15,7 @@ import pytest
 from hf2triton import errors
 from hf2triton.errors import ServiceUnavailableError, SourceError
 from hf2triton.spec import SourceSpec
-from tasks.fetch import fetch_model
+from hf2triton.source import fetch_model
 from tests.conftest import copy_model
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"

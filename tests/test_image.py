@@ -21,7 +21,9 @@ from hf2triton.errors import (
     is_retryable,
 )
 from hf2triton.spec import ImageSpec, parse_spec
-from tasks import image as image_step
+from hf2triton import image as image_step
+from hf2triton.clients import docker as engine_client
+from tasks.image import release_image
 from tests.conftest import ROOT, free_port
 
 PASSWORD = "s3cret-Registry-pw"
@@ -79,7 +81,7 @@ def test_tag_carries_name_version_and_short_content_hash(monkeypatch):
 
 
 def test_credentials_from_env_or_a_prefect_block(monkeypatch):
-    from hf2triton.docker_target import RegistryCredentials
+    from hf2triton.image import RegistryCredentials
 
     monkeypatch.delenv(image_step.ENV_USERNAME, raising=False)
     monkeypatch.delenv(image_step.ENV_PASSWORD, raising=False)
@@ -98,14 +100,48 @@ def test_credentials_from_env_or_a_prefect_block(monkeypatch):
         image_step.registry_auth(ImageSpec(credentials_block="nope"), "r:5000")
 
 
-def test_push_errors_are_classified():
-    target = image_step.ImageTarget(registry="r:1", repository="r:1/x", base_image="b",
-                                    tag="r:1/x:1-a")
-    assert isinstance(image_step._push_error(target, "unauthorized: authentication required"),
-                      RegistryAuthError)
-    net = image_step._push_error(target, "dial tcp 127.0.0.1:1: connect: connection refused")
-    assert isinstance(net, RegistryUnavailableError) and is_retryable(net)
-    assert not is_retryable(image_step._push_error(target, "manifest invalid"))
+@pytest.fixture()
+def answering(tmp_path):
+    """A registry stand-in on loopback that answers the v2 API root with a given status (a fault
+    no real registry can be asked to produce on demand)."""
+    import http.server
+    import threading
+
+    status = {"code": 200}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            self.send_response(status["code"])
+            if status["code"] == 401:
+                self.send_header("WWW-Authenticate", 'Basic realm="test"')
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"127.0.0.1:{server.server_address[1]}", status
+    server.shutdown()
+
+
+def test_registry_failures_are_classified_by_status_code(answering):
+    registry, status = answering
+    auth = {"username": "ci", "password": "pw"}
+    status["code"] = 503
+    with pytest.raises(RegistryUnavailableError) as busy:
+        engine_client.check_credentials(registry, auth)
+    assert is_retryable(busy.value) and "HTTP 503" in str(busy.value)
+    status["code"] = 401
+    with pytest.raises(RegistryAuthError) as refused:
+        engine_client.check_credentials(registry, auth)
+    assert not is_retryable(refused.value) and "'ci'" in str(refused.value)
+    with pytest.raises(RegistryAuthError, match="needs credentials"):
+        engine_client.check_credentials(registry, None)
+    status["code"] = 200
+    engine_client.check_credentials(registry, None)  # an open registry takes anyone
+    with pytest.raises(RegistryUnavailableError, match="did not answer"):
+        engine_client.check_credentials(f"127.0.0.1:{free_port()}", None)
 
 
 # ---- against the real engine and registries ------------------------------------------------
@@ -132,7 +168,7 @@ def auth_registry(tmp_path_factory, docker_env):
                             stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 30
-        while image_step._registry_answers(f"127.0.0.1:{port}") is not None:
+        while engine_client.registry_answers(f"127.0.0.1:{port}") is not None:
             assert proc.poll() is None and time.monotonic() < deadline, \
                 (root / "registry.log").read_text()
             time.sleep(0.3)
@@ -204,13 +240,15 @@ def test_prerequisites_say_what_is_missing(docker_env, monkeypatch):
 def test_auto_skips_the_image_and_says_why_while_docker_target_fails(docker_env, monkeypatch):
     monkeypatch.setenv("HF2TRITON_REGISTRY", f"127.0.0.1:{free_port()}")
     spec = parse_spec(_spec(build="auto"), ROOT / "releases")
-    out = image_step.release_image(spec, "/nonexistent", {}, "m", "1", "a" * 64, {})
+    reg = {"model_name": "m", "version": "1"}
+    record = {"release_key": "a" * 64, "lineage": {}}
+    out = release_image(spec, {"repository": "/nonexistent", "files": {}}, reg, record)
     assert "no registry answers" in out["skipped"]
     data = _spec(build=True)
     data["deploy"]["target"] = "docker"
     with pytest.raises(DockerUnavailableError, match="needs its image .deploy.target is docker"):
-        image_step.release_image(parse_spec(data, ROOT / "releases"), "/nonexistent", {}, "m",
-                                 "1", "a" * 64, {})
+        release_image(parse_spec(data, ROOT / "releases"),
+                      {"repository": "/nonexistent", "files": {}}, reg, record)
 
 
 def _tiny_repository(root: Path) -> tuple[str, dict[str, str]]:

@@ -20,11 +20,12 @@ import pytest
 from hf2triton import k8s
 from hf2triton.errors import DeployError, SpecError
 from hf2triton.spec import KubernetesSpec, parse_spec
-from tasks.kubernetes import deploy_kubernetes
+from hf2triton.spec import KServeDeploy
+from hf2triton.targets.kserve import KServe
 
 ROOT = Path(__file__).resolve().parents[1]
 KSERVE_SDK = ROOT / ".cache" / "kserve-sdk"
-# What tasks/image.py's PushResult records for a pushed release image.
+# What hf2triton/image.py's PushResult records for a pushed release image.
 PUSHED = {"tag": "127.0.0.1:5000/tiny-embedder:3-0123456789ab",
           "digest": "sha256:" + "ab" * 32,
           "reference": "127.0.0.1:5000/tiny-embedder@sha256:" + "ab" * 32}
@@ -150,17 +151,18 @@ def test_kserve_target_without_a_cluster_fails_saying_so(tmp_path, monkeypatch):
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     kube = KubernetesSpec(namespace="serving", storage_uri=STORE)
+    target = KServe(KServeDeploy(target="kserve", kubernetes=kube, ready_timeout_s=60),
+                    "tiny-embedder", str(tmp_path / "work"), "tiny-embedder")
     with pytest.raises(DeployError, match="no Kubernetes cluster is configured") as err:
-        deploy_kubernetes("tiny-embedder", "tiny-embedder", "tiny-embedder", "3", PUSHED, kube,
-                          60, str(tmp_path / "work"))
+        target.deploy("/nonexistent", "tiny-embedder", "3", {}, PUSHED, lambda e: {})
     written = tmp_path / "work" / "k8s" / "3"
     assert str(written) in str(err.value)
     assert sorted(p.name for p in written.iterdir()) == [
         "deployment.yaml", "horizontalpodautoscaler.yaml", "inferenceservice.yaml",
         "service.yaml"]
     with pytest.raises(DeployError, match="no image was built: no registry answers"):
-        deploy_kubernetes("tiny-embedder", "tiny-embedder", "tiny-embedder", "3",
-                          {"skipped": "no registry answers"}, kube, 60, str(tmp_path / "work"))
+        target.deploy("/nonexistent", "tiny-embedder", "3", {},
+                      {"skipped": "no registry answers"}, lambda e: {})
 
 
 def test_kserve_target_needs_the_image():

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from hf2triton import triton_local
+from hf2triton.targets.local import LocalTriton
 from tests.conftest import free_port, tiny_spec, wait_http
 
 
@@ -139,7 +140,7 @@ def test_release_with_mlflow_on_postgresql_and_the_repository_in_s3(
     from hf2triton.errors import DeployError
     from hf2triton.spec import load_spec
     from hf2triton.workspace import hash_files
-    from tasks.deploy import deploy_local, serving_versions, triton_client
+    from tests.served import serving_versions, triton_client
 
     caplog.set_level(logging.INFO)
     uri, database = mlflow_on_postgres
@@ -201,7 +202,8 @@ def test_release_with_mlflow_on_postgresql_and_the_repository_in_s3(
     files = {f"tiny-embedder/{k}": v for k, v in hash_files(broken / "tiny-embedder").items()}
     spec = load_spec(spec_path)
     with pytest.raises(DeployError, match=f"Version {version} keeps serving"):
-        deploy_local(str(broken), "tiny-embedder", "99", files, spec.deploy)
+        LocalTriton(spec.deploy, spec.name).deploy(str(broken), "tiny-embedder", "99", files,
+                                                   {}, lambda endpoint: {})
     assert not s3.list_objects_v2(Bucket=BUCKET, Prefix="triton/prod/tiny-embedder/99/").get(
         "Contents")
     triton = triton_client(state.http_url)
@@ -263,7 +265,7 @@ def test_replicas_that_read_one_bucket_all_serve_the_release(s3_server, tiny_ber
 
     from flows.release import release_model
     from hf2triton.spec import load_spec
-    from tasks.deploy import serving_versions, triton_client
+    from tests.served import serving_versions, triton_client
 
     endpoint, s3 = s3_server
     creds = {"AWS_ACCESS_KEY_ID": S3_KEY, "AWS_SECRET_ACCESS_KEY": S3_SECRET,
@@ -293,6 +295,8 @@ def test_replicas_that_read_one_bucket_all_serve_the_release(s3_server, tiny_ber
         spec = yaml.safe_load(spec_path.read_text())
         spec["deploy"].update(target="triton-replicas",
                               replicas=[{"http": h, "grpc": g} for _, h, g in replicas])
+        for key in ("host", "http_port", "grpc_port", "metrics_port"):  # replicas have their own
+            spec["deploy"].pop(key)
         spec_path.write_text(yaml.safe_dump(spec))
         summary = release_model(load_spec(spec_path))
         version = summary["mlflow"]["version"]

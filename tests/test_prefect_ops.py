@@ -132,7 +132,7 @@ def test_deployment_run_releases_and_serves(deployed_run):
     champion = MlflowClient(uri, registry_uri=uri).get_model_version_by_alias(
         "tiny-embedder", "champion")
     assert str(champion.version) == "1"
-    from tasks.smoke import embed_remote
+    from tests.served import embed_remote
 
     emb, _ = embed_remote("grpc", f"127.0.0.1:{deployed_run['ports']['grpc_port']}",
                           "tiny-embedder", "1", ["the quick brown fox"])

@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hf2triton.embeddings import TorchEmbedder, cosine_rows, read_sentences, resolve_embedding_config
+from hf2triton.kinds.embedding import TorchEmbedder, cosine_rows, resolve_embedding_config
+from tests.served import read_sentences
 from tests.conftest import ROOT, free_port, run_mlflow_server, write_spec
 
 pytestmark = pytest.mark.e2e
@@ -79,7 +80,7 @@ def test_release_summary_names_version_metrics_and_endpoints(release):
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
 def test_served_embeddings_match_pytorch_on_unseen_sentences(release, minilm_dir, protocol):
-    from tasks.smoke import embed_remote
+    from tests.served import embed_remote
 
     _summary(release.first)
     heldout = read_sentences(ROOT / "tests" / "data" / "heldout-sentences.txt")
@@ -142,7 +143,7 @@ def test_second_run_reuses_steps_and_keeps_one_version(release):
 
 
 def test_failed_gate_stops_before_registration_and_old_version_serves(release, tmp_path):
-    from tasks.smoke import embed_remote
+    from tests.served import embed_remote
 
     _summary(release.first)
     sentences = tmp_path / "short.txt"

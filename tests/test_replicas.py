@@ -19,7 +19,7 @@ from flows.release import release_model
 from hf2triton import triton_local
 from hf2triton.errors import DeployError, SmokeTestError, SpecError
 from hf2triton.spec import load_spec, parse_spec
-from tasks.deploy import serving_versions
+from tests.served import serving_versions
 from tests.conftest import free_port, tiny_spec, wait_http
 
 TEXTS = ["the quick brown fox", "thanks a lot", "prices rose 12.5%!"]
@@ -103,7 +103,7 @@ def _spec(tmp: Path, model_dir: Path, replicas: list[Replica], name: str, **over
 def _champion(model: str) -> str:
     from mlflow import MlflowClient
 
-    from tasks.register import tracking_uri
+    from hf2triton.clients.mlflow import tracking_uri
 
     return str(MlflowClient(tracking_uri(), registry_uri=tracking_uri())
                .get_model_version_by_alias(model, "champion").version)
@@ -112,12 +112,16 @@ def _champion(model: str) -> str:
 def test_spec_needs_replicas_for_the_replica_target():
     base = {"name": "x", "source": {"path": "/m"}, "validation": {"sentences": "/s"},
             "registry": {"model_name": "x"}}
-    with pytest.raises(SpecError, match="needs deploy.replicas"):
+    with pytest.raises(SpecError, match=r"missing key 'deploy.replicas' \(deploy.target "
+                                        "'triton-replicas'\)"):
         parse_spec({**base, "deploy": {"target": "triton-replicas"}})
+    with pytest.raises(SpecError, match="at least 1 item"):
+        parse_spec({**base, "deploy": {"target": "triton-replicas", "replicas": []}})
     with pytest.raises(SpecError, match="not an endpoint"):
         parse_spec({**base, "deploy": {"target": "triton-replicas", "replicas": [
             {"http": "http://a:8000", "grpc": "a:8001", "model_repository": "/r"}]}})
-    with pytest.raises(SpecError, match="read only by target 'triton-replicas'"):
+    with pytest.raises(SpecError, match=r"unknown key 'deploy.replicas' \(deploy.target "
+                                        "'local-triton'\)"):
         parse_spec({**base, "deploy": {"replicas": [
             {"http": "a:8000", "grpc": "a:8001", "model_repository": "/r"}]}})
 

@@ -17,7 +17,8 @@ from flows.release import release_model
 from hf2triton.errors import ArtifactError, DeployError, SmokeTestError
 from hf2triton.spec import load_spec
 from hf2triton.workspace import hash_files
-from tasks.deploy import deploy_local, serving_versions
+from hf2triton.targets.local import LocalTriton
+from tests.served import serving_versions
 from tests.conftest import tiny_spec
 
 TEXTS = ["the quick brown fox", "thanks a lot"]
@@ -43,10 +44,16 @@ def _serving(rel) -> list[str]:
 def _champion(model: str) -> str:
     from mlflow import MlflowClient
 
-    from tasks.register import tracking_uri
+    from hf2triton.clients.mlflow import tracking_uri
 
     return str(MlflowClient(tracking_uri(), registry_uri=tracking_uri()).get_model_version_by_alias(
         model, "champion").version)
+
+
+def _deploy(spec, repository: str, model: str, version: str, files: dict):
+    """The local target's deploy step on its own (no smoke check: it never gets that far)."""
+    return LocalTriton(spec.deploy, spec.name).deploy(repository, model, version, files, {},
+                                                      lambda endpoint: {})
 
 
 def _spec(rel, tmp_path: Path, model_dir: Path, **overrides):
@@ -111,7 +118,7 @@ def test_version_that_fails_to_load_is_removed_and_the_serving_one_stays(tiny_re
     files = {f"{rel.model}/{k}": v for k, v in hash_files(broken / rel.model).items()}
     spec = load_spec(rel.spec_path)
     with pytest.raises(DeployError, match=f"Version {serving[-1]} keeps serving"):
-        deploy_local(str(broken), rel.model, "99", files, spec.deploy)
+        _deploy(spec, str(broken), rel.model, "99", files)
     assert _serving(rel) == serving
     assert not (served_dir / "99").exists()
     assert np.allclose(_embed(rel.http_url, rel.model), before, atol=1e-6)
@@ -129,6 +136,6 @@ def test_tampered_model_file_is_refused_before_loading(tiny_release, tmp_path):
     files = {f"{rel.model}/{k}": v for k, v in hash_files(repo / rel.model).items()}
     (repo / rel.model / "1" / "model.py").write_text("import os  # tampered\n")
     with pytest.raises(ArtifactError, match="do not match the sha256"):
-        deploy_local(str(repo), rel.model, "98", files, load_spec(rel.spec_path).deploy)
+        _deploy(load_spec(rel.spec_path), str(repo), rel.model, "98", files)
     assert _serving(rel) == serving
     assert not (served_dir / "98").exists()

@@ -12,7 +12,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from hf2triton.embeddings import TorchEmbedder, cosine_rows, resolve_embedding_config
+from hf2triton.kinds.embedding import TorchEmbedder, cosine_rows, resolve_embedding_config
 
 GOOD = ["the quick brown fox", "thanks a lot", "the bank raised interest rates"]
 

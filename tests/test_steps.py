@@ -1,5 +1,6 @@
 """The model steps on a tiny real BERT: export to ONNX (checked against PyTorch), quantize, and the
-accuracy gate that picks the candidate to ship. Step functions are called directly."""
+accuracy gate that picks the candidate to ship. Library functions are called directly; the gate
+runs each candidate through the serving core, as Triton does."""
 
 from __future__ import annotations
 
@@ -12,13 +13,6 @@ import numpy as np
 import pytest
 
 from hf2triton import errors
-from hf2triton.embeddings import (
-    EmbeddingConfig,
-    OnnxEmbedder,
-    TorchEmbedder,
-    cosine_rows,
-    resolve_embedding_config,
-)
 from hf2triton.errors import (
     AccuracyGateError,
     ExportError,
@@ -26,11 +20,18 @@ from hf2triton.errors import (
     SpecError,
     UnsupportedModelError,
 )
-from hf2triton.spec import QuantizationSpec, SourceSpec, Thresholds
-from tasks.export import compare_with_torch, export_onnx
-from tasks.fetch import fetch_model
-from tasks.quantize import quantize_onnx
-from tasks.validate import Candidate, validate_candidates
+from hf2triton.export import export_model
+from hf2triton.gate import load_candidate, run_gate as gate, serving_settings
+from hf2triton.kinds import Candidate, Data, kind_for
+from hf2triton.kinds.embedding import (
+    EmbeddingConfig,
+    TorchEmbedder,
+    cosine_rows,
+    resolve_embedding_config,
+)
+from hf2triton.quantization import quantize_onnx
+from hf2triton.source import fetch_model
+from hf2triton.spec import QuantizationSpec, SourceSpec, Thresholds, parse_spec
 from tests.models import CORPUS
 
 ODD = [
@@ -53,12 +54,32 @@ def sha256(path: str | Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
+def embedding_kind(model_dir: Path | str, sentences: Path | str = "unused.txt",
+                   thresholds: Thresholds = Thresholds(), smoke: int = 8):
+    return kind_for(parse_spec({
+        "name": "tiny", "source": {"path": str(model_dir)}, "registry": {"model_name": "tiny"},
+        "validation": {"sentences": str(sentences), "thresholds": thresholds.model_dump(),
+                       "smoke_sentences": smoke}}))
+
+
 def do_export(model_dir: Path, work: Path, atol: float = 1e-3, cfg: EmbeddingConfig | None = None):
     src = fetch_model(SourceSpec(path=str(model_dir)))
-    return export_onnx(
-        src["model_dir"], src["content_hash"], "feature-extraction", 18, atol,
-        cfg or resolve_embedding_config(model_dir), SENTENCES, str(work),
+    return export_model(
+        embedding_kind(model_dir), src["model_dir"], src["content_hash"], 18, atol,
+        cfg or resolve_embedding_config(model_dir), Data(SENTENCES), str(work),
     )
+
+
+def served(model_dir, exported, onnx_path, cfg):
+    """The serving core's embedder on `onnx_path`, with the export's tokenizer.json."""
+    kind = embedding_kind(model_dir)
+    return load_candidate(kind, str(onnx_path), exported["export_dir"],
+                          serving_settings(kind, cfg, exported["export_dir"]))
+
+
+def compare_with_torch(model_dir, onnx_path, cfg, texts) -> float:
+    return embedding_kind(model_dir).check_export(str(model_dir), Path(onnx_path).parent, cfg,
+                                                  texts)["max_abs_diff"]
 
 
 @pytest.fixture(scope="module")
@@ -89,10 +110,9 @@ def sentences_file(tmp_path_factory) -> Path:
 
 
 def run_gate(tiny_bert, exported, cfg, sentences_file, candidates, thresholds, work, smoke=8):
-    return validate_candidates(
-        str(tiny_bert), exported["export_dir"], candidates, cfg, str(sentences_file),
-        thresholds, smoke, str(work),
-    )
+    kind = embedding_kind(tiny_bert, sentences_file, thresholds, smoke)
+    return gate(kind, str(tiny_bert), exported["export_dir"], candidates, cfg, kind.read_data(),
+                8, 0, str(work))
 
 
 def leftovers(step_dir: Path) -> list[str]:
@@ -124,23 +144,25 @@ def test_export_has_dynamic_batch_and_sequence_axes(exported):
 def test_export_runs_with_any_batch_and_length(exported, tiny_bert, cfg):
     from transformers import AutoTokenizer
 
+    from hf2triton.kinds.embedding import onnx_hidden_states
+
     tok = AutoTokenizer.from_pretrained(exported["export_dir"])
-    emb = OnnxEmbedder(exported["onnx_path"], tok, cfg)
     for texts in (["a"], SENTENCES[:3], SENTENCES):
         enc = tok(texts, padding=True, truncation=True, max_length=cfg.max_length,
                   return_tensors="np")
-        states = emb.hidden_states(dict(enc))
+        states = onnx_hidden_states(exported["onnx_path"], dict(enc))
         assert states.shape == (len(texts), enc["input_ids"].shape[1], 32)
-    assert emb.embed(SENTENCES).shape == (len(SENTENCES), 32)
+    assert served(tiny_bert, exported, exported["onnx_path"], cfg).embed(SENTENCES).shape == \
+        (len(SENTENCES), 32)
 
 
 def test_export_matches_pytorch_within_atol(exported, tiny_bert, cfg):
     assert exported["max_abs_diff"] <= 1e-3
-    assert exported["checked_sentences"] >= 20
+    assert exported["checked"] >= 20
     assert exported["opset"] == 18
-    # Pooled sentence embeddings agree too, including the odd inputs.
+    # Pooled sentence embeddings of the serving core agree too, including the odd inputs.
     ref = TorchEmbedder(tiny_bert, cfg)
-    onnx_emb = OnnxEmbedder(exported["onnx_path"], ref.tokenizer, cfg)
+    onnx_emb = served(tiny_bert, exported, exported["onnx_path"], cfg)
     cos = cosine_rows(ref.embed(SENTENCES), onnx_emb.embed(SENTENCES))
     assert cos.min() > 0.9999
 
@@ -177,8 +199,8 @@ def test_the_pytorch_check_catches_a_graph_from_other_weights(
     exported, tiny_bert, other_tiny_bert, work, cfg
 ):
     other = do_export(other_tiny_bert, work)
-    same = compare_with_torch(str(tiny_bert), Path(exported["onnx_path"]), cfg, SENTENCES)
-    wrong = compare_with_torch(str(tiny_bert), Path(other["onnx_path"]), cfg, SENTENCES)
+    same = compare_with_torch(tiny_bert, exported["onnx_path"], cfg, SENTENCES)
+    wrong = compare_with_torch(tiny_bert, other["onnx_path"], cfg, SENTENCES)
     assert same <= 1e-3
     assert wrong > 1e-2
 
@@ -242,7 +264,6 @@ QUANT_CASES = [
 @pytest.mark.parametrize("spec, method", QUANT_CASES, ids=[m for _, m in QUANT_CASES])
 def test_dynamic_int8_is_smaller_and_runs(exported, work, tiny_bert, cfg, spec, method):
     import onnx
-    from transformers import AutoTokenizer
 
     result = quantize_onnx(exported["onnx_path"], spec, str(work))
     path = Path(result["onnx_path"])
@@ -253,9 +274,8 @@ def test_dynamic_int8_is_smaller_and_runs(exported, work, tiny_bert, cfg, spec, 
     ops = {n.op_type for n in onnx.load(str(path)).graph.node}
     assert ops & {"DynamicQuantizeLinear", "MatMulInteger", "DequantizeLinear"}
     # It loads in ONNX Runtime and still gives (nearly) the same sentence embeddings.
-    tok = AutoTokenizer.from_pretrained(exported["export_dir"])
-    quant = OnnxEmbedder(path, tok, cfg).embed(SENTENCES)
-    fp32 = OnnxEmbedder(exported["onnx_path"], tok, cfg).embed(SENTENCES)
+    quant = served(tiny_bert, exported, path, cfg).embed(SENTENCES)
+    fp32 = served(tiny_bert, exported, exported["onnx_path"], cfg).embed(SENTENCES)
     assert quant.shape == fp32.shape == (len(SENTENCES), 32)
     assert np.isfinite(quant).all()
     assert cosine_rows(quant, fp32).min() > 0.99
@@ -302,27 +322,26 @@ def test_fp32_passes_a_lenient_gate_and_writes_its_evidence(
 
     assert result["chosen"] == "fp32"
     assert result["onnx_path"] == exported["onnx_path"]
-    assert result["sentences"] == len(kept)
-    assert result["embedding_dim"] == 32
+    assert result["items"] == len(kept)
+    assert result["info"]["embedding_dim"] == 32
     assert result["metrics"]["min_cosine"] > 0.9999
     assert result["candidates"] == {"fp32": result["metrics"]}
 
     report = json.loads(Path(result["report_path"]).read_text(encoding="utf-8"))
     assert report["chosen"] == "fp32"
-    assert report["sentences"] == len(kept)
+    assert report["items"] == len(kept)
     assert report["thresholds"] == LENIENT.model_dump()
     assert [c["name"] for c in report["candidates"]] == ["fp32"]
     assert report["candidates"][0]["misses"] == {}
-    assert report["embedding"] == cfg.to_dict()
+    assert report["config"] == cfg.to_dict()
 
     # The smoke reference: 8 texts spread over the length range, with PyTorch's embeddings.
-    smoke = result["smoke_texts"]
+    ref = json.loads(Path(result["reference_path"]).read_text(encoding="utf-8"))
+    smoke = ref["items"]
     assert len(smoke) == 8
     assert min(kept, key=len) in smoke and max(kept, key=len) in smoke
-    ref = np.load(result["reference_path"], allow_pickle=True)
-    assert list(ref["texts"]) == smoke
     expected = TorchEmbedder(tiny_bert, cfg).embed(smoke)
-    np.testing.assert_allclose(ref["embeddings"], expected, atol=1e-5)
+    np.testing.assert_allclose(np.array(ref["reference"]), expected, atol=1e-5)
 
     again = run_gate(tiny_bert, exported, cfg, sentences_file, [fp32], LENIENT, work)
     assert again["reused"] is True
@@ -422,7 +441,7 @@ def test_nan_embeddings_fail_the_gate(tiny_bert, exported, nan_onnx, cfg, senten
 
 
 def test_the_pytorch_check_reports_nan_output_as_a_mismatch(tiny_bert, nan_onnx, cfg):
-    worst = compare_with_torch(str(tiny_bert), nan_onnx, cfg, SENTENCES)
+    worst = compare_with_torch(tiny_bert, nan_onnx, cfg, SENTENCES)
     assert not worst <= 1e-3
 
 
@@ -446,6 +465,7 @@ def test_bad_validation_sentence_files_are_spec_errors(
     fp32 = Candidate(name="fp32", onnx_path=exported["onnx_path"])
     with pytest.raises(SpecError) as info:
         run_gate(tiny_bert, exported, cfg, path, [fp32], LENIENT, tmp_path / "work")
+    assert not (tmp_path / "work").exists()
     msg = str(info.value)
     assert str(path) in msg
     assert "validation.sentences" in msg

@@ -108,10 +108,10 @@ def _translate(url: str, model: str, texts: list[str], **params) -> list[str]:
 
 
 def _torch_translations(rel, texts, **overrides):
-    from hf2triton.task_config import resolve_task_config
-    from hf2triton.translation import TorchTranslator
+    from hf2triton.kinds import kind_for
+    from hf2triton.kinds.translation import TorchTranslator
 
-    cfg = resolve_task_config(rel["spec"], rel["model_dir"])
+    cfg = kind_for(rel["spec"]).resolve(rel["model_dir"])
     ref = TorchTranslator(rel["model_dir"], cfg)
     kwargs = {"num_beams": 1, "max_new_tokens": 20, **overrides}
     import torch
@@ -138,7 +138,7 @@ def test_translation_release_serves_pytorch_greedy_output_for_every_sentence(
     report = json.loads(Path(_report_path(rel)).read_text())
     print("translation gate:", json.dumps(
         {c["name"]: c["metrics"] for c in report["candidates"]}), "ships", summary["variant"])
-    assert summary["metrics"]["smoke_greedy_exact_match"] == 1.0
+    assert summary["metrics"]["smoke_bleu"] == 100.0  # served = PyTorch, as the gate demanded
 
 
 def _report_path(rel) -> str:
@@ -195,12 +195,14 @@ def test_translation_concurrent_requests_are_answered_like_single_ones(translati
 
 def test_classification_release_serves_pytorch_labels(classification_release):
     rel = classification_release
-    from hf2triton.classification import TorchClassifier, resolve_classification_config
+    from hf2triton.kinds.classification import TorchClassifier, resolve_classification_config
+    from hf2triton.serving.classification import activate
 
     texts = list(dict.fromkeys(SEQ2SEQ_CORPUS + ODD))
-    ref = TorchClassifier(rel["model_dir"], resolve_classification_config(rel["model_dir"]))
-    probs = ref.probs(texts)
-    want = [ref.cfg.labels[i] for i in probs.argmax(axis=1)]
+    cfg = resolve_classification_config(rel["model_dir"])
+    probs = activate(TorchClassifier(rel["model_dir"], cfg.max_length).all_logits(texts),
+                     cfg.activation)
+    want = [cfg.labels[i] for i in probs.argmax(axis=1)]
     assert len(set(want)) > 1
     client = grpcclient.InferenceServerClient(url=f"127.0.0.1:{rel['ports']['grpc_port']}")
     data = np.array([[t.encode()] for t in texts], dtype=np.object_)
@@ -255,10 +257,10 @@ def test_a_file_that_does_not_survive_quantization_ships_fp32(translation_releas
 
     from onnxruntime import quantization
 
-    from hf2triton.seq2seq import OrtSeq2Seq
+    from hf2triton.kinds.translation import serving_files
+    from hf2triton.quantization import quantize_onnx
+    from hf2triton.serving.seq2seq import OrtSeq2Seq
     from hf2triton.spec import QuantizationSpec
-    from hf2triton.translation import serving_files
-    from tasks.quantize import quantize_onnx
 
     export_dir = next(p.parent for p in (translation_release["home"] / "work").rglob(
         "encoder_model.onnx") if p.parent.parent.name == "export")
@@ -281,7 +283,7 @@ def test_a_file_that_does_not_survive_quantization_ships_fp32(translation_releas
     # The mixed int8/fp32 set still generates.
     cfg = json.loads((translation_release["home"] / "triton" / "models" / "tiny-translator"
                       / "1" / "serving.json").read_text())
-    from hf2triton.seq2seq import DecodeSettings
+    from hf2triton.serving.seq2seq import DecodeSettings
 
     ids = OrtSeq2Seq(serving_files(out)).generate([[101, 40, 2]], DecodeSettings.from_dict(
         cfg["decode"]).with_request(num_beams=1), 1)

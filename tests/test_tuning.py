@@ -12,7 +12,7 @@ import pytest
 from flows.release import release_model
 from hf2triton.errors import SpecError
 from hf2triton.spec import load_spec, parse_spec
-from tasks.tune import choose
+from hf2triton.tuning import choose
 from tests.conftest import free_port, tiny_spec
 
 
@@ -36,8 +36,8 @@ def test_choice_is_the_fastest_under_the_latency_cap_and_never_one_with_errors()
 
 
 def test_search_is_refused_for_tasks_it_cannot_drive():
-    with pytest.raises(SpecError, match="deploy.tuning.search is implemented for "
-                                        "feature-extraction releases"):
+    with pytest.raises(SpecError, match="deploy.tuning.search cannot drive 'translation' "
+                                        "releases"):
         parse_spec({"name": "t", "task": "translation", "source": {"repo_id": "a/b", "revision": "main"},
                     "validation": {"sentences": "x.txt"}, "registry": {"model_name": "t"},
                     "deploy": {"tuning": {"search": True}}})
@@ -47,7 +47,7 @@ def test_release_ships_the_searched_config(tiny_bert, tmp_path, monkeypatch):
     from mlflow import MlflowClient
 
     from hf2triton import triton_local
-    from tasks.deploy import triton_client
+    from tests.served import triton_client
 
     monkeypatch.setenv("HF2TRITON_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)

@@ -41,7 +41,7 @@ def _figures(tiny_bert, tmp_path, ports) -> dict[str, float]:
 def summary_report(summary: dict) -> str:
     from mlflow import MlflowClient
 
-    from tasks.register import tracking_uri
+    from hf2triton.clients.mlflow import tracking_uri
 
     client = MlflowClient(tracking_uri(), registry_uri=tracking_uri())
     return client.download_artifacts(summary["mlflow"]["run_id"], "validation_report.json")

@@ -1,0 +1,180 @@
+"""The MLflow tracking server and model registry as the release uses them: one run and one model
+version per distinct release, aliases, version tags. Failures are classified by exception type
+and MLflow error code: a server that does not answer (a requests error under MLflow's
+exception) or answers "temporarily unavailable" is a `ServiceUnavailableError`; the rest keep
+their MLflow exception.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from hf2triton import quiet
+from hf2triton.errors import ServiceUnavailableError
+from hf2triton.workspace import home
+
+T = TypeVar("T")
+RELEASE_KEY_TAG = "hf2triton.release_key"
+# MLflow error codes of an answer a second try can get past (HTTP 503, 504, 429).
+TRANSIENT_CODES = ("TEMPORARILY_UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED")
+
+# A new local store announces its schema set-up at INFO on the first release; nothing to act on.
+for _message in ("Creating initial MLflow database tables", "Updating database tables"):
+    quiet.drop_log_message("mlflow.store.db.utils", _message)
+
+
+def tracking_uri() -> str:
+    """$MLFLOW_TRACKING_URI, else a SQLite store inside the hf2triton home."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        return uri
+    db = home() / "mlflow.db"
+    db.parent.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{db}"
+
+
+def _chain(exc: BaseException):
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Did MLflow fail because its server did not answer, or answered 'try later'?"""
+    import requests
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import ErrorCode
+
+    for link in _chain(exc):
+        if isinstance(link, (requests.exceptions.RequestException, ConnectionError,
+                             TimeoutError)):
+            return True
+        if isinstance(link, MlflowException):
+            code = link.error_code if isinstance(link.error_code, str) else \
+                ErrorCode.Name(link.error_code)
+            if code in TRANSIENT_CODES:
+                return True
+    return False
+
+
+def _flatten(prefix: str, value: Any, out: dict[str, str]) -> None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _flatten(f"{prefix}.{k}" if prefix else str(k), v, out)
+    else:
+        out[prefix] = json.dumps(value) if isinstance(value, list) else str(value)
+
+
+class Registry:
+    """One MLflow tracking and registry URI."""
+
+    def __init__(self, uri: str | None = None):
+        # MLflow's own HTTP retries back off for minutes; the task's retries own the schedule.
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "60")
+        from mlflow import MlflowClient
+
+        self.uri = uri or tracking_uri()
+        self.client = MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
+
+    def call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run one MLflow call; a server that does not answer is worth a retry."""
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            if is_transient(exc):
+                raise ServiceUnavailableError(
+                    f"MLflow at {self.uri} did not answer while trying to {what}: check that the "
+                    "server is up (MLFLOW_TRACKING_URI) and run again"
+                ) from exc
+            raise
+
+    # -- lookups --------------------------------------------------------------------------
+    def has_model(self, name: str) -> bool:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self.call("look up the model", self.client.get_registered_model, name)
+            return True
+        except MlflowException as exc:
+            if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+                return False
+            raise
+
+    def version_with_key(self, name: str, release_key: str) -> Any | None:
+        if not self.has_model(name):
+            return None
+        found = self.call("search model versions", self.client.search_model_versions,
+                          f"name = '{name}' and tags.`{RELEASE_KEY_TAG}` = '{release_key}'")
+        return found[0] if found else None
+
+    def version(self, name: str, version: str) -> Any:
+        return self.call("read the model version", self.client.get_model_version, name, version)
+
+    def run(self, run_id: str) -> Any:
+        return self.call("read the run", self.client.get_run, run_id)
+
+    def experiment_id(self, name: str) -> str:
+        exp = self.call("look up the experiment", self.client.get_experiment_by_name, name)
+        if exp is not None:
+            return exp.experiment_id
+        artifact_location = None
+        if self.uri.startswith("sqlite:") or "://" not in self.uri:
+            # A local store keeps artifacts beside it, not in ./mlruns of whatever the cwd is.
+            artifact_location = (home() / "mlartifacts").as_uri()
+        return self.call("create the experiment", self.client.create_experiment, name,
+                         artifact_location=artifact_location)
+
+    # -- writes ---------------------------------------------------------------------------
+    def set_alias(self, name: str, alias: str, version: str) -> None:
+        self.call(f"move the {alias} alias", self.client.set_registered_model_alias, name, alias,
+                  version)
+
+    def tag_version(self, name: str, version: str, tags: dict[str, str]) -> None:
+        for key, value in tags.items():
+            self.call("tag the version", self.client.set_model_version_tag, name, version, key,
+                      value)
+
+    def log_release(self, name: str, experiment: str, release_key: str,
+                    params: dict[str, Any], metrics: dict[str, float], tags: dict[str, str],
+                    artifacts: dict[str, str]) -> tuple[Any, str, str]:
+        """A finished run with the release record and a new model version whose source is the
+        run's `triton_repository` artifact; returns (version, run id, experiment id)."""
+        from mlflow.entities import Metric, Param
+
+        exp_id = self.experiment_id(experiment)
+        run = self.call("create a run", self.client.create_run, exp_id,
+                        run_name=f"{params.get('name', name)}-{release_key[:8]}",
+                        tags={RELEASE_KEY_TAG: release_key, "hf2triton.model_name": name})
+        run_id = run.info.run_id
+        try:
+            flat: dict[str, str] = {}
+            _flatten("", params, flat)
+            ts = run.info.start_time
+            self.call("log the release record", self.client.log_batch, run_id,
+                      metrics=[Metric(k, float(v), ts, 0) for k, v in sorted(metrics.items())],
+                      params=[Param(k, v[:6000]) for k, v in sorted(flat.items())])
+            for dest, src in artifacts.items():
+                if Path(src).is_dir():
+                    self.call(f"upload {dest}", self.client.log_artifacts, run_id, src, dest)
+                else:
+                    parent = str(Path(dest).parent) if str(Path(dest).parent) != "." else None
+                    self.call(f"upload {dest}", self.client.log_artifact, run_id, src, parent)
+            if not self.has_model(name):
+                self.call("create the registered model", self.client.create_registered_model,
+                          name, description="Released by hf2triton")
+            mv = self.call("create the model version", self.client.create_model_version, name,
+                           source=f"{run.info.artifact_uri}/triton_repository", run_id=run_id,
+                           tags={RELEASE_KEY_TAG: release_key, **tags})
+        except BaseException:
+            self.call("mark the run failed", self.client.set_terminated, run_id, "FAILED")
+            raise
+        self.call("finish the run", self.client.set_terminated, run_id, "FINISHED")
+        return mv, run_id, exp_id

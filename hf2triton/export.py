@@ -1,0 +1,93 @@
+"""ONNX export with optimum-onnx (dynamic batch and sequence axes), then a check of the graph
+against PyTorch on real validation inputs (not dummy ones); a mismatch fails the step. What the
+check compares is the model kind's (token states, logits, encoder states and greedy output).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any, TypedDict
+
+from hf2triton import quiet
+from hf2triton.errors import ExportError, UnsupportedModelError
+from hf2triton.kinds.base import Data, ModelKind, to_json
+from hf2triton.workspace import cached_step, digest, sha256_file
+
+
+class ExportResult(TypedDict):
+    onnx_path: str  # the exported model: a file, or for seq2seq the directory of its files
+    export_dir: str
+    opset: int
+    max_abs_diff: float
+    checked: int
+    seconds: float
+    reused: bool
+
+
+def candidate_path(kind: ModelKind, directory: str | Path) -> str:
+    """What a variant of this kind is: its one ONNX file, or (seq2seq) its directory."""
+    return str(Path(directory) / "model.onnx") if kind.main_file == "model.onnx" \
+        else str(directory)
+
+
+def optimum_export(model_dir: str, out: Path, onnx_task: str, opset: int, main_file: str) -> None:
+    import torch
+    from optimum.exporters.onnx import main_export
+
+    # optimum-onnx 0.1.0 loads the model with `torch_dtype=float32`, which transformers 4.57
+    # renamed to `dtype` and warns about; float32 is what we export either way.
+    for source in ("transformers.modeling_utils", "transformers.configuration_utils"):
+        quiet.drop_log_message(source, "`torch_dtype` is deprecated")
+    try:
+        # Tracing turns Python values computed from the example input into constants and warns
+        # each time. A trace that froze a shape would disagree with PyTorch on the real inputs of
+        # other lengths and batch sizes that every export is checked on.
+        with quiet.ignored_warnings(torch.jit.TracerWarning):
+            main_export(
+                model_dir, output=out, task=onnx_task, opset=opset, device="cpu",
+                # Token states out, not sentence-transformers' pooled output: serving pools.
+                library_name="transformers",
+                do_validation=False,  # replaced by the check on real inputs
+            )
+    except (ValueError, KeyError, NotImplementedError) as exc:
+        text = str(exc)
+        if "not supported" in text or "unsupported" in text.lower() or isinstance(exc, KeyError):
+            raise UnsupportedModelError(
+                f"optimum-onnx cannot export this model for {onnx_task}: {text.splitlines()[0]}"
+            ) from None
+        raise ExportError(f"ONNX export of {model_dir} failed: {text}") from exc
+    if not (out / main_file).is_file():
+        raise ExportError(f"ONNX export of {model_dir} produced no {main_file} in {out}")
+
+
+def export_model(kind: ModelKind, model_dir: str, content_hash: str, opset: int, atol: float,
+                 cfg: Any, data: Data, work_root: str) -> ExportResult:
+    """Export `model_dir` for `kind` and prove it matches PyTorch within `atol`."""
+    inputs = kind.export_inputs(data)
+    key = digest([
+        content_hash, kind.name, kind.onnx_task, opset, atol, to_json(cfg.to_dict()),
+        to_json(inputs), [sha256_file(m.__file__) for m in (
+            sys.modules[__name__], sys.modules[type(kind).__module__])],
+    ])
+    started = time.perf_counter()
+
+    def build(out: Path) -> dict:
+        optimum_export(model_dir, out, kind.onnx_task, opset, kind.main_file)
+        kind.prepare_export(model_dir, out, cfg)
+        found = kind.check_export(model_dir, out, cfg, inputs)
+        if not found["max_abs_diff"] <= atol:
+            raise ExportError(
+                f"the ONNX export disagrees with PyTorch: largest difference "
+                f"{found['max_abs_diff']:.2e} > export.atol {atol:.0e} on {len(inputs)} real "
+                f"{kind.item_word}; try another export.opset or report the model"
+            )
+        return {"max_abs_diff": found["max_abs_diff"], "checked": len(inputs)}
+
+    done = cached_step(work_root, "export", key, build)
+    return ExportResult(
+        onnx_path=candidate_path(kind, done.path), export_dir=str(done.path), opset=opset,
+        max_abs_diff=done.result["max_abs_diff"], checked=done.result["checked"],
+        seconds=round(time.perf_counter() - started, 3), reused=done.reused,
+    )

@@ -1,0 +1,239 @@
+"""The accuracy gate, for every model kind: each candidate runs through the serving core (the code
+Triton runs, hf2triton.serving) in-process, batched as Triton batches it, and is scored against
+the original PyTorch model with the kind's metrics and limits. The first candidate that meets
+every limit ships (or, with `select="fastest"`, the fastest that does); when none does, the
+release stops with a report of which metric missed by how much.
+
+"Batched as Triton batches it": outputs of dynamic int8 depend on what else is in the batch.
+Each candidate is measured one request at a time, in dynamic batches of max_batch_size requests
+in arrival order, and on the smoke test's own requests in the batches the smoke test sends; its
+figures are the worst of these, so a gate that passes is a smoke test that passes.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, TypedDict
+
+import numpy as np
+
+from hf2triton import serving
+from hf2triton.errors import AccuracyGateError
+from hf2triton.kinds.base import (
+    Candidate,
+    Data,
+    ModelKind,
+    describe_misses,
+    misses,
+    take,
+    to_json,
+    worst_of,
+)
+from hf2triton.runs import in_prefect_run, step_logger
+from hf2triton.workspace import atomic_write_text, cached_step, digest, hash_files, sha256_file
+
+SERVING_DIR = Path(serving.__file__).parent
+
+
+class GateResult(TypedDict):
+    chosen: str
+    onnx_path: str  # the shipped candidate: a file, or a directory of files
+    metrics: dict[str, float]
+    candidates: dict[str, dict[str, float]]  # every measured candidate's figures
+    items: int
+    report_path: str
+    reference_path: str  # the smoke test's items, PyTorch's answers and limits (json)
+    info: dict[str, Any]  # what the repository needs from the reference (embedding_dim)
+    seconds: float
+    reused: bool
+
+
+def serving_settings(kind: ModelKind, cfg: Any, export_dir: str, max_batch_tokens: int = 0,
+                     threads: int = 0) -> dict[str, Any]:
+    """serving.json without file locations: what the served model and the gate both read."""
+    module, cls = kind.serving
+    return {"module": module, "class": cls, "kind": kind.name,
+            **kind.settings(cfg, export_dir), "intra_op_threads": threads,
+            "max_batch_tokens": max_batch_tokens}
+
+
+def load_candidate(kind: ModelKind, candidate: str, export_dir: str,
+                   settings: dict[str, Any]) -> Any:
+    """The serving core's model on a candidate's files where they lie (no copy)."""
+    files = {name: str(path) for name, path in kind.version_files(candidate, export_dir).items()}
+    return serving.load("", {**settings, **kind.file_settings(files)})
+
+
+def candidate_digest(kind: ModelKind, candidate: str, export_dir: str) -> dict[str, str]:
+    return {n: sha256_file(p) for n, p in kind.version_files(candidate, export_dir).items()}
+
+
+def answer_in_batches(model: Any, requests: list[dict[str, np.ndarray]], batch: int
+                      ) -> list[dict[str, np.ndarray]]:
+    """`requests` through the served model as dynamic batches of `batch` requests."""
+    answers: list[Any] = []
+    for i in range(0, len(requests), batch):
+        answers.extend(model.answer(requests[i:i + batch]))
+    refused = [a for a in answers if isinstance(a, str)]
+    if refused:
+        raise AccuracyGateError(f"the served model refused a validation request: {refused[0]}")
+    return answers
+
+
+def throughput(model: Any, requests: list[dict[str, np.ndarray]], repeats: int = 3
+               ) -> dict[str, float]:
+    """Requests per second in-process at batch 1 and 32 (best of `repeats`, after a warm-up)."""
+    figures = {}
+    for size in (1, 32):
+        part = (requests * 32)[:size]
+        model.answer(part)
+        reps = 8 if size == 1 else 1
+        best = float("inf")
+        for _ in range(repeats):
+            started = time.perf_counter()
+            for _ in range(reps):
+                model.answer(part)
+            best = min(best, (time.perf_counter() - started) / reps)
+        figures[f"batch_{size}"] = round(len(part) / best, 1)
+    return figures
+
+
+def timing_items(items: list[Any], n: int = 32) -> list[Any]:
+    """Items of the median length: what the in-process timing is measured on."""
+    by_length = sorted(items, key=lambda x: len(str(x)))
+    mid = len(by_length) // 2
+    return (by_length[max(0, mid - n // 2): mid + n // 2] * n)[:n]
+
+
+def run_gate(kind: ModelKind, model_dir: str, export_dir: str, candidates: list[Candidate],
+             cfg: Any, data: Data, batch: int, max_batch_tokens: int, work_root: str,
+             select: str = "first") -> GateResult:
+    """Gate `candidates` (in order) against PyTorch; raise AccuracyGateError if none passes.
+
+    `batch` is the largest dynamic batch Triton forms (deploy.max_batch_size)."""
+    limits, smoke_limits = kind.limits(), kind.smoke_limits()
+    gate_data = kind.gate_data(data, cfg)
+    smoke_index = kind.smoke_indices(data)
+    base = serving_settings(kind, cfg, export_dir, max_batch_tokens)
+    key = digest([
+        kind.name, [(c.name, candidate_digest(kind, c.onnx_path, export_dir)) for c in candidates],
+        digest(to_json(gate_data.items)), digest(to_json(gate_data.extra)), base, limits,
+        smoke_limits, smoke_index, batch, select,
+        [sha256_file(m.__file__) for m in (sys.modules[__name__], sys.modules[type(kind).__module__],
+                                           sys.modules[ModelKind.__module__])],
+        hash_files(SERVING_DIR),
+    ])
+    started = time.perf_counter()
+    failed_report = Path(work_root) / "validate" / f"failed-{key[:16]}.json"
+    log = step_logger()
+
+    def build(out: Path) -> dict:
+        log.info("validate: PyTorch reference on %d %s (then up to %d candidates x %d %s, "
+                 "one at a time, in batches of %d, and as the smoke test sends them)",
+                 len(gate_data), kind.item_word, len(candidates), len(gate_data),
+                 kind.item_word, batch)
+        reference = kind.reference(model_dir, cfg, gate_data)
+        requests = kind.requests(gate_data.items)
+        smoke_data = Data(take(data.items, smoke_index))
+        smoke_reference = take(reference, smoke_index)
+        smoke_requests = kind.requests(smoke_data.items)
+        report: dict[str, Any] = {"kind": kind.name, "items": len(gate_data),
+                                  "thresholds": {k: v for k, (_, v) in limits.items()},
+                                  "limits": limits, "smoke_limits": smoke_limits,
+                                  "config": to_json(cfg.to_dict()), "batch": batch,
+                                  "candidates": []}
+        chosen = None
+        for n, cand in enumerate(candidates, 1):
+            t0 = time.perf_counter()
+            log.info("validate: candidate %d of %d, %s: %d %s", n, len(candidates), cand.name,
+                     len(gate_data), kind.item_word)
+            model = load_candidate(kind, cand.onnx_path, export_dir, base)
+            runs = []
+            for size in (1, batch):
+                outputs = kind.extract(answer_in_batches(model, requests, size))
+                runs.append(kind.score(reference, outputs, gate_data, cfg))
+            metrics = worst_of([m for m, _ in runs], limits)
+            # The details (worst examples) of the batching that did worst.
+            details = max(runs, key=lambda r: sum(misses(r[0], limits).values()))[1] \
+                if any(misses(r[0], limits) for r in runs) else runs[-1][1]
+            smoke_out = kind.extract(answer_in_batches(model, smoke_requests, batch))
+            smoke_metrics, _ = kind.score(smoke_reference, smoke_out, smoke_data, cfg)
+            missed = misses(metrics, limits)
+            # The gate's own limits on the smoke test's requests (the smoke test applies its own,
+            # deploy.smoke_min_cosine, when the spec sets one).
+            served_limits = {k: limits[k] for k in smoke_limits if k in limits}
+            missed.update({f"smoke.{k}": v for k, v in misses(smoke_metrics,
+                                                              served_limits).items()})
+            entry = {"name": cand.name, "metrics": metrics, "misses": missed,
+                     "smoke_metrics": smoke_metrics, "details": details,
+                     "worst": details.get("worst", [])}
+            if select == "fastest":
+                entry["throughput"] = throughput(model, kind.requests(
+                    timing_items(gate_data.items)))
+            report["candidates"].append(entry)
+            log.info("validate: %s: %s -> %s (%.0f s)", cand.name, ", ".join(
+                f"{k} {v:.4f}" for k, v in metrics.items() if k in limits),
+                "misses the gate" if missed else "passes", time.perf_counter() - t0)
+            if not missed and select == "first":
+                chosen = cand
+                break
+        if select == "fastest":
+            passing = [e for e in report["candidates"] if not e["misses"]]
+            if passing:
+                best = max(passing, key=lambda e: e["throughput"]["batch_32"])
+                chosen = next(c for c in candidates if c.name == best["name"])
+        report["chosen"] = chosen.name if chosen else None
+        text = json.dumps(to_json(report), indent=1, ensure_ascii=False)
+        if chosen is None:
+            atomic_write_text(failed_report, text)
+            message = gate_message(kind, report, failed_report)
+            if in_prefect_run():
+                from hf2triton.report import publish_gate_failure
+
+                publish_gate_failure(Path(work_root).name, kind, report, message)
+            raise AccuracyGateError(message)
+        atomic_write_text(out / "validation_report.json", text)
+        atomic_write_text(out / "reference.json", json.dumps(to_json({
+            "kind": kind.name, "config": cfg.to_dict(), "items": smoke_data.items,
+            "reference": smoke_reference, "limits": smoke_limits, "batch": batch,
+        }), ensure_ascii=False))
+        shipped = next(e for e in report["candidates"] if e["name"] == chosen.name)
+        return {
+            "chosen": chosen.name, "onnx_path": chosen.onnx_path,
+            "metrics": to_json(shipped["metrics"]),
+            "candidates": to_json({c["name"]: {**c["metrics"], **{
+                f"per_s_{k}": v for k, v in c.get("throughput", {}).items()}}
+                for c in report["candidates"]}),
+            "items": len(gate_data), "info": kind.info(reference),
+        }
+
+    done = cached_step(work_root, "validate", key, build)
+    return GateResult(**done.result, report_path=str(done.path / "validation_report.json"),
+                      reference_path=str(done.path / "reference.json"),
+                      seconds=round(time.perf_counter() - started, 3), reused=done.reused)
+
+
+def gate_message(kind: ModelKind, report: dict[str, Any], path: Path) -> str:
+    limits = report["limits"]
+    smoke = limits
+    parts = []
+    for cand in report["candidates"]:
+        own = {k: v for k, v in cand["misses"].items() if not k.startswith("smoke.")}
+        served = {k.removeprefix("smoke."): v for k, v in cand["misses"].items()
+                  if k.startswith("smoke.")}
+        text = describe_misses(cand["metrics"], limits, own)
+        if served:
+            text += ("; " if text else "") + "as the smoke test will query it: " + \
+                describe_misses(cand["smoke_metrics"], smoke, served)
+        example = kind.example(cand["details"])
+        parts.append(f"{cand['name']}: {text}" + (f"; {example}" if example else ""))
+    closest = min(report["candidates"], key=lambda c: sum(c["misses"].values()))
+    return (
+        f"accuracy gate failed on {report['items']} validation {kind.item_word}; closest: "
+        f"{closest['name']}. " + " | ".join(parts)
+        + f". Nothing was registered or deployed. Full report: {path}. Relax "
+        f"{kind.thresholds_key} only if these figures are acceptable for your use."
+    )

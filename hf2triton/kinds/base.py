@@ -1,0 +1,258 @@
+"""The interface every model kind implements, and the parts of it they share.
+
+A kind (embedding, classification, translation, reranking) is chosen once from the spec's `task`
+(`hf2triton.kinds.kind_for`). It knows what the export needs, what its validation data looks
+like, what the PyTorch reference says, how served answers are scored against it and with which
+limits (the gate and the smoke test use the same ones), and which files its Triton version
+directory holds. Everything else (the gate loop, the repository, the smoke test, the reports) is
+written once, against this interface.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from hf2triton.errors import SpecError
+from hf2triton.spec import ReleaseSpec
+
+# A limit is (metric, ">=" or "<=", value): a metric passes when it is on the right side of it.
+Limits = dict[str, tuple[str, float]]
+
+
+@dataclass
+class Data:
+    """A kind's validation data: `items` (one served request each: a text, or a query with its
+    passages) and whatever else its metrics need (gold labels, reference translations)."""
+
+    items: list[Any]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One ONNX variant the gate measures: a file, or a directory of files (seq2seq)."""
+
+    name: str  # e.g. "dynamic-int8/qint8/per-channel", "fp32"
+    onnx_path: str
+
+
+def read_lines(path: str | Path, what: str, items: str = "sentences") -> list[str]:
+    """Non-empty lines of a UTF-8 file; SpecError naming `what` (the spec key) otherwise."""
+    p = Path(path)
+    try:
+        lines = p.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise SpecError(f"{what} file {str(p)!r} does not exist") from None
+    except UnicodeDecodeError as exc:
+        raise SpecError(
+            f"{what} file {str(p)!r} is not UTF-8 text ({exc.reason} at byte {exc.start}): save "
+            f"it as UTF-8, one of its {items} per line"
+        ) from None
+    except OSError as exc:
+        raise SpecError(f"{what} file {str(p)!r} cannot be read: {exc.strerror}") from None
+    found = [line for line in lines if line.strip()]
+    if not found:
+        raise SpecError(f"{what} file {str(p)!r} holds no {items}: put one per line")
+    return found
+
+
+def misses(metrics: dict[str, float], limits: Limits) -> dict[str, float]:
+    """How far each metric is on the wrong side of its limit (empty: every limit is met).
+    A metric the limits name but the figures lack is not judged (e.g. accuracy in a smoke test,
+    which has no gold labels); a NaN metric always misses."""
+    out = {}
+    for name, (op, limit) in limits.items():
+        if name not in metrics:
+            continue
+        value = metrics[name]
+        ok = value >= limit if op == ">=" else value <= limit  # False for NaN
+        if not ok:
+            out[name] = abs(limit - value) if not math.isnan(value) else float("inf")
+    return out
+
+
+def describe_misses(metrics: dict[str, float], limits: Limits, missed: dict[str, float]) -> str:
+    parts = []
+    for name, gap in missed.items():
+        op, limit = limits[name]
+        side = "<" if op == ">=" else ">"
+        word = "short by" if op == ">=" else "over by"
+        parts.append(f"{name} {metrics[name]:.4f} {side} {limit} ({word} {gap:.4f})")
+    return ", ".join(parts)
+
+
+def worst_of(runs: list[dict[str, float]], limits: Limits) -> dict[str, float]:
+    """The worst value of each metric over several runs (e.g. batch compositions)."""
+    out = {}
+    for name in runs[0]:
+        values = [r[name] for r in runs]
+        if any(isinstance(v, float) and math.isnan(v) for v in values):
+            out[name] = float("nan")
+        elif limits.get(name, (">=",))[0] == "<=":
+            out[name] = max(values)
+        else:
+            out[name] = min(values)
+    return out
+
+
+def to_json(value: Any) -> Any:
+    """numpy values to plain JSON-able ones."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, (np.floating, np.integer)):
+        return value.item()
+    if isinstance(value, dict):
+        return {k: to_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_json(v) for v in value]
+    return value
+
+
+class ModelKind:
+    """One kind of model. Subclasses set the class attributes and implement the methods."""
+
+    name: ClassVar[str]  # "embedding"
+    task: ClassVar[str]  # the spec's `task:` value, "feature-extraction"
+    section: ClassVar[str]  # the spec section it reads, "embedding"
+    onnx_task: ClassVar[str]  # optimum's export task
+    # Its Triton I/O is model_repository/<name>/io.pbtxt.template; its serving code the class
+    # `serving_class` of hf2triton/serving/<name>.py, with the modules `serving_modules`.
+    serving_class: ClassVar[str]
+    serving_modules: ClassVar[tuple[str, ...]] = ()
+    main_file: ClassVar[str] = "model.onnx"  # absent after an export: it failed
+    thresholds_key: ClassVar[str]  # where the gate's limits live in the spec
+    tunable: ClassVar[bool] = True  # deploy.tuning.search can drive it
+    item_word: ClassVar[str] = "texts"
+
+    def __init__(self, spec: ReleaseSpec):
+        self.spec = spec
+
+    @property
+    def template(self) -> str:
+        return self.name
+
+    @property
+    def serving(self) -> tuple[str, str]:
+        """(module, class) of hf2triton.serving that serves this kind."""
+        return self.name, self.serving_class
+
+    @property
+    def modules(self) -> tuple[str, ...]:
+        """The modules of hf2triton.serving a version directory of this kind carries."""
+        return self.serving_modules or ("base", "text", self.name)
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """The Triton outputs its serving class answers with."""
+        import importlib
+
+        module, cls = self.serving
+        return getattr(importlib.import_module(f"hf2triton.serving.{module}"), cls).outputs
+
+    # -- the model and its data -----------------------------------------------------------
+    def resolve(self, model_dir: str) -> Any:
+        """The kind's config, 'auto' and unset values filled from the model's own files."""
+        raise NotImplementedError
+
+    def read_data(self) -> Data:
+        raise NotImplementedError
+
+    def export_inputs(self, data: Data) -> list[Any]:
+        """What the export's check against PyTorch runs on: ordinary items and the longest."""
+        longest = sorted(data.items, key=lambda x: len(str(x)), reverse=True)[:4]
+        return list({repr(x): x for x in [*data.items[:20], *longest]}.values())
+
+    def prepare_export(self, model_dir: str, out: Path, cfg: Any) -> None:
+        """Write what serving needs beside the exported ONNX files (e.g. tokenizer.json)."""
+
+    def check_export(self, model_dir: str, out: Path, cfg: Any, inputs: list[Any]
+                     ) -> dict[str, float]:
+        """Compare the fp32 export with PyTorch; return {"max_abs_diff": ...}."""
+        raise NotImplementedError
+
+    # -- serving ----------------------------------------------------------------------------
+    def settings(self, cfg: Any, export_dir: str) -> dict[str, Any]:
+        """serving.json without its file names: the kind's own serving settings."""
+        raise NotImplementedError
+
+    def version_files(self, candidate: str, export_dir: str) -> dict[str, Path]:
+        """Files of a Triton version directory (name there -> source), besides model.py, the
+        serving core and serving.json."""
+        raise NotImplementedError
+
+    def file_settings(self, files: dict[str, str]) -> dict[str, Any]:
+        """serving.json keys that locate the files (names of `version_files`, or paths)."""
+        return {"onnx": files["model.onnx"], "tokenizer": files["tokenizer.json"]}
+
+    def config_values(self, cfg: Any, reference: dict[str, Any]) -> dict[str, Any]:
+        """Substitutions of the config.pbtxt template beyond batching."""
+        return {}
+
+    def requests(self, items: list[Any]) -> list[dict[str, np.ndarray]]:
+        """One Triton request (input arrays) per item."""
+        return [{"TEXT": np.array([[str(t).encode("utf-8")]], dtype=np.object_)}
+                for t in items]
+
+    def extract(self, answers: list[dict[str, np.ndarray]]) -> Any:
+        """The served answers in the form `score` compares with the reference."""
+        raise NotImplementedError
+
+    # -- the gate and the smoke test ----------------------------------------------------------
+    def reference(self, model_dir: str, cfg: Any, data: Data) -> Any:
+        """What the original PyTorch model says for every item (comparable with `extract`)."""
+        raise NotImplementedError
+
+    def gate_data(self, data: Data, cfg: Any) -> Data:
+        """The data the gate measures, once the config is known (e.g. labelled texts added)."""
+        return data
+
+    def config_from_dict(self, data: dict[str, Any]) -> Any:
+        """The config back from its `to_dict()` (the smoke test reads it from a file)."""
+        raise NotImplementedError
+
+    def score(self, reference: Any, outputs: Any, data: Data, cfg: Any
+              ) -> tuple[dict[str, float], dict]:
+        """Metrics of `outputs` against `reference`, and details for the report."""
+        raise NotImplementedError
+
+    def limits(self) -> Limits:
+        raise NotImplementedError
+
+    def smoke_limits(self) -> Limits:
+        return self.limits()
+
+    def example(self, details: dict[str, Any]) -> str:
+        """A worst case of a candidate's details, for the one-line error and the report."""
+        return ""
+
+    def info(self, reference: Any) -> dict[str, Any]:
+        """Facts the repository needs from the reference (e.g. the embedding's dimension)."""
+        return {}
+
+    def smoke_indices(self, data: Data) -> list[int]:
+        """Which items the smoke test sends: spread over the length range."""
+        n = self.spec.validation.smoke_sentences
+        order = sorted(range(len(data.items)), key=lambda i: len(str(data.items[i])))
+        if len(order) <= n:
+            return order
+        picks = np.linspace(0, len(order) - 1, n).round().astype(int)
+        return [order[i] for i in dict.fromkeys(picks.tolist())]
+
+    def from_json(self, reference: Any) -> Any:
+        """A reference read back from the smoke file (`to_json` of what `reference` gave)."""
+        return reference
+
+
+def take(values: Any, indices: list[int]) -> Any:
+    """Rows `indices` of an array or list."""
+    if isinstance(values, np.ndarray):
+        return values[indices]
+    return [values[i] for i in indices]

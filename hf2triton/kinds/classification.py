@@ -1,0 +1,191 @@
+"""Kind `classification` (`task: text-classification`): labels from the model's id2label, softmax
+(or sigmoid for multi-label models) scores. The gate compares served labels and probabilities
+with PyTorch's (label agreement, largest probability difference) and, with a labelled set,
+measures accuracy against its gold labels.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hf2triton.errors import SpecError, UnsupportedModelError
+from hf2triton.kinds.base import Data, Limits, ModelKind, read_lines
+from hf2triton.kinds.embedding import model_max_length, save_fast_tokenizer
+from hf2triton.kinds.torch_reference import TorchReference, largest_difference
+from hf2triton.serving.classification import activate
+
+
+@dataclass(frozen=True)
+class ClassificationConfig:
+    """What serving needs to turn logits into labels; written to the served serving.json."""
+
+    labels: list[str]  # index i is id2label[i]
+    max_length: int
+    activation: str  # "softmax" (single label) or "sigmoid" (multi-label)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def resolve_classification_config(model_dir: str | Path,
+                                  max_length: int | None = None) -> ClassificationConfig:
+    model_dir = Path(model_dir)
+    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    id2label = config.get("id2label")
+    if not id2label:
+        raise UnsupportedModelError(
+            f"{model_dir}/config.json has no id2label: it is not a sequence-classification "
+            "model, so task 'text-classification' cannot serve labels from it"
+        )
+    labels = [str(id2label[k]) for k in sorted(id2label, key=int)]
+    multi = config.get("problem_type") == "multi_label_classification"
+    return ClassificationConfig(labels=labels, max_length=model_max_length(model_dir, max_length),
+                                activation="sigmoid" if multi else "softmax")
+
+
+def read_labelled(path: str | Path, labels: list[str]) -> tuple[list[str], list[int]]:
+    """`text<TAB>label` lines; labels must be the model's (id2label) names."""
+    texts, gold = [], []
+    index = {name: i for i, name in enumerate(labels)}
+    for n, line in enumerate(read_lines(path, "classification.labelled", "labelled texts"), 1):
+        text, sep, label = line.rpartition("\t")
+        if not sep or label.strip() not in index:
+            raise SpecError(
+                f"classification.labelled {str(path)!r} line {n}: expected 'text<TAB>label' "
+                f"with a label among {labels}, got {line[:80]!r}"
+            )
+        texts.append(text)
+        gold.append(index[label.strip()])
+    return texts, gold
+
+
+class TorchClassifier(TorchReference):
+    """The original PyTorch sequence classifier (texts or pairs): the reference."""
+
+    def __init__(self, model_dir: str | Path, max_length: int):
+        super().__init__(model_dir, "AutoModelForSequenceClassification", max_length)
+
+    def all_logits(self, rows: list[Any], batch_size: int = 32) -> np.ndarray:
+        return np.concatenate([logits for logits, _ in self.outputs(rows, "logits",
+                                                                     batch_size)])
+
+
+def check_logits(model_dir: str, onnx_path: Path, max_length: int, rows: list[Any]
+                 ) -> dict[str, float]:
+    """Largest |ONNX - PyTorch| of the logits on `rows` (texts or pairs)."""
+    return {"max_abs_diff": largest_difference(TorchClassifier(model_dir, max_length), onnx_path,
+                                               rows, "logits", "logits", masked=False)}
+
+
+def predicted(probs: np.ndarray, activation: str) -> np.ndarray:
+    """Labels per text: the argmax, or for multi-label models the set above 0.5 (as a bitmask)."""
+    if activation == "sigmoid":
+        return (probs > 0.5).astype(np.int64) @ (1 << np.arange(probs.shape[1], dtype=np.int64))
+    return probs.argmax(axis=1)
+
+
+class ClassificationKind(ModelKind):
+    name = "classification"
+    task = "text-classification"
+    section = "classification"
+    onnx_task = "text-classification"
+    serving_class = "Classifier"
+    thresholds_key = "classification.thresholds"
+
+    @property
+    def options(self):
+        from hf2triton.spec import ClassificationSpec
+
+        return self.spec.classification or ClassificationSpec()
+
+    def resolve(self, model_dir: str) -> ClassificationConfig:
+        return resolve_classification_config(model_dir, self.options.max_length)
+
+    def read_data(self) -> Data:
+        data = Data(read_lines(self.spec.validation.sentences, "validation.sentences"))
+        if self.options.labelled:
+            read_lines(self.options.labelled, "classification.labelled", "labelled texts")  # readable, not empty
+        return data
+
+    def gate_data(self, data: Data, cfg: ClassificationConfig) -> Data:
+        """The validation texts, then the labelled texts whose gold labels accuracy counts."""
+        if not self.options.labelled:
+            return data
+        texts, gold = read_labelled(self.options.labelled, cfg.labels)
+        return Data([*data.items, *texts], {**data.extra, "gold": gold})
+
+    def prepare_export(self, model_dir: str, out: Path, cfg: ClassificationConfig) -> None:
+        save_fast_tokenizer(model_dir, out)
+
+    def check_export(self, model_dir: str, out: Path, cfg: ClassificationConfig,
+                     inputs: list[str]) -> dict[str, float]:
+        return check_logits(model_dir, out / self.main_file, cfg.max_length, inputs)
+
+    def settings(self, cfg: ClassificationConfig, export_dir: str) -> dict[str, Any]:
+        return cfg.to_dict()
+
+    def version_files(self, candidate: str, export_dir: str) -> dict[str, Path]:
+        return {"model.onnx": Path(candidate),
+                "tokenizer.json": Path(export_dir) / "tokenizer.json"}
+
+    def config_values(self, cfg: ClassificationConfig, info: dict[str, Any]) -> dict[str, Any]:
+        return {"num_labels": len(cfg.labels)}
+
+    def extract(self, answers: list[dict[str, np.ndarray]]) -> dict[str, Any]:
+        return {"probs": np.concatenate([a["SCORES"] for a in answers]).astype(np.float32),
+                "labels": [a["LABEL"][i][0].decode("utf-8") if isinstance(a["LABEL"][i][0], bytes)
+                           else str(a["LABEL"][i][0])
+                           for a in answers for i in range(len(a["LABEL"]))]}
+
+    def reference(self, model_dir: str, cfg: ClassificationConfig, data: Data) -> np.ndarray:
+        return activate(TorchClassifier(model_dir, cfg.max_length).all_logits(data.items),
+                        cfg.activation)
+
+    def config_from_dict(self, data: dict[str, Any]) -> ClassificationConfig:
+        return ClassificationConfig(**data)
+
+    def score(self, reference: Any, outputs: dict[str, Any], data: Data,
+              cfg: ClassificationConfig) -> tuple[dict[str, float], dict]:
+        activation = cfg.activation
+        reference = np.asarray(reference, dtype=np.float32)
+        probs = outputs["probs"]
+        diff = np.abs(probs - reference).max(axis=1)
+        labels, ref_labels = predicted(probs, activation), predicted(reference, activation)
+        metrics = {
+            "label_agreement": float((labels == ref_labels).mean()),
+            "max_prob_diff": float(diff.max()) if np.isfinite(diff).all() else float("inf"),
+            "mean_prob_diff": float(diff.mean()),
+        }
+        if "gold" in data.extra:
+            gold = np.asarray(data.extra["gold"])
+            metrics["accuracy"] = float((predicted(probs[-len(gold):], activation)
+                                         == gold).mean())
+        worst = np.argsort(-diff)[:10]
+        return metrics, {
+            "disagreements": [str(data.items[i])[:200]
+                              for i in np.flatnonzero(labels != ref_labels)][:20],
+            "worst": [{"text": str(data.items[i])[:200], "prob_diff": float(diff[i])}
+                      for i in worst]}
+
+    def limits(self) -> Limits:
+        t = self.options.thresholds
+        out = {"label_agreement": (">=", t.min_label_agreement),
+               "max_prob_diff": ("<=", t.max_prob_diff)}
+        if t.min_accuracy is not None:
+            out["accuracy"] = (">=", t.min_accuracy)
+        return out
+
+    def example(self, details: dict[str, Any]) -> str:
+        if details.get("disagreements"):
+            return f"first label that differs: {details['disagreements'][0][:40]!r}"
+        worst = (details.get("worst") or [None])[0]
+        return f"largest difference {worst['prob_diff']:.4f} on {worst['text'][:40]!r}" \
+            if worst else ""
+
+    def from_json(self, reference: Any) -> np.ndarray:
+        return np.asarray(reference, dtype=np.float32)

@@ -1,0 +1,215 @@
+"""Kind `embedding` (`task: feature-extraction`): sentence embeddings pooled and normalised the
+way the model's own sentence-transformers files say. The gate compares served embeddings with
+PyTorch's: minimum and mean cosine, and the Spearman correlation of all pairwise similarities.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hf2triton.errors import ExportError
+from hf2triton.kinds.base import Data, Limits, ModelKind, read_lines
+from hf2triton.kinds.torch_reference import (
+    TorchReference,
+    largest_difference,
+    onnx_output,
+)
+from hf2triton.serving.embedding import pool
+
+
+@dataclass(frozen=True)
+class EmbeddingConfig:
+    """How token states become one sentence vector; written to the served serving.json."""
+
+    pooling: str  # "mean" or "cls"
+    normalize: bool
+    max_length: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def model_max_length(model_dir: str | Path, max_length: int | None = None) -> int:
+    """The truncation length the model's authors serve with: sentence-transformers'
+    max_seq_length (all-MiniLM-L6-v2: 256, not the tokenizer's 512), else the smaller of the
+    tokenizer's and the position embeddings' limits."""
+    model_dir = Path(model_dir)
+    if max_length is None:
+        max_length = (_read_json(model_dir / "sentence_bert_config.json") or {}).get(
+            "max_seq_length")
+    if max_length is None:
+        tok_cfg = _read_json(model_dir / "tokenizer_config.json") or {}
+        model_cfg = _read_json(model_dir / "config.json") or {}
+        limits = [v for v in (tok_cfg.get("model_max_length"),
+                              model_cfg.get("max_position_embeddings"))
+                  if isinstance(v, int) and 0 < v < 100_000]
+        max_length = min(limits) if limits else 512
+    return int(max_length)
+
+
+def resolve_embedding_config(model_dir: str | Path, pooling: str = "auto",
+                             normalize: bool | str = "auto",
+                             max_length: int | None = None) -> EmbeddingConfig:
+    """Fill 'auto' from the model's own sentence-transformers files, so serving truncates and
+    pools as the model's authors do."""
+    model_dir = Path(model_dir)
+    modules = _read_json(model_dir / "modules.json")
+    modules = modules if isinstance(modules, list) else []
+    if pooling == "auto":
+        pooling = "mean"
+        for module in modules:
+            if module.get("type", "").endswith("Pooling"):
+                cfg = _read_json(model_dir / module.get("path", "") / "config.json") or {}
+                if cfg.get("pooling_mode_cls_token"):
+                    pooling = "cls"
+    if normalize == "auto":
+        normalize = any(isinstance(m, dict) and m.get("type", "").endswith("Normalize")
+                        for m in modules)
+    return EmbeddingConfig(pooling=pooling, normalize=bool(normalize),
+                           max_length=model_max_length(model_dir, max_length))
+
+
+def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Cosine similarity of matching rows of a and b."""
+    a = a / np.clip(np.linalg.norm(a, axis=1, keepdims=True), 1e-12, None)
+    b = b / np.clip(np.linalg.norm(b, axis=1, keepdims=True), 1e-12, None)
+    return (a * b).sum(axis=1)
+
+
+class TorchEmbedder(TorchReference):
+    """The original PyTorch model, the reference every served embedding is compared with."""
+
+    def __init__(self, model_dir: str | Path, cfg: EmbeddingConfig):
+        super().__init__(model_dir, "AutoModel", cfg.max_length)
+        self.cfg = cfg
+
+    def embed(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
+        return np.concatenate([pool(states, mask, self.cfg.pooling, self.cfg.normalize)
+                               for states, mask in self.outputs(texts, "last_hidden_state",
+                                                                batch_size)])
+
+
+def onnx_hidden_states(onnx_path: str | Path, enc: dict[str, np.ndarray]) -> np.ndarray:
+    return onnx_output(onnx_path, enc)
+
+
+def save_fast_tokenizer(model_dir: str, out: Path) -> None:
+    """Serving tokenizes with the `tokenizers` library: tokenizer.json must sit beside the
+    exported graph."""
+    if (out / "tokenizer.json").is_file():
+        return
+    if (Path(model_dir) / "tokenizer.json").is_file():
+        shutil.copyfile(Path(model_dir) / "tokenizer.json", out / "tokenizer.json")
+        return
+    from transformers import AutoTokenizer
+
+    AutoTokenizer.from_pretrained(model_dir, use_fast=True).save_pretrained(out)
+    if not (out / "tokenizer.json").is_file():
+        raise ExportError(f"{model_dir} has no fast tokenizer, which serving needs "
+                          "(tokenizer.json)")
+
+
+def pairwise(emb: np.ndarray) -> np.ndarray:
+    sims = emb @ emb.T
+    return sims[np.triu_indices(len(emb), k=1)]
+
+
+def embedding_metrics(reference: np.ndarray, candidate: np.ndarray
+                      ) -> tuple[dict[str, float], np.ndarray]:
+    """Per-text cosine plus the Spearman correlation of all pairwise similarities."""
+    from scipy.stats import spearmanr
+
+    cos = cosine_rows(reference, candidate)
+    ref = reference / np.clip(np.linalg.norm(reference, axis=1, keepdims=True), 1e-12, None)
+    cand = candidate / np.clip(np.linalg.norm(candidate, axis=1, keepdims=True), 1e-12, None)
+    rho = float(spearmanr(pairwise(ref), pairwise(cand)).statistic) if len(ref) > 2 else 1.0
+    return {"min_cosine": float(cos.min()), "mean_cosine": float(cos.mean()),
+            "spearman": rho}, cos
+
+
+class EmbeddingKind(ModelKind):
+    name = "embedding"
+    task = "feature-extraction"
+    section = "embedding"
+    onnx_task = "feature-extraction"
+    serving_class = "Embedder"
+    thresholds_key = "validation.thresholds"
+    item_word = "sentences"
+
+    def resolve(self, model_dir: str) -> EmbeddingConfig:
+        e = self.spec.embedding
+        return resolve_embedding_config(model_dir, e.pooling, e.normalize, e.max_length)
+
+    def read_data(self) -> Data:
+        return Data(read_lines(self.spec.validation.sentences, "validation.sentences"))
+
+    def prepare_export(self, model_dir: str, out: Path, cfg: EmbeddingConfig) -> None:
+        save_fast_tokenizer(model_dir, out)
+
+    def check_export(self, model_dir: str, out: Path, cfg: EmbeddingConfig,
+                     inputs: list[str]) -> dict[str, float]:
+        """Largest |ONNX - PyTorch| over the real (unpadded) token states of `inputs`."""
+        return {"max_abs_diff": largest_difference(
+            TorchEmbedder(model_dir, cfg), out / self.main_file, inputs, "last_hidden_state",
+            None, masked=True)}
+
+    def settings(self, cfg: EmbeddingConfig, export_dir: str) -> dict[str, Any]:
+        return cfg.to_dict()
+
+    def version_files(self, candidate: str, export_dir: str) -> dict[str, Path]:
+        return {"model.onnx": Path(candidate), "tokenizer.json": Path(export_dir) /
+                "tokenizer.json"}
+
+    def info(self, reference: np.ndarray) -> dict[str, Any]:
+        return {"embedding_dim": int(np.asarray(reference).shape[1])}
+
+    def config_values(self, cfg: EmbeddingConfig, info: dict[str, Any]) -> dict[str, Any]:
+        return {"embedding_dim": info["embedding_dim"]}
+
+    def extract(self, answers: list[dict[str, np.ndarray]]) -> np.ndarray:
+        return np.concatenate([a["EMBEDDING"] for a in answers]).astype(np.float32)
+
+    def reference(self, model_dir: str, cfg: EmbeddingConfig, data: Data) -> np.ndarray:
+        return TorchEmbedder(model_dir, cfg).embed(data.items)
+
+    def config_from_dict(self, data: dict[str, Any]) -> EmbeddingConfig:
+        return EmbeddingConfig(**data)
+
+    def score(self, reference: np.ndarray, outputs: np.ndarray, data: Data,
+              cfg: EmbeddingConfig) -> tuple[dict[str, float], dict]:
+        metrics, cos = embedding_metrics(np.asarray(reference, np.float32), outputs)
+        worst = np.argsort(cos)[:10]
+        return metrics, {"worst": [{"text": str(data.items[i])[:200], "cosine": float(cos[i])}
+                                   for i in worst]}
+
+    def limits(self) -> Limits:
+        t = self.spec.validation.thresholds
+        return {"min_cosine": (">=", t.min_cosine), "mean_cosine": (">=", t.mean_cosine),
+                "spearman": (">=", t.spearman)}
+
+    def smoke_limits(self) -> Limits:
+        # Served embeddings are each compared with PyTorch's; on a handful of texts the Spearman
+        # of pairwise similarities says little, so the smoke test judges cosines.
+        gate = self.spec.deploy.smoke_min_cosine or self.spec.validation.thresholds.min_cosine
+        return {"min_cosine": (">=", gate)}
+
+    def example(self, details: dict[str, Any]) -> str:
+        worst = (details.get("worst") or [None])[0]
+        return f"worst sentence {worst['text'][:40]!r} at cosine {worst['cosine']:.4f}" \
+            if worst else ""
+
+    def from_json(self, reference: Any) -> np.ndarray:
+        return np.asarray(reference, dtype=np.float32)

@@ -1,0 +1,103 @@
+"""The release record, assembled once from the steps' results: the key that identifies a release
+(same model content and same served repository: same release), the lineage tags, metrics and
+params MLflow keeps, and the summary the CLI prints and the report shows.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any, TypedDict
+
+from hf2triton.kinds.base import to_json
+from hf2triton.spec import ReleaseSpec
+from hf2triton.workspace import digest
+
+LIBRARIES = ("torch", "transformers", "optimum", "optimum-onnx", "onnx", "onnxruntime", "mlflow",
+             "prefect")
+# Served files whose sha256 the MLflow version carries as tags (all are in the artifacts).
+TAGGED_FILES = ("model.onnx", "tokenizer.json", "config.pbtxt", "serving.json", "model.py")
+
+
+class Record(TypedDict):
+    release_key: str
+    lineage: dict[str, str]  # MLflow version tags
+    metrics: dict[str, float]
+    params: dict[str, Any]
+    artifacts: dict[str, str]  # artifact path in the run -> local file or directory
+
+
+def library_versions() -> dict[str, str]:
+    found = {}
+    for lib in LIBRARIES:
+        try:
+            found[lib] = version(lib)
+        except PackageNotFoundError:
+            found[lib] = "not installed"
+    return found
+
+
+def release_key(src: dict[str, Any], repo: dict[str, Any]) -> str:
+    return digest([src["content_hash"], repo["content_hash"]])
+
+
+def release_record(spec: ReleaseSpec, src: dict[str, Any], exp: dict[str, Any],
+                   variants: list[dict[str, Any]], val: dict[str, Any],
+                   tuned: dict[str, Any] | None, repo: dict[str, Any]) -> Record:
+    """What `register` writes to MLflow for this release."""
+    spec_variant = variants[0]
+    lineage = {
+        "source_id": src["source_id"], "revision": src["revision"] or "local",
+        "content_hash": src["content_hash"], "variant": val["chosen"], "kind": spec.task.value,
+        **{f"sha256.{name}": sha for name, sha in src["files"].items()},
+        **{f"sha256.triton.{name}": sha for name, sha in repo["files"].items()
+           if name.rsplit("/", 1)[-1] in TAGGED_FILES},
+    }
+    metrics = {
+        **val["metrics"],
+        **{f"{n}.{k}": v for n, m in val["candidates"].items() for k, v in m.items()},
+        "export_max_abs_diff": exp["max_abs_diff"], "onnx_fp32_bytes": spec_variant["fp32_bytes"],
+        "onnx_int8_bytes": spec_variant["size_bytes"], "export_seconds": exp["seconds"],
+        "quantize_seconds": spec_variant["seconds"], "validate_seconds": val["seconds"],
+    }
+    params: dict[str, Any] = {**spec.model_dump(mode="json"), "versions": library_versions(),
+                              "opset": exp["opset"], "resolved": to_json(exp["config"])}
+    if tuned is not None:
+        best = next(c for c in tuned["cells"] if c["settings"] == tuned["chosen"])
+        metrics.update({f"tuning.{k}_at_{p['clients']}": p[k] for p in best["points"]
+                        for k in ("rps", "p99_ms")})
+        params["tuning_chosen"] = tuned["chosen"]
+    # Long lists (labels, language tables) do not fit an MLflow param; the artifacts have them.
+    params["resolved"] = {k: v for k, v in params["resolved"].items()
+                          if not isinstance(v, (list, dict)) or len(str(v)) < 500}
+    return Record(
+        release_key=release_key(src, repo), lineage=lineage,
+        metrics={k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))},
+        params=params,
+        artifacts={"triton_repository": repo["repository"], "model": exp["export_dir"],
+                   "validation_report.json": val["report_path"]},
+    )
+
+
+def reused_steps(**steps: dict[str, Any]) -> list[str]:
+    """The steps (by their task names) that found their finished output of an earlier run."""
+    names = {"exp": "export", "repository": "build-repository"}
+    return [names.get(step, step) for step, result in steps.items() if result.get("reused")]
+
+
+def summary(spec: ReleaseSpec, src: dict[str, Any], val: dict[str, Any], reg: dict[str, Any],
+            image: dict[str, Any], target_summary: dict[str, Any], smoke: dict[str, float],
+            reused: list[str]) -> dict[str, Any]:
+    """The release summary: one JSON line on the CLI's stdout, the flow's return value."""
+    return {
+        "release": spec.name,
+        "mlflow": {"model_name": reg["model_name"], "version": reg["version"],
+                   "run_id": reg["run_id"], "tracking_uri": reg["tracking_uri"]},
+        "source": {"id": src["source_id"], "revision": src["revision"],
+                   "content_hash": src["content_hash"]},
+        "variant": val["chosen"],
+        "metrics": {**val["metrics"], **{f"smoke_{k}": v for k, v in smoke.items()
+                                         if k in val["metrics"]}},
+        **target_summary,
+        "image": image,
+        "reused_steps": reused,
+    }

@@ -1,0 +1,124 @@
+"""What a person reads in the Prefect UI, for every kind: a markdown release report (lineage,
+metrics against their gates, served figures, the variants, image, endpoint), a table of every
+candidate against PyTorch, and links to the MLflow run and model version. A refused release
+publishes the gate's report instead. Everything here is written against the kind's limits, so a
+new kind gets its report without code of its own.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
+
+from hf2triton.kinds.base import ModelKind
+
+
+def artifact_key(name: str, suffix: str) -> str:
+    # Artifact keys: lower-case letters, digits and dashes.
+    return "".join(c if c.isalnum() else "-" for c in f"{name}-{suffix}".lower())
+
+
+def _verdict(cand: dict[str, Any], chosen: str | None) -> str:
+    if cand["name"] == chosen:
+        return "ships"
+    return "passes, slower" if not cand["misses"] else "misses the gate"
+
+
+def accuracy_rows(kind: ModelKind, report: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for cand in report["candidates"]:
+        row: dict[str, Any] = {"variant": cand["name"]}
+        for metric, (op, limit) in report["limits"].items():
+            value = cand["metrics"].get(metric)
+            row[metric] = round(value, 6) if value is not None else None
+            row[f"{metric} gate"] = f"{op} {limit}"
+        for batch, rate in cand.get("throughput", {}).items():
+            row[f"per s {batch.replace('_', ' ')}"] = rate
+        row["verdict"] = _verdict(cand, report.get("chosen"))
+        row["worst case"] = kind.example(cand.get("details", {}))[:80]
+        rows.append(row)
+    return rows
+
+
+def publish_gate_failure(release: str, kind: ModelKind, report: dict[str, Any],
+                         message: str) -> None:
+    """The refusal, in the UI: which metric missed by how much, for every candidate."""
+    create_table_artifact(accuracy_rows(kind, report), key=artifact_key(release, "accuracy"),
+                          description=f"Accuracy gate of {release}: no candidate passed")
+    create_markdown_artifact(f"# Release {release}: refused\n\n{message}\n",
+                             key=artifact_key(release, "report"),
+                             description=f"{release}: accuracy gate failed")
+
+
+def mlflow_links(uri: str, run_id: str, experiment_id: str | None, model: str,
+                 version: str) -> dict[str, str]:
+    if not uri.startswith(("http://", "https://")):
+        return {}  # a SQLite store has no UI address to link to
+    base = uri.rstrip("/")
+    run = f"{base}/#/experiments/{experiment_id}/runs/{run_id}" if experiment_id else \
+        f"{base}/#/runs/{run_id}"
+    return {"run": run, "version": f"{base}/#/models/{model}/versions/{version}"}
+
+
+def release_markdown(kind: ModelKind, summary: dict[str, Any], report: dict[str, Any]) -> str:
+    limits = report["limits"]
+    metrics = summary["metrics"]
+    metric_lines = "\n".join(
+        f"| {k} | {metrics[k]:.6f} | {metrics.get('smoke_' + k, float('nan')):.6f} | {op} {v} |"
+        for k, (op, v) in limits.items() if k in metrics)
+    variants = "\n".join(
+        f"| {c['name']} | " + " | ".join(f"{c['metrics'].get(k, float('nan')):.4f}"
+                                        for k in limits)
+        + f" | {_verdict(c, report.get('chosen'))} |" for c in report["candidates"])
+    image = summary.get("image") or {}
+    image_line = (f"`{image['reference']}`" if image.get("reference")
+                  else image.get("skipped", "not built"))
+    src, ml, endpoint = summary["source"], summary["mlflow"], summary["endpoint"]
+    return f"""# Release {summary['release']}: MLflow {ml['model_name']} version {ml['version']}
+
+## Lineage
+| | |
+|---|---|
+| kind | {kind.name} (`task: {kind.task}`) |
+| source | `{src['id']}` |
+| revision | `{src['revision'] or 'local directory'}` |
+| content hash | `{src['content_hash']}` |
+| shipped variant | {summary['variant']} |
+| image | {image_line} |
+
+## Accuracy against PyTorch ({report['items']} validation {kind.item_word})
+| metric | validated | served (smoke) | gate |
+|---|---|---|---|
+{metric_lines}
+
+## Variants
+| variant | {' | '.join(limits)} | verdict |
+|---|{'---|' * len(limits)}---|
+{variants}
+
+## Endpoint
+- HTTP: `{endpoint['http']}`
+- gRPC: `{endpoint['grpc']}` (model `{endpoint['model']}`, version {endpoint['version']})
+- reused steps: {', '.join(summary['reused_steps']) or 'none'}
+"""
+
+
+def publish_release_report(kind: ModelKind, summary: dict[str, Any], report_path: str,
+                           experiment_id: str | None) -> str:
+    """Create the run's artifacts; returns the markdown it published."""
+    with open(report_path, encoding="utf-8") as f:
+        report = json.load(f)
+    name, ml = summary["release"], summary["mlflow"]
+    create_table_artifact(accuracy_rows(kind, report), key=artifact_key(name, "accuracy"),
+                          description=f"Accuracy of {name}'s candidates against PyTorch")
+    markdown = release_markdown(kind, summary, report)
+    create_markdown_artifact(markdown, key=artifact_key(name, "report"),
+                             description=f"Release report of {name}")
+    for what, link in mlflow_links(ml["tracking_uri"], ml["run_id"], experiment_id,
+                                   ml["model_name"], ml["version"]).items():
+        create_link_artifact(link, link_text=f"MLflow {what}",
+                             key=artifact_key(name, f"mlflow-{what}"),
+                             description=f"MLflow {what} of this release")
+    return markdown

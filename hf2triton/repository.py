@@ -1,0 +1,134 @@
+"""Render a release's Triton model repository from `model_repository/`: the shared `model.py`,
+the serving core (`hf2triton/serving`, the modules the kind uses), the validated model files,
+`serving.json`, warmup samples from real validation items, and `config.pbtxt` with the batching
+the spec (or the configuration search) chose.
+
+Layout: `<out>/<model_name>/{config.pbtxt, warmup/, 1/{model.py, hf2triton_serving/, serving.json,
+...}}`. The version directory is `1` here; the deploy target puts it in as the MLflow version.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import string
+import struct
+import sys
+from pathlib import Path
+from typing import Any, TypedDict
+
+import numpy as np
+
+from hf2triton import serving
+from hf2triton.gate import serving_settings
+from hf2triton.kinds.base import ModelKind, to_json
+from hf2triton.workspace import cached_step, digest, hash_files, sha256_file, templates_dir
+
+BATCHING = ("max_batch_size", "preferred_batch_sizes", "max_queue_delay_us", "instance_count",
+            "intra_op_threads")
+PBTXT_TYPES = {np.dtype(np.object_): "TYPE_STRING", np.dtype(np.int32): "TYPE_INT32"}
+
+
+class RepositoryResult(TypedDict):
+    repository: str  # directory holding <model_name>/
+    model_name: str
+    files: dict[str, str]  # relative path -> sha256 (serving core and model.py included)
+    content_hash: str
+    reused: bool
+
+
+def tensor_file(arr: np.ndarray) -> bytes:
+    """One warmup input as Triton reads it: strings as u32 LE length + bytes, numbers raw."""
+    if arr.dtype == np.object_:
+        out = b""
+        for value in arr.reshape(-1):
+            data = value if isinstance(value, bytes) else str(value).encode("utf-8")
+            out += struct.pack("<I", len(data)) + data
+        return out
+    return np.ascontiguousarray(arr).tobytes()
+
+
+def warmup(requests: list[dict[str, np.ndarray]], folder: Path) -> str:
+    """Write the warmup files of `requests` (batch 1 each); return the config.pbtxt blocks."""
+    blocks = []
+    for i, request in enumerate(requests):
+        inputs = []
+        for name, arr in request.items():
+            file = f"sample_{i}_{name}.bin"
+            (folder / file).write_bytes(tensor_file(arr[0]))
+            dims = ", ".join(str(d) for d in arr.shape[1:])
+            inputs.append(f'  inputs {{ key: "{name}" value: {{ data_type: '
+                          f'{PBTXT_TYPES[arr.dtype]} dims: [ {dims} ] input_data_file: '
+                          f'"{file}" }} }}')
+        blocks.append(f'model_warmup {{ name: "sample_{i}" batch_size: 1\n'
+                      + "\n".join(inputs) + " }")
+    return "\n".join(blocks)
+
+
+def render_config(kind: ModelKind, model_name: str, cfg: Any, info: dict[str, Any],
+                  serving_knobs: dict[str, Any], warmup_blocks: str) -> str:
+    io = string.Template((templates_dir() / kind.template / "io.pbtxt.template").read_text())
+    return string.Template((templates_dir() / "config.pbtxt.template").read_text()).substitute(
+        model_name=model_name,
+        max_batch_size=serving_knobs["max_batch_size"],
+        io=io.substitute(kind.config_values(cfg, info)),
+        preferred_batch_sizes=", ".join(str(b) for b in serving_knobs["preferred_batch_sizes"]),
+        max_queue_delay_us=serving_knobs["max_queue_delay_us"],
+        instance_count=serving_knobs["instance_count"],
+        model_warmup=warmup_blocks,
+    )
+
+
+def template_files(kind: ModelKind) -> dict[str, Path]:
+    """What every version directory carries besides the model: model.py and the serving core."""
+    root = Path(serving.__file__).parent
+    files = {"model.py": templates_dir() / "model.py",
+             f"{serving.PACKAGE_DIR}/__init__.py": root / "__init__.py"}
+    for module in kind.modules:
+        files[f"{serving.PACKAGE_DIR}/{module}.py"] = root / f"{module}.py"
+    return files
+
+
+def build_repository(kind: ModelKind, model_name: str, candidate: str, export_dir: str,
+                     cfg: Any, info: dict[str, Any], serving_knobs: dict[str, Any],
+                     warmup_items: list[Any], work_root: str) -> RepositoryResult:
+    """Render the Triton repository of one release.
+
+    `serving_knobs` are the deploy section's batching and execution settings (BATCHING, plus
+    `max_batch_tokens`), possibly as the configuration search chose them."""
+    files = {**template_files(kind), **kind.version_files(candidate, export_dir)}
+    settings = {**serving_settings(kind, cfg, export_dir, serving_knobs.get("max_batch_tokens", 0),
+                                   serving_knobs.get("intra_op_threads", 0)),
+                **kind.file_settings({n: n for n in kind.version_files(candidate, export_dir)})}
+    templates = [templates_dir() / "config.pbtxt.template",
+                 templates_dir() / kind.template / "io.pbtxt.template"]
+    key = digest([
+        model_name, kind.name, {n: sha256_file(p) for n, p in files.items()}, settings,
+        to_json(info), {k: serving_knobs.get(k) for k in (*BATCHING, "max_batch_tokens")},
+        to_json(warmup_items), [sha256_file(p) for p in templates],
+        sha256_file(sys.modules[__name__].__file__),
+    ])
+
+    def build(out: Path) -> dict:
+        model_dir = out / model_name
+        version_dir = model_dir / "1"
+        (model_dir / "warmup").mkdir(parents=True)
+        version_dir.mkdir()
+        for name, path in files.items():
+            (version_dir / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, version_dir / name)
+        (version_dir / serving.SERVING_FILE).write_text(json.dumps(settings, indent=1) + "\n")
+        blocks = warmup(kind.requests(warmup_items), model_dir / "warmup")
+        (model_dir / "config.pbtxt").write_text(
+            render_config(kind, model_name, cfg, info, serving_knobs, blocks))
+        return {}
+
+    done = cached_step(work_root, "repository", key, build)
+    return RepositoryResult(repository=str(done.path), model_name=model_name,
+                            files=dict(done.files), content_hash=digest(done.files),
+                            reused=done.reused)
+
+
+def version_hashes(repository: str, model_name: str) -> dict[str, str]:
+    """sha256 of every file of the rendered version directory ('1/...' keys)."""
+    return {f"1/{k}": v for k, v in hash_files(Path(repository) / model_name / "1").items()}

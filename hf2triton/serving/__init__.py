@@ -1,0 +1,55 @@
+"""The serving core: what Triton runs for every hf2triton model, and what the release's gate runs
+in-process on each candidate, so that what is validated is what serves.
+
+The package is copied into every Triton version directory (as `hf2triton_serving/`, beside the
+one shared `model.py`) and its files are hashed with the version. It imports numpy,
+onnxruntime, tokenizers and sentencepiece only, never torch, transformers or the rest of
+hf2triton, and works with numpy 1 (Triton's Python backend) and numpy 2 (the pipeline).
+
+A version directory's `serving.json` names the module and class that serve it
+(`{"module": "embedding", "class": "Embedder", ...}`); `load` builds it from that directory.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from typing import Any
+
+SERVING_FILE = "serving.json"
+PACKAGE_DIR = "hf2triton_serving"  # the package's name inside a version directory
+
+
+def read_settings(directory: str) -> dict[str, Any]:
+    with open(os.path.join(directory, SERVING_FILE), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def load(directory: str, settings: dict[str, Any] | None = None) -> Any:
+    """The served model of a version directory (or of any directory laid out like one)."""
+    settings = settings if settings is not None else read_settings(directory)
+    module = importlib.import_module(f".{settings['module']}", __name__)
+    return getattr(module, settings["class"]).from_directory(directory, settings)
+
+
+def triton_execute(model: Any, requests: list, pb_utils: Any) -> list:
+    """One dynamic batch of Triton requests through `model.answer`; a bad request gets its own
+    INVALID_ARG error (HTTP 400) while the others are answered."""
+    arrays = []
+    for request in requests:
+        found = {}
+        for name in model.inputs:
+            tensor = pb_utils.get_input_tensor_by_name(request, name)
+            if tensor is not None:
+                found[name] = tensor.as_numpy()
+        arrays.append(found)
+    responses = []
+    for answer in model.answer(arrays):
+        if isinstance(answer, str):
+            error = pb_utils.TritonError(answer, pb_utils.TritonError.INVALID_ARG)
+            responses.append(pb_utils.InferenceResponse(output_tensors=[], error=error))
+        else:
+            responses.append(pb_utils.InferenceResponse(
+                output_tensors=[pb_utils.Tensor(k, v) for k, v in answer.items()]))
+    return responses

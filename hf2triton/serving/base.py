@@ -1,0 +1,97 @@
+"""What every served model shares: one dynamic batch of requests in, one answer per request out.
+
+A model parses each request's input arrays into rows (`parse`), runs all rows of the batch
+together (`run`), and the rows' outputs go back to the requests they came from, in order. A
+request that cannot be parsed is answered with its error message alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+class ServedModel:
+    """Subclasses set `inputs` (the Triton input names they read, required ones first),
+    `outputs` and implement `parse` and `run`."""
+
+    inputs: tuple[str, ...] = ()
+    outputs: tuple[str, ...] = ()
+
+    def parse(self, arrays: dict[str, np.ndarray]) -> list[Any]:
+        """The rows of one request; ValueError with a message for the client if it is bad."""
+        raise NotImplementedError
+
+    def run(self, rows: list[Any]) -> dict[str, list[np.ndarray]]:
+        """Every output for every row, rows in the order given."""
+        raise NotImplementedError
+
+    def answer(self, requests: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray] | str]:
+        """Each request's outputs (arrays with one row per input row), or its error message."""
+        answers: list[Any] = [None] * len(requests)
+        rows: list[Any] = []
+        owners: list[int] = []
+        for r, arrays in enumerate(requests):
+            try:
+                parsed = self.parse(arrays)
+            except ValueError as exc:
+                answers[r] = str(exc)
+                continue
+            rows.extend(parsed)
+            owners.extend([r] * len(parsed))
+        if not rows:
+            return answers
+        outputs = self.run(rows)
+        mine: dict[int, list[int]] = {}
+        for k, r in enumerate(owners):
+            mine.setdefault(r, []).append(k)
+        for r, ks in mine.items():
+            answers[r] = {name: np.stack([outputs[name][k] for k in ks]) for name in self.outputs}
+        return answers
+
+
+def column(arrays: dict[str, np.ndarray], name: str, required: bool = True) -> np.ndarray | None:
+    """An input of shape [batch, n]; None for an optional input the request left out."""
+    arr = arrays.get(name)
+    if arr is None:
+        if required:
+            raise ValueError(f"the request has no input {name}")
+        return None
+    if arr.ndim != 2:
+        raise ValueError(f"{name} must have shape [batch, n], got {list(arr.shape)}")
+    return arr
+
+
+def texts(arr: np.ndarray, name: str) -> list[list[str]]:
+    """UTF-8 strings of a BYTES input [batch, n], row by row."""
+    out = []
+    for i, row in enumerate(arr):
+        decoded = []
+        for j, raw in enumerate(row):
+            try:
+                decoded.append(raw.decode("utf-8") if isinstance(raw, bytes) else str(raw))
+            except UnicodeDecodeError as exc:
+                where = f"{name}[{i}]" if arr.shape[1] == 1 else f"{name}[{i}][{j}]"
+                raise ValueError(f"{where} is not valid UTF-8: {exc}") from None
+        out.append(decoded)
+    return out
+
+
+def text_column(arrays: dict[str, np.ndarray], name: str = "TEXT") -> list[str]:
+    """One text per row of a [batch, 1] BYTES input."""
+    arr = column(arrays, name)
+    if arr.shape[1] != 1:
+        raise ValueError(f"{name} must have shape [batch, 1], got {list(arr.shape)}")
+    return [row[0] for row in texts(arr, name)]
+
+
+def int_column(arrays: dict[str, np.ndarray], name: str, rows: int) -> list[int | None]:
+    """One integer per row of an optional [batch, 1] input (None when the request leaves it out)."""
+    arr = column(arrays, name, required=False)
+    if arr is None:
+        return [None] * rows
+    if arr.shape != (rows, 1):
+        raise ValueError(f"{name} needs one value per text: shape [{rows}, 1], got "
+                         f"{list(arr.shape)}")
+    return [int(v) for v in arr[:, 0]]

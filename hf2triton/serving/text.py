@@ -1,0 +1,138 @@
+"""Tokenize with the model's tokenizer.json, run the ONNX graph in token-aware sub-batches, and
+hand each sub-batch's outputs to the model kind (pooling, labels, scores).
+
+Token-aware batching: a dynamic batch mixes one-word queries with 250-token passages, and one
+padded batch pays for the longest text in every row. The rows are sorted by length and cut into
+sub-batches whose padded size (rows x longest) stays under `max_batch_tokens`, as
+text-embeddings-inference's `max_batch_tokens` does; the results go back in request order.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .base import ServedModel
+
+# The ONNX graph's inputs we feed; any other input is an error of the export.
+INT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def plan_sub_batches(lengths: Sequence[int], max_batch_tokens: int = 0) -> list[list[int]]:
+    """Row indices grouped for one ONNX run each.
+
+    Without a budget (0): one group, in the order given. With one: rows sorted by length, each
+    group as many rows as keep rows x longest within the budget (a row longer than the budget
+    runs alone).
+
+    Example:
+        >>> plan_sub_batches([3, 250, 4, 5], max_batch_tokens=16)
+        [[0, 2, 3], [1]]
+    """
+    if max_batch_tokens <= 0:
+        return [list(range(len(lengths)))] if len(lengths) else []
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    groups: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        # Sorted ascending: the row being added is the longest of its group.
+        if current and (len(current) + 1) * lengths[i] > max_batch_tokens:
+            groups.append(current)
+            current = []
+        current.append(i)
+    if current:
+        groups.append(current)
+    return groups
+
+
+def _pad_id(tokenizer: Any) -> int:
+    """Padded positions are masked out of attention and pooling, so any valid id works; the
+    tokenizer's own pad token when it names one."""
+    pad = tokenizer.padding or {}
+    if pad.get("pad_id") is not None:
+        return int(pad["pad_id"])
+    for token in ("[PAD]", "<pad>"):
+        found = tokenizer.token_to_id(token)
+        if found is not None:
+            return int(found)
+    return 0
+
+
+class OnnxText:
+    """A tokenizer.json and an ONNX graph taking token ids, run on CPU by ONNX Runtime."""
+
+    def __init__(self, onnx_path: str, tokenizer_path: str, max_length: int,
+                 threads: int = 0, max_batch_tokens: int = 0):
+        import onnxruntime as ort
+        from tokenizers import Tokenizer
+
+        self.tokenizer = Tokenizer.from_file(tokenizer_path)
+        # A saved tokenizer.json may carry its own padding (all-MiniLM-L6-v2's pads to 128) and
+        # truncation: rows are padded here, per sub-batch, and cut at the model's max_length.
+        self.pad_id = _pad_id(self.tokenizer)
+        self.tokenizer.no_padding()
+        self.max_length = int(max_length)
+        self.tokenizer.enable_truncation(max_length=self.max_length)
+        self.max_batch_tokens = int(max_batch_tokens)
+        options = ort.SessionOptions()
+        if threads > 0:
+            options.intra_op_num_threads = int(threads)
+        self.session = ort.InferenceSession(onnx_path, options,
+                                            providers=["CPUExecutionProvider"])
+        self.input_names = {i.name for i in self.session.get_inputs()}
+        odd = self.input_names - set(INT_INPUTS)
+        if odd:
+            raise ValueError(f"{onnx_path} takes inputs {sorted(odd)} besides token ids")
+        self.output_meta = {o.name: o for o in self.session.get_outputs()}
+
+    def encode(self, rows: Sequence[str] | Sequence[tuple[str, str]]) -> list[Any]:
+        """Encodings of texts, or of (text, text) pairs (special tokens as the model wants)."""
+        return self.tokenizer.encode_batch(list(rows)) if rows else []
+
+    def forward(self, encodings: list[Any], outputs: list[str],
+                reduce: Callable[[dict[str, np.ndarray], np.ndarray], np.ndarray]) -> list[Any]:
+        """`reduce(outputs, attention_mask)` of every sub-batch, scattered back to row order."""
+        lengths = [len(e.ids) for e in encodings]
+        result: list[Any] = [None] * len(encodings)
+        for group in plan_sub_batches(lengths, self.max_batch_tokens):
+            width = max(lengths[i] for i in group)
+            ids = np.full((len(group), width), self.pad_id, dtype=np.int64)
+            mask = np.zeros((len(group), width), dtype=np.int64)
+            types = np.zeros((len(group), width), dtype=np.int64)
+            for row, i in enumerate(group):
+                e = encodings[i]
+                ids[row, :lengths[i]] = e.ids
+                mask[row, :lengths[i]] = 1
+                types[row, :lengths[i]] = e.type_ids
+            feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+            feeds = {k: v for k, v in feeds.items() if k in self.input_names}
+            named = dict(zip(outputs, self.session.run(outputs, feeds)))
+            reduced = reduce(named, mask)
+            for row, i in enumerate(group):
+                result[i] = reduced[row]
+        return result
+
+
+def truncated(encodings: list[Any]) -> list[np.ndarray]:
+    """Per row: was the text cut at max_length (the tokenizer keeps the tail in .overflowing)."""
+    return [np.array([len(e.overflowing) > 0], dtype=bool) for e in encodings]
+
+
+class TextModel(ServedModel):
+    """A served model over one ONNX graph and its tokenizer.json (serving.json: max_length,
+    intra_op_threads, max_batch_tokens, and the file names `onnx` and `tokenizer`)."""
+
+    def __init__(self, onnx_path: str, tokenizer_path: str, settings: dict[str, Any]):
+        self.settings = settings
+        self.text = OnnxText(onnx_path, tokenizer_path, settings["max_length"],
+                             int(settings.get("intra_op_threads", 0)),
+                             int(settings.get("max_batch_tokens", 0)))
+
+    @classmethod
+    def from_directory(cls, directory: str, settings: dict[str, Any]) -> TextModel:
+        return cls(os.path.join(directory, settings.get("onnx", "model.onnx")),
+                   os.path.join(directory, settings.get("tokenizer", "tokenizer.json")),
+                   settings)

@@ -1,0 +1,174 @@
+"""Model sources: resolve a spec's `source` to a local directory, pin its revision, and hash the
+files that define it (config, weights, tokenizer) for the release record.
+"""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+from typing import TypedDict
+
+from hf2triton.errors import ServiceUnavailableError, SourceError
+from hf2triton.spec import SourceSpec, package_model_dir
+from hf2triton.workspace import digest, hash_files
+
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+TOKENIZER_FILES = (
+    "tokenizer.json", "vocab.txt", "vocab.json", "merges.txt", "sentencepiece.bpe.model",
+    "spiece.model", "source.spm", "target.spm",
+)
+TOKENIZER_EXTRAS = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
+SENTENCE_TRANSFORMERS_FILES = (
+    "modules.json", "sentence_bert_config.json", "config_sentence_transformers.json",
+    "1_Pooling/config.json",
+)
+# Hub repos often carry the same weights for other frameworks; we only read these.
+HUB_PATTERNS = ["*.json", "*.safetensors", "*.bin", "*.txt", "*.model", "*.spm", "1_Pooling/*"]
+HUB_IGNORE = ["onnx/*", "openvino/*", "*.onnx", "tf_model*", "flax_model*", "rust_model*",
+              "*.msgpack", "*.h5", "coreml/*", "training_args.bin", "optimizer*", "*.pt"]
+
+
+class FetchResult(TypedDict):
+    model_dir: str
+    source_id: str
+    revision: str | None  # resolved hub commit; None for a local directory
+    files: dict[str, str]  # relative path -> sha256
+    content_hash: str
+
+
+def _weight_files(model_dir: Path) -> list[str]:
+    for index in WEIGHT_INDEXES:
+        if (model_dir / index).is_file():
+            import json
+
+            shards = sorted(set(json.loads((model_dir / index).read_text())["weight_map"].values()))
+            missing = [s for s in shards if not (model_dir / s).is_file()]
+            if missing:
+                raise SourceError(f"{model_dir}: weight shards {missing} listed in {index} are missing")
+            return [index, *shards]
+    found = [w for w in WEIGHT_FILES if (model_dir / w).is_file()]
+    if not found:
+        raise SourceError(
+            f"{model_dir} has no model weights (expected one of {', '.join(WEIGHT_FILES)}): "
+            "point source.path at a complete save_pretrained() directory"
+        )
+    return found[:1]  # safetensors first: it is what transformers loads when both exist
+
+
+def _check_weights(model_dir: Path, names: list[str]) -> None:
+    """Cheap structural checks so corrupt weights fail here, with the file named."""
+    for name in names:
+        path = model_dir / name
+        try:
+            if name.endswith(".safetensors"):
+                from safetensors import safe_open
+
+                with safe_open(str(path), framework="np") as f:
+                    if not list(f.keys()):
+                        raise ValueError("no tensors")
+            elif name.endswith(".bin"):
+                with zipfile.ZipFile(path) as z:
+                    if z.testzip() is not None:
+                        raise ValueError("a member fails its CRC")
+        except Exception as exc:  # the libraries raise many types for a damaged file
+            raise SourceError(
+                f"weights file {path} is corrupt or truncated ({exc}): re-download or re-save "
+                "the model"
+            ) from None
+
+
+def inspect_model_dir(model_dir: Path) -> dict[str, str]:
+    """Check that a directory is a complete Hugging Face model and hash its defining files."""
+    if not model_dir.is_dir():
+        raise SourceError(f"model directory {model_dir} does not exist")
+    if not (model_dir / "config.json").is_file():
+        raise SourceError(
+            f"{model_dir} has no config.json: it is not a Hugging Face model directory"
+        )
+    weights = _weight_files(model_dir)
+    _check_weights(model_dir, weights)
+    tokenizer = [t for t in TOKENIZER_FILES if (model_dir / t).is_file()]
+    if not tokenizer:
+        raise SourceError(
+            f"{model_dir} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}): save the "
+            "tokenizer beside the model with tokenizer.save_pretrained(dir)"
+        )
+    extras = [
+        f for f in (*TOKENIZER_EXTRAS, *SENTENCE_TRANSFORMERS_FILES) if (model_dir / f).is_file()
+    ]
+    names = ["config.json", *weights, *tokenizer, *extras]
+    _check_json(model_dir, [n for n in names if n.endswith(".json")])
+    return hash_files(model_dir, names)
+
+
+def _check_json(model_dir: Path, names: list[str]) -> None:
+    """Every JSON file that defines the model parses, so a damaged one is named here and not met
+    as a bare JSONDecodeError deep inside transformers or optimum."""
+    import json
+
+    for name in names:
+        path = model_dir / name
+        try:
+            json.loads(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as exc:
+            raise SourceError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start}): "
+                              "re-download or re-save the model") from None
+        except ValueError as exc:
+            raise SourceError(f"{path} is not valid JSON ({exc}): re-download or re-save the "
+                              "model") from None
+
+
+def _snapshot(repo_id: str, revision: str) -> Path:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    try:
+        # The token, if any, comes from HF_TOKEN or the huggingface_hub login; never logged.
+        return Path(
+            snapshot_download(
+                repo_id, revision=revision, allow_patterns=HUB_PATTERNS,
+                ignore_patterns=HUB_IGNORE,
+            )
+        )
+    except RevisionNotFoundError:
+        raise SourceError(f"hub repo {repo_id!r} has no revision {revision!r}") from None
+    except GatedRepoError:
+        raise SourceError(
+            f"hub repo {repo_id!r} is gated: accept its terms and set HF_TOKEN"
+        ) from None
+    except RepositoryNotFoundError:
+        raise SourceError(
+            f"hub repo {repo_id!r} does not exist or is private (set HF_TOKEN if it is yours)"
+        ) from None
+    except LocalEntryNotFoundError:
+        raise ServiceUnavailableError(
+            f"cannot reach the Hugging Face hub for {repo_id}@{revision} and it is not in the "
+            "local cache: check the network (or HF_HUB_OFFLINE) and run again"
+        ) from None
+
+
+def fetch_model(source: SourceSpec) -> FetchResult:
+    """Resolve `source` to a local model directory and record its lineage."""
+    if source.repo_id:
+        model_dir = _snapshot(source.repo_id, source.revision or "main")
+        # snapshot_download returns .../snapshots/<commit>: the revision it resolved to.
+        revision: str | None = model_dir.name
+    elif source.package:
+        model_dir, revision = package_model_dir(source.package, source.subdir), None
+    else:
+        model_dir, revision = Path(source.path or ""), None
+    files = inspect_model_dir(model_dir)
+    return FetchResult(
+        model_dir=str(model_dir.resolve()),
+        source_id=source.lineage_id,
+        revision=revision,
+        files=files,
+        content_hash=digest(files),
+    )
+

@@ -1,0 +1,208 @@
+"""Target `docker`: the release's serving image, run by digest on this machine's Docker engine
+with its ports bound to the spec's host (127.0.0.1 by default), replaced blue/green.
+
+`deploy`: the new image first runs as a *candidate* on free ports and must load and pass the
+smoke check there while the old container keeps serving on the spec's ports. Only then is the old
+container stopped (kept, renamed `-previous`) and the new image started on the spec's ports; if
+it does not come up, the old one is put back. Between stopping the old and the new one answering
+there is a gap of one model load (a few seconds), reported as `switch_seconds`. The smoke test
+then runs on the live container; `rollback` puts `-previous` back, `retire` removes it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from hf2triton.clients import docker as engine_client
+from hf2triton.errors import DeployError, Hf2TritonError
+from hf2triton.image import ImageSpec, registry_auth
+from hf2triton.runs import step_logger
+from hf2triton.smoke import Endpoint
+from hf2triton.targets.base import Check, Deployment, DeployTarget
+
+LABEL_RELEASE = "io.hf2triton.release"
+LABEL_ROLE = "io.hf2triton.role"
+LABEL_VERSION = "io.hf2triton.mlflow.model-version"
+LABEL_IMAGE = "io.hf2triton.image"
+
+
+def container_names(release: str) -> tuple[str, str, str]:
+    """(live, candidate, previous) names; $HF2TRITON_CONTAINER_PREFIX keeps apart releases of the
+    same name sharing one engine (e.g. test sessions side by side)."""
+    base = f"{os.environ.get('HF2TRITON_CONTAINER_PREFIX') or 'hf2triton'}-{release}"
+    return base, f"{base}-candidate", f"{base}-previous"
+
+
+def labels(release: str, version: str, reference: str, role: str) -> dict[str, str]:
+    return {LABEL_RELEASE: release, LABEL_VERSION: version, LABEL_IMAGE: reference,
+            LABEL_ROLE: role}
+
+
+def recover(client: Any, live_name: str, prev_name: str) -> None:
+    """Finish what an interrupted switch left: a `-previous` container without a live one is put
+    back; one beside a live container is no longer needed."""
+    prev, live = engine_client.container(client, prev_name), \
+        engine_client.container(client, live_name)
+    if prev is None:
+        return
+    if live is None:
+        prev.rename(live_name)
+        prev.start()
+        step_logger().warning("deploy: put back container %s that an interrupted deploy had "
+                              "stopped", live_name)
+    else:
+        engine_client.remove(prev)
+
+
+def status(release: str) -> dict[str, Any]:
+    """The live container of a release: name, image, version, state and health."""
+    c = engine_client.container(engine_client.engine(), container_names(release)[0])
+    if c is None:
+        return {"running": False}
+    return {"running": c.status == "running", "name": c.name, "id": c.id[:12],
+            "image": c.labels.get(LABEL_IMAGE), "version": c.labels.get(LABEL_VERSION),
+            "health": c.attrs.get("State", {}).get("Health", {}).get("Status")}
+
+
+class DockerContainers(DeployTarget):
+    name = "docker"
+
+    def _endpoint(self, urls: dict[str, str], version: str, what: str) -> Endpoint:
+        return Endpoint(name=what, http=urls["http"], grpc=urls["grpc"], version=version)
+
+    def deploy(self, repository: str, model_name: str, version: str, files: dict[str, str],
+               image: dict[str, Any], check: Check) -> Deployment:
+        import docker.errors
+
+        if not image.get("reference"):
+            raise DeployError("deploy.target 'docker' runs the release's image, but no image "
+                              f"was built: {image.get('skipped', 'unknown reason')}")
+        reference = image["reference"]
+        logger = step_logger()
+        spec = self.spec
+        client = engine_client.engine()
+        engine_client.pull(client, reference,
+                           registry_auth(self.image or ImageSpec(), reference.split("/")[0]))
+        logger.info("deploy: pulled %s from the registry", reference)
+        live_name, cand_name, prev_name = container_names(self.release)
+        try:
+            recover(client, live_name, prev_name)
+            engine_client.remove(engine_client.container(client, cand_name))  # a leftover
+            old = engine_client.container(client, live_name)
+            if old is not None and old.status != "running":
+                logger.info("deploy: container %s is %s; replacing it", live_name, old.status)
+                engine_client.remove(old)
+                old = None
+            previous = None if old is None else {
+                "name": live_name, "id": old.id[:12], "image": old.labels.get(LABEL_IMAGE, "?"),
+                "version": old.labels.get(LABEL_VERSION, "?")}
+            if old is not None and old.labels.get(LABEL_IMAGE) == reference:
+                urls = engine_client.published(old, spec.host)
+                engine_client.wait_ready(old, urls["http"], model_name, version,
+                                         time.monotonic() + 10)
+                logger.info("deploy: %s already serves %s", live_name, reference)
+                return self._deployment(old, urls, model_name, version, reference, None, 0.0,
+                                        reused=True)
+            if old is not None:
+                self._check_candidate(client, reference, cand_name, model_name, version,
+                                      previous, check)
+            switched = time.monotonic()  # the gap clients see: the old stops, the new loads
+            if old is not None:
+                old.stop(timeout=20)
+                old.rename(prev_name)
+            new = None
+            try:
+                new = engine_client.run(
+                    client, reference, live_name, spec.host,
+                    {"http": spec.http_port, "grpc": spec.grpc_port,
+                     "metrics": spec.metrics_port},
+                    labels(self.release, version, reference, "live"), restart=True)
+                urls = engine_client.published(new, spec.host)
+                engine_client.wait_ready(new, urls["http"], model_name, version,
+                                         time.monotonic() + spec.ready_timeout_s)
+            except (Hf2TritonError, docker.errors.APIError) as exc:
+                engine_client.remove(new if new is not None else
+                                     engine_client.container(client, live_name))
+                put_back = ""
+                if old is not None:
+                    old.rename(live_name)
+                    old.start()
+                    put_back = (f"; container {live_name} (version {previous['version']}) was "
+                                "put back")
+                if isinstance(exc, docker.errors.APIError):  # e.g. a spec port already taken
+                    raise DeployError(
+                        f"could not run {reference} on {spec.host} ports {spec.http_port}/"
+                        f"{spec.grpc_port}/{spec.metrics_port}: {engine_client.short(exc)}"
+                        f"{put_back}") from None
+                raise type(exc)(f"{exc}{put_back}") from None
+            return self._deployment(new, urls, model_name, version, reference, previous,
+                                    round(time.monotonic() - switched, 2), reused=False)
+        except docker.errors.APIError as exc:
+            raise engine_client.engine_error(exc, "run the release's containers",
+                                             DeployError) from None
+
+    def _check_candidate(self, client: Any, reference: str, cand_name: str, model_name: str,
+                         version: str, previous: dict[str, str], check: Check) -> None:
+        """Green: the new image on free ports, smoke-checked while the old one keeps serving."""
+        logger = step_logger()
+        cand = engine_client.run(client, reference, cand_name, self.spec.host,
+                                 {k: None for k in engine_client.CONTAINER_PORTS},
+                                 labels(self.release, version, reference, "candidate"),
+                                 restart=False)
+        try:
+            urls = engine_client.published(cand, self.spec.host)
+            logger.info("deploy: candidate %s on %s; %s (version %s) keeps serving", cand_name,
+                        urls["http"], previous["name"], previous["version"])
+            engine_client.wait_ready(cand, urls["http"], model_name, version,
+                                     time.monotonic() + self.spec.ready_timeout_s)
+            figures = check(self._endpoint(urls, version, f"candidate container {cand_name}"))
+            logger.info("deploy: smoke on the candidate passed (%s)", ", ".join(
+                f"{k} {v:.4g}" for k, v in figures.items() if not k.endswith("_ms")))
+        except Hf2TritonError as exc:
+            raise type(exc)(f"{exc} -- the new image was removed; container {previous['name']} "
+                            f"(version {previous['version']}) keeps serving") from None
+        finally:
+            engine_client.remove(cand)
+        logger.info("deploy: candidate passed; switching %s to version %s", previous["name"],
+                    version)
+
+    def _deployment(self, live: Any, urls: dict[str, str], model_name: str, version: str,
+                    reference: str, previous: dict[str, str] | None, switch: float,
+                    reused: bool) -> Deployment:
+        return Deployment(
+            target=self.name, model_name=model_name, version=version,
+            endpoints=[self._endpoint(urls, version, f"container {live.name}")],
+            state={"container_name": live.name, "container_id": live.id, "image": reference,
+                   "http_url": urls["http"], "grpc_url": urls["grpc"],
+                   "metrics_url": urls["metrics"], "previous": previous,
+                   "switch_seconds": switch},
+            reused=reused)
+
+    def rollback(self, deployment: Deployment) -> None:
+        """The live container failed its smoke test: put `-previous` back (or stop serving)."""
+        client = engine_client.engine()
+        live_name, _, prev_name = container_names(self.release)
+        engine_client.remove(engine_client.container(client, live_name))
+        prev = engine_client.container(client, prev_name)
+        if prev is not None:
+            prev.rename(live_name)
+            prev.start()
+
+    def retire(self, deployment: Deployment) -> list[str]:
+        previous = deployment["state"]["previous"]
+        engine_client.remove(engine_client.container(engine_client.engine(),
+                                                     container_names(self.release)[2]))
+        if previous:
+            step_logger().info("deploy: %s serves version %s; version %s (%s) was removed",
+                               deployment["state"]["container_name"], deployment["version"],
+                               previous["version"], previous["image"])
+        return [previous["version"]] if previous else []
+
+    def summary(self, deployment: Deployment) -> dict[str, Any]:
+        out = super().summary(deployment)
+        state = deployment["state"]
+        out["container"] = {k: state[k] for k in ("container_name", "container_id", "image",
+                                                  "switch_seconds", "previous")}
+        return out

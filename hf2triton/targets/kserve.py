@@ -1,0 +1,132 @@
+"""Target `kserve`: the release's image (by digest) on a Kubernetes cluster, as a KServe
+InferenceService or a plain Deployment + Service + HorizontalPodAutoscaler (hf2triton.k8s).
+
+The manifests are always rendered from `infra/k8s/`, checked against the Kubernetes client's
+models and written to the release's work directory; they are applied only when a cluster is
+configured (a kubeconfig, or a pod's service account). Without one the step fails and says so.
+The InferenceService's model repository is `deploy.kubernetes.storage_uri`, else the bucket of a
+`deploy.model_store` of kind s3 (the version is written there first, like the local target
+does), else the MLflow version's `triton_repository` artifact when it lives in an object store.
+A rollback re-applies the objects that served before (or deletes the new ones).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from hf2triton import k8s
+from hf2triton.clients.mlflow import Registry
+from hf2triton.errors import DeployError
+from hf2triton.model_store import model_dir, prepare_s3_repository, triton_uri
+from hf2triton.smoke import Endpoint
+from hf2triton.spec import KubernetesSpec
+from hf2triton.targets.base import Check, Deployment, DeployTarget
+from hf2triton.targets.local import expected_files
+
+REMOTE_STORES = ("s3://", "gs://", "azureblob://", "https://", "hdfs://", "webhdfs://", "pvc://",
+                 "oci://")
+
+
+def endpoints(name: str, kube: KubernetesSpec) -> tuple[str, str]:
+    """(http, grpc) host:port of the served model: the spec's, else the cluster-internal ones."""
+    if kube.workload == "inferenceservice":  # KServe's predictor Service; gRPC rides h2c on 80
+        internal = f"{name}-predictor.{kube.namespace}.svc.cluster.local"
+        default = (f"{internal}:80", f"{internal}:80")
+    else:
+        internal = f"{name}.{kube.namespace}.svc.cluster.local"
+        default = (f"{internal}:8000", f"{internal}:8001")
+    return kube.endpoint_http or default[0], kube.endpoint_grpc or default[1]
+
+
+def storage_uri_for(kube: KubernetesSpec, registered_source: str | None) -> str | None:
+    """The model repository KServe downloads: the spec's, else the MLflow version's
+    triton_repository artifact when it lives in a store the cluster can read."""
+    if kube.storage_uri:
+        return kube.storage_uri
+    if registered_source and registered_source.startswith(REMOTE_STORES):
+        return registered_source
+    return None
+
+
+def _wait_deployment(name: str, kube: KubernetesSpec, timeout_s: float) -> None:
+    from kubernetes.client import AppsV1Api
+
+    apps = AppsV1Api(k8s._client(kube))
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        dep = apps.read_namespaced_deployment_status(name, kube.namespace)
+        want = dep.spec.replicas or 0
+        st = dep.status
+        if (st.observed_generation or 0) >= dep.metadata.generation and \
+                (st.updated_replicas or 0) == want and (st.available_replicas or 0) >= want:
+            return
+        time.sleep(5)
+    raise DeployError(f"Deployment {kube.namespace}/{name} did not roll out within "
+                      f"{timeout_s:.0f}s: `kubectl -n {kube.namespace} describe deploy {name}`")
+
+
+class KServe(DeployTarget):
+    name = "kserve"
+
+    def _storage(self, repository: str, model_name: str, version: str,
+                 files: dict[str, str]) -> str | None:
+        kube, store = self.spec.kubernetes, self.spec.model_store
+        if kube.storage_uri:
+            return kube.storage_uri
+        if store.kind == "s3":
+            prepare_s3_repository(store)
+            model_dir(triton_uri(store), model_name, store).put_version(
+                Path(repository) / model_name, version, expected_files(files, model_name))
+            return f"s3://{store.bucket}/{store.prefix}".rstrip("/")
+        return storage_uri_for(kube, Registry().version(self.registry_model, version).source)
+
+    def deploy(self, repository: str, model_name: str, version: str, files: dict[str, str],
+               image: dict[str, Any], check: Check) -> Deployment:
+        kube = self.spec.kubernetes
+        if not image.get("reference"):
+            raise DeployError(
+                "deploy.target 'kserve' runs the release's image, but no image was built: "
+                f"{image.get('skipped', 'unknown reason')}")
+        storage = self._storage(repository, model_name, version, files)
+        objs = k8s.render(self.release, model_name, version, image["reference"], storage, kube)
+        k8s.check_manifests(objs)
+        written = k8s.write(objs, Path(self.work) / "k8s" / version)
+        if kube.workload == "inferenceservice" and storage is None:
+            raise DeployError(
+                "an InferenceService needs a model repository the cluster can read: set "
+                "deploy.kubernetes.storage_uri (s3://..., gs://..., pvc://...), a "
+                "deploy.model_store of kind s3, or run MLflow with an object-store artifact "
+                f"root; the manifests are rendered in {Path(written[0]).parent}")
+        if k8s.configured_cluster(kube) is None:
+            raise k8s.no_cluster_error(kube, written)
+        kinds = ["InferenceService"] if kube.workload == "inferenceservice" else \
+            ["Deployment", "Service", "HorizontalPodAutoscaler"]
+        applied = [objs[k] for k in kinds]
+        before = k8s.current(applied, kube)
+        k8s.apply(applied, kube)
+        if kube.workload == "inferenceservice":
+            k8s.wait_inference_service(self.release, kube, self.spec.ready_timeout_s)
+        else:
+            _wait_deployment(self.release, kube, self.spec.ready_timeout_s)
+        http, grpc = endpoints(self.release, kube)
+        return Deployment(
+            target=self.name, model_name=model_name, version=version,
+            endpoints=[Endpoint(name=f"{kube.workload} {kube.namespace}/{self.release}",
+                                http=http, grpc=grpc, version=version)],
+            state={"workload": kube.workload, "namespace": kube.namespace, "name": self.release,
+                   "image": image["reference"], "storage_uri": storage, "manifests": written,
+                   "applied": applied, "before": before},
+            reused=False)
+
+    def rollback(self, deployment: Deployment) -> None:
+        state = deployment["state"]
+        k8s.restore(state["applied"], state["before"], self.spec.kubernetes)
+
+    def summary(self, deployment: Deployment) -> dict[str, Any]:
+        out = super().summary(deployment)
+        state = deployment["state"]
+        out["kubernetes"] = {k: state[k] for k in ("workload", "namespace", "name", "image",
+                                                   "storage_uri", "manifests")}
+        return out

@@ -1,0 +1,142 @@
+"""Target `local-triton`: the local tritonserver (hf2triton.triton_local), a rollout without
+downtime. The new version is written into the model's directory (every file's sha256 checked;
+a local folder or an S3 bucket, `deploy.model_store`) as the MLflow version number and loaded
+*beside* the version that serves, so both answer; the smoke test queries the new one by number;
+`retire` unloads the old one (it stays on disk for a manual rollback). A load that fails puts the
+old version back before the step fails, and a rollback does the same later.
+
+The version-policy mechanics (`set_version_policy`, `restore_previous`) are shared with the
+replica target, which rolls the same steps out to several servers.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from hf2triton import triton_local
+from hf2triton.clients.triton import TritonAdmin, classify
+from hf2triton.errors import DeployError
+from hf2triton.model_store import ModelDir, model_dir, prepare_s3_repository, server_env, triton_uri
+from hf2triton.smoke import Endpoint
+from hf2triton.spec import ModelStoreSpec
+from hf2triton.targets.base import Check, Deployment, DeployTarget
+
+POLICY = re.compile(r"^version_policy:.*$", re.MULTILINE)
+
+
+def set_version_policy(folder: ModelDir, versions: list[str]) -> None:
+    """Pin exactly which versions Triton may load; the next load applies it."""
+    policy = f"version_policy: {{ specific: {{ versions: [ {', '.join(versions)} ] }} }}"
+    text = folder.read_config()
+    text = POLICY.sub(policy, text) if POLICY.search(text) else f"{text.rstrip()}\n{policy}\n"
+    folder.write_config(text)
+
+
+def restore_previous(admin: TritonAdmin, folder: ModelDir, version: str,
+                     previous: list[str]) -> None:
+    """Back to what served before: only the previous versions loaded, the new one gone."""
+    from tritonclient.utils import InferenceServerException
+
+    try:
+        if previous:
+            set_version_policy(folder, previous)
+            admin.load(folder.name)
+        else:
+            admin.unload(folder.name)
+    except InferenceServerException:
+        pass  # the new version is removed below either way
+    folder.remove_version(version)
+
+
+def expected_files(files: dict[str, str], model_name: str) -> dict[str, str]:
+    """The repository's record ('<model>/...' keys) as one model directory sees it."""
+    return {k.removeprefix(f"{model_name}/"): v for k, v in files.items()}
+
+
+def folder_of(server: dict[str, Any], model_name: str) -> ModelDir:
+    """The model directory one server (local, or a replica) reads."""
+    store = server.get("model_store")
+    return model_dir(server["model_repository"], model_name,
+                     ModelStoreSpec(**store) if store else None)
+
+
+def retire_on(server: dict[str, Any], model_name: str, version: str) -> list[str]:
+    """Unload what `server` served before `version`; the newest of those stays on disk."""
+    folder = folder_of(server, model_name)
+    previous = server["previous_versions"]
+    if previous:
+        set_version_policy(folder, [version])
+        with TritonAdmin(server["http"]) as admin:
+            admin.load(model_name)
+    keep = {version, *previous[-1:]}
+    for old in folder.versions():
+        if old not in keep:
+            folder.remove_version(old)
+    return previous
+
+
+def restore_on(server: dict[str, Any], model_name: str, version: str) -> None:
+    with TritonAdmin(server["http"]) as admin:
+        restore_previous(admin, folder_of(server, model_name), version,
+                         server["previous_versions"])
+
+
+class LocalTriton(DeployTarget):
+    name = "local-triton"
+
+    def deploy(self, repository: str, model_name: str, version: str, files: dict[str, str],
+               image: dict[str, Any], check: Check) -> Deployment:
+        from tritonclient.utils import InferenceServerException
+
+        spec, store = self.spec, self.spec.model_store
+        if store.kind == "s3":
+            prepare_s3_repository(store)
+        server = triton_local.ensure_server(
+            spec.host, spec.http_port, spec.grpc_port, spec.metrics_port,
+            timeout_s=spec.ready_timeout_s,
+            repository=triton_uri(store) if store.kind == "s3" else None,
+            extra_env=server_env(store))
+        folder = model_dir(server.model_repository, model_name, store)
+        expected = expected_files(files, model_name)
+        want = {k: v for k, v in expected.items() if k.startswith("1/")}
+        with TritonAdmin(server.http_url) as admin:
+            try:
+                previous = [v for v in admin.serving_versions(model_name) if v != version]
+            except Exception as exc:  # noqa: BLE001 - classified by type and status
+                raise classify(exc, "list its models", DeployError) from None
+            state = {"http": server.http_url, "model_repository": server.model_repository,
+                     "previous_versions": previous, "model_store": store.model_dump()}
+            deployment = Deployment(
+                target=self.name, model_name=model_name, version=version,
+                endpoints=[Endpoint(name=f"local Triton {server.http_url}",
+                                    http=server.http_url, grpc=server.grpc_url,
+                                    version=version)],
+                state=state, reused=False)
+            if folder.version_files(version) == want and admin.wait_ready(model_name, version, 1):
+                deployment["reused"] = True
+                return deployment
+            folder.put_version(Path(repository) / model_name, version, expected)
+            set_version_policy(folder, [*previous, version])
+            try:
+                admin.load(model_name)
+                if not admin.wait_ready(model_name, version, spec.ready_timeout_s):
+                    raise DeployError(f"version {version} was not ready within "
+                                      f"{spec.ready_timeout_s:.0f}s")
+            except (InferenceServerException, DeployError, OSError) as exc:
+                restore_previous(admin, folder, version, previous)
+                error = classify(exc, f"load {model_name} version {version}", DeployError) \
+                    if not isinstance(exc, DeployError) else exc
+                raise type(error)(
+                    f"Triton refused to load {model_name} version {version}: "
+                    f"{str(error)[:500]}. "
+                    f"{'Version ' + previous[-1] + ' keeps serving. ' if previous else ''}"
+                    f"Server log: {server.log_file}") from None
+        return deployment
+
+    def retire(self, deployment: Deployment) -> list[str]:
+        return retire_on(deployment["state"], deployment["model_name"], deployment["version"])
+
+    def rollback(self, deployment: Deployment) -> None:
+        restore_on(deployment["state"], deployment["model_name"], deployment["version"])

@@ -1,0 +1,149 @@
+"""Target `triton-replicas`: one rollout across N Triton servers, all forward or all back.
+
+Each replica gets the new version beside the one it serves (the local target's steps); every
+replica must then list the version READY in its repository index and pass the smoke test on its
+own endpoints. If any replica fails, every replica is put back to what it served before, so a
+load balancer in front never mixes versions for long (the failure mode of rollouts that reach
+only some replicas). Replicas may share one repository (a mount, or one S3 bucket): each distinct
+repository is written once, with a version policy that keeps what any of its replicas serves.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from hf2triton.clients.triton import TritonAdmin
+from hf2triton.errors import DeployError, ServiceUnavailableError
+from hf2triton.model_store import model_dir, prepare_s3_repository, triton_uri
+from hf2triton.smoke import Endpoint
+from hf2triton.targets.base import Check, Deployment, DeployTarget
+from hf2triton.targets.local import (
+    expected_files,
+    restore_on,
+    retire_on,
+    set_version_policy,
+)
+
+
+def _serving(replica: Any, model_name: str) -> list[str]:
+    """The versions a replica serves now; a silent replica stops the rollout before anything
+    changed."""
+    with TritonAdmin(replica.http) as admin:
+        try:
+            if not admin.client.is_server_live():
+                raise ConnectionError("not live")
+            return admin.serving_versions(model_name)
+        except Exception as exc:  # noqa: BLE001 - tritonclient raises several types here
+            raise ServiceUnavailableError(
+                f"replica {replica.http} did not answer ({str(exc)[:200]}): nothing was changed "
+                "on any replica; start it or remove it from deploy.replicas") from None
+
+
+def _load(replica: Any, model_name: str, version: str, timeout_s: float) -> str | None:
+    """Load `version` on one replica; None when it is READY, else what went wrong."""
+    with TritonAdmin(replica.http) as admin:  # tritonclient.http clients stay in one thread
+        try:
+            admin.load(model_name)
+            if not admin.wait_ready(model_name, version, timeout_s):
+                raise DeployError(f"not ready within {timeout_s:.0f}s")
+            state, _ = admin.state(model_name, version)
+            if state != "READY":
+                return f"{replica.http}: repository index says {state or 'not listed'}"
+        except Exception as exc:  # noqa: BLE001 - every replica's outcome is reported
+            state, reason = "", ""
+            try:
+                state, reason = admin.state(model_name, version)
+            except Exception:  # noqa: BLE001 - the replica may be gone altogether
+                pass
+            return (f"{replica.http}: {state or 'failed'}: "
+                    f"{' '.join((reason or str(exc)).split())[:300]}")
+    return None
+
+
+class TritonReplicas(DeployTarget):
+    name = "triton-replicas"
+
+    def _restore_all(self, deployment: Deployment) -> list[str]:
+        """Every replica back to what it served; returns the replicas that did not answer."""
+        failed = []
+        for server in deployment["state"]["servers"]:
+            try:
+                restore_on(server, deployment["model_name"], deployment["version"])
+            except Exception:  # noqa: BLE001 - keep restoring the others; report this one
+                failed.append(server["http"])
+        return failed
+
+    def deploy(self, repository: str, model_name: str, version: str, files: dict[str, str],
+               image: dict[str, Any], check: Check) -> Deployment:
+        spec, store = self.spec, self.spec.model_store
+        opened = [(r, _serving(r, model_name)) for r in spec.replicas]
+        servers = [{"http": r.http, "grpc": r.grpc,
+                    "model_repository": triton_uri(store) if store.kind == "s3"
+                    else str(r.model_repository),
+                    "previous_versions": [v for v in serving if v != version],
+                    "model_store": store.model_dump()} for r, serving in opened]
+        deployment = Deployment(
+            target=self.name, model_name=model_name, version=version,
+            endpoints=[Endpoint(name=f"replica {r.http}", http=r.http, grpc=r.grpc,
+                                version=version) for r in spec.replicas],
+            state={"servers": servers}, reused=False)
+        if all(version in serving for _, serving in opened):
+            deployment["reused"] = True  # a re-run: every replica serves this version already
+            return deployment
+        expected = expected_files(files, model_name)
+        want = {k: v for k, v in expected.items() if k.startswith("1/")}
+        shared: dict[str, list[dict[str, Any]]] = {}
+        for server in servers:
+            root = server["model_repository"]
+            shared.setdefault(root if root.startswith("s3://") else os.path.realpath(root),
+                              []).append(server)
+        try:
+            if store.kind == "s3":
+                prepare_s3_repository(store)
+            for root, group in shared.items():
+                if not root.startswith("s3://") and not Path(root).is_dir():
+                    raise DeployError(
+                        f"the model repository {root} of replica {group[0]['http']} does not "
+                        "exist on this machine: mount it, or fix "
+                        "deploy.replicas[].model_repository")
+                folder = model_dir(root, model_name, store)
+                if folder.version_files(version) != want:
+                    folder.put_version(Path(repository) / model_name, version, expected)
+                keep = sorted({v for s in group for v in s["previous_versions"]} | {version},
+                              key=int)
+                set_version_policy(folder, keep)
+            with ThreadPoolExecutor(max_workers=len(opened)) as pool:
+                failures = [f for f in pool.map(
+                    lambda item: _load(item[0], model_name, version, spec.ready_timeout_s),
+                    opened) if f]
+        except BaseException:
+            self._restore_all(deployment)
+            raise
+        if failures:
+            unrestored = self._restore_all(deployment)
+            before = sorted({v for s in servers for v in s["previous_versions"]}, key=int)
+            raise DeployError(
+                f"{model_name} version {version} failed to load on {len(failures)} of "
+                f"{len(servers)} replicas ({'; '.join(failures)}). Rolled back on every replica"
+                + (f": version {', '.join(before)} keeps serving" if before else "")
+                + (f"; could not reach {unrestored} to roll back" if unrestored else "")
+                + ". Fix the failing replica (its log says why) and run the release again.")
+        return deployment
+
+    def retire(self, deployment: Deployment) -> list[str]:
+        retired: set[str] = set()
+        for server in deployment["state"]["servers"]:
+            retired.update(retire_on(server, deployment["model_name"], deployment["version"]))
+        return sorted(retired, key=int)
+
+    def rollback(self, deployment: Deployment) -> None:
+        self._restore_all(deployment)
+
+    def summary(self, deployment: Deployment) -> dict[str, Any]:
+        out = super().summary(deployment)
+        out["endpoint"]["replicas"] = [{"http": e["http"], "grpc": e["grpc"]}
+                                       for e in deployment["endpoints"]]
+        return out

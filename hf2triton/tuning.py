@@ -1,0 +1,251 @@
+"""Triton configuration search: dynamic-batching and execution settings measured against a
+served endpoint.
+
+Every combination in `deploy.tuning` (preferred batch sizes x queue delay x (instances,
+intra-op threads)) is rendered by the repository builder itself, loaded into a private
+tritonserver on free loopback ports, and driven by closed-loop gRPC clients sending one
+validation item per request (any kind whose load it can drive).
+The configuration with the most requests/s (mean over the client counts) whose p99 stays under
+the cap is what the release's config.pbtxt then carries. The figures are the release machine's:
+the result is cached per model and grid in the work directory, like every other step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import shutil
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any, TypedDict
+
+import numpy as np
+from hf2triton import triton_local
+from hf2triton.clients.triton import DTYPES
+from hf2triton.errors import DeployError
+from hf2triton.kinds.base import ModelKind, to_json
+from hf2triton.repository import BATCHING, build_repository
+from hf2triton.runs import in_prefect_run, step_logger
+from hf2triton.spec import TuningSpec
+from hf2triton.workspace import cached_step, digest, sha256_file
+
+SETTINGS = ("preferred_batch_sizes", "max_queue_delay_us", "instance_count", "intra_op_threads")
+
+
+class TuneResult(TypedDict):
+    chosen: dict[str, Any]  # the SETTINGS of the shipped configuration
+    cells: list[dict[str, Any]]  # every configuration with its figures
+    cap_met: bool  # False: no configuration kept p99 under max_p99_ms (the fastest ships)
+    reused: bool
+
+
+def grid(tuning: TuningSpec, deploy: Any) -> list[dict[str, Any]]:
+    """Every configuration to measure, the deploy section's own first."""
+    sizes = tuning.preferred_batch_sizes or [deploy.preferred_batch_sizes]
+    own = {k: getattr(deploy, k) for k in SETTINGS}
+    cells = [own]
+    for pbs, delay, (inst, threads) in itertools.product(
+            sizes, tuning.max_queue_delay_us, tuning.execution):
+        cell = {"preferred_batch_sizes": list(pbs), "max_queue_delay_us": delay,
+                "instance_count": inst, "intra_op_threads": threads}
+        if cell not in cells:
+            cells.append(cell)
+    return cells
+
+
+def describe(cell: dict[str, Any]) -> str:
+    return (f"batch sizes {'/'.join(map(str, cell['preferred_batch_sizes']))}, queue delay "
+            f"{cell['max_queue_delay_us']} us, {cell['instance_count']} instance(s) x "
+            f"{cell['intra_op_threads'] or 'default'} thread(s)")
+
+
+async def closed_loop(url: str, model: str, requests: list[dict[str, np.ndarray]], clients: int,
+                      seconds: float, warmup_s: float) -> dict[str, float]:
+    """`clients` gRPC clients, each sending its next request when the last one was answered;
+    requests answered inside the measured window count."""
+    import tritonclient.grpc.aio as grpcaio
+
+    client = grpcaio.InferenceServerClient(url)
+    loop = asyncio.get_running_loop()
+    window: dict[str, float] = {}
+    latencies: list[float] = []
+    errors = [0]
+    stop = asyncio.Event()
+
+    async def one(i: int) -> None:
+        k = i * 7919
+        while not stop.is_set():
+            inputs = []
+            for name, arr in requests[k % len(requests)].items():
+                inp = grpcaio.InferInput(name, list(arr.shape), DTYPES[arr.dtype])
+                inp.set_data_from_numpy(arr)
+                inputs.append(inp)
+            k += 1
+            t0 = loop.time()
+            try:
+                await asyncio.wait_for(client.infer(model, inputs), 60)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - counted: a configuration with errors never ships
+                errors[0] += 1
+                await asyncio.sleep(0.05)
+                continue
+            t1 = loop.time()
+            if "start" in window and "end" not in window:
+                latencies.append(t1 - t0)
+
+    tasks = [asyncio.create_task(one(i)) for i in range(clients)]
+    try:
+        await asyncio.sleep(warmup_s)
+        window["start"] = loop.time()
+        await asyncio.sleep(seconds)
+        window["end"] = loop.time()
+        stop.set()
+        await asyncio.wait(tasks, timeout=60)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await client.close()
+    lat = np.array(latencies or [np.nan]) * 1000
+    return {"clients": clients, "requests": len(latencies), "errors": errors[0],
+            "rps": len(latencies) / (window["end"] - window["start"]),
+            "p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99))}
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _wait(predicate, timeout_s: float, what: str, proc: Any = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise DeployError(f"configuration search: the private tritonserver exited with code "
+                              f"{proc.returncode} ({what})")
+        try:
+            if predicate():
+                return
+        except Exception:  # noqa: BLE001 - the server may still be starting; poll to the deadline
+            pass
+        time.sleep(0.3)
+    raise DeployError(f"configuration search: {what} within {timeout_s:.0f}s")
+
+
+def choose(cells: list[dict[str, Any]], max_p99_ms: float | None) -> tuple[dict[str, Any], bool]:
+    """The cell with the most requests/s over its points, among those without errors and with
+    p99 under the cap at every point; without any such cell, the fastest error-free one."""
+    clean = [c for c in cells if c["points"] and not any(
+        p["errors"] or not p["requests"] or not np.isfinite(p["p99_ms"]) for p in c["points"])]
+    if not clean:
+        raise DeployError("configuration search: every configuration failed requests; see the "
+                          "server log in the tune step's directory")
+    capped = [c for c in clean
+              if max_p99_ms is None or all(p["p99_ms"] <= max_p99_ms for p in c["points"])]
+    best = max(capped or clean, key=lambda c: c["score_rps"])
+    return best, bool(capped)
+
+
+def tune_config(kind: ModelKind, model_name: str, candidate: str, export_dir: str, cfg: Any,
+                info: dict[str, Any], deploy: Any, warmup_items: list[Any], items: list[Any],
+                work_root: str) -> TuneResult:
+    """Measure every configuration of `deploy.tuning` on a private server; return the best."""
+    tuning = deploy.tuning
+    if not items:
+        raise DeployError("configuration search: no validation item to send")
+    cells = grid(tuning, deploy)
+    requests = kind.requests(items)
+    knobs = {k: getattr(deploy, k, 0) for k in (*BATCHING, "max_batch_tokens")}
+    key = digest([model_name, kind.name, sha256_file(candidate) if Path(candidate).is_file()
+                  else candidate, to_json(cfg.to_dict()), to_json(info), knobs, cells,
+                  tuning.model_dump(), to_json(items), sha256_file(__file__)])
+
+    def build(out: Path) -> dict:
+        repo = out / "server-repository"
+        repo.mkdir()
+        http, grpc, metrics = _free_ports(3)
+        proc = triton_local.launch(repo, "127.0.0.1", http, grpc, metrics, out / "server.log")
+        import tritonclient.http as httpclient
+        from tritonclient.utils import InferenceServerException
+
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{http}", network_timeout=600.0)
+        measured = []
+        try:
+            _wait(client.is_server_live, deploy.ready_timeout_s, "the server did not start",
+                  proc)
+            for i, cell in enumerate(cells):
+                name = f"{model_name}-tune-{i}"
+                built = build_repository(kind, name, candidate, export_dir, cfg, info,
+                                         {**knobs, **cell}, warmup_items, str(out / "builds"))
+                shutil.copytree(Path(built["repository"]) / name, repo / name)
+                row = {"settings": cell, "name": describe(cell), "points": [], "score_rps": 0.0}
+                try:
+                    client.load_model(name)
+                    _wait(lambda: client.is_model_ready(name), deploy.ready_timeout_s,
+                          f"{name} did not load", proc)
+                except (InferenceServerException, DeployError) as exc:
+                    if proc.poll() is not None:
+                        raise
+                    row["failed"] = " ".join(str(exc).split())[:300]  # never ships
+                else:
+                    row["points"] = [asyncio.run(closed_loop(
+                        f"127.0.0.1:{grpc}", name, requests, n, tuning.seconds,
+                        min(2.0, tuning.seconds))) for n in tuning.clients]
+                    row["score_rps"] = float(np.mean([p["rps"] for p in row["points"]]))
+                client.unload_model(name)
+                _wait(lambda: not client.is_model_ready(name), 120, f"{name} did not unload",
+                      proc)
+                shutil.rmtree(repo / name)
+                measured.append(row)
+        finally:
+            client.close()
+            triton_local.terminate(proc)  # the server and its Python-backend stubs
+            shutil.rmtree(out / "builds", ignore_errors=True)
+            shutil.rmtree(repo, ignore_errors=True)
+        best, cap_met = choose(measured, tuning.max_p99_ms)
+        (out / "tuning.json").write_text(json.dumps(measured, indent=1) + "\n")
+        return {"chosen": best["settings"], "cells": measured, "cap_met": cap_met}
+
+    done = cached_step(work_root, "tune", key, build)
+    result = TuneResult(chosen=done.result["chosen"], cells=done.result["cells"],
+                        cap_met=done.result["cap_met"], reused=done.reused)
+    _report(result, tuning)
+    return result
+
+
+def _report(result: TuneResult, tuning: TuningSpec) -> None:
+    if not in_prefect_run():
+        return
+    from prefect.artifacts import create_table_artifact
+
+    logger = step_logger()
+    rows = []
+    for c in result["cells"]:
+        shipped = c["settings"] == result["chosen"]
+        row = {"configuration": c["name"], "ships": "yes" if shipped else "",
+               "failed": c.get("failed", "")}
+        for p in c["points"]:
+            row[f"req/s @{p['clients']}"] = round(p["rps"], 1)
+            row[f"p99 ms @{p['clients']}"] = round(p["p99_ms"], 1)
+            row[f"errors @{p['clients']}"] = p["errors"]
+        rows.append(row)
+        logger.info("tune: %s: %s%s", c["name"], c.get("failed") or ", ".join(
+            f"{p['rps']:.0f} req/s p99 {p['p99_ms']:.0f} ms @{p['clients']}" for p in c["points"]),
+            " -> ships" if shipped else "")
+    if not result["cap_met"]:
+        logger.warning("tune: no configuration kept p99 under %.0f ms at every client count; "
+                       "the fastest ships", tuning.max_p99_ms)
+    create_table_artifact(rows, key="triton-config-search",
+                          description="Triton configuration search: closed-loop gRPC clients, "
+                          "one sentence per request, on the release machine")
+

@@ -1,0 +1,21 @@
+"""Triton Python-backend entry point of every hf2triton model. It parses nothing itself: the
+serving core beside it (hf2triton_serving/, the code the release's gate ran on this version's
+files) reads the requests and answers them, as serving.json says."""
+import os
+import sys
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        # args["model_repository"] is this model's own directory (not the repository root).
+        version_dir = os.path.join(args["model_repository"], args["model_version"])
+        sys.path.insert(0, version_dir)
+        import hf2triton_serving
+
+        self.serving = hf2triton_serving
+        self.model = hf2triton_serving.load(version_dir)
+
+    def execute(self, requests):
+        return self.serving.triton_execute(self.model, requests, pb_utils)
