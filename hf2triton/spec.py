@@ -38,6 +38,8 @@ class Task(str, Enum):
     TEXT_CLASSIFICATION = "text-classification"
     # Any model optimum exports as text2text-generation-with-past (M2M100, Marian, ...).
     TRANSLATION = "translation"
+    # Cross-encoders: a query and its passages in, one relevance score per passage out.
+    TEXT_RANKING = "text-ranking"
 
 
 # The spec section each task reads (its model kind's options: hf2triton.kinds).
@@ -45,6 +47,7 @@ TASK_SECTIONS = {
     Task.FEATURE_EXTRACTION: "embedding",
     Task.TEXT_CLASSIFICATION: "classification",
     Task.TRANSLATION: "generation",
+    Task.TEXT_RANKING: "reranking",
 }
 # Tasks whose load deploy.tuning.search cannot drive (generation is another kind of traffic).
 UNTUNABLE_TASKS = (Task.TRANSLATION,)
@@ -224,6 +227,28 @@ class GenerationSpec(_Strict):
         return _unless(wanted and self.references is None, self,
                        "thresholds.min_reference_bleu/min_reference_chrf need reference "
                        "translations: give generation.references")
+
+
+class RerankingThresholds(_Strict):
+    """How closely the served ranking must follow PyTorch's, query by query."""
+
+    min_spearman: Probability = Field(
+        0.9, description="lowest Spearman correlation, over the queries, of a query's served "
+        "passage scores with PyTorch's")
+    mean_spearman: Probability = Field(0.98, description="mean of the same over the queries")
+    min_top1_agreement: Probability = Field(
+        0.95, description="share of queries whose top passage is PyTorch's top passage")
+
+
+class RerankingSpec(_Strict):
+    """`task: text-ranking`: a cross-encoder scores (query, passage) pairs."""
+
+    max_length: MaxLength = Field(None, description="truncation length of a pair; default: the "
+                                  "model's")
+    activation: Literal["auto", "none", "sigmoid", "softmax"] = Field(
+        "auto", description="score of a pair: the logit (none), its sigmoid, or the softmax "
+        "probability of the last label; auto: as sentence-transformers' CrossEncoder")
+    thresholds: RerankingThresholds = RerankingThresholds()
 
 
 class ExportSpec(_Strict):
@@ -638,6 +663,7 @@ class ReleaseSpec(_Strict):
     quantization: QuantizationSpec = QuantizationSpec()
     classification: ClassificationSpec | None = None
     generation: GenerationSpec | None = None
+    reranking: RerankingSpec | None = None
     validation: ValidationSpec
     registry: RegistrySpec
     deploy: DeploySpec = LocalTritonDeploy()

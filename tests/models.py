@@ -157,3 +157,34 @@ def build_tiny_classifier(out: Path, seed: int = 0) -> Path:
         model.classifier.weight.mul_(4.0)
     model.save_pretrained(out)
     return out
+
+
+def build_tiny_cross_encoder(out: Path, seed: int = 0) -> Path:
+    """Save a 2-layer BERT cross-encoder (one relevance logit) and its fast tokenizer: the shape
+    of cross-encoder/ms-marco-MiniLM-L-6-v2, with random weights."""
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification
+
+    build_tiny_bert(out, seed=seed)  # the tokenizer (and a base model we replace)
+    base = BertConfig.from_pretrained(out)
+    config = BertConfig(
+        **{k: getattr(base, k) for k in ("vocab_size", "hidden_size", "num_hidden_layers",
+                                         "num_attention_heads", "intermediate_size",
+                                         "max_position_embeddings")},
+        num_labels=1, initializer_range=0.5,  # large enough that scores depend on the pair
+    )
+    torch.manual_seed(seed)
+    BertForSequenceClassification(config).eval().save_pretrained(out)
+    return out
+
+
+def rerank_pairs() -> list[tuple[str, str]]:
+    """(query, passage) pairs: each query with 3 to 6 passages of the corpus, some long."""
+    lines = list(dict.fromkeys(CORPUS))
+    pairs = []
+    for i, query in enumerate(lines[:10]):
+        n = 3 + i % 4
+        for k in range(n):
+            passage = lines[(i * 3 + k * 5 + 1) % len(lines)]
+            pairs.append((query, passage if k != 2 else " ".join([passage] * 6)))
+    return pairs

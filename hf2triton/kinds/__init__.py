@@ -19,16 +19,14 @@ KINDS: dict[str, str] = {
     "feature-extraction": "hf2triton.kinds.embedding:EmbeddingKind",
     "text-classification": "hf2triton.kinds.classification:ClassificationKind",
     "translation": "hf2triton.kinds.translation:TranslationKind",
+    "text-ranking": "hf2triton.kinds.reranking:RerankingKind",
 }
 
-
-def kind_class(task: str) -> type[ModelKind]:
-    return plugins.load(KINDS, task)
 
 
 def kind_for(spec: ReleaseSpec) -> ModelKind:
     """The model kind of a release, from its spec's task."""
-    return kind_class(spec.task.value)(spec)
+    return plugins.load(KINDS, spec.task.value)(spec)
 
 
-__all__ = ["KINDS", "Candidate", "Data", "ModelKind", "kind_class", "kind_for"]
+__all__ = ["KINDS", "Candidate", "Data", "ModelKind", "kind_for"]

@@ -11,13 +11,14 @@ written once, against this interface.
 from __future__ import annotations
 
 import math
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
-from hf2triton.errors import SpecError
+from hf2triton.errors import ExportError, SpecError
 from hf2triton.spec import ReleaseSpec
 
 # A limit is (metric, ">=" or "<=", value): a metric passes when it is on the right side of it.
@@ -116,24 +117,53 @@ def to_json(value: Any) -> Any:
     return value
 
 
+def save_fast_tokenizer(model_dir: str, out: Path) -> None:
+    """Serving tokenizes with the `tokenizers` library: tokenizer.json must sit beside the
+    exported graph."""
+    if (out / "tokenizer.json").is_file():
+        return
+    if (Path(model_dir) / "tokenizer.json").is_file():
+        shutil.copyfile(Path(model_dir) / "tokenizer.json", out / "tokenizer.json")
+        return
+    from transformers import AutoTokenizer
+
+    AutoTokenizer.from_pretrained(model_dir, use_fast=True).save_pretrained(out)
+    if not (out / "tokenizer.json").is_file():
+        raise ExportError(f"{model_dir} has no fast tokenizer, which serving needs "
+                          "(tokenizer.json)")
+
+
 class ModelKind:
     """One kind of model. Subclasses set the class attributes and implement the methods."""
 
     name: ClassVar[str]  # "embedding"
     task: ClassVar[str]  # the spec's `task:` value, "feature-extraction"
-    section: ClassVar[str]  # the spec section it reads, "embedding"
-    onnx_task: ClassVar[str]  # optimum's export task
+    section: ClassVar[str]  # the spec section it reads (default: hf2triton.spec.TASK_SECTIONS)
+    onnx_task: ClassVar[str]  # optimum's export task (default: the same as `task`)
     # Its Triton I/O is model_repository/<name>/io.pbtxt.template; its serving code the class
     # `serving_class` of hf2triton/serving/<name>.py, with the modules `serving_modules`.
     serving_class: ClassVar[str]
     serving_modules: ClassVar[tuple[str, ...]] = ()
     main_file: ClassVar[str] = "model.onnx"  # absent after an export: it failed
-    thresholds_key: ClassVar[str]  # where the gate's limits live in the spec
+    thresholds_key: ClassVar[str]  # where the gate's limits live (default: <section>.thresholds)
     tunable: ClassVar[bool] = True  # deploy.tuning.search can drive it
     item_word: ClassVar[str] = "texts"
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        from hf2triton.spec import TASK_SECTIONS, Task
+
+        cls.section = cls.__dict__.get("section") or TASK_SECTIONS[Task(cls.task)]
+        cls.onnx_task = cls.__dict__.get("onnx_task") or cls.task
+        cls.thresholds_key = cls.__dict__.get("thresholds_key") or f"{cls.section}.thresholds"
+
     def __init__(self, spec: ReleaseSpec):
         self.spec = spec
+
+    @property
+    def options(self) -> Any:
+        """The kind's own spec section, defaults filled in when the spec leaves it out."""
+        return self.spec.task_section
 
     @property
     def template(self) -> str:
@@ -171,7 +201,8 @@ class ModelKind:
         return list({repr(x): x for x in [*data.items[:20], *longest]}.values())
 
     def prepare_export(self, model_dir: str, out: Path, cfg: Any) -> None:
-        """Write what serving needs beside the exported ONNX files (e.g. tokenizer.json)."""
+        """Write what serving needs beside the exported ONNX files: tokenizer.json."""
+        save_fast_tokenizer(model_dir, out)
 
     def check_export(self, model_dir: str, out: Path, cfg: Any, inputs: list[Any]
                      ) -> dict[str, float]:
@@ -181,12 +212,13 @@ class ModelKind:
     # -- serving ----------------------------------------------------------------------------
     def settings(self, cfg: Any, export_dir: str) -> dict[str, Any]:
         """serving.json without its file names: the kind's own serving settings."""
-        raise NotImplementedError
+        return cfg.to_dict()
 
     def version_files(self, candidate: str, export_dir: str) -> dict[str, Path]:
         """Files of a Triton version directory (name there -> source), besides model.py, the
-        serving core and serving.json."""
-        raise NotImplementedError
+        serving core and serving.json: the candidate's graph and the export's tokenizer."""
+        return {"model.onnx": Path(candidate),
+                "tokenizer.json": Path(export_dir) / "tokenizer.json"}
 
     def file_settings(self, files: dict[str, str]) -> dict[str, Any]:
         """serving.json keys that locate the files (names of `version_files`, or paths)."""

@@ -15,7 +15,7 @@ import numpy as np
 
 from hf2triton.errors import SpecError, UnsupportedModelError
 from hf2triton.kinds.base import Data, Limits, ModelKind, read_lines
-from hf2triton.kinds.embedding import model_max_length, save_fast_tokenizer
+from hf2triton.kinds.embedding import model_max_length
 from hf2triton.kinds.torch_reference import TorchReference, largest_difference
 from hf2triton.serving.classification import activate
 
@@ -92,16 +92,7 @@ def predicted(probs: np.ndarray, activation: str) -> np.ndarray:
 class ClassificationKind(ModelKind):
     name = "classification"
     task = "text-classification"
-    section = "classification"
-    onnx_task = "text-classification"
     serving_class = "Classifier"
-    thresholds_key = "classification.thresholds"
-
-    @property
-    def options(self):
-        from hf2triton.spec import ClassificationSpec
-
-        return self.spec.classification or ClassificationSpec()
 
     def resolve(self, model_dir: str) -> ClassificationConfig:
         return resolve_classification_config(model_dir, self.options.max_length)
@@ -109,7 +100,8 @@ class ClassificationKind(ModelKind):
     def read_data(self) -> Data:
         data = Data(read_lines(self.spec.validation.sentences, "validation.sentences"))
         if self.options.labelled:
-            read_lines(self.options.labelled, "classification.labelled", "labelled texts")  # readable, not empty
+            # Readable and not empty now; parsed once the model's labels are known.
+            read_lines(self.options.labelled, "classification.labelled", "labelled texts")
         return data
 
     def gate_data(self, data: Data, cfg: ClassificationConfig) -> Data:
@@ -119,19 +111,9 @@ class ClassificationKind(ModelKind):
         texts, gold = read_labelled(self.options.labelled, cfg.labels)
         return Data([*data.items, *texts], {**data.extra, "gold": gold})
 
-    def prepare_export(self, model_dir: str, out: Path, cfg: ClassificationConfig) -> None:
-        save_fast_tokenizer(model_dir, out)
-
     def check_export(self, model_dir: str, out: Path, cfg: ClassificationConfig,
                      inputs: list[str]) -> dict[str, float]:
         return check_logits(model_dir, out / self.main_file, cfg.max_length, inputs)
-
-    def settings(self, cfg: ClassificationConfig, export_dir: str) -> dict[str, Any]:
-        return cfg.to_dict()
-
-    def version_files(self, candidate: str, export_dir: str) -> dict[str, Path]:
-        return {"model.onnx": Path(candidate),
-                "tokenizer.json": Path(export_dir) / "tokenizer.json"}
 
     def config_values(self, cfg: ClassificationConfig, info: dict[str, Any]) -> dict[str, Any]:
         return {"num_labels": len(cfg.labels)}

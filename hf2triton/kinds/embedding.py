@@ -106,22 +106,6 @@ def onnx_hidden_states(onnx_path: str | Path, enc: dict[str, np.ndarray]) -> np.
     return onnx_output(onnx_path, enc)
 
 
-def save_fast_tokenizer(model_dir: str, out: Path) -> None:
-    """Serving tokenizes with the `tokenizers` library: tokenizer.json must sit beside the
-    exported graph."""
-    if (out / "tokenizer.json").is_file():
-        return
-    if (Path(model_dir) / "tokenizer.json").is_file():
-        shutil.copyfile(Path(model_dir) / "tokenizer.json", out / "tokenizer.json")
-        return
-    from transformers import AutoTokenizer
-
-    AutoTokenizer.from_pretrained(model_dir, use_fast=True).save_pretrained(out)
-    if not (out / "tokenizer.json").is_file():
-        raise ExportError(f"{model_dir} has no fast tokenizer, which serving needs "
-                          "(tokenizer.json)")
-
-
 def pairwise(emb: np.ndarray) -> np.ndarray:
     sims = emb @ emb.T
     return sims[np.triu_indices(len(emb), k=1)]
@@ -143,21 +127,16 @@ def embedding_metrics(reference: np.ndarray, candidate: np.ndarray
 class EmbeddingKind(ModelKind):
     name = "embedding"
     task = "feature-extraction"
-    section = "embedding"
-    onnx_task = "feature-extraction"
     serving_class = "Embedder"
     thresholds_key = "validation.thresholds"
     item_word = "sentences"
 
     def resolve(self, model_dir: str) -> EmbeddingConfig:
-        e = self.spec.embedding
+        e = self.options
         return resolve_embedding_config(model_dir, e.pooling, e.normalize, e.max_length)
 
     def read_data(self) -> Data:
         return Data(read_lines(self.spec.validation.sentences, "validation.sentences"))
-
-    def prepare_export(self, model_dir: str, out: Path, cfg: EmbeddingConfig) -> None:
-        save_fast_tokenizer(model_dir, out)
 
     def check_export(self, model_dir: str, out: Path, cfg: EmbeddingConfig,
                      inputs: list[str]) -> dict[str, float]:
@@ -165,13 +144,6 @@ class EmbeddingKind(ModelKind):
         return {"max_abs_diff": largest_difference(
             TorchEmbedder(model_dir, cfg), out / self.main_file, inputs, "last_hidden_state",
             None, masked=True)}
-
-    def settings(self, cfg: EmbeddingConfig, export_dir: str) -> dict[str, Any]:
-        return cfg.to_dict()
-
-    def version_files(self, candidate: str, export_dir: str) -> dict[str, Path]:
-        return {"model.onnx": Path(candidate), "tokenizer.json": Path(export_dir) /
-                "tokenizer.json"}
 
     def info(self, reference: np.ndarray) -> dict[str, Any]:
         return {"embedding_dim": int(np.asarray(reference).shape[1])}

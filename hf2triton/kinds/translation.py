@@ -339,20 +339,12 @@ def onnx_files_with_data(directory: str | Path) -> dict[str, Path]:
 class TranslationKind(ModelKind):
     name = "translation"
     task = "translation"
-    section = "generation"
     onnx_task = "text2text-generation-with-past"  # encoder, decoder and decoder-with-past
     serving_class = "Translator"
     serving_modules = ("base", "text", "seq2seq", "translation")
     main_file = ONNX_FILES["encoder"]
-    thresholds_key = "generation.thresholds"
     tunable = False  # generation load is another kind of traffic; not searched
     item_word = "sentences"
-
-    @property
-    def options(self):
-        from hf2triton.spec import GenerationSpec
-
-        return self.spec.generation or GenerationSpec()
 
     def resolve(self, model_dir: str) -> TranslationConfig:
         return resolve_translation_config(model_dir, self.options)

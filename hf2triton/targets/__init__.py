@@ -22,14 +22,10 @@ TARGETS: dict[str, str] = {
 }
 
 
-def target_class(name: str) -> type[DeployTarget]:
-    return plugins.load(TARGETS, name)
-
-
 def target_for(spec: ReleaseSpec, work: str) -> DeployTarget:
     """The deploy target of a release, from its spec's deploy section."""
-    return target_class(spec.deploy.target)(spec.deploy, spec.name, work,
-                                            spec.registry.model_name, spec.image)
+    target = plugins.load(TARGETS, spec.deploy.target)
+    return target(spec.deploy, spec.name, work, spec.registry.model_name, spec.image)
 
 
-__all__ = ["TARGETS", "Check", "Deployment", "DeployTarget", "target_class", "target_for"]
+__all__ = ["TARGETS", "Check", "Deployment", "DeployTarget", "target_for"]

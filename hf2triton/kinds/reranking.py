@@ -1,0 +1,154 @@
+"""Kind `reranking` (`task: text-ranking`): a cross-encoder scores (query, passage) pairs, the
+model a retrieval stack puts in front of its embedder. A request is a query with a list of
+passages; the answer is one relevance score per passage. The gate compares the served ranking
+with PyTorch's: Spearman correlation of the scores per query (lowest and mean), and the share of
+queries whose top passage is the same.
+
+Validation data: `validation.sentences` is a UTF-8 TSV of `query<TAB>passage` lines; the lines
+of one query form its passage list (in file order).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hf2triton.errors import SpecError, UnsupportedModelError
+from hf2triton.kinds.base import Data, Limits, ModelKind, read_lines
+from hf2triton.kinds.classification import TorchClassifier, check_logits
+from hf2triton.kinds.embedding import model_max_length
+from hf2triton.serving.reranking import relevance
+
+
+@dataclass(frozen=True)
+class RerankingConfig:
+    max_length: int
+    activation: str  # "none" (the logit), "sigmoid", or "softmax" (two-label heads)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def resolve_reranking_config(model_dir: str | Path, max_length: int | None,
+                             activation: str) -> RerankingConfig:
+    """sentence-transformers' CrossEncoder scores a one-logit head with a sigmoid and a
+    two-label head with the softmax of its second label; 'auto' does the same."""
+    config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    labels = len(config.get("id2label") or {}) or int(config.get("num_labels", 0) or 0)
+    if labels not in (1, 2):
+        raise UnsupportedModelError(
+            f"{model_dir}/config.json declares {labels or 'no'} labels: a cross-encoder for "
+            "task 'text-ranking' has one relevance logit (or two labels, relevant last)")
+    if activation == "auto":
+        declared = str(config.get("sbert_ce_default_activation_function") or "")
+        activation = "softmax" if labels == 2 else \
+            "none" if declared.endswith("Identity") else "sigmoid"
+    return RerankingConfig(max_length=model_max_length(model_dir, max_length),
+                           activation=activation)
+
+
+def read_groups(path: str) -> list[tuple[str, list[str]]]:
+    """(query, passages) groups of a `query<TAB>passage` file, queries in order of appearance."""
+    groups: dict[str, list[str]] = {}
+    for n, line in enumerate(read_lines(path, "validation.sentences"), 1):
+        query, sep, passage = line.partition("\t")
+        if not sep or not query.strip() or not passage.strip():
+            raise SpecError(
+                f"validation.sentences {path!r} line {n}: a text-ranking release reads "
+                f"'query<TAB>passage' lines, got {line[:80]!r}")
+        groups.setdefault(query, []).append(passage)
+    return list(groups.items())
+
+
+def ranking_metrics(reference: list[np.ndarray], served: list[np.ndarray]
+                    ) -> tuple[dict[str, float], list[float]]:
+    """Spearman of served vs PyTorch scores per query (1.0 for a single passage), and whether
+    each query's top passage is the same."""
+    from scipy.stats import spearmanr
+
+    rhos, top1 = [], []
+    for ref, got in zip(reference, served):
+        ref, got = np.asarray(ref, np.float64), np.asarray(got, np.float64)
+        if not np.isfinite(got).all():
+            rhos.append(float("nan"))
+        elif len(ref) < 2 or np.ptp(ref) == 0:
+            rhos.append(1.0)
+        else:
+            rho = float(spearmanr(ref, got).statistic)
+            rhos.append(rho if np.isfinite(rho) else 0.0)
+        top1.append(float(np.argmax(ref) == np.argmax(got)))
+    return {"min_spearman": float(np.min(rhos)), "mean_spearman": float(np.mean(rhos)),
+            "top1_agreement": float(np.mean(top1)),
+            "max_score_diff": float(max(np.abs(np.asarray(r) - np.asarray(g)).max()
+                                        for r, g in zip(reference, served)))}, rhos
+
+
+class RerankingKind(ModelKind):
+    name = "reranking"
+    task = "text-ranking"
+    onnx_task = "text-classification"  # a cross-encoder is a sequence classifier of pairs
+    serving_class = "Reranker"
+    item_word = "queries"
+
+    def resolve(self, model_dir: str) -> RerankingConfig:
+        return resolve_reranking_config(model_dir, self.options.max_length,
+                                        self.options.activation)
+
+    def read_data(self) -> Data:
+        return Data(read_groups(self.spec.validation.sentences))
+
+    def export_inputs(self, data: Data) -> list[tuple[str, str]]:
+        pairs = [(q, p) for q, passages in data.items for p in passages]
+        longest = sorted(pairs, key=lambda x: len(x[0]) + len(x[1]), reverse=True)[:4]
+        return list(dict.fromkeys([*pairs[:20], *longest]))
+
+    def check_export(self, model_dir: str, out: Path, cfg: RerankingConfig,
+                     inputs: list[tuple[str, str]]) -> dict[str, float]:
+        return check_logits(model_dir, out / self.main_file, cfg.max_length, inputs)
+
+    def requests(self, items: list[tuple[str, list[str]]]) -> list[dict[str, np.ndarray]]:
+        return [{"QUERY": np.array([[q.encode("utf-8")]], dtype=np.object_),
+                 "PASSAGES": np.array([[p.encode("utf-8") for p in passages]],
+                                      dtype=np.object_)}
+                for q, passages in items]
+
+    def extract(self, answers: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
+        return [row.astype(np.float32) for a in answers for row in a["SCORES"]]
+
+    def reference(self, model_dir: str, cfg: RerankingConfig, data: Data) -> list[np.ndarray]:
+        pairs = [(q, p) for q, passages in data.items for p in passages]
+        scores = relevance(TorchClassifier(model_dir, cfg.max_length).all_logits(pairs),
+                           cfg.activation)
+        out, k = [], 0
+        for _, passages in data.items:
+            out.append(scores[k:k + len(passages)])
+            k += len(passages)
+        return out
+
+    def config_from_dict(self, data: dict[str, Any]) -> RerankingConfig:
+        return RerankingConfig(**data)
+
+    def score(self, reference: list[np.ndarray], outputs: list[np.ndarray], data: Data,
+              cfg: RerankingConfig) -> tuple[dict[str, float], dict]:
+        metrics, rhos = ranking_metrics(reference, outputs)
+        worst = np.argsort(np.nan_to_num(rhos, nan=-2.0))[:10]
+        return metrics, {"worst": [{"text": data.items[i][0][:200], "spearman": rhos[i]}
+                                   for i in worst]}
+
+    def limits(self) -> Limits:
+        t = self.options.thresholds
+        return {"min_spearman": (">=", t.min_spearman),
+                "mean_spearman": (">=", t.mean_spearman),
+                "top1_agreement": (">=", t.min_top1_agreement)}
+
+    def example(self, details: dict[str, Any]) -> str:
+        worst = (details.get("worst") or [None])[0]
+        return f"worst query {worst['text'][:40]!r} at Spearman {worst['spearman']:.4f}" \
+            if worst else ""
+
+    def from_json(self, reference: Any) -> list[np.ndarray]:
+        return [np.asarray(r, dtype=np.float32) for r in reference]
