@@ -205,23 +205,32 @@ async def closed_loop(call: Call, texts: list[str], concurrency: int, duration_s
 # --- the clients: Triton over gRPC and HTTP, and a plain JSON-over-HTTP baseline server --------
 
 
+def text_inputs(text: str) -> dict[str, np.ndarray]:
+    """One text as Triton's TEXT input [1, 1]."""
+    return {"TEXT": np.array([[text.encode("utf-8")]], dtype=np.object_)}
+
+
 class TritonGrpc:
     """tritonclient.grpc.aio: one channel, many concurrent calls on it."""
 
-    def __init__(self, url: str, model: str, version: str = ""):
+    def __init__(self, url: str, model: str, version: str = "", output: str = "EMBEDDING",
+                 inputs: Callable[[str], dict[str, np.ndarray]] = text_inputs):
         import tritonclient.grpc.aio as grpcaio
 
         self.m = grpcaio
         self.client = grpcaio.InferenceServerClient(url)
-        self.model, self.version = model, version
-        self.outputs = [grpcaio.InferRequestedOutput("EMBEDDING")]
+        self.model, self.version, self.output, self.inputs = model, version, output, inputs
+        self.outputs = [grpcaio.InferRequestedOutput(output)]
 
     async def __call__(self, text: str) -> np.ndarray:
-        inp = self.m.InferInput("TEXT", [1, 1], "BYTES")
-        inp.set_data_from_numpy(np.array([[text.encode("utf-8")]], dtype=np.object_))
-        res = await self.client.infer(self.model, [inp], model_version=self.version,
+        inputs = []
+        for name, arr in self.inputs(text).items():
+            x = self.m.InferInput(name, list(arr.shape), "BYTES")
+            x.set_data_from_numpy(arr)
+            inputs.append(x)
+        res = await self.client.infer(self.model, inputs, model_version=self.version,
                                       outputs=self.outputs)
-        return res.as_numpy("EMBEDDING")
+        return res.as_numpy(self.output)
 
     async def close(self) -> None:
         await self.client.close()
@@ -240,8 +249,7 @@ class TritonHttp:
 
     async def __call__(self, text: str) -> np.ndarray:
         inp = self.m.InferInput("TEXT", [1, 1], "BYTES")
-        inp.set_data_from_numpy(np.array([[text.encode("utf-8")]], dtype=np.object_),
-                                binary_data=True)
+        inp.set_data_from_numpy(text_inputs(text)["TEXT"], binary_data=True)
         res = await self.client.infer(self.model, [inp], model_version=self.version,
                                       outputs=self.outputs)
         return res.as_numpy("EMBEDDING")
@@ -251,22 +259,27 @@ class TritonHttp:
 
 
 class JsonHttp:
-    """POST {"text": ...} to a baseline server, read {"embedding": [...]} back (aiohttp)."""
+    """POST a JSON body for each text to an HTTP embedding server (aiohttp): the FastAPI
+    baseline's {"text": ...}, or an OpenAI-style {"model": ..., "input": [...]} (infinity-emb)."""
 
-    def __init__(self, url: str, conn_limit: int = 100):
+    def __init__(self, url: str, conn_limit: int = 100, openai_model: str | None = None):
         import aiohttp
 
-        self.url = url
+        self.url, self.openai_model = url, openai_model
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=conn_limit),
             timeout=aiohttp.ClientTimeout(total=None),
         )
 
     async def __call__(self, text: str) -> list[float]:
-        async with self.session.post(self.url, json={"text": text}) as resp:
+        body = {"text": text} if self.openai_model is None else \
+            {"model": self.openai_model, "input": [text]}
+        async with self.session.post(self.url, json=body) as resp:
             if resp.status != 200:
                 raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:200]}")
-            return (await resp.json())["embedding"]
+            answer = await resp.json()
+            return answer["embedding"] if self.openai_model is None else \
+                answer["data"][0]["embedding"]
 
     async def close(self) -> None:
         await self.session.close()

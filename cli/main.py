@@ -169,13 +169,13 @@ def _server(args: argparse.Namespace) -> int:
 
 
 def _deployments(args: argparse.Namespace) -> int:
-    from hf2triton.deployments import release_specs, render
+    from hf2triton.deployments import release_specs, render, training_specs
     from hf2triton.errors import SpecError
     from hf2triton.workspace import PROJECT_ROOT
 
     target = PROJECT_ROOT / "prefect.yaml"
     try:
-        text = render(release_specs())
+        text = render(release_specs(), training_paths=training_specs())
     except SpecError as exc:
         return _fail(str(exc), 2)
     if args.check:

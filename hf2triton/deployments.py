@@ -4,12 +4,14 @@ deployment per spec whose parameters are the spec itself, so the two never drift
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from hf2triton.spec import ReleaseSpec, load_spec
+from hf2triton.spec import TASK_SECTIONS, ReleaseSpec, TrainingSpec, load_spec
+from hf2triton.training import REGISTERED_EVENT
 from hf2triton.workspace import PROJECT_ROOT
 
 WORK_POOL = "hf2triton-process"
@@ -20,17 +22,45 @@ HEADER = """\
 """
 
 
+def _relative(data: Any, root: Path) -> Any:
+    """Every absolute path under the project root, made relative to it (the worker's working
+    directory), so the file holds no machine-specific path."""
+    if isinstance(data, dict):
+        return {k: _relative(v, root) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_relative(v, root) for v in data]
+    if isinstance(data, str) and data.startswith("/") and Path(data).is_relative_to(root):
+        return Path(data).relative_to(root).as_posix()
+    return data
+
+
 def _portable(spec: ReleaseSpec, root: Path) -> dict[str, Any]:
-    """The spec as deployment parameters, with paths relative to the project root (the worker's
-    working directory) so the file holds no machine-specific path."""
-    data = spec.model_dump(mode="json", exclude={"schedule"}, exclude_none=True)
+    """The spec as deployment parameters, paths relative to the project root."""
+    # Only the task's own section: another task's (even its defaults) is refused on the way back.
+    others = set(TASK_SECTIONS.values()) - {TASK_SECTIONS[spec.task]}
+    data = spec.model_dump(mode="json", exclude={"schedule", *others}, exclude_none=True)
     deploy = data["deploy"]
     data["deploy"] = {"target": deploy.pop("target"), **deploy}  # what the section is, first
-    for section, key in (("validation", "sentences"), ("source", "path")):
-        value = data.get(section, {}).get(key)
-        if value and Path(value).is_absolute() and Path(value).is_relative_to(root):
-            data[section][key] = Path(value).relative_to(root).as_posix()
-    return data
+    return _relative(data, root)
+
+
+def _schedules(schedule: Any) -> list[dict[str, Any]]:
+    return [] if schedule is None else [{"cron": schedule.cron, "timezone": schedule.timezone,
+                                         "active": schedule.active}]
+
+
+def _trigger(spec: ReleaseSpec, name: str, parameters: dict[str, Any]) -> dict[str, Any]:
+    """An mlflow source's release runs when a training flow announces a new version of its
+    model (tasks/train.py `announce`), with that version in the spec. Prefect merges trigger
+    parameters into the deployment's at the top level only, so the whole spec is passed."""
+    source = spec.source.mlflow
+    spec_params = copy.deepcopy(parameters["spec"])
+    mlflow_source = {k: v for k, v in spec_params["source"]["mlflow"].items() if k != "alias"}
+    spec_params["source"] = {**spec_params["source"],
+                             "mlflow": {**mlflow_source, "version": "{{ event.resource.version }}"}}
+    return {"type": "event", "enabled": True, "name": f"{name}-on-new-{source.model}-version",
+            "match": {"prefect.resource.id": f"mlflow.model.{source.model}"},
+            "expect": [REGISTERED_EVENT], "parameters": {"spec": spec_params}}
 
 
 def deployment(spec: ReleaseSpec, name: str, root: Path = PROJECT_ROOT) -> dict[str, Any]:
@@ -44,18 +74,33 @@ def deployment(spec: ReleaseSpec, name: str, root: Path = PROJECT_ROOT) -> dict[
         "work_pool": {"name": WORK_POOL, "work_queue_name": "default"},
         # One run per release name at a time; a second waits rather than racing the first.
         "concurrency_limit": {"limit": 1, "collision_strategy": "ENQUEUE"},
-        "schedules": [],
+        "schedules": _schedules(spec.schedule),
     }
-    if spec.schedule is not None:
-        entry["schedules"] = [{
-            "cron": spec.schedule.cron, "timezone": spec.schedule.timezone,
-            "active": spec.schedule.active,
-        }]
+    if spec.source.mlflow is not None:
+        entry["triggers"] = [_trigger(spec, name, entry["parameters"])]
     return entry
 
 
-def render(spec_paths: list[Path], root: Path = PROJECT_ROOT) -> str:
-    """The prefect.yaml text for the given spec files."""
+def training_deployment(spec: TrainingSpec, name: str, root: Path = PROJECT_ROOT
+                        ) -> dict[str, Any]:
+    """The retraining flow of a training spec (releases/training/), on its schedule."""
+    return {
+        "name": name,
+        "entrypoint": "flows/train.py:train_classifier",
+        "description": f"Fine-tune {spec.base.lineage_id} on {Path(spec.data).name} and register "
+                       f"it as {spec.registry.model_name} (alias {spec.alias}).",
+        "tags": ["hf2triton", "training", f"model:{spec.registry.model_name}"],
+        "parameters": {"spec": _relative(spec.model_dump(mode="json", exclude={"schedule"},
+                                                         exclude_none=True), root)},
+        "work_pool": {"name": WORK_POOL, "work_queue_name": "default"},
+        "concurrency_limit": {"limit": 1, "collision_strategy": "ENQUEUE"},
+        "schedules": _schedules(spec.schedule),
+    }
+
+
+def render(spec_paths: list[Path], root: Path = PROJECT_ROOT,
+           training_paths: list[Path] | None = None) -> str:
+    """The prefect.yaml text for the given release (and training) spec files."""
     config = {
         "name": "hf2triton",
         "prefect-version": "3.8.8",
@@ -65,10 +110,16 @@ def render(spec_paths: list[Path], root: Path = PROJECT_ROOT) -> str:
             "directory": "{{ $PWD }}"}}],
         # Named after the spec file: two specs may release under the same name (e.g. to two
         # targets), while deployment names must be unique.
-        "deployments": [deployment(load_spec(p), p.stem, root) for p in sorted(spec_paths)],
+        "deployments": [deployment(load_spec(p), p.stem, root) for p in sorted(spec_paths)]
+        + [training_deployment(load_spec(p, TrainingSpec), p.stem, root)
+           for p in sorted(training_paths or [])],
     }
     return HEADER + yaml.safe_dump(config, sort_keys=False, allow_unicode=True, width=100)
 
 
 def release_specs(root: Path = PROJECT_ROOT) -> list[Path]:
     return sorted((root / "releases").glob("*.yaml"))
+
+
+def training_specs(root: Path = PROJECT_ROOT) -> list[Path]:
+    return sorted((root / "releases" / "training").glob("*.yaml"))

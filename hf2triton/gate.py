@@ -21,6 +21,8 @@ from typing import Any, TypedDict
 import numpy as np
 
 from hf2triton import serving
+from hf2triton.champion import Champion, champion_limit, mlflow_verdict
+from hf2triton.cpu import cpu_features
 from hf2triton.errors import AccuracyGateError
 from hf2triton.kinds.base import (
     Candidate,
@@ -40,6 +42,8 @@ SERVING_DIR = Path(serving.__file__).parent
 
 class GateResult(TypedDict):
     chosen: str
+    champion: dict[str, Any]  # with labelled data: the champion's and the shipped candidate's
+    #                           task metric ({} without labelled data)
     onnx_path: str  # the shipped candidate: a file, or a directory of files
     metrics: dict[str, float]
     candidates: dict[str, dict[str, float]]  # every measured candidate's figures
@@ -102,49 +106,92 @@ def throughput(model: Any, requests: list[dict[str, np.ndarray]], repeats: int =
 
 
 def timing_items(items: list[Any], n: int = 32) -> list[Any]:
-    """Items of the median length: what the in-process timing is measured on."""
-    by_length = sorted(items, key=lambda x: len(str(x)))
-    mid = len(by_length) // 2
-    return (by_length[max(0, mid - n // 2): mid + n // 2] * n)[:n]
+    """What the in-process timing runs on: `n` items drawn from the validation data at random
+    (seeded), every length, as a dynamic batch of real traffic holds them."""
+    import random
+
+    return random.Random(0).choices(items, k=n) if items else []
+
+
+def serves(champion: Champion, files: dict[str, str]) -> bool:
+    """Whether the champion's version directory holds exactly these candidate files."""
+    return all(champion["files"].get(name) == sha for name, sha in files.items())
+
+
+def score_champion(kind: ModelKind, champion: Champion, requests: list, data: Data, cfg: Any,
+                   batch: int) -> float:
+    """The champion's task metric, from its own served files and serving.json, through the
+    serving core (a champion released before serving.json named its class: the kind's), and
+    the labels alone: its outputs may have other sizes than the candidate's PyTorch reference."""
+    settings = serving.read_settings(champion["version_dir"])
+    module, cls = kind.serving
+    model = serving.load(champion["version_dir"], {"module": module, "class": cls, **settings})
+    outputs = kind.extract(answer_in_batches(model, requests, batch))
+    return kind.labelled_scores(outputs, data, cfg)[kind.quality_metric]
 
 
 def run_gate(kind: ModelKind, model_dir: str, export_dir: str, candidates: list[Candidate],
              cfg: Any, data: Data, batch: int, max_batch_tokens: int, work_root: str,
-             select: str = "first") -> GateResult:
-    """Gate `candidates` (in order) against PyTorch; raise AccuracyGateError if none passes.
+             select: str = "first", champion: Champion | None = None,
+             max_drop: float = 0.0) -> GateResult:
+    """Gate `candidates` (in order) against PyTorch, and with labelled data against the serving
+    `champion`; raise AccuracyGateError if none passes.
 
     `batch` is the largest dynamic batch Triton forms (deploy.max_batch_size)."""
     limits, smoke_limits = kind.limits(), kind.smoke_limits()
     gate_data = kind.gate_data(data, cfg)
     smoke_index = kind.smoke_indices(data)
     base = serving_settings(kind, cfg, export_dir, max_batch_tokens)
+    quality = kind.quality_metric if kind.quality_metric in kind.labelled_metrics(gate_data) \
+        else None
+    digests = [(c.name, candidate_digest(kind, c.onnx_path, export_dir)) for c in candidates]
+    log = step_logger()
+    if champion and any(serves(champion, files) for _, files in digests):
+        # Nothing new was registered: the champion is this model, so the gate's earlier verdict
+        # on the same files stands (and the step is reused).
+        log.info("validate: the serving champion, version %s, serves these same files: "
+                 "nothing new to compare", champion["version"])
+        champion = None
     key = digest([
-        kind.name, [(c.name, candidate_digest(kind, c.onnx_path, export_dir)) for c in candidates],
+        kind.name, digests,
         digest(to_json(gate_data.items)), digest(to_json(gate_data.extra)), base, limits,
-        smoke_limits, smoke_index, batch, select,
+        smoke_limits, smoke_index, batch, select, max_drop, quality,
+        champion and [champion["version"], champion["files"]],
         [sha256_file(m.__file__) for m in (sys.modules[__name__], sys.modules[type(kind).__module__],
                                            sys.modules[ModelKind.__module__])],
         hash_files(SERVING_DIR),
     ])
     started = time.perf_counter()
     failed_report = Path(work_root) / "validate" / f"failed-{key[:16]}.json"
-    log = step_logger()
 
     def build(out: Path) -> dict:
-        log.info("validate: PyTorch reference on %d %s (then up to %d candidates x %d %s, "
-                 "one at a time, in batches of %d, and as the smoke test sends them)",
-                 len(gate_data), kind.item_word, len(candidates), len(gate_data),
-                 kind.item_word, batch)
+        log.info("validate: PyTorch reference on %d %s; then up to %d candidates, each one "
+                 "request at a time and in batches of %d", len(gate_data), kind.item_word,
+                 len(candidates), batch)
         reference = kind.reference(model_dir, cfg, gate_data)
         requests = kind.requests(gate_data.items)
         smoke_data = Data(take(data.items, smoke_index))
         smoke_reference = take(reference, smoke_index)
         smoke_requests = kind.requests(smoke_data.items)
         report: dict[str, Any] = {"kind": kind.name, "items": len(gate_data),
+                                  "cpu": cpu_features(),
                                   "thresholds": {k: v for k, (_, v) in limits.items()},
                                   "limits": limits, "smoke_limits": smoke_limits,
                                   "config": to_json(cfg.to_dict()), "batch": batch,
                                   "candidates": []}
+        champion_floor: dict[str, Any] = {}
+        if quality and champion:
+            value = score_champion(kind, champion, requests, gate_data, cfg, batch)
+            champion_floor = champion_limit(quality, value, max_drop)
+            report["champion"] = {"version": champion["version"], "metric": quality,
+                                  "value": value, "max_drop": max_drop,
+                                  "floor": champion_floor[quality][1]}
+            log.info("validate: the serving champion, version %s: %s %.4f (a candidate needs "
+                     ">= %.4f)", champion["version"], quality, value, champion_floor[quality][1])
+        elif quality:
+            report["champion"] = {"version": None, "metric": quality,
+                                  "status": "first release: no champion to compare with"}
+            log.info("validate: no serving champion yet: %s is reported, not compared", quality)
         chosen = None
         for n, cand in enumerate(candidates, 1):
             t0 = time.perf_counter()
@@ -167,9 +214,16 @@ def run_gate(kind: ModelKind, model_dir: str, export_dir: str, candidates: list[
             served_limits = {k: limits[k] for k in smoke_limits if k in limits}
             missed.update({f"smoke.{k}": v for k, v in misses(smoke_metrics,
                                                               served_limits).items()})
+            verdict = None
+            if champion_floor:
+                # MLflow's own model validation makes the call against the champion.
+                verdict = mlflow_verdict(quality, metrics[quality],
+                                         report["champion"]["value"], max_drop)
+                if verdict:
+                    missed[f"champion.{quality}"] = champion_floor[quality][1] - metrics[quality]
             entry = {"name": cand.name, "metrics": metrics, "misses": missed,
                      "smoke_metrics": smoke_metrics, "details": details,
-                     "worst": details.get("worst", [])}
+                     "worst": details.get("worst", []), "champion_verdict": verdict}
             if select == "fastest":
                 entry["throughput"] = throughput(model, kind.requests(
                     timing_items(gate_data.items)))
@@ -208,6 +262,8 @@ def run_gate(kind: ModelKind, model_dir: str, export_dir: str, candidates: list[
                 f"per_s_{k}": v for k, v in c.get("throughput", {}).items()}}
                 for c in report["candidates"]}),
             "items": len(gate_data), "info": kind.info(reference),
+            "champion": to_json({**report.get("champion", {}),
+                                 "candidate": shipped["metrics"].get(quality)} if quality else {}),
         }
 
     done = cached_step(work_root, "validate", key, build)
@@ -221,13 +277,20 @@ def gate_message(kind: ModelKind, report: dict[str, Any], path: Path) -> str:
     smoke = limits
     parts = []
     for cand in report["candidates"]:
-        own = {k: v for k, v in cand["misses"].items() if not k.startswith("smoke.")}
+        own = {k: v for k, v in cand["misses"].items() if "." not in k}
         served = {k.removeprefix("smoke."): v for k, v in cand["misses"].items()
                   if k.startswith("smoke.")}
         text = describe_misses(cand["metrics"], limits, own)
         if served:
             text += ("; " if text else "") + "as the smoke test will query it: " + \
                 describe_misses(cand["smoke_metrics"], smoke, served)
+        if cand.get("champion_verdict"):
+            champ = report["champion"]
+            text += ("; " if text else "") + (
+                f"{champ['metric']} {cand['metrics'][champ['metric']]:.4f} < "
+                f"{champ['floor']:.4f}, the serving champion's (version {champ['version']}: "
+                f"{champ['value']:.4f}) less validation.max_drop {champ['max_drop']} "
+                f"[MLflow: {cand['champion_verdict']}]")
         example = kind.example(cand["details"])
         parts.append(f"{cand['name']}: {text}" + (f"; {example}" if example else ""))
     closest = min(report["candidates"], key=lambda c: sum(c["misses"].values()))

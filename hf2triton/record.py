@@ -8,6 +8,7 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, TypedDict
 
+from hf2triton.cpu import cpu_features
 from hf2triton.kinds.base import to_json
 from hf2triton.spec import ReleaseSpec
 from hf2triton.workspace import digest
@@ -36,6 +37,16 @@ def library_versions() -> dict[str, str]:
     return found
 
 
+def redact_uri(uri: str) -> str:
+    """A registry URI without any user:password in it."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(uri)
+    if parts.username or parts.password:
+        parts = parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else ""))
+    return urlunsplit(parts)
+
+
 def release_key(src: dict[str, Any], repo: dict[str, Any]) -> str:
     return digest([src["content_hash"], repo["content_hash"]])
 
@@ -48,10 +59,27 @@ def release_record(spec: ReleaseSpec, src: dict[str, Any], exp: dict[str, Any],
     lineage = {
         "source_id": src["source_id"], "revision": src["revision"] or "local",
         "content_hash": src["content_hash"], "variant": val["chosen"], "kind": spec.task.value,
+        **{f"source.registry.{k}": redact_uri(v) if k == "uri" else v
+           for k, v in (src.get("registry") or {}).items() if v},
         **{f"sha256.{name}": sha for name, sha in src["files"].items()},
         **{f"sha256.triton.{name}": sha for name, sha in repo["files"].items()
            if name.rsplit("/", 1)[-1] in TAGGED_FILES},
     }
+    champion = val.get("champion") or {}
+    if champion:  # the comparison with the serving champion, in the version's own record
+        metric = champion["metric"]
+        lineage.update({
+            "validation.champion_version": str(champion.get("version") or "none"),
+            f"validation.champion.{metric}": f"{champion['value']:.6g}"
+            if champion.get("value") is not None else "n/a",
+            f"validation.candidate.{metric}": f"{champion['candidate']:.6g}",
+            "validation.status": "passed" if champion.get("version") else
+            "first release: no champion to compare with",
+        })
+        if champion.get("version"):
+            lineage["validation.baseline"] = f"models:/{spec.registry.model_name}/" \
+                f"{champion['version']}"
+            lineage["validation.threshold"] = f"{metric} >= {champion['floor']:.6g}"
     metrics = {
         **val["metrics"],
         **{f"{n}.{k}": v for n, m in val["candidates"].items() for k, v in m.items()},
@@ -60,6 +88,7 @@ def release_record(spec: ReleaseSpec, src: dict[str, Any], exp: dict[str, Any],
         "quantize_seconds": spec_variant["seconds"], "validate_seconds": val["seconds"],
     }
     params: dict[str, Any] = {**spec.model_dump(mode="json"), "versions": library_versions(),
+                              "cpu": cpu_features(),
                               "opset": exp["opset"], "resolved": to_json(exp["config"])}
     if tuned is not None:
         best = next(c for c in tuned["cells"] if c["settings"] == tuned["chosen"])

@@ -12,6 +12,7 @@ from typing import Any
 
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 
+from hf2triton.cpu import describe as describe_cpu
 from hf2triton.kinds.base import ModelKind
 
 
@@ -62,6 +63,23 @@ def mlflow_links(uri: str, run_id: str, experiment_id: str | None, model: str,
     return {"run": run, "version": f"{base}/#/models/{model}/versions/{version}"}
 
 
+def champion_section(report: dict[str, Any], summary: dict[str, Any]) -> str:
+    """The candidate's task metric beside the serving champion's (labelled data only)."""
+    champ = report.get("champion")
+    if not champ:
+        return ""
+    metric = champ["metric"]
+    mine = summary["metrics"].get(metric)
+    if not champ.get("version"):
+        return (f"## Against the serving champion\n{champ['status']}: {metric} of this version "
+                f"{mine:.4f}.\n")
+    return f"""## Against the serving champion
+| metric | this version {summary['mlflow']['version']} | champion version {champ['version']} | max drop | verdict (MLflow model validation) |
+|---|---|---|---|---|
+| {metric} | {mine:.4f} | {champ['value']:.4f} | {champ['max_drop']} | passed: >= {champ['floor']:.4f} |
+"""
+
+
 def release_markdown(kind: ModelKind, summary: dict[str, Any], report: dict[str, Any]) -> str:
     limits = report["limits"]
     metrics = summary["metrics"]
@@ -76,6 +94,10 @@ def release_markdown(kind: ModelKind, summary: dict[str, Any], report: dict[str,
     image_line = (f"`{image['reference']}`" if image.get("reference")
                   else image.get("skipped", "not built"))
     src, ml, endpoint = summary["source"], summary["mlflow"], summary["endpoint"]
+    cpu = report.get("cpu") or {}
+    timing = f"measured on {describe_cpu(cpu)}" if cpu else "not measured"
+    if summary.get("container") or summary.get("kubernetes"):
+        timing += " (the release machine: the serving target runs elsewhere, re-time it there)"
     return f"""# Release {summary['release']}: MLflow {ml['model_name']} version {ml['version']}
 
 ## Lineage
@@ -86,6 +108,7 @@ def release_markdown(kind: ModelKind, summary: dict[str, Any], report: dict[str,
 | revision | `{src['revision'] or 'local directory'}` |
 | content hash | `{src['content_hash']}` |
 | shipped variant | {summary['variant']} |
+| variant timing | {timing} |
 | image | {image_line} |
 
 ## Accuracy against PyTorch ({report['items']} validation {kind.item_word})
@@ -93,6 +116,7 @@ def release_markdown(kind: ModelKind, summary: dict[str, Any], report: dict[str,
 |---|---|---|---|
 {metric_lines}
 
+{champion_section(report, summary)}
 ## Variants
 | variant | {' | '.join(limits)} | verdict |
 |---|{'---|' * len(limits)}---|

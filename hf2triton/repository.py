@@ -24,8 +24,9 @@ from hf2triton.gate import serving_settings
 from hf2triton.kinds.base import ModelKind, to_json
 from hf2triton.workspace import cached_step, digest, hash_files, sha256_file, templates_dir
 
+# The deploy section's settings of how Triton batches and runs the model (serving knobs).
 BATCHING = ("max_batch_size", "preferred_batch_sizes", "max_queue_delay_us", "instance_count",
-            "intra_op_threads")
+            "intra_op_threads", "max_batch_tokens")
 PBTXT_TYPES = {np.dtype(np.object_): "TYPE_STRING", np.dtype(np.int32): "TYPE_INT32"}
 
 
@@ -94,8 +95,8 @@ def build_repository(kind: ModelKind, model_name: str, candidate: str, export_di
                      warmup_items: list[Any], work_root: str) -> RepositoryResult:
     """Render the Triton repository of one release.
 
-    `serving_knobs` are the deploy section's batching and execution settings (BATCHING, plus
-    `max_batch_tokens`), possibly as the configuration search chose them."""
+    `serving_knobs` are the deploy section's batching and execution settings (BATCHING),
+    possibly as the configuration search chose them."""
     files = {**template_files(kind), **kind.version_files(candidate, export_dir)}
     settings = {**serving_settings(kind, cfg, export_dir, serving_knobs.get("max_batch_tokens", 0),
                                    serving_knobs.get("intra_op_threads", 0)),
@@ -104,7 +105,7 @@ def build_repository(kind: ModelKind, model_name: str, candidate: str, export_di
                  templates_dir() / kind.template / "io.pbtxt.template"]
     key = digest([
         model_name, kind.name, {n: sha256_file(p) for n, p in files.items()}, settings,
-        to_json(info), {k: serving_knobs.get(k) for k in (*BATCHING, "max_batch_tokens")},
+        to_json(info), {k: serving_knobs.get(k) for k in BATCHING},
         to_json(warmup_items), [sha256_file(p) for p in templates],
         sha256_file(sys.modules[__name__].__file__),
     ])

@@ -4,13 +4,22 @@ files that define it (config, weights, tokenizer) for the release record.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import tempfile
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TypedDict
+from typing import NotRequired, TypedDict
 
-from hf2triton.errors import ServiceUnavailableError, SourceError
-from hf2triton.spec import SourceSpec, package_model_dir
-from hf2triton.workspace import digest, hash_files
+from prefect.blocks.core import Block
+from pydantic import SecretStr
+
+from hf2triton.errors import ServiceUnavailableError, SourceError, SpecError
+from hf2triton.runs import load_block
+from hf2triton.spec import MlflowSourceSpec, SourceSpec, package_model_dir
+from hf2triton.workspace import cached_step, digest, hash_files, home
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
@@ -35,6 +44,7 @@ class FetchResult(TypedDict):
     revision: str | None  # resolved hub commit; None for a local directory
     files: dict[str, str]  # relative path -> sha256
     content_hash: str
+    registry: NotRequired[dict[str, str | None]]  # an mlflow source: uri, model, version, run
 
 
 def _weight_files(model_dir: Path) -> list[str]:
@@ -153,8 +163,11 @@ def _snapshot(repo_id: str, revision: str) -> Path:
         ) from None
 
 
-def fetch_model(source: SourceSpec) -> FetchResult:
-    """Resolve `source` to a local model directory and record its lineage."""
+def fetch_model(source: SourceSpec, mlflow_uri: str = "") -> FetchResult:
+    """Resolve `source` to a local model directory and record its lineage (`mlflow_uri`: the
+    registry an mlflow source without its own tracking_uri reads)."""
+    if source.mlflow:
+        return fetch_mlflow(source.mlflow, mlflow_uri)
     if source.repo_id:
         model_dir = _snapshot(source.repo_id, source.revision or "main")
         # snapshot_download returns .../snapshots/<commit>: the revision it resolved to.
@@ -172,3 +185,117 @@ def fetch_model(source: SourceSpec) -> FetchResult:
         content_hash=digest(files),
     )
 
+
+
+# ---- a version of an MLflow model registry ----------------------------------------------------
+
+
+class MlflowCredentials(Block):
+    """Credentials of a remote MLflow registry, kept as a Prefect block (secrets as SecretStr):
+    a user and password, or a token.
+
+    Example:
+        >>> MlflowCredentials(username="ci", password="...").save("team-mlflow")  # doctest: +SKIP
+        and in the spec: `source: {mlflow: {model: ..., credentials_block: team-mlflow}}`
+    """
+
+    _block_type_name = "hf2triton MLflow Credentials"
+    _block_type_slug = "hf2triton-mlflow-credentials"
+    username: str | None = None
+    password: SecretStr | None = None
+    token: SecretStr | None = None
+
+
+@contextlib.contextmanager
+def mlflow_credentials(spec: MlflowSourceSpec) -> Iterator[None]:
+    """MLflow reads its credentials from the environment: the block's, for this block only
+    (the environment's own MLFLOW_TRACKING_* otherwise)."""
+    if not spec.credentials_block:
+        yield
+        return
+    block = load_block(MlflowCredentials, spec.credentials_block,
+                       "source.mlflow.credentials_block", SpecError)
+    values = {"MLFLOW_TRACKING_USERNAME": block.username,
+              "MLFLOW_TRACKING_PASSWORD": block.password.get_secret_value()
+              if block.password else None,
+              "MLFLOW_TRACKING_TOKEN": block.token.get_secret_value() if block.token else None}
+    saved = {k: os.environ.get(k) for k in values}
+    try:
+        for k, v in values.items():
+            if v is not None:
+                os.environ[k] = v
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _assemble(downloaded: Path, out: Path) -> None:
+    """A flat Hugging Face directory from what a training run logged: the transformers flavour
+    (model/ and components/tokenizer/) or a plain directory (at the root, or one folder down)."""
+    if (downloaded / "MLmodel").is_file() and (downloaded / "model" / "config.json").is_file():
+        parts = [downloaded / "model", downloaded / "components" / "tokenizer"]
+    elif (downloaded / "config.json").is_file():
+        parts = [downloaded]
+    else:
+        inner = [p for p in downloaded.iterdir() if (p / "config.json").is_file()]
+        if len(inner) != 1:
+            raise SourceError(
+                f"the registered model's files ({sorted(p.name for p in downloaded.iterdir())}) "
+                "are neither MLflow's transformers flavour nor a Hugging Face directory: log it "
+                "with mlflow.transformers.log_model, or log a save_pretrained() directory")
+        parts = [inner[0]]
+    for part in parts:
+        if part.is_dir():
+            shutil.copytree(part, out, dirs_exist_ok=True)
+
+
+def fetch_mlflow(spec: MlflowSourceSpec, default_uri: str) -> FetchResult:
+    """Resolve the registry version, download its files once (by version and run) and check
+    them like any model directory. A missing model, alias or version is a SourceError that names
+    it; a registry that does not answer is worth a retry."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    from hf2triton.clients.mlflow import Registry
+
+    uri = spec.tracking_uri or default_uri
+    with mlflow_credentials(spec):
+        registry = Registry(uri)
+        where = f"source.mlflow: registered model {spec.model!r} in {uri}"
+        try:
+            mv = registry.call("resolve the source version",
+                               registry.client.get_model_version_by_alias, spec.model,
+                               spec.alias) if spec.alias else \
+                registry.call("resolve the source version", registry.client.get_model_version,
+                              spec.model, spec.version)
+        except MlflowException as exc:
+            if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+                if not registry.has_model(spec.model):
+                    raise SourceError(f"{where} does not exist: check source.mlflow.model "
+                                      "and the registry URI") from None
+                what = f"alias {spec.alias!r}" if spec.alias else f"version {spec.version}"
+                raise SourceError(f"{where} has no {what}: check source.mlflow") from None
+            raise
+        version = str(mv.version)
+        key = digest([uri, spec.model, version, mv.run_id, mv.source])
+
+        def download(out: Path) -> dict:
+            with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+                local = registry.call(
+                    "download the model version", mlflow.artifacts.download_artifacts,
+                    artifact_uri=f"models:/{spec.model}/{version}", dst_path=tmp,
+                    tracking_uri=uri)
+                _assemble(Path(local), out)
+            return {}
+
+        done = cached_step(home() / "sources" / "mlflow", spec.model, key, download)
+    files = inspect_model_dir(done.path)
+    return FetchResult(
+        model_dir=str(done.path), source_id=f"mlflow:{spec.model}", revision=version,
+        files=files, content_hash=digest(files),
+        registry={"uri": uri, "model": spec.model, "version": version, "run_id": mv.run_id,
+                  "alias": spec.alias})

@@ -152,6 +152,7 @@ def launch(repo: Path | str, host: str, http_port: int, grpc_port: int, metrics_
     run_env = {k: v for k, v in os.environ.items()
                if k in SERVER_ENV or k.startswith(SERVER_ENV_PREFIXES)}
     run_env["PATH"] = f"{env / 'bin'}:{os.environ.get('PATH', '')}"
+    run_env["TOKENIZERS_PARALLELISM"] = "false"
     # The stub finds its bundled CUDA runtime stubs only through the wheel's .libs directory.
     libs = pytriton.parent.parent / "nvidia_pytriton.libs"
     run_env["LD_LIBRARY_PATH"] = ":".join(

@@ -32,7 +32,8 @@ from hf2triton.runs import in_prefect_run, step_logger
 from hf2triton.spec import TuningSpec
 from hf2triton.workspace import cached_step, digest, sha256_file
 
-SETTINGS = ("preferred_batch_sizes", "max_queue_delay_us", "instance_count", "intra_op_threads")
+SETTINGS = ("preferred_batch_sizes", "max_queue_delay_us", "instance_count", "intra_op_threads",
+            "max_batch_tokens")
 
 
 class TuneResult(TypedDict):
@@ -45,12 +46,14 @@ class TuneResult(TypedDict):
 def grid(tuning: TuningSpec, deploy: Any) -> list[dict[str, Any]]:
     """Every configuration to measure, the deploy section's own first."""
     sizes = tuning.preferred_batch_sizes or [deploy.preferred_batch_sizes]
+    budgets = tuning.max_batch_tokens or [deploy.max_batch_tokens]
     own = {k: getattr(deploy, k) for k in SETTINGS}
     cells = [own]
-    for pbs, delay, (inst, threads) in itertools.product(
-            sizes, tuning.max_queue_delay_us, tuning.execution):
+    for pbs, delay, (inst, threads), budget in itertools.product(
+            sizes, tuning.max_queue_delay_us, tuning.execution, budgets):
         cell = {"preferred_batch_sizes": list(pbs), "max_queue_delay_us": delay,
-                "instance_count": inst, "intra_op_threads": threads}
+                "instance_count": inst, "intra_op_threads": threads,
+                "max_batch_tokens": budget}
         if cell not in cells:
             cells.append(cell)
     return cells
@@ -59,7 +62,8 @@ def grid(tuning: TuningSpec, deploy: Any) -> list[dict[str, Any]]:
 def describe(cell: dict[str, Any]) -> str:
     return (f"batch sizes {'/'.join(map(str, cell['preferred_batch_sizes']))}, queue delay "
             f"{cell['max_queue_delay_us']} us, {cell['instance_count']} instance(s) x "
-            f"{cell['intra_op_threads'] or 'default'} thread(s)")
+            f"{cell['intra_op_threads'] or 'default'} thread(s), sub-batches of "
+            f"{cell.get('max_batch_tokens') or 'unbounded'} tokens")
 
 
 async def closed_loop(url: str, model: str, requests: list[dict[str, np.ndarray]], clients: int,
@@ -165,7 +169,7 @@ def tune_config(kind: ModelKind, model_name: str, candidate: str, export_dir: st
         raise DeployError("configuration search: no validation item to send")
     cells = grid(tuning, deploy)
     requests = kind.requests(items)
-    knobs = {k: getattr(deploy, k, 0) for k in (*BATCHING, "max_batch_tokens")}
+    knobs = {k: getattr(deploy, k) for k in BATCHING}
     key = digest([model_name, kind.name, sha256_file(candidate) if Path(candidate).is_file()
                   else candidate, to_json(cfg.to_dict()), to_json(info), knobs, cells,
                   tuning.model_dump(), to_json(items), sha256_file(__file__)])

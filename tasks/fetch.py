@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from prefect import task
 
+from hf2triton.clients.mlflow import tracking_uri
 from hf2triton.runs import NO_PREFECT_CACHE, RETRY_TRANSIENT, step_logger
 from hf2triton.source import FetchResult, fetch_model
 from hf2triton.spec import SourceSpec
@@ -13,8 +14,9 @@ from hf2triton.spec import SourceSpec
 @task(name="fetch", task_run_name="fetch {source.lineage_id}", **RETRY_TRANSIENT,
       **NO_PREFECT_CACHE)
 def fetch(source: SourceSpec) -> FetchResult:
-    """Resolve `source` (hub id at a revision, directory, or package) and hash its files."""
-    found = fetch_model(source)
+    """Resolve `source` (hub id at a revision, directory, package, or MLflow registry version)
+    and hash its files."""
+    found = fetch_model(source, tracking_uri())
     step_logger().info("fetch: %s at %s, content %s", found["source_id"],
                        found["revision"] or "local", found["content_hash"][:12])
     return found

@@ -20,7 +20,6 @@ from hf2triton.tuning import TuneResult
 def repository(kind: ModelKind, model_name: str, val: GateResult, exp: ExportResult,
                data: Data, deploy: Any, tuned: TuneResult | None, work: str) -> RepositoryResult:
     knobs = {k: getattr(deploy, k) for k in BATCHING}
-    knobs["max_batch_tokens"] = getattr(deploy, "max_batch_tokens", 0)
     knobs.update(tuned["chosen"] if tuned else {})
     warmup = sorted((x for x in data.items if str(x).strip()), key=lambda x: len(str(x)))[-2:]
     built = build_repository(kind, model_name, val["onnx_path"], exp["export_dir"],

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.docker_fixtures import docker_client, docker_env, serving_wheelhouse  # noqa: F401
+from tests.prefect_fixtures import prefect_server  # noqa: F401
 from tests.models import build_tiny_bert
 
 ROOT = Path(__file__).resolve().parents[1]

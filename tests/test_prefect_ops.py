@@ -16,28 +16,8 @@ import numpy as np
 import pytest
 
 from hf2triton.deployments import render
-from tests.conftest import ROOT, free_port, tiny_spec, wait_http
-
-BIN = Path(sys.executable).parent
-
-
-def _run(cmd: list[str], env: dict, timeout: float = 300, cwd: Path = ROOT):
-    proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
-    return proc
-
-
-def _start(cmd: list[str], env: dict, log: Path) -> subprocess.Popen:
-    return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=open(log, "wb"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(30)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        os.killpg(proc.pid, signal.SIGKILL)
+from tests.conftest import ROOT, free_port, tiny_spec
+from tests.prefect_fixtures import BIN, _flow_runs, _run, _start, _stop, _with_api
 
 
 def test_prefect_yaml_is_rendered_from_the_release_specs():
@@ -51,27 +31,23 @@ def test_prefect_yaml_is_rendered_from_the_release_specs():
         "releases/data/embedding-validation.txt"
     assert minilm["schedules"][0]["cron"] == "0 3 * * 1"
     assert minilm["concurrency_limit"]["limit"] == 1
+    # Every deployment's parameters are a spec that parses back, as the worker will parse it.
+    from hf2triton.spec import ReleaseSpec, TrainingSpec, parse_spec
 
-
-@pytest.fixture(scope="module")
-def prefect_server(tmp_path_factory):
-    """`prefect server start` (SQLite) on a free port, and a process work pool."""
-    tmp = tmp_path_factory.mktemp("prefect-server")
-    port = free_port()
-    api = f"http://127.0.0.1:{port}/api"
-    env = {**os.environ, "PREFECT_HOME": str(tmp / "prefect-home"), "PREFECT_API_URL": api,
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "2", "PWD": str(ROOT)}
-    env.pop("PREFECT_API_KEY", None)
-    server = _start([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port",
-                     str(port)], env, tmp / "server.log")
-    try:
-        wait_http(f"{api}/health", timeout=180, proc=server)
-        _run([str(BIN / "prefect"), "work-pool", "create", "hf2triton-process", "--type",
-              "process"], env)
-        yield {"env": env, "api": api, "ui": f"http://127.0.0.1:{port}", "tmp": tmp}
-    finally:
-        _stop(server)
+    everything = __import__("yaml").safe_load((ROOT / "prefect.yaml").read_text())["deployments"]
+    for d in everything:
+        parse_spec(d["parameters"]["spec"], ROOT, model=TrainingSpec if d["entrypoint"]
+                   .startswith("flows/train.py") else ReleaseSpec)
+    # The retraining example: training on a schedule, its release triggered by each new version.
+    release = next(d for d in everything if d["name"] == "minilm-sentiment"
+                   and d["entrypoint"] == "flows/release.py:release_model")
+    trigger = release["triggers"][0]
+    assert trigger["expect"] == ["hf2triton.model.registered"]
+    assert trigger["match"] == {"prefect.resource.id": "mlflow.model.minilm-sentiment-trained"}
+    assert trigger["parameters"]["spec"]["source"]["mlflow"]["version"] == \
+        "{{ event.resource.version }}"
+    train = next(d for d in everything if d["entrypoint"] == "flows/train.py:train_classifier")
+    assert train["schedules"][0]["cron"] == "0 2 * * 1"
 
 
 @pytest.fixture(scope="module")
@@ -100,26 +76,6 @@ def deployed_run(prefect_server, tiny_bert):
         _stop(worker)
         subprocess.run([str(BIN / "hf2triton"), "server", "stop"],
                        env={**env, "HF2TRITON_HOME": str(home)}, capture_output=True)
-
-
-async def _flow_runs(api_env: dict, **filters):
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
-
-    async with get_client() as client:
-        deployments = await client.read_deployments(
-            deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[filters["name"]])))
-        assert deployments, f"no deployment {filters['name']}"
-        runs = await client.read_flow_runs(
-            deployment_filter=DeploymentFilter(id={"any_": [deployments[0].id]}))
-        return deployments[0], runs
-
-
-def _with_api(env: dict, coro_fn, *args, **kwargs):
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    with temporary_settings({PREFECT_API_URL: env["PREFECT_API_URL"]}):
-        return asyncio.run(coro_fn(*args, **kwargs))
 
 
 def test_deployment_run_releases_and_serves(deployed_run):

@@ -166,6 +166,35 @@ def test_failed_gate_stops_before_registration_and_old_version_serves(release, t
     assert emb.shape == (1, 384)
 
 
+def test_a_worse_embedder_is_refused_against_the_serving_champion(release, tiny_bert, tmp_path):
+    """With a retrieval set (query, passage, relevance), the gate scores the candidate and the
+    serving champion (version 1, MiniLM, from its own served files) by nDCG@10 on it: a
+    random-weight model that matches its own PyTorch original perfectly is still refused."""
+    from tests.served import embed_remote
+
+    _summary(release.first)
+    spec = write_spec(
+        tmp_path / "worse.yaml", source__path=str(tiny_bert), source__package=None,
+        source__subdir=None, source__model_id="fixtures/tiny-bert",
+        embedding__retrieval=str(ROOT / "releases" / "data" / "retrieval-sample.tsv"),
+        **{f"deploy__{k}": v for k, v in release.ports.items()},
+    )
+    proc = release.run(spec)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    error = proc.stderr.strip().splitlines()[-1]
+    assert error.startswith("hf2triton: error: [ACCURACY_GATE_FAILED]"), error
+    assert "ndcg_at_10" in error and "the serving champion's (version 1:" in error, error
+    assert "[MLflow: " in error, error  # MLflow's own model validation made the call
+    champion_score = float(error.split("the serving champion's (version 1: ")[1].split(")")[0])
+    assert champion_score >= 0.8, error  # MiniLM finds the right passage
+    assert "validate: the serving champion, version 1: ndcg_at_10" in proc.stderr
+    versions = _client(release.mlflow_uri).search_model_versions(f"name = '{MODEL}'")
+    assert [v.version for v in versions] == ["1"]
+    emb, _ = embed_remote("grpc", f"127.0.0.1:{release.ports['grpc_port']}", MODEL, "1",
+                          ["still serving"])
+    assert emb.shape == (1, 384)
+
+
 def test_server_status_lists_the_served_version(release):
     _summary(release.first)
     proc = release.cli("server", "status")

@@ -282,6 +282,25 @@ def test_dynamic_int8_is_smaller_and_runs(exported, work, tiny_bert, cfg, spec, 
     assert not np.array_equal(quant, fp32)
 
 
+@pytest.mark.parametrize("spec, method, op", [
+    (QuantizationSpec(method="int8-blockwise"), "int8-blockwise/b32/acc4", "MatMulNBits"),
+    (QuantizationSpec(method="int8-blockwise", block_size=128, accuracy_level=0, fuse=True),
+     "int8-blockwise/b128/acc0/fused", "MatMulNBits"),
+    (QuantizationSpec(method="none", fuse=True), "fp32/fused", "SkipLayerNormalization"),
+])
+def test_blockwise_int8_and_the_fused_graph_serve_nearly_fp32(exported, work, tiny_bert, cfg,
+                                                               spec, method, op):
+    import onnx
+
+    result = quantize_onnx(exported["onnx_path"], spec, str(work))
+    assert result["method"] == method
+    ops = {n.op_type for n in onnx.load(result["onnx_path"]).graph.node}
+    assert op in ops, sorted(ops)
+    variant = served(tiny_bert, exported, result["onnx_path"], cfg).embed(SENTENCES)
+    fp32 = served(tiny_bert, exported, exported["onnx_path"], cfg).embed(SENTENCES)
+    assert cosine_rows(variant, fp32).min() > (0.9999 if method == "fp32/fused" else 0.999)
+
+
 def test_default_quantization_is_per_channel_and_reused(int8, exported, work):
     assert int8["method"] == "dynamic-int8/qint8/per-channel"
     again = quantize_onnx(exported["onnx_path"], QuantizationSpec(), str(work))

@@ -98,3 +98,19 @@ def test_release_ships_the_searched_config(tiny_bert, tmp_path, monkeypatch):
             best["instance_count"]
     finally:
         triton_local.stop_server()
+
+
+def test_the_search_grid_tries_each_token_budget_with_the_batcher_settings():
+    from hf2triton.spec import DEFAULT_MAX_BATCH_TOKENS, LocalTritonDeploy, TuningSpec
+    from hf2triton.tuning import grid
+
+    deploy = LocalTritonDeploy(tuning=TuningSpec(search=True, max_batch_tokens=[0, 1024],
+                                                 max_queue_delay_us=[100],
+                                                 execution=[(1, 0)]))
+    cells = grid(deploy.tuning, deploy)
+    assert cells[0]["max_batch_tokens"] == DEFAULT_MAX_BATCH_TOKENS  # the deploy section's own
+    assert sorted(c["max_batch_tokens"] for c in cells[1:]) == [0, 1024]
+    with pytest.raises(SpecError, match="max_batch_tokens needs at least one value"):
+        parse_spec({"name": "t", "source": {"path": "/m"}, "validation": {"sentences": "x"},
+                    "registry": {"model_name": "t"},
+                    "deploy": {"tuning": {"search": True, "max_batch_tokens": []}}})

@@ -147,6 +147,8 @@ class ModelKind:
     main_file: ClassVar[str] = "model.onnx"  # absent after an export: it failed
     thresholds_key: ClassVar[str]  # where the gate's limits live (default: <section>.thresholds)
     tunable: ClassVar[bool] = True  # deploy.tuning.search can drive it
+    # The task metric labelled data gives (accuracy, nDCG@10), compared with the champion's.
+    quality_metric: ClassVar[str | None] = None
     item_word: ClassVar[str] = "texts"
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -245,6 +247,15 @@ class ModelKind:
     def gate_data(self, data: Data, cfg: Any) -> Data:
         """The data the gate measures, once the config is known (e.g. labelled texts added)."""
         return data
+
+    def labelled_metrics(self, data: Data) -> set[str]:
+        """The metrics `score` computes from labelled data that `data` carries."""
+        return set()
+
+    def labelled_scores(self, outputs: Any, data: Data, cfg: Any) -> dict[str, float]:
+        """Those metrics from the served `outputs` and the labels alone, with no PyTorch
+        reference: what the serving champion (other weights, other sizes) is scored by."""
+        return {}
 
     def config_from_dict(self, data: dict[str, Any]) -> Any:
         """The config back from its `to_dict()` (the smoke test reads it from a file)."""

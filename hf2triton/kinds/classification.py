@@ -93,6 +93,7 @@ class ClassificationKind(ModelKind):
     name = "classification"
     task = "text-classification"
     serving_class = "Classifier"
+    quality_metric = "accuracy"
 
     def resolve(self, model_dir: str) -> ClassificationConfig:
         return resolve_classification_config(model_dir, self.options.max_length)
@@ -128,6 +129,19 @@ class ClassificationKind(ModelKind):
         return activate(TorchClassifier(model_dir, cfg.max_length).all_logits(data.items),
                         cfg.activation)
 
+    def labelled_metrics(self, data: Data) -> set[str]:
+        return {"accuracy"} if "gold" in data.extra else set()
+
+    def labelled_scores(self, outputs: dict[str, Any], data: Data,
+                        cfg: ClassificationConfig) -> dict[str, float]:
+        """Accuracy of the served labels (by name, so a model with another label order is
+        judged fairly; a multi-label answer counts when it is exactly the gold label)."""
+        if "gold" not in data.extra:
+            return {}
+        gold = [cfg.labels[g] for g in data.extra["gold"]]
+        served = outputs["labels"][-len(gold):]
+        return {"accuracy": float(np.mean([s == g for s, g in zip(served, gold)]))}
+
     def config_from_dict(self, data: dict[str, Any]) -> ClassificationConfig:
         return ClassificationConfig(**data)
 
@@ -143,10 +157,7 @@ class ClassificationKind(ModelKind):
             "max_prob_diff": float(diff.max()) if np.isfinite(diff).all() else float("inf"),
             "mean_prob_diff": float(diff.mean()),
         }
-        if "gold" in data.extra:
-            gold = np.asarray(data.extra["gold"])
-            metrics["accuracy"] = float((predicted(probs[-len(gold):], activation)
-                                         == gold).mean())
+        metrics.update(self.labelled_scores(outputs, data, cfg))
         worst = np.argsort(-diff)[:10]
         return metrics, {
             "disagreements": [str(data.items[i])[:200]

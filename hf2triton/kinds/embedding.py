@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from hf2triton.errors import ExportError
+from hf2triton.errors import SpecError
 from hf2triton.kinds.base import Data, Limits, ModelKind, read_lines
 from hf2triton.kinds.torch_reference import (
     TorchReference,
@@ -106,6 +106,48 @@ def onnx_hidden_states(onnx_path: str | Path, enc: dict[str, np.ndarray]) -> np.
     return onnx_output(onnx_path, enc)
 
 
+def read_retrieval(path: str) -> tuple[list[str], list[str], list[tuple[int, int, float]]]:
+    """Queries, passages and (query, passage, relevance) judgements of a
+    `query<TAB>passage<TAB>relevance` file; the passages of all queries form one corpus."""
+    queries: dict[str, int] = {}
+    passages: dict[str, int] = {}
+    qrels = []
+    for n, line in enumerate(read_lines(path, "embedding.retrieval", "judgements"), 1):
+        parts = line.split("\t")
+        try:
+            rel = float(parts[2]) if len(parts) == 3 else float("nan")
+        except ValueError:
+            rel = float("nan")
+        if len(parts) != 3 or not parts[0].strip() or not parts[1].strip() or not rel >= 0:
+            raise SpecError(f"embedding.retrieval {path!r} line {n}: expected "
+                            f"'query<TAB>passage<TAB>relevance' (relevance 0 or more), got "
+                            f"{line[:80]!r}")
+        q = queries.setdefault(parts[0], len(queries))
+        p = passages.setdefault(parts[1], len(passages))
+        qrels.append((q, p, rel))
+    return list(queries), list(passages), qrels
+
+
+def ndcg_at_10(embeddings: np.ndarray, retrieval: dict[str, Any]) -> float:
+    """Mean nDCG@10 of ranking the retrieval passages by cosine to each query."""
+    start, nq = retrieval["offset"], retrieval["queries"]
+    emb = embeddings / np.clip(np.linalg.norm(embeddings, axis=1, keepdims=True), 1e-12, None)
+    queries, passages = emb[start:start + nq], emb[start + nq:]
+    gains = np.zeros((nq, len(passages)))
+    for q, p, rel in retrieval["qrels"]:
+        gains[q, p] = rel
+    scores = []
+    discount = 1 / np.log2(np.arange(2, 12))
+    for q in range(nq):
+        if not gains[q].any():
+            continue
+        top = np.argsort(-(passages @ queries[q]), kind="stable")[:10]
+        ideal = np.sort(gains[q])[::-1][:10]
+        dcg = ((2 ** gains[q][top] - 1) * discount[:len(top)]).sum()
+        scores.append(dcg / ((2 ** ideal - 1) * discount[:len(ideal)]).sum())
+    return float(np.mean(scores)) if scores else float("nan")
+
+
 def pairwise(emb: np.ndarray) -> np.ndarray:
     sims = emb @ emb.T
     return sims[np.triu_indices(len(emb), k=1)]
@@ -130,13 +172,36 @@ class EmbeddingKind(ModelKind):
     serving_class = "Embedder"
     thresholds_key = "validation.thresholds"
     item_word = "sentences"
+    quality_metric = "ndcg_at_10"
 
     def resolve(self, model_dir: str) -> EmbeddingConfig:
         e = self.options
         return resolve_embedding_config(model_dir, e.pooling, e.normalize, e.max_length)
 
     def read_data(self) -> Data:
-        return Data(read_lines(self.spec.validation.sentences, "validation.sentences"))
+        data = Data(read_lines(self.spec.validation.sentences, "validation.sentences"))
+        if self.options.retrieval:
+            read_retrieval(self.options.retrieval)  # a bad file fails before any work
+        return data
+
+    def gate_data(self, data: Data, cfg: EmbeddingConfig) -> Data:
+        """The validation sentences, then the retrieval set's queries and passages, whose
+        relevance judgements give nDCG@10."""
+        if not self.options.retrieval:
+            return data
+        queries, passages, qrels = read_retrieval(self.options.retrieval)
+        return Data([*data.items, *queries, *passages],
+                    {**data.extra, "retrieval": {"offset": len(data.items),
+                                                 "queries": len(queries), "qrels": qrels}})
+
+    def labelled_metrics(self, data: Data) -> set[str]:
+        return {"ndcg_at_10"} if "retrieval" in data.extra else set()
+
+    def labelled_scores(self, outputs: np.ndarray, data: Data,
+                        cfg: EmbeddingConfig) -> dict[str, float]:
+        if "retrieval" not in data.extra:
+            return {}
+        return {"ndcg_at_10": ndcg_at_10(outputs, data.extra["retrieval"])}
 
     def check_export(self, model_dir: str, out: Path, cfg: EmbeddingConfig,
                      inputs: list[str]) -> dict[str, float]:
@@ -163,6 +228,7 @@ class EmbeddingKind(ModelKind):
     def score(self, reference: np.ndarray, outputs: np.ndarray, data: Data,
               cfg: EmbeddingConfig) -> tuple[dict[str, float], dict]:
         metrics, cos = embedding_metrics(np.asarray(reference, np.float32), outputs)
+        metrics.update(self.labelled_scores(outputs, data, cfg))
         worst = np.argsort(cos)[:10]
         return metrics, {"worst": [{"text": str(data.items[i])[:200], "cosine": float(cos[i])}
                                    for i in worst]}

@@ -1,0 +1,79 @@
+"""A real Prefect server for the tests that operate releases through it: `prefect server start`
+(SQLite) on a free port with a process work pool, once per session, and small helpers to run
+commands against it and read its flow runs."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BIN = Path(sys.executable).parent
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(cmd: list[str], env: dict, timeout: float = 300, cwd: Path = ROOT):
+    proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+def _start(cmd: list[str], env: dict, log: Path) -> subprocess.Popen:
+    return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=open(log, "wb"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="session")
+def prefect_server(tmp_path_factory):
+    """`prefect server start` (SQLite) on a free port, and a process work pool."""
+    from tests.conftest import free_port, wait_http
+
+    tmp = tmp_path_factory.mktemp("prefect-server")
+    port = free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    env = {**os.environ, "PREFECT_HOME": str(tmp / "prefect-home"), "PREFECT_API_URL": api,
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "2", "PWD": str(ROOT)}
+    env.pop("PREFECT_API_KEY", None)
+    server = _start([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port",
+                     str(port)], env, tmp / "server.log")
+    try:
+        wait_http(f"{api}/health", timeout=180, proc=server)
+        _run([str(BIN / "prefect"), "work-pool", "create", "hf2triton-process", "--type",
+              "process"], env)
+        yield {"env": env, "api": api, "ui": f"http://127.0.0.1:{port}", "tmp": tmp}
+    finally:
+        _stop(server)
+
+
+async def _flow_runs(api_env: dict, **filters):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
+
+    async with get_client() as client:
+        deployments = await client.read_deployments(
+            deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[filters["name"]])))
+        assert deployments, f"no deployment {filters['name']}"
+        runs = await client.read_flow_runs(
+            deployment_filter=DeploymentFilter(id={"any_": [deployments[0].id]}))
+        return deployments[0], runs
+
+
+def _with_api(env: dict, coro_fn, *args, **kwargs):
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: env["PREFECT_API_URL"]}):
+        return asyncio.run(coro_fn(*args, **kwargs))
