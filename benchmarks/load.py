@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import os
 import resource
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path

@@ -109,6 +109,12 @@ class RegistryAuthError(Hf2TritonError):
     code = "REGISTRY_AUTH_FAILED"
 
 
+class MlflowAuthError(Hf2TritonError):
+    """An MLflow server refused the credentials (401), or the user may not do this (403)."""
+
+    code = "MLFLOW_AUTH_FAILED"
+
+
 class ModelStoreError(Hf2TritonError):
     """The S3-compatible model store is misconfigured: no bucket, no or refused credentials."""
 

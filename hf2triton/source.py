@@ -16,7 +16,7 @@ from typing import NotRequired, TypedDict
 from prefect.blocks.core import Block
 from pydantic import SecretStr
 
-from hf2triton.errors import ServiceUnavailableError, SourceError, SpecError
+from hf2triton.errors import MlflowAuthError, ServiceUnavailableError, SourceError, SpecError
 from hf2triton.runs import load_block
 from hf2triton.spec import MlflowSourceSpec, SourceSpec, package_model_dir
 from hf2triton.workspace import cached_step, digest, hash_files, home
@@ -256,13 +256,21 @@ def _assemble(downloaded: Path, out: Path) -> None:
 def fetch_mlflow(spec: MlflowSourceSpec, default_uri: str) -> FetchResult:
     """Resolve the registry version, download its files once (by version and run) and check
     them like any model directory. A missing model, alias or version is a SourceError that names
-    it; a registry that does not answer is worth a retry."""
-    import mlflow
+    it, and so are refused credentials; a registry that does not answer is worth a retry."""
+    uri = spec.tracking_uri or default_uri
+    try:
+        return _fetch_mlflow(spec, uri)
+    except MlflowAuthError as exc:
+        raise SourceError(f"source.mlflow: {exc}, or name a saved "
+                          "hf2triton-mlflow-credentials block in source.mlflow.credentials_block"
+                          ) from None
+
+
+def _fetch_mlflow(spec: MlflowSourceSpec, uri: str) -> FetchResult:
     from mlflow.exceptions import MlflowException
 
     from hf2triton.clients.mlflow import Registry
 
-    uri = spec.tracking_uri or default_uri
     with mlflow_credentials(spec):
         registry = Registry(uri)
         where = f"source.mlflow: registered model {spec.model!r} in {uri}"
@@ -285,10 +293,7 @@ def fetch_mlflow(spec: MlflowSourceSpec, default_uri: str) -> FetchResult:
 
         def download(out: Path) -> dict:
             with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-                local = registry.call(
-                    "download the model version", mlflow.artifacts.download_artifacts,
-                    artifact_uri=f"models:/{spec.model}/{version}", dst_path=tmp,
-                    tracking_uri=uri)
+                local = registry.download_version(spec.model, version, tmp)
                 _assemble(Path(local), out)
             return {}
 

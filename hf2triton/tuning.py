@@ -17,7 +17,6 @@ import itertools
 import json
 import shutil
 import socket
-import sys
 import time
 from pathlib import Path
 from typing import Any, TypedDict

@@ -3,14 +3,10 @@ worker, `prefect deployment run --watch`, the schedule, and what the UI shows fo
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
-import signal
 import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -13,7 +13,6 @@ compares the candidate with the serving champion (MLflow's model validation).
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import time

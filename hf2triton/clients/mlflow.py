@@ -14,13 +14,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from hf2triton import quiet
-from hf2triton.errors import ServiceUnavailableError
+from hf2triton.errors import MlflowAuthError, ServiceUnavailableError
 from hf2triton.workspace import home
 
 T = TypeVar("T")
 RELEASE_KEY_TAG = "hf2triton.release_key"
 # MLflow error codes of an answer a second try can get past (HTTP 503, 504, 429).
 TRANSIENT_CODES = ("TEMPORARILY_UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED")
+AUTH_CODES = ("UNAUTHENTICATED", "PERMISSION_DENIED")
 
 # A new local store announces its schema set-up at INFO on the first release; nothing to act on.
 for _message in ("Creating initial MLflow database tables", "Updating database tables"):
@@ -45,21 +46,26 @@ def _chain(exc: BaseException):
         exc = exc.__cause__ or exc.__context__
 
 
+def error_code(exc: BaseException) -> str | None:
+    """MLflow's error code name of an MlflowException (e.g. 'UNAUTHENTICATED'), else None."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import ErrorCode
+
+    if not isinstance(exc, MlflowException):
+        return None
+    return exc.error_code if isinstance(exc.error_code, str) else ErrorCode.Name(exc.error_code)
+
+
 def is_transient(exc: BaseException) -> bool:
     """Did MLflow fail because its server did not answer, or answered 'try later'?"""
     import requests
-    from mlflow.exceptions import MlflowException
-    from mlflow.protos.databricks_pb2 import ErrorCode
 
     for link in _chain(exc):
         if isinstance(link, (requests.exceptions.RequestException, ConnectionError,
                              TimeoutError)):
             return True
-        if isinstance(link, MlflowException):
-            code = link.error_code if isinstance(link.error_code, str) else \
-                ErrorCode.Name(link.error_code)
-            if code in TRANSIENT_CODES:
-                return True
+        if error_code(link) in TRANSIENT_CODES:
+            return True
     return False
 
 
@@ -94,7 +100,29 @@ class Registry:
                     f"MLflow at {self.uri} did not answer while trying to {what}: check that the "
                     "server is up (MLFLOW_TRACKING_URI) and run again"
                 ) from exc
+            code = error_code(exc)
+            if code in AUTH_CODES:
+                refused = "refused the credentials" if code == "UNAUTHENTICATED" else \
+                    "does not allow these credentials"
+                raise MlflowAuthError(
+                    f"MLflow at {self.uri} {refused} ({code}) while trying to {what}: set "
+                    "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or "
+                    "MLFLOW_TRACKING_TOKEN) for a user that may do this") from None
             raise
+
+    def download_version(self, name: str, version: str, dst: str) -> str:
+        """A registered version's files into `dst`, from this registry. (MLflow's `models:/`
+        download reads the process-wide registry URI whatever registry_uri it is given, so
+        the version's location is resolved here: a run's artifacts or a logged model's.)"""
+        import mlflow
+
+        where = self.call("resolve the model version's files",
+                          self.client.get_model_version_download_uri, name, version)
+        if where.startswith("models:/m-"):  # MLflow 3: a logged model, by id
+            where = self.call("resolve the logged model", self.client.get_logged_model,
+                              where.removeprefix("models:/").split("/")[0]).artifact_location
+        return self.call("download the model version", mlflow.artifacts.download_artifacts,
+                         artifact_uri=where, dst_path=dst, tracking_uri=self.uri)
 
     # -- lookups --------------------------------------------------------------------------
     def has_model(self, name: str) -> bool:

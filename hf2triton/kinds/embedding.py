@@ -6,7 +6,6 @@ PyTorch's: minimum and mean cosine, and the Spearman correlation of all pairwise
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any

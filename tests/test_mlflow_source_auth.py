@@ -1,0 +1,106 @@
+"""An `mlflow` source on a registry that demands a password: a real `mlflow server` with MLflow's
+basic-auth app. The credentials come from the environment or from a Prefect block, never from
+the spec; without them the release fails in one line that says which credentials to set, and it
+is not retried as if the server were down."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hf2triton.errors import SourceError, SpecError
+from hf2triton.source import MlflowCredentials, fetch_mlflow
+from hf2triton.spec import MlflowSourceSpec
+from tests.conftest import free_port, wait_http
+
+ADMIN, ADMIN_PASSWORD = "admin", "test-only-Admin-pw-7"  # the bootstrap admin (test only)
+MODEL = "auth-tiny"
+
+
+@pytest.fixture(scope="module")
+def auth_registry(tmp_path_factory, tiny_bert):
+    """An MLflow server with basic auth, holding one registered version (alias `trained`) of
+    the tiny BERT logged as a plain Hugging Face directory (artifacts, no MLflow flavour)."""
+    tmp = tmp_path_factory.mktemp("mlflow-auth")
+    (tmp / "basic_auth.ini").write_text(
+        "[mlflow]\ndefault_permission = READ\n"
+        f"database_uri = sqlite:///{tmp / 'auth.db'}\n"
+        f"admin_username = {ADMIN}\nadmin_password = {ADMIN_PASSWORD}\n"
+        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
+    port = free_port()
+    env = {**os.environ, "MLFLOW_AUTH_CONFIG_PATH": str(tmp / "basic_auth.ini"),
+           "MLFLOW_FLASK_SERVER_SECRET_KEY": "test-only-csrf-key"}
+    for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN"):
+        env.pop(key, None)
+    server = subprocess.Popen(
+        [str(Path(sys.executable).parent / "mlflow"), "server", "--app-name", "basic-auth",
+         "--backend-store-uri", f"sqlite:///{tmp / 'mlflow.db'}", "--artifacts-destination",
+         str(tmp / "artifacts"), "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+        env=env, cwd=tmp, stdout=open(tmp / "server.log", "wb"), stderr=subprocess.STDOUT,
+        start_new_session=True)
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(f"{uri}/health", timeout=120, proc=server)
+        publish = subprocess.run([sys.executable, "-c", f"""
+import mlflow
+from mlflow import MlflowClient
+mlflow.set_tracking_uri({uri!r})
+mlflow.set_experiment("training")
+with mlflow.start_run() as run:
+    mlflow.log_artifacts({str(tiny_bert)!r}, "model")
+client = MlflowClient({uri!r})
+client.create_registered_model({MODEL!r})
+mv = client.create_model_version({MODEL!r}, source=f"{{run.info.artifact_uri}}/model",
+                                 run_id=run.info.run_id)
+client.set_registered_model_alias({MODEL!r}, "trained", mv.version)
+"""], env={**env, "MLFLOW_TRACKING_USERNAME": ADMIN, "MLFLOW_TRACKING_PASSWORD": ADMIN_PASSWORD},
+            capture_output=True, text=True, timeout=300)
+        assert publish.returncode == 0, publish.stderr[-3000:]
+        yield uri
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+@pytest.fixture()
+def no_mlflow_env(monkeypatch, hf2triton_home):
+    for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN"):
+        monkeypatch.delenv(key, raising=False)
+
+
+def test_without_credentials_the_source_fails_in_one_line_naming_what_to_set(
+        auth_registry, no_mlflow_env):
+    spec = MlflowSourceSpec(model=MODEL, alias="trained", tracking_uri=auth_registry)
+    with pytest.raises(SourceError) as caught:
+        fetch_mlflow(spec, auth_registry)
+    message = str(caught.value)
+    assert "MLFLOW_TRACKING_USERNAME" in message and "credentials_block" in message, message
+    assert not caught.value.retryable  # a refused password is not a server that is down
+
+
+def test_credentials_from_the_environment(auth_registry, no_mlflow_env, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", ADMIN)
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", ADMIN_PASSWORD)
+    got = fetch_mlflow(MlflowSourceSpec(model=MODEL, alias="trained"), auth_registry)
+    assert got["revision"] == "1" and (Path(got["model_dir"]) / "config.json").is_file()
+    assert got["registry"]["model"] == MODEL and got["registry"]["uri"] == auth_registry
+
+
+def test_credentials_from_a_prefect_block_are_used_for_that_source_only(
+        auth_registry, no_mlflow_env):
+    MlflowCredentials(username=ADMIN, password=ADMIN_PASSWORD).save("test-mlflow-auth",
+                                                                     overwrite=True)
+    spec = MlflowSourceSpec(model=MODEL, version="1", tracking_uri=auth_registry,
+                            credentials_block="test-mlflow-auth")
+    got = fetch_mlflow(spec, "http://127.0.0.1:1")
+    assert got["revision"] == "1" and got["content_hash"]
+    # The block's secrets do not stay in this process's environment afterwards.
+    assert "MLFLOW_TRACKING_PASSWORD" not in os.environ
+    assert ADMIN_PASSWORD not in repr(got)
+    with pytest.raises(SpecError, match="credentials_block"):
+        fetch_mlflow(spec.model_copy(update={"credentials_block": "no-such-block"}),
+                     auth_registry)
