@@ -113,18 +113,28 @@ async def _runs_of(deployment_name: str):
 
 
 async def _logs_of(flow_run_id) -> str:
+    """All of a finished flow run's logs. The worker's process ships its logs in batches, so
+    they may reach the API after the run's final state: wait for the flow's own last line."""
+    import asyncio
+
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
-    messages: list[str] = []
     async with get_client() as client:
-        while True:  # the API answers a page at a time
-            page = await client.read_logs(log_filter=LogFilter(
-                flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])), offset=len(messages),
-                limit=200)
-            messages.extend(log.message for log in page)
-            if len(page) < 200:
-                return "\n".join(messages)
+        for _ in range(60):
+            logs: list = []
+            while True:  # the API answers a page at a time
+                page = await client.read_logs(log_filter=LogFilter(
+                    flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])), offset=len(logs),
+                    limit=200)
+                logs.extend(page)
+                if len(page) < 200:
+                    break
+            if any(log.task_run_id is None and log.message.startswith("Finished in state")
+                   for log in logs):
+                break
+            await asyncio.sleep(1)
+        return "\n".join(log.message for log in logs)
 
 
 def _train(operated, spec: dict):
