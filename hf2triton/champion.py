@@ -76,7 +76,10 @@ def mlflow_verdict(metric: str, candidate: float, champion: float, max_drop: flo
         validate_evaluation_results,
     )
 
-    threshold = MetricThreshold(threshold=float(champion - max_drop), greater_is_better=True)
+    # The floor the report shows (rounded as champion_limit rounds it): a candidate exactly at
+    # champion - max_drop passes.
+    threshold = MetricThreshold(threshold=round(float(champion - max_drop), 6),
+                                greater_is_better=True)
     try:
         validate_evaluation_results(
             validation_thresholds={metric: threshold},

@@ -50,16 +50,18 @@ def _schedules(schedule: Any) -> list[dict[str, Any]]:
 
 
 def _trigger(spec: ReleaseSpec, name: str, parameters: dict[str, Any]) -> dict[str, Any]:
-    """An mlflow source's release runs when a training flow announces a new version of its
-    model (tasks/train.py `announce`), with that version in the spec. Prefect merges trigger
+    """An mlflow source that follows an alias is released when a training flow announces a new
+    version under that alias (tasks/train.py `announce`), with that version in the spec. Prefect merges trigger
     parameters into the deployment's at the top level only, so the whole spec is passed."""
     source = spec.source.mlflow
     spec_params = copy.deepcopy(parameters["spec"])
     mlflow_source = {k: v for k, v in spec_params["source"]["mlflow"].items() if k != "alias"}
     spec_params["source"] = {**spec_params["source"],
                              "mlflow": {**mlflow_source, "version": "{{ event.resource.version }}"}}
+    # Only the alias the spec follows: a run that moves another alias starts no release.
     return {"type": "event", "enabled": True, "name": f"{name}-on-new-{source.model}-version",
-            "match": {"prefect.resource.id": f"mlflow.model.{source.model}"},
+            "match": {"prefect.resource.id": f"mlflow.model.{source.model}",
+                      "alias": source.alias},
             "expect": [REGISTERED_EVENT], "parameters": {"spec": spec_params}}
 
 
@@ -76,7 +78,7 @@ def deployment(spec: ReleaseSpec, name: str, root: Path = PROJECT_ROOT) -> dict[
         "concurrency_limit": {"limit": 1, "collision_strategy": "ENQUEUE"},
         "schedules": _schedules(spec.schedule),
     }
-    if spec.source.mlflow is not None:
+    if spec.source.mlflow is not None and spec.source.mlflow.alias:  # a pinned version stays
         entry["triggers"] = [_trigger(spec, name, entry["parameters"])]
     return entry
 

@@ -113,9 +113,18 @@ def timing_items(items: list[Any], n: int = 32) -> list[Any]:
     return random.Random(0).choices(items, k=n) if items else []
 
 
-def serves(champion: Champion, files: dict[str, str]) -> bool:
-    """Whether the champion's version directory holds exactly these candidate files."""
-    return all(champion["files"].get(name) == sha for name, sha in files.items())
+# serving.json keys that tune speed, not answers (the configuration search may set them).
+SPEED_SETTINGS = ("intra_op_threads", "max_batch_tokens")
+
+
+def serves(champion: Champion, files: dict[str, str], settings: dict[str, Any]) -> bool:
+    """Whether the champion is this candidate: its version directory holds exactly these files
+    and its serving.json the same answer-shaping settings."""
+    if any(champion["files"].get(name) != sha for name, sha in files.items()):
+        return False
+    served = serving.read_settings(champion["version_dir"])
+    return {k: v for k, v in served.items() if k not in SPEED_SETTINGS} == \
+        {k: v for k, v in to_json(settings).items() if k not in SPEED_SETTINGS}
 
 
 def score_champion(kind: ModelKind, champion: Champion, requests: list, data: Data, cfg: Any,
@@ -146,17 +155,18 @@ def run_gate(kind: ModelKind, model_dir: str, export_dir: str, candidates: list[
         else None
     digests = [(c.name, candidate_digest(kind, c.onnx_path, export_dir)) for c in candidates]
     log = step_logger()
-    if champion and any(serves(champion, files) for _, files in digests):
-        # Nothing new was registered: the champion is this model, so the gate's earlier verdict
-        # on the same files stands (and the step is reused).
-        log.info("validate: the serving champion, version %s, serves these same files: "
-                 "nothing new to compare", champion["version"])
-        champion = None
+    # A candidate the champion already serves is not compared with itself. When one is, the
+    # champion stays out of the step's key: nothing new registered, same gate, step reused.
+    same = {name for name, files in digests if champion and quality and serves(
+        champion, files, {**base, **kind.file_settings({n: n for n in files})})}
+    if same:
+        log.info("validate: the serving champion, version %s, serves the same files as %s: "
+                 "it is not compared with itself", champion["version"], ", ".join(sorted(same)))
     key = digest([
         kind.name, digests,
         digest(to_json(gate_data.items)), digest(to_json(gate_data.extra)), base, limits,
         smoke_limits, smoke_index, batch, select, max_drop, quality,
-        champion and [champion["version"], champion["files"]],
+        [champion["version"], champion["files"]] if champion and quality and not same else None,
         [sha256_file(m.__file__) for m in (sys.modules[__name__], sys.modules[type(kind).__module__],
                                            sys.modules[ModelKind.__module__])],
         hash_files(SERVING_DIR),
@@ -180,7 +190,11 @@ def run_gate(kind: ModelKind, model_dir: str, export_dir: str, candidates: list[
                                   "config": to_json(cfg.to_dict()), "batch": batch,
                                   "candidates": []}
         champion_floor: dict[str, Any] = {}
-        if quality and champion:
+        if quality and champion and len(same) == len(candidates):
+            report["champion"] = {"version": champion["version"], "metric": quality,
+                                  "status": f"the serving champion (version "
+                                            f"{champion['version']}) is this model"}
+        elif quality and champion:
             value = score_champion(kind, champion, requests, gate_data, cfg, batch)
             champion_floor = champion_limit(quality, value, max_drop)
             report["champion"] = {"version": champion["version"], "metric": quality,
@@ -215,7 +229,7 @@ def run_gate(kind: ModelKind, model_dir: str, export_dir: str, candidates: list[
             missed.update({f"smoke.{k}": v for k, v in misses(smoke_metrics,
                                                               served_limits).items()})
             verdict = None
-            if champion_floor:
+            if champion_floor and cand.name not in same:
                 # MLflow's own model validation makes the call against the champion.
                 verdict = mlflow_verdict(quality, metrics[quality],
                                          report["champion"]["value"], max_drop)

@@ -11,7 +11,7 @@ from typing import Any, TypedDict
 from hf2triton.cpu import cpu_features
 from hf2triton.kinds.base import to_json
 from hf2triton.spec import ReleaseSpec
-from hf2triton.workspace import digest
+from hf2triton.workspace import digest, redact_uri
 
 LIBRARIES = ("torch", "transformers", "optimum", "optimum-onnx", "onnx", "onnxruntime", "mlflow",
              "prefect")
@@ -35,16 +35,6 @@ def library_versions() -> dict[str, str]:
         except PackageNotFoundError:
             found[lib] = "not installed"
     return found
-
-
-def redact_uri(uri: str) -> str:
-    """A registry URI without any user:password in it."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(uri)
-    if parts.username or parts.password:
-        parts = parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else ""))
-    return urlunsplit(parts)
 
 
 def release_key(src: dict[str, Any], repo: dict[str, Any]) -> str:
@@ -73,10 +63,9 @@ def release_record(spec: ReleaseSpec, src: dict[str, Any], exp: dict[str, Any],
             f"validation.champion.{metric}": f"{champion['value']:.6g}"
             if champion.get("value") is not None else "n/a",
             f"validation.candidate.{metric}": f"{champion['candidate']:.6g}",
-            "validation.status": "passed" if champion.get("version") else
-            "first release: no champion to compare with",
+            "validation.status": champion.get("status") or "passed",
         })
-        if champion.get("version"):
+        if champion.get("floor") is not None:
             lineage["validation.baseline"] = f"models:/{spec.registry.model_name}/" \
                 f"{champion['version']}"
             lineage["validation.threshold"] = f"{metric} >= {champion['floor']:.6g}"

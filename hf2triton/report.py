@@ -70,7 +70,7 @@ def champion_section(report: dict[str, Any], summary: dict[str, Any]) -> str:
         return ""
     metric = champ["metric"]
     mine = summary["metrics"].get(metric)
-    if not champ.get("version"):
+    if champ.get("value") is None:  # no champion yet, or the champion is this very model
         return (f"## Against the serving champion\n{champ['status']}: {metric} of this version "
                 f"{mine:.4f}.\n")
     return f"""## Against the serving champion

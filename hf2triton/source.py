@@ -19,7 +19,7 @@ from pydantic import SecretStr
 from hf2triton.errors import MlflowAuthError, ServiceUnavailableError, SourceError, SpecError
 from hf2triton.runs import load_block
 from hf2triton.spec import MlflowSourceSpec, SourceSpec, package_model_dir
-from hf2triton.workspace import cached_step, digest, hash_files, home
+from hf2triton.workspace import cached_step, digest, hash_files, home, redact_uri
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
@@ -209,7 +209,8 @@ class MlflowCredentials(Block):
 @contextlib.contextmanager
 def mlflow_credentials(spec: MlflowSourceSpec) -> Iterator[None]:
     """MLflow reads its credentials from the environment: the block's, for this block only
-    (the environment's own MLFLOW_TRACKING_* otherwise)."""
+    (the environment's own MLFLOW_TRACKING_* otherwise). The block's replace all three, so
+    another registry's password never goes with the block's token."""
     if not spec.credentials_block:
         yield
         return
@@ -222,7 +223,9 @@ def mlflow_credentials(spec: MlflowSourceSpec) -> Iterator[None]:
     saved = {k: os.environ.get(k) for k in values}
     try:
         for k, v in values.items():
-            if v is not None:
+            if v is None:
+                os.environ.pop(k, None)
+            else:
                 os.environ[k] = v
         yield
     finally:
@@ -273,7 +276,7 @@ def _fetch_mlflow(spec: MlflowSourceSpec, uri: str) -> FetchResult:
 
     with mlflow_credentials(spec):
         registry = Registry(uri)
-        where = f"source.mlflow: registered model {spec.model!r} in {uri}"
+        where = f"source.mlflow: registered model {spec.model!r} in {redact_uri(uri)}"
         try:
             mv = registry.call("resolve the source version",
                                registry.client.get_model_version_by_alias, spec.model,

@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from hf2triton.errors import SourceError, SpecError
+from hf2triton.workspace import redact_uri
 
 # One name serves as MLflow model name, Docker tag part and Triton model directory, so it must be
 # valid for all three: lower case, no path separators, no spaces, no "..".
@@ -113,6 +114,15 @@ class MlflowSourceSpec(_Strict):
         "own store")
     credentials_block: str | None = Field(
         None, description="name of a saved hf2triton-mlflow-credentials Prefect block")
+
+    @field_validator("tracking_uri")
+    @classmethod
+    def _no_login_in_uri(cls, uri: str | None) -> str | None:
+        if uri and redact_uri(uri) != uri:
+            raise ValueError("a user or password in the URI would be recorded with the spec: "
+                             "give the URI without it, and the credentials in "
+                             "MLFLOW_TRACKING_USERNAME/PASSWORD or a credentials_block")
+        return uri
 
     @model_validator(mode="after")
     def _alias_or_version(self) -> MlflowSourceSpec:
@@ -836,7 +846,10 @@ def _describe(err: dict[str, Any]) -> str:
     msg = err["msg"].removeprefix("Value error, ")
     if not loc:  # a rule across keys: the message names them; the input is the whole spec
         return msg
-    return f"'{key}' = {err.get('input')!r}: {msg}{for_target}"
+    shown = err.get("input")
+    if isinstance(shown, str) and "://" in shown:
+        shown = redact_uri(shown)  # a URI's password never reaches an error line
+    return f"'{key}' = {shown!r}: {msg}{for_target}"
 
 
 def parse_spec(data: Any, base_dir: str | Path | None = None, origin: str = "spec",

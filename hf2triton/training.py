@@ -77,7 +77,7 @@ def fine_tune(base_dir: str, base_hash: str, spec: TrainingSpec, work_root: str,
     held = read_examples(spec.eval, spec.labels, "eval") if spec.eval else None
     key = digest([base_hash, sha256_file(spec.data), spec.labels, spec.steps, spec.batch_size,
                   spec.learning_rate, spec.max_length, spec.seed,
-                  sha256_file(__file__)])
+                  sha256_file(spec.eval) if spec.eval else None, sha256_file(__file__)])
     started = time.perf_counter()
 
     def build(out: Path) -> dict:

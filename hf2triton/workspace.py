@@ -182,3 +182,13 @@ def cached_step(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return StepOutput(final, result, files, reused=False)
+
+
+def redact_uri(uri: str) -> str:
+    """A registry URI without any user:password in it."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(uri)
+    if parts.username or parts.password:
+        parts = parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else ""))
+    return urlunsplit(parts)

@@ -62,6 +62,6 @@ def announce(registered: Registered, trained: TrainResult, spec: TrainingSpec) -
     emit_event(event=REGISTERED_EVENT,
                resource={"prefect.resource.id": f"mlflow.model.{registered['model']}",
                          "prefect.resource.name": registered["model"],
-                         "version": registered["version"]},
+                         "version": registered["version"], "alias": registered["alias"]},
                payload={"run_id": registered["run_id"], "alias": registered["alias"],
                         "train_accuracy": trained["train_accuracy"], "eval_accuracy": held})

@@ -104,3 +104,46 @@ def test_credentials_from_a_prefect_block_are_used_for_that_source_only(
     with pytest.raises(SpecError, match="credentials_block"):
         fetch_mlflow(spec.model_copy(update={"credentials_block": "no-such-block"}),
                      auth_registry)
+
+
+def test_a_block_with_a_token_replaces_the_environment_credentials(no_mlflow_env, monkeypatch):
+    """Another registry's user and password (e.g. the release's own MLflow) must not go to the
+    source's registry beside the block's token: MLflow prefers basic auth when both are set."""
+    from hf2triton.source import mlflow_credentials
+
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "release-user")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "release-password")
+    MlflowCredentials(token="source-token").save("test-mlflow-token", overwrite=True)
+    spec = MlflowSourceSpec(model=MODEL, alias="trained", credentials_block="test-mlflow-token")
+    with mlflow_credentials(spec):
+        assert os.environ.get("MLFLOW_TRACKING_TOKEN") == "source-token"
+        assert "MLFLOW_TRACKING_USERNAME" not in os.environ
+        assert "MLFLOW_TRACKING_PASSWORD" not in os.environ
+    assert os.environ["MLFLOW_TRACKING_PASSWORD"] == "release-password"  # restored
+    assert "MLFLOW_TRACKING_TOKEN" not in os.environ
+
+
+def test_a_password_in_the_tracking_uri_is_refused_without_being_echoed(tmp_path):
+    import yaml
+
+    from hf2triton.spec import load_spec
+    from tests.conftest import ROOT
+
+    spec = yaml.safe_load((ROOT / "releases" / "minilm-sentiment.yaml").read_text())
+    spec["source"]["mlflow"]["tracking_uri"] = "https://ci:s3cret-pw@mlflow.internal:5000"
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    with pytest.raises(SpecError) as caught:
+        load_spec(path)
+    message = str(caught.value)
+    assert "source.mlflow.tracking_uri" in message and "credentials_block" in message
+    assert "s3cret-pw" not in message and "https://mlflow.internal:5000" in message
+
+
+@pytest.mark.parametrize("candidate, passes", [(0.7, True), (0.75, True), (0.6999, False)])
+def test_mlflow_validation_passes_a_candidate_exactly_at_the_champion_less_max_drop(
+        candidate, passes):
+    from hf2triton.champion import mlflow_verdict
+
+    verdict = mlflow_verdict("accuracy", candidate, 0.8, 0.1)  # 0.8 - 0.1 is 0.7000000000000001
+    assert (verdict is None) == passes, verdict

@@ -39,7 +39,8 @@ def test_prefect_yaml_is_rendered_from_the_release_specs():
                    and d["entrypoint"] == "flows/release.py:release_model")
     trigger = release["triggers"][0]
     assert trigger["expect"] == ["hf2triton.model.registered"]
-    assert trigger["match"] == {"prefect.resource.id": "mlflow.model.minilm-sentiment-trained"}
+    assert trigger["match"] == {"prefect.resource.id": "mlflow.model.minilm-sentiment-trained",
+                                "alias": "trained"}  # only the alias the spec follows
     assert trigger["parameters"]["spec"]["source"]["mlflow"]["version"] == \
         "{{ event.resource.version }}"
     train = next(d for d in everything if d["entrypoint"] == "flows/train.py:train_classifier")

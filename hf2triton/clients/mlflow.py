@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from hf2triton import quiet
 from hf2triton.errors import MlflowAuthError, ServiceUnavailableError
-from hf2triton.workspace import home
+from hf2triton.workspace import home, redact_uri
 
 T = TypeVar("T")
 RELEASE_KEY_TAG = "hf2triton.release_key"
@@ -61,12 +61,30 @@ def is_transient(exc: BaseException) -> bool:
     import requests
 
     for link in _chain(exc):
+        if isinstance(link, requests.exceptions.HTTPError) and link.response is not None:
+            # The artifact endpoints answer through requests: 5xx and 429 pass, 4xx do not.
+            status = link.response.status_code
+            return status >= 500 or status == 429
         if isinstance(link, (requests.exceptions.RequestException, ConnectionError,
                              TimeoutError)):
             return True
         if error_code(link) in TRANSIENT_CODES:
             return True
     return False
+
+
+def auth_refusal(exc: BaseException) -> str | None:
+    """'UNAUTHENTICATED' or 'PERMISSION_DENIED' when MLflow (its REST or artifact endpoints)
+    refused the credentials, else None."""
+    import requests
+
+    for link in _chain(exc):
+        if isinstance(link, requests.exceptions.HTTPError) and link.response is not None:
+            return {401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED"}.get(
+                link.response.status_code)
+        if error_code(link) in AUTH_CODES:
+            return error_code(link)
+    return None
 
 
 def _flatten(prefix: str, value: Any, out: dict[str, str]) -> None:
@@ -97,15 +115,15 @@ class Registry:
         except Exception as exc:
             if is_transient(exc):
                 raise ServiceUnavailableError(
-                    f"MLflow at {self.uri} did not answer while trying to {what}: check that the "
+                    f"MLflow at {redact_uri(self.uri)} did not answer while trying to {what}: check that the "
                     "server is up (MLFLOW_TRACKING_URI) and run again"
                 ) from exc
-            code = error_code(exc)
-            if code in AUTH_CODES:
+            code = auth_refusal(exc)
+            if code:
                 refused = "refused the credentials" if code == "UNAUTHENTICATED" else \
                     "does not allow these credentials"
                 raise MlflowAuthError(
-                    f"MLflow at {self.uri} {refused} ({code}) while trying to {what}: set "
+                    f"MLflow at {redact_uri(self.uri)} {refused} ({code}) while trying to {what}: set "
                     "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or "
                     "MLFLOW_TRACKING_TOKEN) for a user that may do this") from None
             raise
