@@ -222,18 +222,19 @@ def mlflow_credentials(spec: MlflowSourceSpec) -> Iterator[None]:
               "MLFLOW_TRACKING_TOKEN": block.token.get_secret_value() if block.token else None}
     saved = {k: os.environ.get(k) for k in values}
     try:
-        for k, v in values.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        _set_environment(values)
         yield
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        _set_environment(saved)
+
+
+def _set_environment(values: dict[str, str | None]) -> None:
+    """Set these variables; None unsets one."""
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 def _assemble(downloaded: Path, out: Path) -> None:
