@@ -24,6 +24,7 @@ class Champion(TypedDict):
     run_id: str
     version_dir: str  # its served version directory (downloaded once)
     files: dict[str, str]  # sha256 of each of its served files
+    settings: dict[str, Any]  # its serving.json
 
 
 def find_champion(model: str, tracking_uri: str) -> Champion | None:
@@ -58,7 +59,8 @@ def find_champion(model: str, tracking_uri: str) -> Champion | None:
     done = cached_step(home() / "champions", model, digest([tracking_uri, model, version,
                                                              mv.run_id]), download)
     return Champion(model=model, version=version, run_id=mv.run_id, version_dir=str(done.path),
-                    files=hash_files(done.path))
+                    files=hash_files(done.path),
+                    settings=serving.read_settings(str(done.path)))
 
 
 def champion_limit(metric: str, champion_value: float, max_drop: float) -> dict[str, Any]:

@@ -122,8 +122,7 @@ def serves(champion: Champion, files: dict[str, str], settings: dict[str, Any]) 
     and its serving.json the same answer-shaping settings."""
     if any(champion["files"].get(name) != sha for name, sha in files.items()):
         return False
-    served = serving.read_settings(champion["version_dir"])
-    return {k: v for k, v in served.items() if k not in SPEED_SETTINGS} == \
+    return {k: v for k, v in champion["settings"].items() if k not in SPEED_SETTINGS} == \
         {k: v for k, v in to_json(settings).items() if k not in SPEED_SETTINGS}
 
 
@@ -132,9 +131,9 @@ def score_champion(kind: ModelKind, champion: Champion, requests: list, data: Da
     """The champion's task metric, from its own served files and serving.json, through the
     serving core (a champion released before serving.json named its class: the kind's), and
     the labels alone: its outputs may have other sizes than the candidate's PyTorch reference."""
-    settings = serving.read_settings(champion["version_dir"])
     module, cls = kind.serving
-    model = serving.load(champion["version_dir"], {"module": module, "class": cls, **settings})
+    model = serving.load(champion["version_dir"],
+                         {"module": module, "class": cls, **champion["settings"]})
     outputs = kind.extract(answer_in_batches(model, requests, batch))
     return kind.labelled_scores(outputs, data, cfg)[kind.quality_metric]
 

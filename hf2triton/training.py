@@ -16,8 +16,7 @@ from typing import Any, TypedDict
 
 import numpy as np
 
-from hf2triton.errors import SpecError
-from hf2triton.kinds.base import read_lines
+from hf2triton.kinds.classification import read_labelled
 from hf2triton.spec import TrainingSpec
 from hf2triton.workspace import cached_step, digest, sha256_file
 
@@ -42,20 +41,6 @@ class Registered(TypedDict):
     run_id: str
 
 
-def read_examples(path: str, labels: list[str], what: str) -> tuple[list[str], list[int]]:
-    """`text<TAB>label` lines; SpecError naming the line for anything else."""
-    index = {name: i for i, name in enumerate(labels)}
-    texts, ids = [], []
-    for n, line in enumerate(read_lines(path, what, "labelled texts"), 1):
-        text, sep, label = line.rpartition("\t")
-        if not sep or label.strip() not in index or not text.strip():
-            raise SpecError(f"{what} {path!r} line {n}: expected 'text<TAB>label' with a label "
-                            f"among {labels}, got {line[:80]!r}")
-        texts.append(text)
-        ids.append(index[label.strip()])
-    return texts, ids
-
-
 def _accuracy(model: Any, tokenizer: Any, texts: list[str], ids: list[int],
               max_length: int) -> float:
     import torch
@@ -73,8 +58,8 @@ def _accuracy(model: Any, tokenizer: Any, texts: list[str], ids: list[int],
 def fine_tune(base_dir: str, base_hash: str, spec: TrainingSpec, work_root: str,
               progress: Callable[[int, float], None] | None = None) -> TrainResult:
     """Fine-tune `base_dir` on `spec.data`; the same inputs reuse the finished model."""
-    texts, ids = read_examples(spec.data, spec.labels, "data")
-    held = read_examples(spec.eval, spec.labels, "eval") if spec.eval else None
+    texts, ids = read_labelled(spec.data, spec.labels, "data")
+    held = read_labelled(spec.eval, spec.labels, "eval") if spec.eval else None
     key = digest([base_hash, sha256_file(spec.data), spec.labels, spec.steps, spec.batch_size,
                   spec.learning_rate, spec.max_length, spec.seed,
                   sha256_file(spec.eval) if spec.eval else None, sha256_file(__file__)])

@@ -31,8 +31,8 @@ from hf2triton.runs import in_prefect_run, step_logger
 from hf2triton.spec import TuningSpec
 from hf2triton.workspace import cached_step, digest, sha256_file
 
-SETTINGS = ("preferred_batch_sizes", "max_queue_delay_us", "instance_count", "intra_op_threads",
-            "max_batch_tokens")
+# What the search varies: every serving knob but max_batch_size (the requests' contract).
+SETTINGS = tuple(k for k in BATCHING if k != "max_batch_size")
 
 
 class TuneResult(TypedDict):

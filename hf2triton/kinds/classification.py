@@ -48,15 +48,17 @@ def resolve_classification_config(model_dir: str | Path,
                                 activation="sigmoid" if multi else "softmax")
 
 
-def read_labelled(path: str | Path, labels: list[str]) -> tuple[list[str], list[int]]:
-    """`text<TAB>label` lines; labels must be the model's (id2label) names."""
+def read_labelled(path: str | Path, labels: list[str], what: str = "classification.labelled"
+                  ) -> tuple[list[str], list[int]]:
+    """`text<TAB>label` lines; labels must be among `labels` (the model's id2label names, or a
+    training spec's); `what` names the file's key in errors."""
     texts, gold = [], []
     index = {name: i for i, name in enumerate(labels)}
-    for n, line in enumerate(read_lines(path, "classification.labelled", "labelled texts"), 1):
+    for n, line in enumerate(read_lines(path, what, "labelled texts"), 1):
         text, sep, label = line.rpartition("\t")
-        if not sep or label.strip() not in index:
+        if not sep or label.strip() not in index or not text.strip():
             raise SpecError(
-                f"classification.labelled {str(path)!r} line {n}: expected 'text<TAB>label' "
+                f"{what} {str(path)!r} line {n}: expected 'text<TAB>label' "
                 f"with a label among {labels}, got {line[:80]!r}"
             )
         texts.append(text)
