@@ -190,23 +190,22 @@ def _deployments(args: argparse.Namespace) -> int:
 
 def _store(args: argparse.Namespace) -> int:
     from hf2triton.errors import Hf2TritonError, SpecError
-    from hf2triton.model_store import prepare_s3_repository, triton_uri
     from hf2triton.spec import load_spec
 
     try:
         store = getattr(load_spec(args.spec).deploy, "model_store", None)
     except SpecError as exc:
         return _fail(str(exc), 2)
-    if store is None or store.kind != "s3":
+    if store is None or not store.shared:
         return _fail(f"{args.spec}: deploy.model_store is "
                      f"{store.kind if store else 'not read by this target'!r}; `store init` "
-                     "prepares an s3 store", 2)
+                     "prepares a store that servers share (kind s3)", 2)
     try:
-        prepare_s3_repository(store)
+        store.prepare()
     except Hf2TritonError as exc:
         return _fail(f"[{exc.code}] {exc}")
     # What each Triton replica is started with (credentials go in its environment).
-    print(f"--model-repository={triton_uri(store)}")
+    print(f"--model-repository={store.triton_uri()}")
     return 0
 
 

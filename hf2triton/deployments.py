@@ -10,7 +10,8 @@ from typing import Any
 
 import yaml
 
-from hf2triton.spec import TASK_SECTIONS, ReleaseSpec, TrainingSpec, load_spec
+from hf2triton.kinds import kind_class, kind_classes
+from hf2triton.spec import ReleaseSpec, TrainingSpec, load_spec
 from hf2triton.training import REGISTERED_EVENT
 from hf2triton.workspace import PROJECT_ROOT
 
@@ -37,7 +38,7 @@ def _relative(data: Any, root: Path) -> Any:
 def _portable(spec: ReleaseSpec, root: Path) -> dict[str, Any]:
     """The spec as deployment parameters, paths relative to the project root."""
     # Only the task's own section: another task's (even its defaults) is refused on the way back.
-    others = set(TASK_SECTIONS.values()) - {TASK_SECTIONS[spec.task]}
+    others = {k.section for k in kind_classes()} - {kind_class(spec.task).section}
     data = spec.model_dump(mode="json", exclude={"schedule", *others}, exclude_none=True)
     deploy = data["deploy"]
     data["deploy"] = {"target": deploy.pop("target"), **deploy}  # what the section is, first
@@ -70,8 +71,8 @@ def deployment(spec: ReleaseSpec, name: str, root: Path = PROJECT_ROOT) -> dict[
         "name": name,
         "entrypoint": "flows/release.py:release_model",
         "description": f"Release {spec.source.lineage_id} as {spec.registry.model_name} "
-                       f"({spec.task.value}) to {spec.deploy.target}.",
-        "tags": ["hf2triton", spec.task.value, f"release:{spec.name}"],
+                       f"({spec.task}) to {spec.deploy.target}.",
+        "tags": ["hf2triton", spec.task, f"release:{spec.name}"],
         "parameters": {"spec": _portable(spec, root)},
         "work_pool": {"name": WORK_POOL, "work_queue_name": "default"},
         # One run per release name at a time; a second waits rather than racing the first.

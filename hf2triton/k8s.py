@@ -10,13 +10,15 @@ import os
 import string
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from hf2triton.errors import DeployError, ServiceUnavailableError
-from hf2triton.spec import KubernetesSpec
 from hf2triton.workspace import PROJECT_ROOT
+
+if TYPE_CHECKING:
+    from hf2triton.targets.kserve import KubernetesSpec
 
 TEMPLATES = PROJECT_ROOT / "infra" / "k8s"
 MANIFESTS = {  # file -> (kind, the Kubernetes client model that checks it, or None for a CRD)

@@ -48,7 +48,7 @@ def release_record(spec: ReleaseSpec, src: dict[str, Any], exp: dict[str, Any],
     spec_variant = variants[0]
     lineage = {
         "source_id": src["source_id"], "revision": src["revision"] or "local",
-        "content_hash": src["content_hash"], "variant": val["chosen"], "kind": spec.task.value,
+        "content_hash": src["content_hash"], "variant": val["chosen"], "kind": spec.task,
         **{f"source.registry.{k}": redact_uri(v) if k == "uri" else v
            for k, v in (src.get("registry") or {}).items() if v},
         **{f"sha256.{name}": sha for name, sha in src["files"].items()},

@@ -66,13 +66,25 @@ def warmup(requests: list[dict[str, np.ndarray]], folder: Path) -> str:
     return "\n".join(blocks)
 
 
+def io_config(served: type, values: dict[str, Any]) -> str:
+    """config.pbtxt's input and output blocks, from the served class's own declaration
+    (`hf2triton.serving.base.Tensor`); named dims are the model's facts in `values`."""
+    def block(t: Any) -> str:
+        dims = ", ".join(str(values[d] if isinstance(d, str) else d) for d in t.dims)
+        lines = [f'name: "{t.name}"', f"data_type: TYPE_{t.dtype}", f"dims: [ {dims} ]"]
+        lines += ["optional: true"] * t.optional + ["allow_ragged_batch: true"] * t.ragged
+        return "  {\n" + "".join(f"    {line}\n" for line in lines) + "  }"
+
+    return "\n".join(f"{side} [\n" + ",\n".join(block(t) for t in tensors) + "\n]"
+                     for side, tensors in (("input", served.inputs), ("output", served.outputs)))
+
+
 def render_config(kind: ModelKind, model_name: str, cfg: Any, info: dict[str, Any],
                   serving_knobs: dict[str, Any], warmup_blocks: str) -> str:
-    io = string.Template((templates_dir() / kind.template / "io.pbtxt.template").read_text())
     return string.Template((templates_dir() / "config.pbtxt.template").read_text()).substitute(
         model_name=model_name,
         max_batch_size=serving_knobs["max_batch_size"],
-        io=io.substitute(kind.config_values(cfg, info)),
+        io=io_config(kind.served, kind.config_values(cfg, info)),
         preferred_batch_sizes=", ".join(str(b) for b in serving_knobs["preferred_batch_sizes"]),
         max_queue_delay_us=serving_knobs["max_queue_delay_us"],
         instance_count=serving_knobs["instance_count"],
@@ -101,8 +113,7 @@ def build_repository(kind: ModelKind, model_name: str, candidate: str, export_di
     settings = {**serving_settings(kind, cfg, export_dir, serving_knobs.get("max_batch_tokens", 0),
                                    serving_knobs.get("intra_op_threads", 0)),
                 **kind.file_settings({n: n for n in kind.version_files(candidate, export_dir)})}
-    templates = [templates_dir() / "config.pbtxt.template",
-                 templates_dir() / kind.template / "io.pbtxt.template"]
+    templates = [templates_dir() / "config.pbtxt.template"]
     key = digest([
         model_name, kind.name, {n: sha256_file(p) for n, p in files.items()}, settings,
         to_json(info), {k: serving_knobs.get(k) for k in BATCHING},

@@ -6,101 +6,47 @@ values are rejected with a message that names the key and the value.
 
 from __future__ import annotations
 
+import copy
 import importlib.util
-import os
+import logging
 import re
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
-    AfterValidator,
     BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
     ValidationInfo,
+    create_model,
     field_validator,
     model_validator,
 )
 
 from hf2triton.errors import SourceError, SpecError
+from hf2triton.kinds import DEFAULT_TASK, KINDS, kind_class, kind_classes
+from hf2triton.specbase import (
+    Name,
+    SpecPath,
+    Strict,
+    first_line,
+    matching,
+    resolve_path,
+    unless,
+)
+from hf2triton.stores import STORES
+from hf2triton.targets import TARGETS, DeploySpec, default_deploy
+from hf2triton.targets.base import TuningSpec  # noqa: F401 - the tuning step's section
 from hf2triton.workspace import redact_uri
 
-# One name serves as MLflow model name, Docker tag part and Triton model directory, so it must be
-# valid for all three: lower case, no path separators, no spaces, no "..".
-NAME_PATTERN = re.compile(r"^[a-z0-9](?:[a-z0-9_-]|\.(?!\.)){0,62}$")
+log = logging.getLogger(__name__)
 
-Probability = Annotated[float, Field(ge=-1.0, le=1.0)]
-
-
-class Task(str, Enum):
-    FEATURE_EXTRACTION = "feature-extraction"
-    TEXT_CLASSIFICATION = "text-classification"
-    # Any model optimum exports as text2text-generation-with-past (M2M100, Marian, ...).
-    TRANSLATION = "translation"
-    # Cross-encoders: a query and its passages in, one relevance score per passage out.
-    TEXT_RANKING = "text-ranking"
+# The spec's `task:` values: one per registered model kind.
+Task = Literal[tuple(KINDS)]  # type: ignore[valid-type]
 
 
-# The spec section each task reads (its model kind's options: hf2triton.kinds).
-TASK_SECTIONS = {
-    Task.FEATURE_EXTRACTION: "embedding",
-    Task.TEXT_CLASSIFICATION: "classification",
-    Task.TRANSLATION: "generation",
-    Task.TEXT_RANKING: "reranking",
-}
-# Tasks whose load deploy.tuning.search cannot drive (generation is another kind of traffic).
-UNTUNABLE_TASKS = (Task.TRANSLATION,)
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-def _check_name(value: str) -> str:
-    if not NAME_PATTERN.match(value):
-        raise ValueError(
-            f"{value!r} is not a valid name: use 1-63 characters of lower-case letters, digits, "
-            "'-', '_' and '.', starting with a letter or digit, without '..' "
-            "(it becomes the MLflow model name, a Docker tag and a Triton model directory)"
-        )
-    return value
-
-
-def _resolve(path: str, info: ValidationInfo) -> str:
-    base = (info.context or {}).get("base_dir")
-    p = Path(path).expanduser()
-    if not p.is_absolute() and base is not None:
-        p = Path(base) / p
-    return os.path.normpath(p)
-
-
-def _matching(pattern: re.Pattern[str], what: str) -> AfterValidator:
-    """A validator refusing values that do not match `pattern`, saying what they should be."""
-    def check(value: str) -> str:
-        if not pattern.match(value):
-            raise ValueError(f"{value!r} is not {what}")
-        return value
-
-    return AfterValidator(check)
-
-
-def _unless(problem: bool, value: Any, message: str) -> Any:
-    """`value` when there is no problem; a validation error with `message` when there is."""
-    if problem:
-        raise ValueError(message)
-    return value
-
-
-# A file or folder named in a spec: relative paths are relative to the spec file.
-SpecPath = Annotated[str, AfterValidator(_resolve)]
-# A truncation length in tokens; None: the model's own.
-MaxLength = Annotated[int | None, Field(ge=1, le=8192)]
-
-
-class MlflowSourceSpec(_Strict):
+class MlflowSourceSpec(Strict):
     """A model version of an MLflow model registry, by name and alias or by name and version,
     as a training run registered it (the transformers flavour, or a plain Hugging Face directory
     logged as artifacts). Credentials come from MLFLOW_TRACKING_USERNAME/PASSWORD or _TOKEN, or
@@ -134,7 +80,7 @@ class MlflowSourceSpec(_Strict):
         return self
 
 
-class SourceSpec(_Strict):
+class SourceSpec(Strict):
     """Where the model comes from: exactly one of `repo_id` (with `revision`), `path`, `package`,
     `mlflow`."""
 
@@ -153,7 +99,7 @@ class SourceSpec(_Strict):
     def _resolve_path(cls, v: str | None, info: ValidationInfo) -> str | None:
         if v is not None and not v.strip():
             raise ValueError("an empty path; give the model directory")
-        return None if v is None else _resolve(v, info)
+        return None if v is None else resolve_path(v, info)
 
     @field_validator("repo_id")
     @classmethod
@@ -185,119 +131,7 @@ class SourceSpec(_Strict):
         return Path(self.path or "").name
 
 
-class EmbeddingSpec(_Strict):
-    pooling: Literal["auto", "mean", "cls"] = Field(
-        "auto", description="auto reads the sentence-transformers pooling config, else mean"
-    )
-    normalize: Literal["auto"] | bool = Field(
-        "auto", description="auto: normalise when the model declares a Normalize module"
-    )
-    max_length: MaxLength = Field(None, description="truncation length; default: the model's")
-    retrieval: SpecPath | None = Field(
-        None, description="UTF-8 TSV of `query<TAB>passage<TAB>relevance` lines (relevance 0 "
-        "or more): the served embeddings' nDCG@10 over these passages is measured, and "
-        "compared with the serving champion's (validation.max_drop)")
-
-
-class ClassificationThresholds(_Strict):
-    min_label_agreement: Probability = Field(
-        0.99, description="share of validation texts whose label equals PyTorch's"
-    )
-    max_prob_diff: float = Field(
-        0.05, ge=0, le=1, description="largest allowed |probability - PyTorch's| of any label"
-    )
-    min_accuracy: Probability | None = Field(
-        None, description="accuracy against the gold labels of `labelled`; needs `labelled`"
-    )
-
-
-class ClassificationSpec(_Strict):
-    """`task: text-classification`: labels from the model's id2label."""
-
-    max_length: MaxLength = Field(None, description="truncation length; default: the model's")
-    labelled: SpecPath | None = Field(
-        None, description="UTF-8 TSV file of `text<TAB>label` lines (label as in id2label): "
-        "accuracy against these gold labels is measured and reported"
-    )
-    thresholds: ClassificationThresholds = ClassificationThresholds()
-
-    @model_validator(mode="after")
-    def _accuracy_needs_labels(self) -> ClassificationSpec:
-        return _unless(self.thresholds.min_accuracy is not None and self.labelled is None, self,
-                       "thresholds.min_accuracy needs gold labels: give classification.labelled")
-
-
-Bleu = Annotated[float, Field(ge=0.0, le=100.0)]
-
-
-class GenerationThresholds(_Strict):
-    """sacrebleu scores (0-100) of the candidate's translations."""
-
-    min_bleu: Bleu = Field(90.0, description="BLEU against the fp32 PyTorch translations")
-    min_chrf: Bleu = Field(95.0, description="chrF against the fp32 PyTorch translations")
-    min_reference_bleu: Bleu | None = Field(
-        None, description="BLEU against `references`; needs `references`"
-    )
-    min_reference_chrf: Bleu | None = Field(
-        None, description="chrF against `references`; needs `references`"
-    )
-
-
-class GenerationSpec(_Strict):
-    """`task: translation`: how the served model generates (the defaults of every request)."""
-
-    source_lang: str | None = Field(
-        None, description="source language code for multilingual tokenizers (M2M100: 'en')"
-    )
-    target_lang: str | None = Field(
-        None, description="target language code; M2M100-style models force it as the first "
-        "generated token (forced BOS). Required when the model translates into many languages"
-    )
-    max_new_tokens: int | None = Field(
-        None, ge=1, le=4096, description="default: the model's generation_config max_length - 1"
-    )
-    num_beams: int | None = Field(
-        None, ge=1, le=16, description="default: the model's generation_config (1: greedy)"
-    )
-    max_input_length: MaxLength = Field(None, description="source truncation length; default: "
-                                       "the model's")
-    thresholds: GenerationThresholds = GenerationThresholds()
-    references: SpecPath | None = Field(
-        None, description="UTF-8 file of reference translations, one per line of "
-        "validation.sentences: BLEU and chrF against them are measured and reported")
-
-    @model_validator(mode="after")
-    def _reference_gates_need_references(self) -> GenerationSpec:
-        t = self.thresholds
-        wanted = t.min_reference_bleu is not None or t.min_reference_chrf is not None
-        return _unless(wanted and self.references is None, self,
-                       "thresholds.min_reference_bleu/min_reference_chrf need reference "
-                       "translations: give generation.references")
-
-
-class RerankingThresholds(_Strict):
-    """How closely the served ranking must follow PyTorch's, query by query."""
-
-    min_spearman: Probability = Field(
-        0.9, description="lowest Spearman correlation, over the queries, of a query's served "
-        "passage scores with PyTorch's")
-    mean_spearman: Probability = Field(0.98, description="mean of the same over the queries")
-    min_top1_agreement: Probability = Field(
-        0.95, description="share of queries whose top passage is PyTorch's top passage")
-
-
-class RerankingSpec(_Strict):
-    """`task: text-ranking`: a cross-encoder scores (query, passage) pairs."""
-
-    max_length: MaxLength = Field(None, description="truncation length of a pair; default: the "
-                                  "model's")
-    activation: Literal["auto", "none", "sigmoid", "softmax"] = Field(
-        "auto", description="score of a pair: the logit (none), its sigmoid, or the softmax "
-        "probability of the last label; auto: as sentence-transformers' CrossEncoder")
-    thresholds: RerankingThresholds = RerankingThresholds()
-
-
-class ExportSpec(_Strict):
+class ExportSpec(Strict):
     # 18 is optimum's minimum for BERT-family exports (it warns below it); on all-MiniLM-L6-v2
     # opsets 17 and 18 give identical outputs and speed.
     opset: int = Field(18, ge=11, le=21)
@@ -306,7 +140,7 @@ class ExportSpec(_Strict):
     )
 
 
-class QuantizationSpec(_Strict):
+class QuantizationSpec(Strict):
     method: Literal["dynamic-int8", "int8-blockwise", "none"] = Field(
         "dynamic-int8", description="dynamic-int8: ONNX Runtime's dynamic quantization (int8 "
         "weights, activation ranges per batch); int8-blockwise: MatMulNBits, int8 weights in "
@@ -338,15 +172,8 @@ class QuantizationSpec(_Strict):
     )
 
 
-class Thresholds(_Strict):
-    min_cosine: Probability = 0.99
-    mean_cosine: Probability = 0.995
-    spearman: Probability = 0.99
-
-
-class ValidationSpec(_Strict):
+class ValidationSpec(Strict):
     sentences: SpecPath = Field(description="UTF-8 text file, one sentence per line")
-    thresholds: Thresholds = Thresholds()
     smoke_sentences: int = Field(
         16, ge=1, le=256, description="how many validation sentences the smoke test sends"
     )
@@ -356,11 +183,9 @@ class ValidationSpec(_Strict):
         "below the serving champion's, scored on the same data by the same serving code")
 
 
-class RegistrySpec(_Strict):
-    model_name: str = Field(description="MLflow registered model name")
+class RegistrySpec(Strict):
+    model_name: Name = Field(description="MLflow registered model name")
     experiment: str = "hf2triton"
-
-    _check = field_validator("model_name")(classmethod(lambda cls, v: _check_name(v)))
 
 
 # host[:port] of an image registry, and a repository path in it (Docker's reference grammar).
@@ -368,7 +193,7 @@ REGISTRY_PATTERN = re.compile(r"^[a-zA-Z0-9](?:[a-zA-Z0-9.-]*[a-zA-Z0-9])?(?::[0
 REPOSITORY_PATTERN = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*$")
 
 
-class ImageSpec(_Strict):
+class ImageSpec(Strict):
     """The release's serving image: built offline, pushed to `registry`, tagged
     `<registry>/<repository>:<MLflow version>-<short content hash>`."""
 
@@ -377,7 +202,7 @@ class ImageSpec(_Strict):
         description="auto: build and push when a Docker engine, the registry and the base image "
         "can be had, else say why the image step is skipped; true: they must; false: never",
     )
-    registry: Annotated[str, _matching(REGISTRY_PATTERN, "a registry address such as "
+    registry: Annotated[str, matching(REGISTRY_PATTERN, "a registry address such as "
                                        "'registry.example.com:5000'")] = Field(
         "127.0.0.1:5000", description="host[:port]; $HF2TRITON_REGISTRY overrides it"
     )
@@ -404,301 +229,7 @@ class ImageSpec(_Strict):
         return v
 
 
-ENDPOINT_PATTERN = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?:[0-9]{1,5}$")
-
-
-class ReplicaSpec(_Strict):
-    """One Triton server of a replica set (`deploy.target: triton-replicas`): its endpoints, and
-    its model repository as this machine sees it (a local path, or a shared mount). Replicas may
-    share one repository; the release writes each distinct repository once."""
-
-    http: str = Field(description="host:port of the replica's HTTP endpoint")
-    grpc: str = Field(description="host:port of the replica's gRPC endpoint")
-    model_repository: SpecPath | None = Field(
-        None, description="the replica's --model-repository, as a path on this machine; leave "
-        "out when the replicas read deploy.model_store (kind s3)"
-    )
-
-    @field_validator("http", "grpc")
-    @classmethod
-    def _check_endpoint(cls, v: str) -> str:
-        if not ENDPOINT_PATTERN.match(v):
-            raise ValueError(f"{v!r} is not an endpoint such as '10.0.0.5:8000' (host:port)")
-        return v
-
-
-
-K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|M|G|T)?$")
-
-
-class KubernetesSpec(_Strict):
-    """`deploy.target: kserve`: where and how the release's image runs on a cluster."""
-
-    namespace: Annotated[str, _matching(K8S_NAME, "a Kubernetes namespace name (RFC 1123 "
-                                        "label)")] = "default"
-    workload: Literal["inferenceservice", "deployment"] = Field(
-        "inferenceservice",
-        description="what is applied: a KServe InferenceService (Triton runtime, model from "
-        "storage_uri), or a plain Deployment + Service + HorizontalPodAutoscaler running the "
-        "image with its baked-in model; both are always rendered",
-    )
-    storage_uri: str | None = Field(
-        None, description="the model repository KServe downloads (s3://, gs://, pvc://, https://); "
-        "default: the MLflow version's triton_repository artifact when it is such a URI"
-    )
-    min_replicas: int = Field(1, ge=0, le=1000)
-    max_replicas: int = Field(3, ge=1, le=1000)
-    target_cpu_utilization: int = Field(70, ge=1, le=100, description="HPA target, percent")
-    cpu_request: str = "1"
-    memory_request: str = "1Gi"
-    cpu_limit: str = "2"
-    memory_limit: str = "4Gi"
-    kubeconfig: str | None = Field(
-        None, description="default: $KUBECONFIG, else ~/.kube/config, else the in-cluster "
-        "service account"
-    )
-    context: str | None = None
-    endpoint_http: str | None = Field(
-        None, description="host:port where the pipeline reaches the served model over HTTP for "
-        "the smoke test; default: the cluster-internal Service (a pipeline run as a Prefect "
-        "Kubernetes work pool job reaches it)"
-    )
-    endpoint_grpc: str | None = Field(None, description="as endpoint_http, for gRPC")
-
-    @field_validator("cpu_request", "memory_request", "cpu_limit", "memory_limit")
-    @classmethod
-    def _check_quantity(cls, v: str) -> str:
-        if not QUANTITY.match(v):
-            raise ValueError(f"{v!r} is not a Kubernetes quantity such as '500m', '2' or '4Gi'")
-        return v
-
-    @model_validator(mode="after")
-    def _replica_range(self) -> KubernetesSpec:
-        if self.min_replicas > self.max_replicas:
-            raise ValueError(f"min_replicas {self.min_replicas} exceeds max_replicas "
-                             f"{self.max_replicas}")
-        return self
-
-
-BUCKET_PATTERN = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
-# Triton parses s3://[http(s)://]host:port/bucket/path itself: the port is not optional, and
-# path parts may hold only [0-9A-Za-z._-].
-S3_ENDPOINT_PATTERN = re.compile(r"^https?://[A-Za-z0-9.-]+:[0-9]{1,5}$")
-S3_PATH_PART = re.compile(r"^[0-9A-Za-z._-]+$")
-
-
-class ModelStoreSpec(_Strict):
-    """Where the served model repository lives: the local server's directory, or a bucket of an
-    S3-compatible store that Triton reads itself (`--model-repository=s3://...`)."""
-
-    kind: Literal["local", "s3"] = "local"
-    endpoint: str | None = Field(
-        None, description="with kind s3: the store's URL, e.g. 'http://minio.internal:9000'; "
-        "leave out for AWS S3"
-    )
-    bucket: str | None = Field(None, description="with kind s3: the bucket (it must exist)")
-    prefix: str = Field("triton", description="the repository's folder in the bucket")
-    region: str = "us-east-1"
-    credentials_block: str | None = Field(
-        None,
-        description="name of a saved hf2triton S3 Credentials Prefect block; without it "
-        "$AWS_ACCESS_KEY_ID and $AWS_SECRET_ACCESS_KEY are used",
-    )
-
-    @field_validator("endpoint")
-    @classmethod
-    def _check_endpoint(cls, v: str | None) -> str | None:
-        if v is not None and not S3_ENDPOINT_PATTERN.match(v):
-            raise ValueError(f"{v!r} is not an endpoint URL such as 'http://127.0.0.1:9000' "
-                             "(scheme, host and port, which Triton needs even for 80/443)")
-        return v
-
-    @field_validator("bucket")
-    @classmethod
-    def _check_bucket(cls, v: str | None) -> str | None:
-        if v is not None and (not BUCKET_PATTERN.match(v) or ".." in v):
-            raise ValueError(f"{v!r} is not an S3 bucket name: 3 to 63 lower-case letters, "
-                             "digits, '.' and '-'")
-        return v
-
-    @field_validator("prefix")
-    @classmethod
-    def _check_prefix(cls, v: str) -> str:
-        parts = v.strip("/").split("/")
-        if v.strip("/") and any(p in (".", "..") or not S3_PATH_PART.match(p) for p in parts):
-            raise ValueError(f"{v!r} is not a folder path in a bucket such as 'triton/prod': "
-                             "parts of letters, digits, '.', '_' and '-' (what Triton reads)")
-        return v.strip("/")
-
-    @model_validator(mode="after")
-    def _s3_needs_bucket(self) -> ModelStoreSpec:
-        if self.kind == "s3" and not self.bucket:
-            raise ValueError("model_store kind 's3' needs a bucket")
-        if self.kind == "local" and (self.bucket or self.endpoint or self.credentials_block):
-            raise ValueError("model_store kind 'local' takes no endpoint, bucket or "
-                             "credentials_block: set kind: s3")
-        return self
-
-
-class TuningSpec(_Strict):
-    """Triton configuration search (feature-extraction releases): every combination of the
-    listed dynamic-batching and execution settings is loaded into a private tritonserver with the
-    validated model and driven by closed-loop gRPC clients, one sentence per request; the release
-    ships the configuration with the most requests/s (mean over `clients`) whose p99 stays under
-    `max_p99_ms`, written into the generated config.pbtxt."""
-
-    search: bool = False
-    preferred_batch_sizes: list[list[Annotated[int, Field(ge=1)]]] | None = Field(
-        None, description="candidates; default: only deploy.preferred_batch_sizes"
-    )
-    max_queue_delay_us: list[Annotated[int, Field(ge=0, le=1_000_000)]] = [2000, 8000]
-    execution: list[tuple[Annotated[int, Field(ge=1, le=64)],
-                          Annotated[int, Field(ge=0, le=256)]]] = Field(
-        [(1, 0), (2, 1)],
-        description="(instance_count, intra_op_threads) pairs; threads 0: ONNX Runtime's default",
-    )
-    max_batch_tokens: list[Annotated[int, Field(ge=0, le=1_000_000)]] | None = Field(
-        None, description="token budgets of the served model's sub-batches to try; default: "
-        "only deploy.max_batch_tokens")
-    clients: list[Annotated[int, Field(ge=1, le=1000)]] = [16, 64]
-    seconds: float = Field(5, gt=0, le=600, description="measured per configuration and client "
-                           "count, after a warm-up")
-    max_p99_ms: float | None = Field(None, gt=0, description="latency cap at every client count")
-
-    @model_validator(mode="after")
-    def _non_empty(self) -> TuningSpec:
-        for key in ("max_queue_delay_us", "execution", "clients"):
-            if not getattr(self, key):
-                raise ValueError(f"tuning.{key} needs at least one value")
-        if self.preferred_batch_sizes is not None and not all(self.preferred_batch_sizes):
-            raise ValueError("tuning.preferred_batch_sizes: each candidate needs a batch size")
-        if self.max_batch_tokens is not None and not self.max_batch_tokens:
-            raise ValueError("tuning.max_batch_tokens needs at least one value (or leave it out)")
-        return self
-
-
-# Measured in-process on all-MiniLM-L6-v2 (2-core EPYC, AVX-512), dynamic batches of 64 texts of
-# every length: 467 texts/s in sub-batches of at most 512 tokens, 470 at 256, 437 at 1024, 315 at
-# 2048, about 50 padded as one batch; texts of the median length: 917, 901, 775, 775. Small
-# sub-batches keep the matrices in cache. benchmarks/serving.py reports the served figures.
-DEFAULT_MAX_BATCH_TOKENS = 512
-
-
-class _DeployBase(_Strict):
-    """What every deploy target shares: how Triton batches and runs the model, how long a new
-    version may take to load, and the smoke test's cosine gate."""
-
-    max_batch_size: int = Field(64, ge=1, le=4096)
-    preferred_batch_sizes: list[Annotated[int, Field(ge=1)]] = [8, 16, 32]
-    max_queue_delay_us: int = Field(2000, ge=0, le=1_000_000)
-    instance_count: int = Field(1, ge=1, le=64)
-    intra_op_threads: int = Field(0, ge=0, le=256, description="0: ONNX Runtime's default")
-    max_batch_tokens: int = Field(
-        DEFAULT_MAX_BATCH_TOKENS, ge=0, le=1_000_000,
-        description="token budget of one ONNX run: the served model sorts a dynamic batch by "
-        "length and runs it in sub-batches of at most this many padded tokens (rows x longest); "
-        "0: one padded run per dynamic batch")
-    ready_timeout_s: float = Field(180, gt=0)
-    tuning: TuningSpec = TuningSpec()
-    smoke_min_cosine: Probability | None = Field(
-        None, description="the smoke test's gate on served embeddings; default: "
-        "validation.thresholds.min_cosine"
-    )
-
-    @model_validator(mode="after")
-    def _batches(self) -> _DeployBase:
-        too_big = [b for b in self.preferred_batch_sizes if b > self.max_batch_size]
-        too_big += [b for c in self.tuning.preferred_batch_sizes or [] for b in c
-                    if b > self.max_batch_size]
-        if too_big:
-            raise ValueError(
-                f"preferred_batch_sizes {too_big} exceed max_batch_size {self.max_batch_size}"
-            )
-        return self
-
-
-class _Published(_DeployBase):
-    """A target whose Triton listens on ports of this machine."""
-
-    host: str = "127.0.0.1"
-    http_port: int = Field(8000, ge=1, le=65535)
-    grpc_port: int = Field(8001, ge=1, le=65535)
-    metrics_port: int = Field(8002, ge=1, le=65535)
-
-    @model_validator(mode="after")
-    def _ports_differ(self) -> _Published:
-        ports = [self.http_port, self.grpc_port, self.metrics_port]
-        if len(set(ports)) != 3:
-            raise ValueError(f"http_port, grpc_port and metrics_port must differ (got {ports})")
-        return self
-
-
-class LocalTritonDeploy(_Published):
-    """`target: local-triton`: the local tritonserver process, new versions loaded beside the
-    serving one."""
-
-    target: Literal["local-triton"] = "local-triton"
-    model_store: ModelStoreSpec = Field(
-        ModelStoreSpec(), description="where the served repository lives: the local server's "
-        "directory, or an S3-compatible bucket Triton loads from"
-    )
-
-
-class DockerDeploy(_Published):
-    """`target: docker`: the release's image, run by digest, replaced blue/green. The image
-    carries its model, so it reads no model store."""
-
-    target: Literal["docker"]
-
-
-class ReplicasDeploy(_DeployBase):
-    """`target: triton-replicas`: the Triton servers listed, all rolled forward or all back."""
-
-    target: Literal["triton-replicas"]
-    replicas: list[ReplicaSpec] = Field(
-        min_length=1, description="the servers to roll out to: {http, grpc, model_repository}"
-    )
-    model_store: ModelStoreSpec = Field(
-        ModelStoreSpec(), description="kind s3: every replica reads one bucket"
-    )
-
-    @model_validator(mode="after")
-    def _repositories(self) -> ReplicasDeploy:
-        shared = self.model_store.kind == "s3"
-        odd = [r.http for r in self.replicas if (r.model_repository is None) != shared]
-        if odd:
-            raise ValueError(
-                f"deploy.replicas {odd}: " + (
-                    "with deploy.model_store kind s3 every replica reads the bucket: leave out "
-                    "model_repository" if shared else
-                    "each replica needs model_repository (a path on this machine), or set "
-                    "deploy.model_store kind s3 for replicas that read one bucket"))
-        endpoints = [r.http for r in self.replicas]
-        if len(set(endpoints)) != len(endpoints):
-            raise ValueError(f"deploy.replicas lists an endpoint twice: {endpoints}")
-        return self
-
-
-class KServeDeploy(_DeployBase):
-    """`target: kserve`: the image on a Kubernetes cluster (see `kubernetes`); with a model store
-    of kind s3 the version is written to the bucket and the InferenceService reads it there."""
-
-    target: Literal["kserve"]
-    kubernetes: KubernetesSpec = KubernetesSpec()
-    model_store: ModelStoreSpec = Field(
-        ModelStoreSpec(), description="kind s3: the InferenceService's storageUri is this bucket"
-    )
-
-
-DEPLOY_TARGETS = ("local-triton", "docker", "triton-replicas", "kserve")
-DeploySpec = Annotated[
-    LocalTritonDeploy | DockerDeploy | ReplicasDeploy | KServeDeploy,
-    Field(discriminator="target"),
-]
-
-
-class ScheduleSpec(_Strict):
+class ScheduleSpec(Strict):
     """When the Prefect deployment of this spec re-runs the release (e.g. a retraining release)."""
 
     cron: str
@@ -730,83 +261,114 @@ class ScheduleSpec(_Strict):
         return v
 
 
-class ReleaseSpec(_Strict):
-    """A whole release: what to ship, how to check it, where to record and serve it."""
+class _Release(Strict):
+    """A whole release: what to ship, how to check it, where to record and serve it. The model
+    kinds' own sections (`embedding:`, `classification:`, ...) come from their registry
+    (`ReleaseSpec` below)."""
 
-    name: str
-    task: Task = Task.FEATURE_EXTRACTION
+    name: Name
+    task: Task = Field(DEFAULT_TASK, description="the model kind; its own section (named "
+                       "after the kind) holds its settings")
     source: SourceSpec
-    embedding: EmbeddingSpec = EmbeddingSpec()
     export: ExportSpec = ExportSpec()
     quantization: QuantizationSpec = QuantizationSpec()
-    classification: ClassificationSpec | None = None
-    generation: GenerationSpec | None = None
-    reranking: RerankingSpec | None = None
     validation: ValidationSpec
     registry: RegistrySpec
-    deploy: DeploySpec = LocalTritonDeploy()
+    deploy: DeploySpec = Field(default_factory=default_deploy,
+                               description="where the release serves: `target` picks the "
+                               "deploy target, whose own keys follow")
     image: ImageSpec = ImageSpec()
     schedule: ScheduleSpec | None = Field(
         None, description="re-release on a schedule (the Prefect deployment's cron)"
     )
 
-    _check = field_validator("name")(classmethod(lambda cls, v: _check_name(v)))
-
-    @field_validator("deploy", mode="before")
+    @model_validator(mode="before")
     @classmethod
-    def _default_target(cls, v: Any) -> Any:
-        if isinstance(v, dict) and "target" not in v:
-            return {**v, "target": "local-triton"}
-        return v
+    def _moved_keys(cls, data: Any) -> Any:
+        """Keys a kind read elsewhere before are read from there for one more release."""
+        if not isinstance(data, dict):
+            return data
+        task = data.get("task", DEFAULT_TASK)
+        data = copy.deepcopy(data)
+        for kind in kind_classes():
+            for old, new in kind.moved_keys.items():
+                found, value = _pop(data, old)
+                if not found:
+                    continue
+                if kind.task != task:
+                    raise ValueError(f"'{old}' moved to '{new}', which task {task!r} does not "
+                                     f"read: remove '{old}'")
+                if _pop(copy.deepcopy(data), new)[0]:
+                    raise ValueError(f"'{old}' moved to '{new}'; both are given: keep '{new}'")
+                _put(data, new, value)
+                log.warning("hf2triton: [DEPRECATED] spec key '%s' moved to '%s': it is read "
+                            "from there in this release and refused in the next; move it",
+                            old, new)
+        return data
 
     @model_validator(mode="after")
-    def _docker_needs_image(self) -> ReleaseSpec:
-        if self.deploy.target in ("docker", "kserve") and self.image.build is False:
-            raise ValueError(
-                f"deploy.target {self.deploy.target!r} runs the release's image: image.build "
-                "cannot be false"
-            )
-        return self
+    def _sections_match_task(self) -> _Release:
+        own = kind_class(self.task).section
+        wrong = [k.section for k in kind_classes()
+                 if k.section in self.model_fields_set and k.section != own]
+        return unless(bool(wrong), self, f"task {self.task!r} does not read the section(s) "
+                      f"{wrong}: use '{own}:' for this task, or change 'task:'")
 
     @model_validator(mode="after")
-    def _tuning_task(self) -> ReleaseSpec:
-        if self.deploy.tuning.search and self.task in UNTUNABLE_TASKS:
-            raise ValueError(f"deploy.tuning.search cannot drive {self.task.value!r} releases "
-                             "(generation load): set it false")
-        return self
+    def _image_for_target(self) -> _Release:
+        return unless(self.deploy.runs_image and self.image.build is False, self,
+                      f"deploy.target {self.deploy.target!r} runs the release's image: "
+                      "image.build cannot be false")
+
+    @model_validator(mode="after")
+    def _tuning_task(self) -> _Release:
+        return unless(self.deploy.tuning.search and not kind_class(self.task).tunable, self,
+                      f"deploy.tuning.search cannot drive {self.task!r} releases: set it false")
 
     @property
     def image_repository(self) -> str:
         return self.image.repository or self.name
 
-    @model_validator(mode="after")
-    def _sections_match_task(self) -> ReleaseSpec:
-        own = TASK_SECTIONS[self.task]
-        wrong = [k for k in TASK_SECTIONS.values() if k in self.model_fields_set and k != own]
-        if wrong:
-            raise ValueError(
-                f"task {self.task.value!r} does not read the section(s) {wrong}: use "
-                f"'{own}:' for this task, or change 'task:'"
-            )
-        return self
-
     @property
     def task_section(self) -> Any:
         """The task's own section, defaults filled in when the spec leaves it out."""
-        name = TASK_SECTIONS[self.task]
-        value = getattr(self, name)
-        return value if value is not None else type(self).model_fields[name].annotation.__args__[0]()
+        kind = kind_class(self.task)
+        return getattr(self, kind.section) or kind.Options()
 
     @property
     def triton_model_name(self) -> str:
         return self.name
 
 
-class TrainingSpec(_Strict):
+ReleaseSpec = create_model(
+    "ReleaseSpec", __base__=_Release, __module__=__name__, __doc__=_Release.__doc__,
+    **{k.section: (k.Options | None, Field(None, description=first_line(k.Options.__doc__)))
+       for k in kind_classes()})
+
+
+def _pop(data: dict[str, Any], dotted: str) -> tuple[bool, Any]:
+    """Take `dotted` ("a.b") out of nested mappings; (found, value)."""
+    *parents, last = dotted.split(".")
+    for key in parents:
+        data = data.get(key) if isinstance(data, dict) else None
+    if isinstance(data, dict) and last in data:
+        return True, data.pop(last)
+    return False, None
+
+
+def _put(data: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, last = dotted.split(".")
+    for key in parents:
+        data = data.setdefault(key, {}) if isinstance(data.get(key), dict) or key not in data \
+            else data[key]
+    data[last] = value
+
+
+class TrainingSpec(Strict):
     """A retraining job (`flows/train.py`): fine-tune an encoder with a classification head on a
     labelled TSV, log the model to an MLflow registry and point an alias at the new version."""
 
-    name: str = Field(description="the training deployment's name")
+    name: Name = Field(description="the training deployment's name")
     base: SourceSpec = Field(description="the encoder to start from (package, path or hub id)")
     data: SpecPath = Field(description="UTF-8 TSV of `text<TAB>label` lines to train on")
     eval: SpecPath | None = Field(None, description="a held-out TSV of the same form, reported")
@@ -820,36 +382,41 @@ class TrainingSpec(_Strict):
     alias: str = Field("trained", description="the alias the new version gets")
     schedule: ScheduleSpec | None = None
 
-    _check = field_validator("name")(classmethod(lambda cls, v: _check_name(v)))
-
     @model_validator(mode="after")
     def _distinct_labels(self) -> TrainingSpec:
-        return _unless(len(set(self.labels)) != len(self.labels), self,
+        return unless(len(set(self.labels)) != len(self.labels), self,
                        f"labels {self.labels} name a label twice")
 
 
+# Union sections name their variant in an error's location: (section, {variant names}).
+_VARIANTS = {"deploy": ("target", TARGETS), "model_store": ("kind", STORES)}
+
+
 def _describe(err: dict[str, Any]) -> str:
-    loc = list(err["loc"])
-    # The deploy union puts the target's name into the location: name it once, by the key.
-    target = loc.pop(1) if loc[:1] == ["deploy"] and len(loc) > 1 and loc[1] in DEPLOY_TARGETS \
-        else None
+    loc, variant = [], None
+    for part in err["loc"]:
+        # A union puts the chosen variant's name into the location: name it once, by its key.
+        if loc and str(loc[-1]) in _VARIANTS and part in _VARIANTS[str(loc[-1])][1]:
+            variant = f"{'.'.join(str(p) for p in loc)}.{_VARIANTS[str(loc[-1])][0]} {part!r}"
+            continue
+        loc.append(part)
     key = ".".join(str(p) for p in loc) or "(top level)"
-    for_target = f" (deploy.target {target!r})" if target else ""
+    for_variant = f" ({variant})" if variant else ""
     if err["type"] == "extra_forbidden":
-        return f"unknown key '{key}'{for_target}"
+        return f"unknown key '{key}'{for_variant}"
     if err["type"] == "missing":
-        return f"missing key '{key}'{for_target}"
+        return f"missing key '{key}'{for_variant}"
     if err["type"] == "union_tag_invalid":
+        field, names = _VARIANTS.get(str(loc[-1]), ("target", TARGETS))
         tag = (err.get("ctx") or {}).get("tag")
-        return (f"'{key}.target' = {tag!r}: use one of "
-                f"{', '.join(repr(t) for t in DEPLOY_TARGETS)}")
+        return f"'{key}.{field}' = {tag!r}: use one of {', '.join(repr(t) for t in names)}"
     msg = err["msg"].removeprefix("Value error, ")
     if not loc:  # a rule across keys: the message names them; the input is the whole spec
         return msg
     shown = err.get("input")
     if isinstance(shown, str) and "://" in shown:
         shown = redact_uri(shown)  # a URI's password never reaches an error line
-    return f"'{key}' = {shown!r}: {msg}{for_target}"
+    return f"'{key}' = {shown!r}: {msg}{for_variant}"
 
 
 def parse_spec(data: Any, base_dir: str | Path | None = None, origin: str = "spec",

@@ -26,7 +26,6 @@ from hf2triton.repository import RepositoryResult
 from hf2triton.runs import NO_PREFECT_CACHE, RETRY_TRANSIENT, step_logger
 from hf2triton.spec import ReleaseSpec
 
-IMAGE_TARGETS = ("docker", "kserve")  # targets that run the release's image
 
 
 @task(name="build-image", task_run_name="build-image {target[tag]}", **RETRY_TRANSIENT,
@@ -59,9 +58,9 @@ def release_image(spec: ReleaseSpec, repo: RepositoryResult, reg: dict[str, Any]
                           record["release_key"])
     why_not = check_prerequisites(target, logger)
     if why_not:
-        if spec.image.build is True or spec.deploy.target in IMAGE_TARGETS:
+        if spec.image.build is True or spec.deploy.runs_image:
             need = f"deploy.target is {spec.deploy.target}" \
-                if spec.deploy.target in IMAGE_TARGETS else "image.build is true"
+                if spec.deploy.runs_image else "image.build is true"
             raise DockerUnavailableError(f"the release needs its image ({need}) but {why_not}")
         # The default (image.build auto, target local-triton) needs no image: this is news, not
         # a problem; `image.build: true` turns it into an error.

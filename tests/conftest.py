@@ -174,7 +174,7 @@ def tiny_spec(path: Path, model_dir: Path, ports: dict[str, int], **overrides) -
         "name": "tiny-embedder", "source__path": str(model_dir), "source__package": None,
         "source__subdir": None, "source__model_id": "fixtures/tiny-bert",
         "validation__sentences": str(sentences),
-        "validation__thresholds": {"min_cosine": 0.98, "mean_cosine": 0.99, "spearman": 0.98},
+        "embedding__thresholds": {"min_cosine": 0.98, "mean_cosine": 0.99, "spearman": 0.98},
         "registry__model_name": "tiny-embedder", "deploy__max_batch_size": 8,
         "deploy__preferred_batch_sizes": [4, 8],
         **{f"deploy__{k}": v for k, v in ports.items()},

@@ -280,7 +280,8 @@ def test_a_failing_new_image_leaves_the_old_container_serving(release, docker_en
                                                               docker_client, case, monkeypatch,
                                                               minilm_reference):
     from hf2triton.kinds import kind_for
-    from hf2triton.spec import DockerDeploy, load_spec
+    from hf2triton.spec import load_spec
+    from hf2triton.targets.docker import DockerDeploy
     from hf2triton.targets.docker import DockerContainers
     from tasks.deploy import _check
     from tests.served import embed_remote

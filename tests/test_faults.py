@@ -118,8 +118,8 @@ BAD_SPECS = {
     "upper-case name": ({"name": "MyModel"}, "'name' = 'MyModel'"),
     "name with a space": ({"registry": {"model_name": "my model"}},
                           "'registry.model_name' = 'my model'"),
-    "threshold above 1": ({"validation": {"thresholds": {"min_cosine": 1.5}}},
-                          "'validation.thresholds.min_cosine' = 1.5"),
+    "threshold above 1": ({"embedding": {"thresholds": {"min_cosine": 1.5}}},
+                          "'embedding.thresholds.min_cosine' = 1.5"),
     "unknown key": ({"deploy": {"colour": "blue"}}, "unknown key 'deploy.colour'"),
 }
 

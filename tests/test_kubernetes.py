@@ -19,8 +19,8 @@ import pytest
 
 from hf2triton import k8s
 from hf2triton.errors import DeployError, SpecError
-from hf2triton.spec import KubernetesSpec, parse_spec
-from hf2triton.spec import KServeDeploy
+from hf2triton.spec import parse_spec
+from hf2triton.targets.kserve import KServeDeploy, KubernetesSpec
 from hf2triton.targets.kserve import KServe
 
 ROOT = Path(__file__).resolve().parents[1]

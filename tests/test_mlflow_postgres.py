@@ -223,18 +223,17 @@ def test_release_with_mlflow_on_postgresql_and_the_repository_in_s3(
 
 def test_s3_store_without_credentials_or_bucket_is_refused(s3_server, monkeypatch):
     from hf2triton.errors import ModelStoreError
-    from hf2triton.model_store import S3ModelDir
-    from hf2triton.spec import ModelStoreSpec
+    from hf2triton.stores.s3 import S3ModelDir, S3Store
 
     endpoint, _ = s3_server
     monkeypatch.delenv("AWS_ACCESS_KEY_ID", raising=False)
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY", raising=False)
-    store = ModelStoreSpec(kind="s3", endpoint=endpoint, bucket=BUCKET)
+    store = S3Store(kind="s3", endpoint=endpoint, bucket=BUCKET)
     with pytest.raises(ModelStoreError, match="AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"):
         S3ModelDir(store, "m")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", S3_KEY)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", S3_SECRET)
-    missing = ModelStoreSpec(kind="s3", endpoint=endpoint, bucket="no-such-bucket")
+    missing = S3Store(kind="s3", endpoint=endpoint, bucket="no-such-bucket")
     with pytest.raises(ModelStoreError, match="no bucket 'no-such-bucket'"):
         S3ModelDir(missing, "m").versions()
 

@@ -150,7 +150,7 @@ def test_failed_gate_stops_before_registration_and_old_version_serves(release, t
     sentences.write_text("thank you\nok\nThe weather is nice today.\nblood pressure\n")
     spec = write_spec(
         tmp_path / "strict.yaml", validation__sentences=str(sentences),
-        quantization__fallback_to_fp32=False, validation__thresholds__min_cosine=0.999,
+        quantization__fallback_to_fp32=False, embedding__thresholds__min_cosine=0.999,
         **{f"deploy__{k}": v for k, v in release.ports.items()},
     )
     proc = release.run(spec)

@@ -159,7 +159,7 @@ def test_rollout_to_three_replicas_where_one_fails_leaves_all_on_the_old_version
     # served model that is not bit-identical to PyTorch): the rollback hook puts all three back.
     with pytest.raises(SmokeTestError, match="replica 127.0.0.1:.*champion was not moved"):
         release_model(_spec(tmp, other_tiny_bert, reps, "second.yaml",
-                            deploy__smoke_min_cosine=1.0))
+                            embedding__smoke_min_cosine=1.0))
     for r, b in zip(reps, before):
         assert r.serving(model) == ["1"], r.http
         assert np.allclose(r.embed(model), b, atol=1e-6), r.http

@@ -26,7 +26,7 @@ def _spec(tmp: Path, model_dir: Path, ports: dict[str, int], **overrides) -> Pat
     return tiny_spec(tmp / "reranker.yaml", model_dir, ports, name="tiny-reranker",
                      task="text-ranking", embedding=None, registry__model_name="tiny-reranker",
                      source__model_id="fixtures/tiny-cross-encoder",
-                     validation__sentences=str(pairs), validation__thresholds=None,
+                     validation__sentences=str(pairs), embedding__thresholds=None,
                      validation__smoke_sentences=6, **overrides)
 
 

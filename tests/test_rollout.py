@@ -66,7 +66,7 @@ def test_failed_smoke_test_rolls_back_and_old_version_keeps_serving(
     assert _serving(rel) == ["1"]
     before = _embed(rel.http_url, rel.model)
     # A gate of 1.0 cannot be met by a served model that is not bit-identical to PyTorch.
-    spec = _spec(rel, tmp_path, other_tiny_bert, deploy__smoke_min_cosine=1.0)
+    spec = _spec(rel, tmp_path, other_tiny_bert, embedding__smoke_min_cosine=1.0)
     with pytest.raises(SmokeTestError, match="champion was not moved"):
         release_model(spec)
     assert _serving(rel) == ["1"]

@@ -122,18 +122,18 @@ REJECTED = [
     # (id, dotted key, value, remove?, fragments the message must contain)
     ("unknown-top-level-key", "colour", "blue", False, ["unknown key 'colour'"]),
     ("unknown-nested-key", "export.atoll", 0.1, False, ["unknown key 'export.atoll'"]),
-    ("unknown-deep-key", "validation.thresholds.max_cosine", 0.5, False,
-     ["unknown key 'validation.thresholds.max_cosine'"]),
+    ("unknown-deep-key", "embedding.thresholds.max_cosine", 0.5, False,
+     ["unknown key 'embedding.thresholds.max_cosine'"]),
     ("missing-name", "name", None, True, ["missing key 'name'"]),
     ("missing-validation", "validation", None, True, ["missing key 'validation'"]),
     ("missing-registry", "registry", None, True, ["missing key 'registry'"]),
     ("missing-source", "source", None, True, ["missing key 'source'"]),
     ("missing-sentences", "validation.sentences", None, True,
      ["missing key 'validation.sentences'"]),
-    ("min-cosine-above-1", "validation.thresholds.min_cosine", 1.5, False,
-     ["'validation.thresholds.min_cosine'", "1.5"]),
-    ("spearman-below-minus-1", "validation.thresholds.spearman", -2, False,
-     ["'validation.thresholds.spearman'", "-2"]),
+    ("min-cosine-above-1", "embedding.thresholds.min_cosine", 1.5, False,
+     ["'embedding.thresholds.min_cosine'", "1.5"]),
+    ("spearman-below-minus-1", "embedding.thresholds.spearman", -2, False,
+     ["'embedding.thresholds.spearman'", "-2"]),
     ("task-summarization", "task", "summarization", False, ["'task'", "'summarization'"]),
     ("opset-too-old", "export.opset", 9, False, ["'export.opset'", "9"]),
     ("atol-zero", "export.atol", 0, False, ["'export.atol'", "0"]),
@@ -270,3 +270,116 @@ def test_spec_is_frozen():
     with pytest.raises(Exception):
         spec.name = "other"  # type: ignore[misc]
     assert spec.name == "minilm-embedder"
+
+
+# ---------------------------------------------------------------------------------------------
+# Plug-ins own their sections; keys that moved
+
+
+def test_embedding_thresholds_live_in_the_embedding_section():
+    spec = parse_spec(with_change("embedding.thresholds.min_cosine", 0.95))
+    from hf2triton.kinds import kind_for
+
+    kind = kind_for(spec)
+    assert kind.limits()["min_cosine"] == (">=", 0.95)
+    assert kind.smoke_limits() == {"min_cosine": (">=", 0.95)}
+    smoke = parse_spec(with_change("embedding.smoke_min_cosine", 0.999))
+    assert kind_for(smoke).smoke_limits() == {"min_cosine": (">=", 0.999)}
+
+
+@pytest.mark.parametrize("old, new, value", [
+    ("validation.thresholds", "embedding.thresholds", {"min_cosine": 0.95}),
+    ("deploy.smoke_min_cosine", "embedding.smoke_min_cosine", 0.97),
+])
+def test_moved_keys_are_read_for_one_release_with_a_notice(old, new, value, caplog):
+    data = with_change(new, None, remove=True)
+    *parents, leaf = old.split(".")
+    node = data
+    for p in parents:
+        node = node.setdefault(p, {})
+    node[leaf] = value
+    with caplog.at_level("WARNING", logger="hf2triton.spec"):
+        spec = parse_spec(data)
+    section, key = new.split(".")
+    got = getattr(getattr(spec, section), key)
+    assert (got.model_dump(exclude_defaults=True) if hasattr(got, "model_dump") else got) == value
+    notices = [r.getMessage() for r in caplog.records if "[DEPRECATED]" in r.getMessage()]
+    assert len(notices) == 1 and f"'{old}' moved to '{new}'" in notices[0]
+
+
+def test_a_moved_key_and_its_new_key_together_are_refused():
+    data = with_change("validation.thresholds", {"min_cosine": 0.9})
+    with pytest.raises(SpecError, match="'validation.thresholds' moved to "
+                                        "'embedding.thresholds'; both are given"):
+        parse_spec(data)
+
+
+def test_a_moved_key_of_another_kind_is_refused_naming_where_it_went():
+    data = with_change("validation.thresholds", {"min_cosine": 0.9})
+    data.pop("embedding")
+    data["task"] = "text-classification"
+    with pytest.raises(SpecError, match="'validation.thresholds' moved to 'embedding.thresholds', "
+                                        "which task 'text-classification' does not read"):
+        parse_spec(data)
+
+
+def test_an_embedding_key_is_refused_for_another_task():
+    data = base_spec()
+    data["task"] = "text-ranking"
+    with pytest.raises(SpecError, match=r"task 'text-ranking' does not read the section\(s\) "
+                                        r"\['embedding'\]: use 'reranking:'"):
+        parse_spec(data)
+
+
+def test_deploy_without_target_is_the_local_server_and_stores_default_to_local():
+    data = base_spec()
+    data["deploy"].pop("target")
+    spec = parse_spec(data)
+    assert spec.deploy.target == "local-triton"
+    assert spec.deploy.model_store.kind == "local" and spec.deploy.model_store.triton_uri() is None
+
+
+@pytest.mark.parametrize("store, fragments", [
+    ({"kind": "s3"}, ["missing key 'deploy.model_store.bucket'", "deploy.model_store.kind 's3'"]),
+    ({"kind": "gcs"}, ["'deploy.model_store.kind' = 'gcs'", "'local', 's3'"]),
+    ({"bucket": "models"}, ["unknown key 'deploy.model_store.bucket'"]),
+    ({"kind": "s3", "bucket": "models", "endpoint": "http://minio"},
+     ["'deploy.model_store.endpoint' = 'http://minio'", "scheme, host and port"]),
+])
+def test_model_store_sections_are_checked_by_their_own_store(store, fragments):
+    data = base_spec()
+    data["deploy"]["model_store"] = store
+    with pytest.raises(SpecError) as err:
+        parse_spec(data)
+    for fragment in fragments:
+        assert fragment in str(err.value)
+
+
+def test_an_s3_store_answers_what_the_targets_ask():
+    data = base_spec()
+    data["deploy"]["model_store"] = {"kind": "s3", "bucket": "models", "prefix": "prod/triton",
+                                     "endpoint": "http://127.0.0.1:9000"}
+    store = parse_spec(data).deploy.model_store
+    assert store.shared
+    assert store.triton_uri() == "s3://http://127.0.0.1:9000/models/prod/triton"
+    assert store.storage_uri() == "s3://models/prod/triton"
+
+
+def test_targets_say_whether_they_run_the_image():
+    data = base_spec()
+    data["deploy"] = {"target": "docker"}
+    data["image"] = {"build": False}
+    with pytest.raises(SpecError, match="deploy.target 'docker' runs the release's image: "
+                                        "image.build cannot be false"):
+        parse_spec(data)
+    data["deploy"] = {"target": "local-triton"}
+    assert parse_spec(data).deploy.runs_image is False
+
+
+def test_spec_module_holds_no_table_of_plugins():
+    """Kinds, targets and stores are registered in their own packages; the spec is built from
+    those registries, so a new plug-in touches no line of spec.py."""
+    text = (ROOT / "hf2triton" / "spec.py").read_text()
+    for plugin_fact in ("feature-extraction", "text-classification", "local-triton", "kserve",
+                        '"s3"', "'s3'", "TASK_SECTIONS", "DEPLOY_TARGETS"):
+        assert plugin_fact not in text, plugin_fact

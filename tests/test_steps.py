@@ -31,7 +31,8 @@ from hf2triton.kinds.embedding import (
 )
 from hf2triton.quantization import quantize_onnx
 from hf2triton.source import fetch_model
-from hf2triton.spec import QuantizationSpec, SourceSpec, Thresholds, parse_spec
+from hf2triton.kinds.embedding import EmbeddingThresholds as Thresholds
+from hf2triton.spec import QuantizationSpec, SourceSpec, parse_spec
 from tests.models import CORPUS
 
 ODD = [
@@ -58,8 +59,8 @@ def embedding_kind(model_dir: Path | str, sentences: Path | str = "unused.txt",
                    thresholds: Thresholds = Thresholds(), smoke: int = 8):
     return kind_for(parse_spec({
         "name": "tiny", "source": {"path": str(model_dir)}, "registry": {"model_name": "tiny"},
-        "validation": {"sentences": str(sentences), "thresholds": thresholds.model_dump(),
-                       "smoke_sentences": smoke}}))
+        "embedding": {"thresholds": thresholds.model_dump()},
+        "validation": {"sentences": str(sentences), "smoke_sentences": smoke}}))
 
 
 def do_export(model_dir: Path, work: Path, atol: float = 1e-3, cfg: EmbeddingConfig | None = None):

@@ -15,7 +15,8 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from hf2triton.errors import SpecError
-from hf2triton.spec import GenerationSpec, load_spec, parse_spec
+from hf2triton.kinds.translation import GenerationSpec
+from hf2triton.spec import load_spec, parse_spec
 from tests.conftest import free_port, tiny_spec
 from tests.models import SEQ2SEQ_CORPUS, build_tiny_classifier, build_tiny_m2m100
 
@@ -245,7 +246,7 @@ def test_seed_release_specs_are_valid():
                  "multilingual-e5-large.yaml", "biolinkbert-large.yaml"):
         spec = load_spec(root / name)
         assert spec.source.repo_id and spec.source.revision
-        tasks[name] = spec.task.value
+        tasks[name] = spec.task
     assert tasks["m2m100-en-sw.yaml"] == "translation"
     assert tasks["twitter-roberta-sentiment.yaml"] == "text-classification"
     assert load_spec(root / "biolinkbert-large.yaml").embedding.pooling == "mean"

@@ -101,7 +101,8 @@ def test_release_ships_the_searched_config(tiny_bert, tmp_path, monkeypatch):
 
 
 def test_the_search_grid_tries_each_token_budget_with_the_batcher_settings():
-    from hf2triton.spec import DEFAULT_MAX_BATCH_TOKENS, LocalTritonDeploy, TuningSpec
+    from hf2triton.targets.base import DEFAULT_MAX_BATCH_TOKENS, TuningSpec
+    from hf2triton.targets.local import LocalTritonDeploy
     from hf2triton.tuning import grid
 
     deploy = LocalTritonDeploy(tuning=TuningSpec(search=True, max_batch_tokens=[0, 1024],

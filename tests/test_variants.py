@@ -31,7 +31,7 @@ def _figures(tiny_bert, tmp_path, ports) -> dict[str, float]:
     """min cosine of every variant, from a search with a gate every variant passes."""
     spec = load_spec(tiny_spec(tmp_path / "probe.yaml", tiny_bert, ports, name="tiny-probe",
                                registry__model_name="tiny-probe", quantization__search=True,
-                               validation__thresholds={"min_cosine": 0.5, "mean_cosine": 0.5,
+                               embedding__thresholds={"min_cosine": 0.5, "mean_cosine": 0.5,
                                                        "spearman": 0.5}))
     summary = release_model(spec)
     report = json.loads(open(summary_report(summary)).read())
@@ -58,7 +58,7 @@ def test_search_ships_the_fastest_variant_that_passes_and_says_why(
     spec = load_spec(tiny_spec(
         tmp_path / "search.yaml", tiny_bert, release_env, quantization__search=True,
         quantization__per_channel=worse == PER_CHANNEL,
-        validation__thresholds={"min_cosine": threshold, "mean_cosine": 0.5, "spearman": 0.5}))
+        embedding__thresholds={"min_cosine": threshold, "mean_cosine": 0.5, "spearman": 0.5}))
     summary = release_model(spec)
     assert summary["variant"] != worse
     report = json.loads(open(summary_report(summary)).read())
@@ -74,7 +74,7 @@ def test_search_ships_the_fastest_variant_that_passes_and_says_why(
 def test_when_no_variant_passes_the_closest_is_named(tiny_bert, tmp_path, release_env):
     spec = load_spec(tiny_spec(
         tmp_path / "strict.yaml", tiny_bert, release_env, quantization__search=True,
-        validation__thresholds={"min_cosine": 1.0, "mean_cosine": 1.0, "spearman": 1.0}))
+        embedding__thresholds={"min_cosine": 1.0, "mean_cosine": 1.0, "spearman": 1.0}))
     with pytest.raises(AccuracyGateError, match=r"closest: \S+") as info:
         release_model(spec)
     assert PER_TENSOR in str(info.value) and "fp32/ort-basic" in str(info.value)

@@ -14,12 +14,14 @@ import math
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from hf2triton.errors import ExportError, SpecError
-from hf2triton.spec import ReleaseSpec
+
+if TYPE_CHECKING:
+    from hf2triton.spec import ReleaseSpec
 
 # A limit is (metric, ">=" or "<=", value): a metric passes when it is on the right side of it.
 Limits = dict[str, tuple[str, float]]
@@ -134,30 +136,34 @@ def save_fast_tokenizer(model_dir: str, out: Path) -> None:
 
 
 class ModelKind:
-    """One kind of model. Subclasses set the class attributes and implement the methods."""
+    """One kind of model. Subclasses set the class attributes and implement the methods; the
+    registry `hf2triton.kinds.KINDS` names the subclass by its `task`."""
 
     name: ClassVar[str]  # "embedding"
     task: ClassVar[str]  # the spec's `task:` value, "feature-extraction"
-    section: ClassVar[str]  # the spec section it reads (default: hf2triton.spec.TASK_SECTIONS)
+    # Its spec section: the key (default: `name`) and the pydantic model of what it holds.
+    section: ClassVar[str]
+    Options: ClassVar[type]
     onnx_task: ClassVar[str]  # optimum's export task (default: the same as `task`)
-    # Its Triton I/O is model_repository/<name>/io.pbtxt.template; its serving code the class
-    # `serving_class` of hf2triton/serving/<name>.py, with the modules `serving_modules`.
+    # Its serving code: the class `serving_class` of hf2triton/serving/<name>.py, with the
+    # modules `serving_modules`; the class declares the Triton inputs and outputs.
     serving_class: ClassVar[str]
     serving_modules: ClassVar[tuple[str, ...]] = ()
     main_file: ClassVar[str] = "model.onnx"  # absent after an export: it failed
-    thresholds_key: ClassVar[str]  # where the gate's limits live (default: <section>.thresholds)
+    thresholds_key: ClassVar[str]  # where the gate's limits live: <section>.thresholds
     tunable: ClassVar[bool] = True  # deploy.tuning.search can drive it
+    # Spec keys this kind read elsewhere before (old dotted key -> new one), accepted for one
+    # release with a deprecation notice (hf2triton.spec).
+    moved_keys: ClassVar[dict[str, str]] = {}
     # The task metric labelled data gives (accuracy, nDCG@10), compared with the champion's.
     quality_metric: ClassVar[str | None] = None
     item_word: ClassVar[str] = "texts"
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        from hf2triton.spec import TASK_SECTIONS, Task
-
-        cls.section = cls.__dict__.get("section") or TASK_SECTIONS[Task(cls.task)]
+        cls.section = cls.__dict__.get("section") or cls.name
         cls.onnx_task = cls.__dict__.get("onnx_task") or cls.task
-        cls.thresholds_key = cls.__dict__.get("thresholds_key") or f"{cls.section}.thresholds"
+        cls.thresholds_key = f"{cls.section}.thresholds"
 
     def __init__(self, spec: ReleaseSpec):
         self.spec = spec
@@ -165,11 +171,7 @@ class ModelKind:
     @property
     def options(self) -> Any:
         """The kind's own spec section, defaults filled in when the spec leaves it out."""
-        return self.spec.task_section
-
-    @property
-    def template(self) -> str:
-        return self.name
+        return getattr(self.spec, self.section) or self.Options()
 
     @property
     def serving(self) -> tuple[str, str]:
@@ -182,12 +184,17 @@ class ModelKind:
         return self.serving_modules or ("base", "text", self.name)
 
     @property
-    def outputs(self) -> tuple[str, ...]:
-        """The Triton outputs its serving class answers with."""
+    def served(self) -> type:
+        """Its serving class, which declares the Triton inputs and outputs."""
         import importlib
 
         module, cls = self.serving
-        return getattr(importlib.import_module(f"hf2triton.serving.{module}"), cls).outputs
+        return getattr(importlib.import_module(f"hf2triton.serving.{module}"), cls)
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """The names of the Triton outputs its serving class answers with."""
+        return tuple(t.name for t in self.served.outputs)
 
     # -- the model and its data -----------------------------------------------------------
     def resolve(self, model_dir: str) -> Any:
@@ -231,9 +238,10 @@ class ModelKind:
         return {}
 
     def requests(self, items: list[Any]) -> list[dict[str, np.ndarray]]:
-        """One Triton request (input arrays) per item."""
-        return [{"TEXT": np.array([[str(t).encode("utf-8")]], dtype=np.object_)}
-                for t in items]
+        """One Triton request (input arrays) per item: its text as the served class's first
+        input."""
+        first = self.served.inputs[0].name
+        return [{first: np.array([[str(t).encode("utf-8")]], dtype=np.object_)} for t in items]
 
     def extract(self, answers: list[dict[str, np.ndarray]]) -> Any:
         """The served answers in the form `score` compares with the reference."""

@@ -12,12 +12,42 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import Field, model_validator
 
 from hf2triton.errors import SpecError, UnsupportedModelError
 from hf2triton.kinds.base import Data, Limits, ModelKind, read_lines
 from hf2triton.kinds.embedding import model_max_length
 from hf2triton.kinds.torch_reference import TorchReference, largest_difference
 from hf2triton.serving.classification import activate
+from hf2triton.specbase import MaxLength, Probability, SpecPath, Strict, unless
+
+
+class ClassificationThresholds(Strict):
+    min_label_agreement: Probability = Field(
+        0.99, description="share of validation texts whose label equals PyTorch's"
+    )
+    max_prob_diff: float = Field(
+        0.05, ge=0, le=1, description="largest allowed |probability - PyTorch's| of any label"
+    )
+    min_accuracy: Probability | None = Field(
+        None, description="accuracy against the gold labels of `labelled`; needs `labelled`"
+    )
+
+
+class ClassificationSpec(Strict):
+    """`task: text-classification`: labels from the model's id2label."""
+
+    max_length: MaxLength = Field(None, description="truncation length; default: the model's")
+    labelled: SpecPath | None = Field(
+        None, description="UTF-8 TSV file of `text<TAB>label` lines (label as in id2label): "
+        "accuracy against these gold labels is measured and reported"
+    )
+    thresholds: ClassificationThresholds = ClassificationThresholds()
+
+    @model_validator(mode="after")
+    def _accuracy_needs_labels(self) -> ClassificationSpec:
+        return unless(self.thresholds.min_accuracy is not None and self.labelled is None, self,
+                       "thresholds.min_accuracy needs gold labels: give classification.labelled")
 
 
 @dataclass(frozen=True)
@@ -94,6 +124,7 @@ def predicted(probs: np.ndarray, activation: str) -> np.ndarray:
 class ClassificationKind(ModelKind):
     name = "classification"
     task = "text-classification"
+    Options = ClassificationSpec
     serving_class = "Classifier"
     quality_metric = "accuracy"
 

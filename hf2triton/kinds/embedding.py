@@ -8,18 +8,52 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
+from pydantic import Field
 
 from hf2triton.errors import SpecError
 from hf2triton.kinds.base import Data, Limits, ModelKind, read_lines
+from hf2triton.specbase import MaxLength, Probability, SpecPath, Strict
 from hf2triton.kinds.torch_reference import (
     TorchReference,
     largest_difference,
     onnx_output,
 )
 from hf2triton.serving.embedding import pool
+
+
+class EmbeddingThresholds(Strict):
+    """How closely served embeddings must follow PyTorch's on the validation sentences."""
+
+    min_cosine: Probability = Field(0.99, description="lowest cosine of a served embedding with "
+                                    "PyTorch's, over the validation sentences")
+    mean_cosine: Probability = Field(0.995, description="mean of the same cosines")
+    spearman: Probability = Field(
+        0.99, description="Spearman correlation of all pairwise similarities with PyTorch's")
+
+
+class EmbeddingSpec(Strict):
+    """`task: feature-extraction`: sentence embeddings, pooled and normalised as the model's
+    sentence-transformers files say."""
+
+    pooling: Literal["auto", "mean", "cls"] = Field(
+        "auto", description="auto reads the sentence-transformers pooling config, else mean"
+    )
+    normalize: Literal["auto"] | bool = Field(
+        "auto", description="auto: normalise when the model declares a Normalize module"
+    )
+    max_length: MaxLength = Field(None, description="truncation length; default: the model's")
+    retrieval: SpecPath | None = Field(
+        None, description="UTF-8 TSV of `query<TAB>passage<TAB>relevance` lines (relevance 0 "
+        "or more): the served embeddings' nDCG@10 over these passages is measured, and "
+        "compared with the serving champion's (validation.max_drop)")
+    thresholds: EmbeddingThresholds = Field(
+        EmbeddingThresholds(), description="the gate's limits against PyTorch")
+    smoke_min_cosine: Probability | None = Field(
+        None, description="the smoke test's gate on served embeddings; default: "
+        "thresholds.min_cosine")
 
 
 @dataclass(frozen=True)
@@ -168,8 +202,11 @@ def embedding_metrics(reference: np.ndarray, candidate: np.ndarray
 class EmbeddingKind(ModelKind):
     name = "embedding"
     task = "feature-extraction"
+    Options = EmbeddingSpec
     serving_class = "Embedder"
-    thresholds_key = "validation.thresholds"
+    # Keys of releases before 0.2, read for one more release (hf2triton.spec says so).
+    moved_keys = {"validation.thresholds": "embedding.thresholds",
+                  "deploy.smoke_min_cosine": "embedding.smoke_min_cosine"}
     item_word = "sentences"
     quality_metric = "ndcg_at_10"
 
@@ -233,14 +270,14 @@ class EmbeddingKind(ModelKind):
                                    for i in worst]}
 
     def limits(self) -> Limits:
-        t = self.spec.validation.thresholds
+        t = self.options.thresholds
         return {"min_cosine": (">=", t.min_cosine), "mean_cosine": (">=", t.mean_cosine),
                 "spearman": (">=", t.spearman)}
 
     def smoke_limits(self) -> Limits:
         # Served embeddings are each compared with PyTorch's; on a handful of texts the Spearman
         # of pairwise similarities says little, so the smoke test judges cosines.
-        gate = self.spec.deploy.smoke_min_cosine or self.spec.validation.thresholds.min_cosine
+        gate = self.options.smoke_min_cosine or self.options.thresholds.min_cosine
         return {"min_cosine": (">=", gate)}
 
     def example(self, details: dict[str, Any]) -> str:

@@ -13,15 +13,39 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
+from pydantic import Field
 
 from hf2triton.errors import SpecError, UnsupportedModelError
 from hf2triton.kinds.base import Data, Limits, ModelKind, read_lines
 from hf2triton.kinds.classification import TorchClassifier, check_logits
 from hf2triton.kinds.embedding import model_max_length
 from hf2triton.serving.reranking import relevance
+from hf2triton.specbase import MaxLength, Probability, Strict
+
+
+class RerankingThresholds(Strict):
+    """How closely the served ranking must follow PyTorch's, query by query."""
+
+    min_spearman: Probability = Field(
+        0.9, description="lowest Spearman correlation, over the queries, of a query's served "
+        "passage scores with PyTorch's")
+    mean_spearman: Probability = Field(0.98, description="mean of the same over the queries")
+    min_top1_agreement: Probability = Field(
+        0.95, description="share of queries whose top passage is PyTorch's top passage")
+
+
+class RerankingSpec(Strict):
+    """`task: text-ranking`: a cross-encoder scores (query, passage) pairs."""
+
+    max_length: MaxLength = Field(None, description="truncation length of a pair; default: the "
+                                  "model's")
+    activation: Literal["auto", "none", "sigmoid", "softmax"] = Field(
+        "auto", description="score of a pair: the logit (none), its sigmoid, or the softmax "
+        "probability of the last label; auto: as sentence-transformers' CrossEncoder")
+    thresholds: RerankingThresholds = RerankingThresholds()
 
 
 @dataclass(frozen=True)
@@ -90,6 +114,7 @@ def ranking_metrics(reference: list[np.ndarray], served: list[np.ndarray]
 class RerankingKind(ModelKind):
     name = "reranking"
     task = "text-ranking"
+    Options = RerankingSpec
     onnx_task = "text-classification"  # a cross-encoder is a sequence classifier of pairs
     serving_class = "Reranker"
     item_word = "queries"

@@ -39,10 +39,10 @@ def triton_execute(model: Any, requests: list, pb_utils: Any) -> list:
     arrays = []
     for request in requests:
         found = {}
-        for name in model.inputs:
-            tensor = pb_utils.get_input_tensor_by_name(request, name)
+        for spec in model.inputs:
+            tensor = pb_utils.get_input_tensor_by_name(request, spec.name)
             if tensor is not None:
-                found[name] = tensor.as_numpy()
+                found[spec.name] = tensor.as_numpy()
         arrays.append(found)
     responses = []
     for answer in model.answer(arrays):

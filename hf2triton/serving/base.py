@@ -7,17 +7,39 @@ request that cannot be parsed is answered with its error message alone.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 
-class ServedModel:
-    """Subclasses set `inputs` (the Triton input names they read, required ones first),
-    `outputs` and implement `parse` and `run`."""
+@dataclass(frozen=True)
+class Tensor:
+    """One Triton input or output of a served model, as its config.pbtxt declares it: the
+    served class is the one place that says so, and the config is rendered from it.
 
-    inputs: tuple[str, ...] = ()
-    outputs: tuple[str, ...] = ()
+    `dtype` is Triton's type without its prefix ("STRING", "FP32", "INT32", "BOOL"); a dim
+    that is a name ("embedding_dim") is a fact of the model, filled in when the config is
+    rendered; `ragged`: rows of one dynamic batch may differ in length."""
+
+    name: str
+    dtype: str
+    dims: tuple[int | str, ...] = (1,)
+    optional: bool = False
+    ragged: bool = False
+
+
+# What most served models read and say: one text per row, and whether it was cut.
+TEXT = Tensor("TEXT", "STRING")
+TRUNCATED = Tensor("TRUNCATED", "BOOL")
+
+
+class ServedModel:
+    """Subclasses set `inputs` (the Triton inputs they read, required ones first), `outputs`
+    and implement `parse` and `run`."""
+
+    inputs: tuple[Tensor, ...] = ()
+    outputs: tuple[Tensor, ...] = ()
 
     def parse(self, arrays: dict[str, np.ndarray]) -> list[Any]:
         """The rows of one request; ValueError with a message for the client if it is bad."""
@@ -47,7 +69,8 @@ class ServedModel:
         for k, r in enumerate(owners):
             mine.setdefault(r, []).append(k)
         for r, ks in mine.items():
-            answers[r] = {name: np.stack([outputs[name][k] for k in ks]) for name in self.outputs}
+            answers[r] = {t.name: np.stack([outputs[t.name][k] for k in ks])
+                          for t in self.outputs}
         return answers
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import text_column
+from .base import TEXT, TRUNCATED, Tensor, text_column
 from .text import TextModel, truncated
 
 
@@ -29,8 +29,8 @@ def label_names(scores: np.ndarray, labels: list[str], activation: str) -> list[
 
 
 class Classifier(TextModel):
-    inputs = ("TEXT",)
-    outputs = ("LABEL", "SCORES", "TRUNCATED")
+    inputs = (TEXT,)
+    outputs = (Tensor("LABEL", "STRING"), Tensor("SCORES", "FP32", ("num_labels",)), TRUNCATED)
 
     def __init__(self, onnx_path: str, tokenizer_path: str, settings: dict[str, Any]):
         self.labels = [str(x) for x in settings["labels"]]

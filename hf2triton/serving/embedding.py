@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import text_column
+from .base import TEXT, TRUNCATED, Tensor, text_column
 from .text import TextModel, truncated
 
 # Token-level outputs we know how to pool; optimum names it differently per export library
@@ -31,8 +31,8 @@ def pool(hidden: np.ndarray, mask: np.ndarray, pooling: str, normalize: bool) ->
 
 
 class Embedder(TextModel):
-    inputs = ("TEXT",)
-    outputs = ("EMBEDDING", "TRUNCATED")
+    inputs = (TEXT,)
+    outputs = (Tensor("EMBEDDING", "FP32", ("embedding_dim",)), TRUNCATED)
 
     def __init__(self, onnx_path: str, tokenizer_path: str, settings: dict[str, Any]):
         if settings["pooling"] not in ("mean", "cls"):

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import column, text_column, texts
+from .base import Tensor, column, text_column, texts
 from .text import TextModel, truncated
 
 
@@ -29,8 +29,10 @@ def relevance(logits: np.ndarray, activation: str) -> np.ndarray:
 
 
 class Reranker(TextModel):
-    inputs = ("QUERY", "PASSAGES")
-    outputs = ("SCORES", "TRUNCATED")
+    # Queries [batch, 1] and, for each, its passages [batch, n]; n may differ from request to
+    # request (ragged), and the answer has one score per passage.
+    inputs = (Tensor("QUERY", "STRING"), Tensor("PASSAGES", "STRING", (-1,), ragged=True))
+    outputs = (Tensor("SCORES", "FP32", (-1,)), Tensor("TRUNCATED", "BOOL", (-1,)))
 
     def __init__(self, onnx_path: str, tokenizer_path: str, settings: dict[str, Any]):
         self.activation = settings["activation"]

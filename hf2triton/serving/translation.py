@@ -10,13 +10,17 @@ from typing import Any
 import numpy as np
 
 from . import seq2seq
-from .base import ServedModel, column, int_column, text_column, texts
+from .base import TEXT, TRUNCATED, ServedModel, Tensor, column, int_column, text_column, texts
 from .text import plan_sub_batches
 
 
 class Translator(ServedModel):
-    inputs = ("TEXT", "MAX_NEW_TOKENS", "NUM_BEAMS", "TARGET_LANG")
-    outputs = ("TRANSLATION", "TRUNCATED")
+    # TEXT is required; the others are optional per-request overrides of the release's
+    # defaults (serving.json), one value per text.
+    inputs = (TEXT, Tensor("MAX_NEW_TOKENS", "INT32", optional=True),
+              Tensor("NUM_BEAMS", "INT32", optional=True),
+              Tensor("TARGET_LANG", "STRING", optional=True))
+    outputs = (Tensor("TRANSLATION", "STRING"), TRUNCATED)
 
     def __init__(self, directory: str, settings: dict[str, Any]):
         self.tokenizer, self.model, self.defaults = seq2seq.load_serving(

@@ -11,11 +11,109 @@ The release flow wraps 1-3 in one Prefect transaction whose rollback hook calls 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar, TypedDict
+from typing import Annotated, Any, ClassVar, TypedDict
+
+from pydantic import Field, model_validator
 
 from hf2triton.smoke import Endpoint
+from hf2triton.specbase import Strict
 
 Check = Callable[[Endpoint], dict[str, float]]  # the kind's smoke test on one endpoint
+
+
+class TuningSpec(Strict):
+    """Triton configuration search (feature-extraction releases): every combination of the
+    listed dynamic-batching and execution settings is loaded into a private tritonserver with the
+    validated model and driven by closed-loop gRPC clients, one sentence per request; the release
+    ships the configuration with the most requests/s (mean over `clients`) whose p99 stays under
+    `max_p99_ms`, written into the generated config.pbtxt."""
+
+    search: bool = False
+    preferred_batch_sizes: list[list[Annotated[int, Field(ge=1)]]] | None = Field(
+        None, description="candidates; default: only deploy.preferred_batch_sizes"
+    )
+    max_queue_delay_us: list[Annotated[int, Field(ge=0, le=1_000_000)]] = [2000, 8000]
+    execution: list[tuple[Annotated[int, Field(ge=1, le=64)],
+                          Annotated[int, Field(ge=0, le=256)]]] = Field(
+        [(1, 0), (2, 1)],
+        description="(instance_count, intra_op_threads) pairs; threads 0: ONNX Runtime's default",
+    )
+    max_batch_tokens: list[Annotated[int, Field(ge=0, le=1_000_000)]] | None = Field(
+        None, description="token budgets of the served model's sub-batches to try; default: "
+        "only deploy.max_batch_tokens")
+    clients: list[Annotated[int, Field(ge=1, le=1000)]] = [16, 64]
+    seconds: float = Field(5, gt=0, le=600, description="measured per configuration and client "
+                           "count, after a warm-up")
+    max_p99_ms: float | None = Field(None, gt=0, description="latency cap at every client count")
+
+    @model_validator(mode="after")
+    def _non_empty(self) -> TuningSpec:
+        for key in ("max_queue_delay_us", "execution", "clients"):
+            if not getattr(self, key):
+                raise ValueError(f"tuning.{key} needs at least one value")
+        if self.preferred_batch_sizes is not None and not all(self.preferred_batch_sizes):
+            raise ValueError("tuning.preferred_batch_sizes: each candidate needs a batch size")
+        if self.max_batch_tokens is not None and not self.max_batch_tokens:
+            raise ValueError("tuning.max_batch_tokens needs at least one value (or leave it out)")
+        return self
+
+
+# Measured in-process on all-MiniLM-L6-v2 (2-core EPYC, AVX-512), dynamic batches of 64 texts of
+# every length: 467 texts/s in sub-batches of at most 512 tokens, 470 at 256, 437 at 1024, 315 at
+# 2048, about 50 padded as one batch; texts of the median length: 917, 901, 775, 775. Small
+# sub-batches keep the matrices in cache. benchmarks/serving.py reports the served figures.
+DEFAULT_MAX_BATCH_TOKENS = 512
+
+
+class DeploySection(Strict):
+    """What every deploy target's section shares: how Triton batches and runs the model, and
+    how long a new version may take to load. A target's own section adds `target` (its registry
+    name) and its own keys."""
+
+    target: str
+    # The target runs the release's serving image (so `image.build` cannot be false).
+    runs_image: ClassVar[bool] = False
+
+    max_batch_size: int = Field(64, ge=1, le=4096)
+    preferred_batch_sizes: list[Annotated[int, Field(ge=1)]] = [8, 16, 32]
+    max_queue_delay_us: int = Field(2000, ge=0, le=1_000_000)
+    instance_count: int = Field(1, ge=1, le=64)
+    intra_op_threads: int = Field(0, ge=0, le=256, description="0: ONNX Runtime's default")
+    max_batch_tokens: int = Field(
+        DEFAULT_MAX_BATCH_TOKENS, ge=0, le=1_000_000,
+        description="token budget of one ONNX run: the served model sorts a dynamic batch by "
+        "length and runs it in sub-batches of at most this many padded tokens (rows x longest); "
+        "0: one padded run per dynamic batch")
+    ready_timeout_s: float = Field(180, gt=0)
+    tuning: TuningSpec = TuningSpec()
+
+
+    @model_validator(mode="after")
+    def _batches(self) -> DeploySection:
+        too_big = [b for b in self.preferred_batch_sizes if b > self.max_batch_size]
+        too_big += [b for c in self.tuning.preferred_batch_sizes or [] for b in c
+                    if b > self.max_batch_size]
+        if too_big:
+            raise ValueError(
+                f"preferred_batch_sizes {too_big} exceed max_batch_size {self.max_batch_size}"
+            )
+        return self
+
+
+class PublishedSection(DeploySection):
+    """A target whose Triton listens on ports of this machine."""
+
+    host: str = "127.0.0.1"
+    http_port: int = Field(8000, ge=1, le=65535)
+    grpc_port: int = Field(8001, ge=1, le=65535)
+    metrics_port: int = Field(8002, ge=1, le=65535)
+
+    @model_validator(mode="after")
+    def _ports_differ(self) -> PublishedSection:
+        ports = [self.http_port, self.grpc_port, self.metrics_port]
+        if len(set(ports)) != 3:
+            raise ValueError(f"http_port, grpc_port and metrics_port must differ (got {ports})")
+        return self
 
 
 class Deployment(TypedDict):
@@ -32,6 +130,11 @@ class DeployTarget:
     release's name, work directory, MLflow model name and image section come with it."""
 
     name: ClassVar[str]
+    Spec: ClassVar[type[DeploySection]]  # its `deploy:` section
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.name = cls.Spec.model_fields["target"].default
 
     def __init__(self, spec: Any, release: str, work: str = "", registry_model: str = "",
                  image: Any = None):

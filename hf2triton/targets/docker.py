@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 from hf2triton.clients import docker as engine_client
 from hf2triton.errors import DeployError, Hf2TritonError
-from hf2triton.image import ImageSpec, registry_auth
 from hf2triton.runs import step_logger
 from hf2triton.smoke import Endpoint
-from hf2triton.targets.base import Check, Deployment, DeployTarget
+from hf2triton.targets.base import Check, Deployment, DeployTarget, PublishedSection
 
 LABEL_RELEASE = "io.hf2triton.release"
 LABEL_ROLE = "io.hf2triton.role"
@@ -66,8 +65,16 @@ def status(release: str) -> dict[str, Any]:
             "health": c.attrs.get("State", {}).get("Health", {}).get("Status")}
 
 
+class DockerDeploy(PublishedSection):
+    """`target: docker`: the release's image, run by digest, replaced blue/green. The image
+    carries its model, so it reads no model store."""
+
+    target: Literal["docker"]
+    runs_image: ClassVar[bool] = True
+
+
 class DockerContainers(DeployTarget):
-    name = "docker"
+    Spec = DockerDeploy
 
     def _endpoint(self, urls: dict[str, str], version: str, what: str) -> Endpoint:
         return Endpoint(name=what, http=urls["http"], grpc=urls["grpc"], version=version)
@@ -84,7 +91,7 @@ class DockerContainers(DeployTarget):
         spec = self.spec
         client = engine_client.engine()
         engine_client.pull(client, reference,
-                           registry_auth(self.image or ImageSpec(), reference.split("/")[0]))
+                           _registry_auth(self.image, reference.split("/")[0]))
         logger.info("deploy: pulled %s from the registry", reference)
         live_name, cand_name, prev_name = container_names(self.release)
         try:
@@ -206,3 +213,11 @@ class DockerContainers(DeployTarget):
         out["container"] = {k: state[k] for k in ("container_name", "container_id", "image",
                                                   "switch_seconds", "previous")}
         return out
+
+
+def _registry_auth(image: Any, registry: str) -> dict[str, str] | None:
+    # Imported here: hf2triton.image reads the spec, which is built from this module.
+    from hf2triton.image import registry_auth
+    from hf2triton.spec import ImageSpec
+
+    return registry_auth(image or ImageSpec(), registry)

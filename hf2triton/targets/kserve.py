@@ -12,17 +12,20 @@ A rollback re-applies the objects that served before (or deletes the new ones).
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import Field, field_validator, model_validator
 
 from hf2triton import k8s
 from hf2triton.clients.mlflow import Registry
 from hf2triton.errors import DeployError
-from hf2triton.model_store import model_dir, prepare_s3_repository, triton_uri
 from hf2triton.smoke import Endpoint
-from hf2triton.spec import KubernetesSpec
-from hf2triton.targets.base import Check, Deployment, DeployTarget
+from hf2triton.specbase import Strict, matching
+from hf2triton.stores import ModelStoreSpec, default_store
+from hf2triton.targets.base import Check, Deployment, DeploySection, DeployTarget
 from hf2triton.targets.local import expected_files
 
 REMOTE_STORES = ("s3://", "gs://", "azureblob://", "https://", "hdfs://", "webhdfs://", "pvc://",
@@ -67,19 +70,84 @@ def _wait_deployment(name: str, kube: KubernetesSpec, timeout_s: float) -> None:
                       f"{timeout_s:.0f}s: `kubectl -n {kube.namespace} describe deploy {name}`")
 
 
+K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|M|G|T)?$")
+
+
+class KubernetesSpec(Strict):
+    """`deploy.target: kserve`: where and how the release's image runs on a cluster."""
+
+    namespace: Annotated[str, matching(K8S_NAME, "a Kubernetes namespace name (RFC 1123 "
+                                        "label)")] = "default"
+    workload: Literal["inferenceservice", "deployment"] = Field(
+        "inferenceservice",
+        description="what is applied: a KServe InferenceService (Triton runtime, model from "
+        "storage_uri), or a plain Deployment + Service + HorizontalPodAutoscaler running the "
+        "image with its baked-in model; both are always rendered",
+    )
+    storage_uri: str | None = Field(
+        None, description="the model repository KServe downloads (s3://, gs://, pvc://, https://); "
+        "default: the MLflow version's triton_repository artifact when it is such a URI"
+    )
+    min_replicas: int = Field(1, ge=0, le=1000)
+    max_replicas: int = Field(3, ge=1, le=1000)
+    target_cpu_utilization: int = Field(70, ge=1, le=100, description="HPA target, percent")
+    cpu_request: str = "1"
+    memory_request: str = "1Gi"
+    cpu_limit: str = "2"
+    memory_limit: str = "4Gi"
+    kubeconfig: str | None = Field(
+        None, description="default: $KUBECONFIG, else ~/.kube/config, else the in-cluster "
+        "service account"
+    )
+    context: str | None = None
+    endpoint_http: str | None = Field(
+        None, description="host:port where the pipeline reaches the served model over HTTP for "
+        "the smoke test; default: the cluster-internal Service (a pipeline run as a Prefect "
+        "Kubernetes work pool job reaches it)"
+    )
+    endpoint_grpc: str | None = Field(None, description="as endpoint_http, for gRPC")
+
+    @field_validator("cpu_request", "memory_request", "cpu_limit", "memory_limit")
+    @classmethod
+    def _check_quantity(cls, v: str) -> str:
+        if not QUANTITY.match(v):
+            raise ValueError(f"{v!r} is not a Kubernetes quantity such as '500m', '2' or '4Gi'")
+        return v
+
+    @model_validator(mode="after")
+    def _replica_range(self) -> KubernetesSpec:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas {self.min_replicas} exceeds max_replicas "
+                             f"{self.max_replicas}")
+        return self
+
+
+class KServeDeploy(DeploySection):
+    """`target: kserve`: the image on a Kubernetes cluster (see `kubernetes`); with a model store
+    of kind s3 the version is written to the bucket and the InferenceService reads it there."""
+
+    target: Literal["kserve"]
+    runs_image: ClassVar[bool] = True
+    kubernetes: KubernetesSpec = KubernetesSpec()
+    model_store: ModelStoreSpec = Field(
+        default_factory=default_store, description="kind s3: the InferenceService's "
+        "storageUri is this bucket")
+
+
 class KServe(DeployTarget):
-    name = "kserve"
+    Spec = KServeDeploy
 
     def _storage(self, repository: str, model_name: str, version: str,
                  files: dict[str, str]) -> str | None:
         kube, store = self.spec.kubernetes, self.spec.model_store
         if kube.storage_uri:
             return kube.storage_uri
-        if store.kind == "s3":
-            prepare_s3_repository(store)
-            model_dir(triton_uri(store), model_name, store).put_version(
-                Path(repository) / model_name, version, expected_files(files, model_name))
-            return f"s3://{store.bucket}/{store.prefix}".rstrip("/")
+        if store.storage_uri():
+            store.prepare()
+            store.put_version(repository, model_name, version,
+                              expected_files(files, model_name))
+            return store.storage_uri()
         return storage_uri_for(kube, Registry().version(self.registry_model, version).source)
 
     def deploy(self, repository: str, model_name: str, version: str, files: dict[str, str],

@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field
 
 from hf2triton import triton_local
 from hf2triton.clients.triton import TritonAdmin, classify
 from hf2triton.errors import DeployError
-from hf2triton.model_store import ModelDir, model_dir, prepare_s3_repository, server_env, triton_uri
+
 from hf2triton.smoke import Endpoint
-from hf2triton.spec import ModelStoreSpec
-from hf2triton.targets.base import Check, Deployment, DeployTarget
+from hf2triton.stores import ModelDir, ModelStoreSpec, default_store, parse_store
+from hf2triton.targets.base import Check, Deployment, DeployTarget, PublishedSection
 
 POLICY = re.compile(r"^version_policy:.*$", re.MULTILINE)
 
@@ -57,9 +59,8 @@ def expected_files(files: dict[str, str], model_name: str) -> dict[str, str]:
 
 def folder_of(server: dict[str, Any], model_name: str) -> ModelDir:
     """The model directory one server (local, or a replica) reads."""
-    store = server.get("model_store")
-    return model_dir(server["model_repository"], model_name,
-                     ModelStoreSpec(**store) if store else None)
+    store = parse_store(server.get("model_store") or {})
+    return store.model_dir(model_name, server["model_repository"])
 
 
 def retire_on(server: dict[str, Any], model_name: str, version: str) -> list[str]:
@@ -83,22 +84,28 @@ def restore_on(server: dict[str, Any], model_name: str, version: str) -> None:
                          server["previous_versions"])
 
 
+class LocalTritonDeploy(PublishedSection):
+    """`target: local-triton`: the local tritonserver process, new versions loaded beside the
+    serving one."""
+
+    target: Literal["local-triton"] = "local-triton"
+    model_store: ModelStoreSpec = Field(default_factory=default_store)
+
+
 class LocalTriton(DeployTarget):
-    name = "local-triton"
+    Spec = LocalTritonDeploy
 
     def deploy(self, repository: str, model_name: str, version: str, files: dict[str, str],
                image: dict[str, Any], check: Check) -> Deployment:
         from tritonclient.utils import InferenceServerException
 
         spec, store = self.spec, self.spec.model_store
-        if store.kind == "s3":
-            prepare_s3_repository(store)
+        store.prepare()
         server = triton_local.ensure_server(
             spec.host, spec.http_port, spec.grpc_port, spec.metrics_port,
-            timeout_s=spec.ready_timeout_s,
-            repository=triton_uri(store) if store.kind == "s3" else None,
-            extra_env=server_env(store))
-        folder = model_dir(server.model_repository, model_name, store)
+            timeout_s=spec.ready_timeout_s, repository=store.triton_uri(),
+            extra_env=store.server_env())
+        folder = store.model_dir(model_name, server.model_repository)
         expected = expected_files(files, model_name)
         want = {k: v for k, v in expected.items() if k.startswith("1/")}
         with TritonAdmin(server.http_url) as admin:
@@ -107,7 +114,7 @@ class LocalTriton(DeployTarget):
             except Exception as exc:  # noqa: BLE001 - classified by type and status
                 raise classify(exc, "list its models", DeployError) from None
             state = {"http": server.http_url, "model_repository": server.model_repository,
-                     "previous_versions": previous, "model_store": store.model_dump()}
+                     "previous_versions": previous, "model_store": store.describe()}
             deployment = Deployment(
                 target=self.name, model_name=model_name, version=version,
                 endpoints=[Endpoint(name=f"local Triton {server.http_url}",

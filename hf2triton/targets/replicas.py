@@ -11,15 +11,19 @@ repository is written once, with a version policy that keeps what any of its rep
 from __future__ import annotations
 
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
 
 from hf2triton.clients.triton import TritonAdmin
 from hf2triton.errors import DeployError, ServiceUnavailableError
-from hf2triton.model_store import model_dir, prepare_s3_repository, triton_uri
 from hf2triton.smoke import Endpoint
-from hf2triton.targets.base import Check, Deployment, DeployTarget
+from hf2triton.specbase import SpecPath, Strict
+from hf2triton.stores import ModelStoreSpec, default_store
+from hf2triton.targets.base import Check, Deployment, DeploySection, DeployTarget
 from hf2triton.targets.local import (
     expected_files,
     restore_on,
@@ -63,8 +67,60 @@ def _load(replica: Any, model_name: str, version: str, timeout_s: float) -> str 
     return None
 
 
+ENDPOINT_PATTERN = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?:[0-9]{1,5}$")
+
+
+class ReplicaSpec(Strict):
+    """One Triton server of a replica set (`deploy.target: triton-replicas`): its endpoints, and
+    its model repository as this machine sees it (a local path, or a shared mount). Replicas may
+    share one repository; the release writes each distinct repository once."""
+
+    http: str = Field(description="host:port of the replica's HTTP endpoint")
+    grpc: str = Field(description="host:port of the replica's gRPC endpoint")
+    model_repository: SpecPath | None = Field(
+        None, description="the replica's --model-repository, as a path on this machine; leave "
+        "out when the replicas read deploy.model_store (kind s3)"
+    )
+
+    @field_validator("http", "grpc")
+    @classmethod
+    def _check_endpoint(cls, v: str) -> str:
+        if not ENDPOINT_PATTERN.match(v):
+            raise ValueError(f"{v!r} is not an endpoint such as '10.0.0.5:8000' (host:port)")
+        return v
+
+
+
+class ReplicasDeploy(DeploySection):
+    """`target: triton-replicas`: the Triton servers listed, all rolled forward or all back."""
+
+    target: Literal["triton-replicas"]
+    replicas: list[ReplicaSpec] = Field(
+        min_length=1, description="the servers to roll out to: {http, grpc, model_repository}"
+    )
+    model_store: ModelStoreSpec = Field(
+        default_factory=default_store, description="a store every replica reads (kind s3), "
+        "or each replica's own model_repository (kind local)")
+
+    @model_validator(mode="after")
+    def _repositories(self) -> ReplicasDeploy:
+        shared = self.model_store.shared
+        odd = [r.http for r in self.replicas if (r.model_repository is None) != shared]
+        if odd:
+            raise ValueError(
+                f"deploy.replicas {odd}: " + (
+                    "with deploy.model_store kind s3 every replica reads the bucket: leave out "
+                    "model_repository" if shared else
+                    "each replica needs model_repository (a path on this machine), or set "
+                    "deploy.model_store kind s3 for replicas that read one bucket"))
+        endpoints = [r.http for r in self.replicas]
+        if len(set(endpoints)) != len(endpoints):
+            raise ValueError(f"deploy.replicas lists an endpoint twice: {endpoints}")
+        return self
+
+
 class TritonReplicas(DeployTarget):
-    name = "triton-replicas"
+    Spec = ReplicasDeploy
 
     def _restore_all(self, deployment: Deployment) -> list[str]:
         """Every replica back to what it served; returns the replicas that did not answer."""
@@ -81,10 +137,9 @@ class TritonReplicas(DeployTarget):
         spec, store = self.spec, self.spec.model_store
         opened = [(r, _serving(r, model_name)) for r in spec.replicas]
         servers = [{"http": r.http, "grpc": r.grpc,
-                    "model_repository": triton_uri(store) if store.kind == "s3"
-                    else str(r.model_repository),
+                    "model_repository": store.triton_uri() or str(r.model_repository),
                     "previous_versions": [v for v in serving if v != version],
-                    "model_store": store.model_dump()} for r, serving in opened]
+                    "model_store": store.describe()} for r, serving in opened]
         deployment = Deployment(
             target=self.name, model_name=model_name, version=version,
             endpoints=[Endpoint(name=f"replica {r.http}", http=r.http, grpc=r.grpc,
@@ -101,15 +156,14 @@ class TritonReplicas(DeployTarget):
             shared.setdefault(root if root.startswith("s3://") else os.path.realpath(root),
                               []).append(server)
         try:
-            if store.kind == "s3":
-                prepare_s3_repository(store)
+            store.prepare()
             for root, group in shared.items():
                 if not root.startswith("s3://") and not Path(root).is_dir():
                     raise DeployError(
                         f"the model repository {root} of replica {group[0]['http']} does not "
                         "exist on this machine: mount it, or fix "
                         "deploy.replicas[].model_repository")
-                folder = model_dir(root, model_name, store)
+                folder = store.model_dir(model_name, root)
                 if folder.version_files(version) != want:
                     folder.put_version(Path(repository) / model_name, version, expected)
                 keep = sorted({v for s in group for v in s["previous_versions"]} | {version},

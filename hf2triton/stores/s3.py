@@ -1,33 +1,27 @@
-"""Where Triton's model repository lives: a local directory, or a bucket of an S3-compatible store.
-
-The deploy step works on one model's directory of the repository (`ModelDir`): put a version in
-(every file's sha256 checked against the release's record), pin the version policy in
-`config.pbtxt`, remove a version, list versions. `LocalModelDir` does that on a filesystem path;
-`S3ModelDir` on `s3://<bucket>/<prefix>/<model>/`, which Triton reads itself when started with
-`--model-repository=s3://<endpoint>/<bucket>/<prefix>` and the store's credentials in its
-environment.
-
-Credentials come from a Prefect block (`S3Credentials`, named in the spec) or from the
-environment (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`); they are never logged, written to the
-server's state file or recorded in MLflow.
-"""
+"""Model store `s3`: the served repository in a bucket of an S3-compatible store, which Triton
+reads itself (`--model-repository=s3://...`)."""
 
 from __future__ import annotations
 
 import hashlib
 import os
-import shutil
+import re
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Literal
 
 from prefect.blocks.core import Block
-from pydantic import SecretStr
+from pydantic import Field, SecretStr, field_validator
 
-from hf2triton.errors import ArtifactError, ModelStoreError, ServiceUnavailableError
+from hf2triton.errors import ModelStoreError, ServiceUnavailableError
 from hf2triton.runs import load_block
-from hf2triton.spec import ModelStoreSpec
-from hf2triton.workspace import atomic_write_text, hash_files
+from hf2triton.stores.base import ModelDir, ModelStore, _mismatch, _refuse
+from hf2triton.workspace import hash_files
 
+BUCKET_PATTERN = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+# Triton parses s3://[http(s)://]host:port/bucket/path itself: the port is not optional, and
+# path parts may hold only [0-9A-Za-z._-].
+S3_ENDPOINT_PATTERN = re.compile(r"^https?://[A-Za-z0-9.-]+:[0-9]{1,5}$")
+S3_PATH_PART = re.compile(r"^[0-9A-Za-z._-]+$")
 ENV_ACCESS_KEY = "AWS_ACCESS_KEY_ID"
 ENV_SECRET_KEY = "AWS_SECRET_ACCESS_KEY"
 ENV_SESSION_TOKEN = "AWS_SESSION_TOKEN"  # temporary credentials (STS, IRSA)
@@ -50,90 +44,68 @@ class S3Credentials(Block):
     session_token: SecretStr | None = None
 
 
-class ModelDir(Protocol):
-    """One model's directory of a Triton model repository."""
+class S3Store(ModelStore):
+    """A bucket of an S3-compatible store that Triton reads itself (`--model-repository=s3://`);
+    every replica of a `triton-replicas` target reads the same bucket."""
 
-    name: str
-
-    def version_files(self, version: str) -> dict[str, str] | None:
-        """sha256 of each file of `version` as stored ('1/<file>' keys), None if absent."""
-
-    def put_version(self, src_model: Path, version: str, expected: dict[str, str]) -> None:
-        """Write `src_model`'s version 1 as `version` (replacing what is stored under it), its
-        warmup/ and config.pbtxt; every file of the version checked against `expected`
-        ('1/<file>' keys) as stored."""
-
-    def read_config(self) -> str: ...
-
-    def write_config(self, text: str) -> None: ...
-
-    def remove_version(self, version: str) -> None: ...
-
-    def versions(self) -> list[str]: ...
-
-
-def _mismatch(got: dict[str, str] | None, want: dict[str, str]) -> list[str]:
-    got = got or {}
-    return sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))
-
-
-def _refuse(bad: list[str]) -> ArtifactError:
-    return ArtifactError(
-        f"model files {bad} do not match the sha256 recorded for this release: refusing to "
-        "deploy them; re-run the release to rebuild the repository"
+    kind: Literal["s3"]
+    shared: ClassVar[bool] = True
+    endpoint: str | None = Field(
+        None, description="the store's URL, e.g. 'http://minio.internal:9000'; leave out for "
+        "AWS S3")
+    bucket: str = Field(description="the bucket (it must exist)")
+    prefix: str = Field("triton", description="the repository's folder in the bucket")
+    region: str = "us-east-1"
+    credentials_block: str | None = Field(
+        None,
+        description="name of a saved hf2triton S3 Credentials Prefect block; without it "
+        "$AWS_ACCESS_KEY_ID and $AWS_SECRET_ACCESS_KEY are used",
     )
 
+    @field_validator("endpoint")
+    @classmethod
+    def _check_endpoint(cls, v: str | None) -> str | None:
+        if v is not None and not S3_ENDPOINT_PATTERN.match(v):
+            raise ValueError(f"{v!r} is not an endpoint URL such as 'http://127.0.0.1:9000' "
+                             "(scheme, host and port, which Triton needs even for 80/443)")
+        return v
 
-class LocalModelDir:
-    """A model directory on this machine's filesystem (the local server's, or a replica's mount)."""
+    @field_validator("bucket")
+    @classmethod
+    def _check_bucket(cls, v: str) -> str:
+        if not BUCKET_PATTERN.match(v) or ".." in v:
+            raise ValueError(f"{v!r} is not an S3 bucket name: 3 to 63 lower-case letters, "
+                             "digits, '.' and '-'")
+        return v
 
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        self.name = self.path.name
+    @field_validator("prefix")
+    @classmethod
+    def _check_prefix(cls, v: str) -> str:
+        parts = v.strip("/").split("/")
+        if v.strip("/") and any(p in (".", "..") or not S3_PATH_PART.match(p) for p in parts):
+            raise ValueError(f"{v!r} is not a folder path in a bucket such as 'triton/prod': "
+                             "parts of letters, digits, '.', '_' and '-' (what Triton reads)")
+        return v.strip("/")
 
-    def version_files(self, version: str) -> dict[str, str] | None:
-        vdir = self.path / version
-        if not vdir.is_dir():
-            return None
-        return {f"1/{k}": v for k, v in hash_files(vdir).items()}
+    def prepare(self) -> None:
+        prepare_s3_repository(self)
 
-    def put_version(self, src_model: Path, version: str, expected: dict[str, str]) -> None:
-        self.path.mkdir(parents=True, exist_ok=True)
-        tmp = self.path / f".{version}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(src_model / "1", tmp)
-        got = {f"1/{k}": v for k, v in hash_files(tmp).items()}
-        want = {k: v for k, v in expected.items() if k.startswith("1/")}
-        if got != want:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise _refuse(_mismatch(got, want))
-        shutil.rmtree(self.path / version, ignore_errors=True)
-        os.rename(tmp, self.path / version)
-        staged = self.path / ".warmup.new"
-        shutil.rmtree(staged, ignore_errors=True)
-        shutil.copytree(src_model / "warmup", staged)
-        shutil.rmtree(self.path / "warmup", ignore_errors=True)
-        os.rename(staged, self.path / "warmup")
-        shutil.copyfile(src_model / "config.pbtxt", self.path / ".config.pbtxt.new")
-        os.replace(self.path / ".config.pbtxt.new", self.path / "config.pbtxt")
+    def triton_uri(self) -> str:
+        """s3://[<endpoint>/]<bucket>/<prefix>, as Triton parses it."""
+        path = "/".join(p for p in (self.bucket, self.prefix.strip("/")) if p)
+        return f"s3://{self.endpoint}/{path}" if self.endpoint else f"s3://{path}"
 
-    def read_config(self) -> str:
-        return (self.path / "config.pbtxt").read_text()
+    def storage_uri(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}".rstrip("/")
 
-    def write_config(self, text: str) -> None:
-        atomic_write_text(self.path / "config.pbtxt", text)
+    def server_env(self) -> dict[str, str]:
+        return {**s3_credentials(self), "AWS_DEFAULT_REGION": self.region}
 
-    def remove_version(self, version: str) -> None:
-        shutil.rmtree(self.path / version, ignore_errors=True)
-
-    def versions(self) -> list[str]:
-        if not self.path.is_dir():
-            return []
-        return sorted((p.name for p in self.path.iterdir() if p.name.isdigit() and p.is_dir()),
-                      key=int)
+    def model_dir(self, model_name: str, repository: str | None = None) -> ModelDir:
+        return S3ModelDir(self, model_name)
 
 
-def s3_credentials(store: ModelStoreSpec) -> dict[str, str]:
+def s3_credentials(store: S3Store) -> dict[str, str]:
     """The store's key pair: the spec's Prefect block, else the environment."""
     if store.credentials_block:
         block = load_block(S3Credentials, store.credentials_block,
@@ -156,14 +128,7 @@ def s3_credentials(store: ModelStoreSpec) -> dict[str, str]:
     return creds
 
 
-def server_env(store: ModelStoreSpec) -> dict[str, str]:
-    """What a tritonserver reading the store needs in its environment (credentials included)."""
-    if store.kind != "s3":
-        return {}
-    return {**s3_credentials(store), "AWS_DEFAULT_REGION": store.region}
-
-
-def s3_client(store: ModelStoreSpec) -> Any:
+def s3_client(store: S3Store) -> Any:
     import boto3
     from botocore.config import Config
 
@@ -185,7 +150,7 @@ class S3ModelDir:
     only after that check, so a half-uploaded version is never loaded.
     """
 
-    def __init__(self, store: ModelStoreSpec, model_name: str, client: Any = None):
+    def __init__(self, store: S3Store, model_name: str, client: Any = None):
         self.store = store
         self.name = model_name
         self.client = client or s3_client(store)
@@ -310,7 +275,7 @@ class S3ModelDir:
 MARKER = ".hf2triton-repository"
 
 
-def prepare_s3_repository(store: ModelStoreSpec) -> None:
+def prepare_s3_repository(store: S3Store) -> None:
     """Check the bucket and credentials, and make the repository's folder exist: Triton refuses
     an s3:// repository path under which no object exists ("not a valid directory")."""
     models = S3ModelDir(store, "")
@@ -323,17 +288,3 @@ def prepare_s3_repository(store: ModelStoreSpec) -> None:
                      Body=b"hf2triton model repository\n")
 
 
-def triton_uri(store: ModelStoreSpec) -> str:
-    """The --model-repository Triton reads the store from: s3://[<endpoint>/]<bucket>/<prefix>."""
-    path = "/".join(p for p in (store.bucket, store.prefix.strip("/")) if p)
-    return f"s3://{store.endpoint}/{path}" if store.endpoint else f"s3://{path}"
-
-
-def model_dir(repository: str, model_name: str, store: ModelStoreSpec | None = None) -> ModelDir:
-    """The model's directory in `repository`: the store's bucket when the repository is s3://."""
-    if repository.startswith("s3://"):
-        if store is None or store.kind != "s3":
-            raise ModelStoreError(f"the model repository {repository} is in S3, but no "
-                              "deploy.model_store of kind s3 describes it")
-        return S3ModelDir(store, model_name)
-    return LocalModelDir(Path(repository) / model_name)
