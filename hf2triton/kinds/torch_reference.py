@@ -79,3 +79,50 @@ def largest_difference(reference: TorchReference, onnx_path: str | Path, rows: l
             return float("inf")
         worst = max(worst, float(diff.max()))
     return worst
+
+
+class TorchTranslator:
+    """The original PyTorch model and `generate`: the reference."""
+
+    def __init__(self, model_dir: str | Path, cfg: Any):
+        import torch
+        from transformers import AutoModelForSeq2SeqLM
+
+        from hf2triton.kinds.generation_config import load_tokenizer
+
+        self._torch = torch
+        self.cfg = cfg
+        self.tokenizer = load_tokenizer(model_dir, cfg.source_lang)
+        self.model = AutoModelForSeq2SeqLM.from_pretrained(str(model_dir)).eval()
+
+    def generate(self, texts: list[str], num_beams: int | None = None,
+                 batch_size: int = 16) -> list[list[int]]:
+        s = self.cfg.settings
+        kwargs = dict(
+            do_sample=False, num_beams=num_beams or s.num_beams, max_new_tokens=s.max_new_tokens,
+            num_return_sequences=1, decoder_start_token_id=s.decoder_start_token_id,
+            eos_token_id=s.eos_token_ids, pad_token_id=s.pad_token_id,
+            forced_bos_token_id=s.forced_bos_token_id, forced_eos_token_id=s.forced_eos_token_id,
+            min_length=s.min_length, no_repeat_ngram_size=s.no_repeat_ngram_size,
+            repetition_penalty=s.repetition_penalty, bad_words_ids=s.bad_words_ids or None,
+            length_penalty=s.length_penalty, early_stopping=s.early_stopping,
+        )
+        out: list[list[int]] = []
+        for chunk in batched(texts, batch_size):
+            enc = self.tokenizer(chunk, padding=True, truncation=True,
+                                 max_length=self.cfg.max_input_length, return_tensors="pt")
+            with self._torch.inference_mode():
+                ids = self.model.generate(**enc, **kwargs)
+            out.extend(ids.tolist())
+        return out
+
+    def decode(self, sequences: list[list[int]]) -> list[str]:
+        return self.tokenizer.batch_decode(sequences, skip_special_tokens=True)
+
+
+def strip_pad(seq: list[int], pad: int) -> list[int]:
+    """A generated sequence without the padding `generate` appends to shorter rows."""
+    end = len(seq)
+    while end > 1 and seq[end - 1] == pad:
+        end -= 1
+    return list(seq[:end])

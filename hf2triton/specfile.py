@@ -1,0 +1,79 @@
+"""Reading a spec: YAML into the spec models (hf2triton.spec), every validation error turned into
+one line that names the key, the value and, for a union section, the variant chosen."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from hf2triton.errors import SpecError
+from hf2triton.stores import STORES
+from hf2triton.targets import TARGETS
+from hf2triton.workspace import redact_uri
+
+# Union sections name their variant in an error's location: (section, {variant names}).
+_VARIANTS = {"deploy": ("target", TARGETS), "model_store": ("kind", STORES)}
+
+
+def _describe(err: dict[str, Any]) -> str:
+    loc, variant = [], None
+    for part in err["loc"]:
+        # A union puts the chosen variant's name into the location: name it once, by its key.
+        if loc and str(loc[-1]) in _VARIANTS and part in _VARIANTS[str(loc[-1])][1]:
+            variant = f"{'.'.join(str(p) for p in loc)}.{_VARIANTS[str(loc[-1])][0]} {part!r}"
+            continue
+        loc.append(part)
+    key = ".".join(str(p) for p in loc) or "(top level)"
+    for_variant = f" ({variant})" if variant else ""
+    if err["type"] == "extra_forbidden":
+        return f"unknown key '{key}'{for_variant}"
+    if err["type"] == "missing":
+        return f"missing key '{key}'{for_variant}"
+    if err["type"] == "union_tag_invalid":
+        field, names = _VARIANTS.get(str(loc[-1]), ("target", TARGETS))
+        tag = (err.get("ctx") or {}).get("tag")
+        return f"'{key}.{field}' = {tag!r}: use one of {', '.join(repr(t) for t in names)}"
+    msg = err["msg"].removeprefix("Value error, ")
+    if not loc:  # a rule across keys: the message names them; the input is the whole spec
+        return msg
+    shown = err.get("input")
+    if isinstance(shown, str) and "://" in shown:
+        shown = redact_uri(shown)  # a URI's password never reaches an error line
+    return f"'{key}' = {shown!r}: {msg}{for_variant}"
+
+
+def parse_spec(data: Any, base_dir: str | Path | None = None, origin: str = "spec",
+               model: type[BaseModel] | None = None) -> Any:
+    """Validate a spec given as a mapping (a release spec unless `model` says otherwise);
+    relative paths are taken from `base_dir`."""
+    if model is None:
+        from hf2triton.spec import ReleaseSpec as model
+    if isinstance(data, model):
+        return data
+    if not isinstance(data, dict):
+        what = "an empty document" if data is None else f"a {type(data).__name__}"
+        raise SpecError(f"{origin}: a spec is a YAML mapping of keys, got {what}")
+    try:
+        return model.model_validate(data, context={"base_dir": base_dir})
+    except ValidationError as exc:
+        problems = "; ".join(_describe(e) for e in exc.errors())
+        raise SpecError(f"{origin}: {problems}. Fix the spec and run again.") from None
+
+
+def load_spec(path: str | Path, model: type[BaseModel] | None = None) -> Any:
+    """Read and validate a release (or training) spec YAML file."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError(f"spec file {str(p)!r} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(f"spec file {str(p)!r} cannot be read: {exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SpecError(f"spec file {str(p)!r} is not valid YAML: {exc}") from None
+    return parse_spec(data, base_dir=p.resolve().parent, origin=str(p), model=model)
