@@ -21,11 +21,17 @@ def _release(args: argparse.Namespace) -> int:
     from hf2triton.kinds import kind_for
     from hf2triton.spec import load_spec
 
+    from hf2triton.devices import check_gate_device
+
     try:
         spec = load_spec(args.spec)
         kind_for(spec).read_data()  # unusable validation data fails up front
     except SpecError as exc:
         return _fail(str(exc), 2)
+    try:
+        check_gate_device(spec.deploy)  # a GPU release needs a GPU to gate on, up front too
+    except Hf2TritonError as exc:
+        return _fail(f"[{exc.code}] {exc}", exc.exit_code)
     try:
         _prepare_local_run()
     except Hf2TritonError as exc:

@@ -11,6 +11,7 @@ from typing import Any
 from prefect import flow
 from prefect.transactions import transaction
 
+from hf2triton.devices import check_gate_device
 from hf2triton.kinds import kind_for
 from hf2triton.record import release_record, reused_steps, summary
 from hf2triton.spec import ReleaseSpec, parse_spec
@@ -35,6 +36,7 @@ def release_model(spec: ReleaseSpec | dict[str, Any]) -> dict[str, Any]:
     work = work_dir(spec.name)
     kind, target = kind_for(spec), target_for(spec, work)
     data = kind.read_data()  # bad validation data fails before any work
+    check_gate_device(spec.deploy)  # so does a GPU release where the gate cannot use a GPU
 
     src = fetch(spec.source)
     exp = export(kind, src, spec.export, data, work)

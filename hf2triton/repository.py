@@ -26,7 +26,7 @@ from hf2triton.workspace import cached_step, digest, hash_files, sha256_file, te
 
 # The deploy section's settings of how Triton batches and runs the model (serving knobs).
 BATCHING = ("max_batch_size", "preferred_batch_sizes", "max_queue_delay_us", "instance_count",
-            "intra_op_threads", "max_batch_tokens")
+            "intra_op_threads", "max_batch_tokens", "device", "gpus")
 PBTXT_TYPES = {np.dtype(np.object_): "TYPE_STRING", np.dtype(np.int32): "TYPE_INT32"}
 
 
@@ -79,6 +79,17 @@ def io_config(served: type, values: dict[str, Any]) -> str:
                      for side, tensors in (("input", served.inputs), ("output", served.outputs)))
 
 
+def instance_group(knobs: dict[str, Any]) -> str:
+    """config.pbtxt's instance group: instance_count model instances on the CPU, or on each GPU
+    named (every GPU when none is)."""
+    count = knobs["instance_count"]
+    if knobs.get("device", "cpu") != "gpu":
+        return f"{{\n    count: {count}\n    kind: KIND_CPU\n  }}"
+    gpus = knobs.get("gpus")
+    listed = f"\n    gpus: [ {', '.join(str(g) for g in gpus)} ]" if gpus else ""
+    return f"{{\n    count: {count}\n    kind: KIND_GPU{listed}\n  }}"
+
+
 def render_config(kind: ModelKind, model_name: str, cfg: Any, info: dict[str, Any],
                   serving_knobs: dict[str, Any], warmup_blocks: str) -> str:
     return string.Template((templates_dir() / "config.pbtxt.template").read_text()).substitute(
@@ -87,7 +98,7 @@ def render_config(kind: ModelKind, model_name: str, cfg: Any, info: dict[str, An
         io=io_config(kind.served, kind.config_values(cfg, info)),
         preferred_batch_sizes=", ".join(str(b) for b in serving_knobs["preferred_batch_sizes"]),
         max_queue_delay_us=serving_knobs["max_queue_delay_us"],
-        instance_count=serving_knobs["instance_count"],
+        instance_group=instance_group(serving_knobs),
         model_warmup=warmup_blocks,
     )
 

@@ -11,7 +11,7 @@ The release flow wraps 1-3 in one Prefect transaction whose rollback hook calls 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Any, ClassVar, TypedDict
+from typing import Annotated, Any, ClassVar, Literal, TypedDict
 
 from pydantic import Field, model_validator
 
@@ -84,9 +84,26 @@ class DeploySection(Strict):
         description="token budget of one ONNX run: the served model sorts a dynamic batch by "
         "length and runs it in sub-batches of at most this many padded tokens (rows x longest); "
         "0: one padded run per dynamic batch")
+    device: Literal["cpu", "gpu"] = Field(
+        "cpu", description="where Triton runs the model: cpu (KIND_CPU instances), or gpu "
+        "(KIND_GPU instances and a GPU runtime; the gate must run on a GPU too, see gpu_gate)")
+    gpus: list[Annotated[int, Field(ge=0)]] | None = Field(
+        None, description="with device gpu: the GPUs Triton places instances on, "
+        "instance_count on each; default: every GPU of the server")
+    gpu_gate: Literal["here", "cpu-numerics"] = Field(
+        "here", description="with device gpu: `here` gates on this machine's GPU (a release "
+        "started without one stops before any work); `cpu-numerics` accepts a CPU check of the "
+        "GPU graph's numerics (for an image built on a CPU host), and the smoke test on the "
+        "target then judges the served answers with the gate's limits")
     ready_timeout_s: float = Field(180, gt=0)
     tuning: TuningSpec = TuningSpec()
 
+
+    @model_validator(mode="after")
+    def _gpus_need_gpu(self) -> DeploySection:
+        if self.device == "cpu" and self.gpus is not None:
+            raise ValueError(f"deploy.gpus {self.gpus} needs deploy.device: gpu")
+        return self
 
     @model_validator(mode="after")
     def _batches(self) -> DeploySection:
