@@ -1,0 +1,65 @@
+"""deploy.device: a GPU release renders KIND_GPU instances, and where its gate cannot run on a
+GPU it stops before any work with one line. (Our machines have no GPU: what needs one is run on
+a lent GPU machine, see the notes; everything else is tested here.)"""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from hf2triton.devices import gpu_runtime_problem
+from hf2triton.errors import SpecError
+from hf2triton.repository import BATCHING, render_config
+from hf2triton.spec import parse_spec
+from tests.conftest import ROOT, write_spec
+
+HF2TRITON = str(ROOT / ".venv" / "bin" / "hf2triton")
+NO_GPU = gpu_runtime_problem() is not None
+
+
+def _knobs(spec) -> dict:
+    return {k: getattr(spec.deploy, k) for k in BATCHING}
+
+
+def _config(tmp_path, **deploy) -> str:
+    from hf2triton.kinds import kind_for
+    from hf2triton.kinds.embedding import EmbeddingConfig
+
+    spec = parse_spec(__import__("yaml").safe_load(
+        write_spec(tmp_path / "s.yaml", **{f"deploy__{k}": v for k, v in deploy.items()})
+        .read_text()), base_dir=ROOT / "releases")
+    cfg = EmbeddingConfig(pooling="mean", normalize=True, max_length=16)
+    return render_config(kind_for(spec), "m", cfg, {"embedding_dim": 8}, _knobs(spec), "")
+
+
+def test_a_cpu_release_renders_cpu_instances(tmp_path):
+    text = _config(tmp_path, instance_count=2)
+    assert "count: 2\n    kind: KIND_CPU" in text and "KIND_GPU" not in text
+
+
+def test_a_gpu_release_renders_gpu_instances_on_the_gpus_named(tmp_path):
+    text = _config(tmp_path, device="gpu", gpus=[0, 2], instance_count=2)
+    assert "count: 2\n    kind: KIND_GPU\n    gpus: [ 0, 2 ]" in text and "KIND_CPU" not in text
+    every = _config(tmp_path, device="gpu")
+    assert "kind: KIND_GPU\n  }" in every  # no gpus list: every GPU of the server
+
+
+def test_gpus_without_a_gpu_device_are_refused(tmp_path):
+    with pytest.raises(SpecError, match=r"deploy.gpus \[0\] needs deploy.device: gpu"):
+        _config(tmp_path, gpus=[0])
+
+
+@pytest.mark.skipif(not NO_GPU, reason="this machine can gate on a GPU: nothing to refuse")
+def test_a_gpu_release_without_a_gpu_stops_in_one_line_before_any_work(tmp_path):
+    home = tmp_path / "home"
+    spec = write_spec(tmp_path / "gpu.yaml", deploy__device="gpu")
+    proc = subprocess.run([HF2TRITON, "release", str(spec)], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "HF2TRITON_HOME": str(home)},
+                          timeout=300)
+    assert proc.returncode == 3, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("hf2triton: error: [ENVIRONMENT]"), lines
+    assert "deploy.device is gpu" in lines[0] and "deploy.gpu_gate: cpu-numerics" in lines[0]
+    assert proc.stdout == ""
+    assert not (home / "work").exists()  # no step ran
