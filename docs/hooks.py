@@ -194,7 +194,7 @@ def _escape(text: str) -> str:
     """Text for a table cell: Markdown's special characters outside code spans are literal."""
     parts = text.split("`")
     for i in range(0, len(parts), 2):  # even parts lie outside code spans
-        parts[i] = (re.sub(r"([\\*_\[\]])", r"\\\1", parts[i]).replace("<", "&lt;")
+        parts[i] = (re.sub(r"([\\*_\[\]{}])", r"\\\1", parts[i]).replace("<", "&lt;")
                     .replace(">", "&gt;").replace("|", "&#124;"))
     return "`".join(parts)
 
