@@ -164,7 +164,9 @@ class _Reference:
         refs = [o["$ref"] for o in prop.get("anyOf", [prop]) if "$ref" in o]
         section = self.defs[refs[0].rsplit("/", 1)[1]] if refs else {}
         text = " ".join(section.get("description", "").split())
-        ends = [m.end() for m in re.finditer(r"\.\s", text) if text[:m.start()].count("`") % 2 == 0]
+        # A sentence ends at ". " before a capital or code, outside code spans ("e.g. a" does not).
+        ends = [m.end() for m in re.finditer(r"\.\s(?=[A-Z`])", text)
+                if text[:m.start()].count("`") % 2 == 0]
         return text[:ends[0]].strip() if ends else text
 
 
