@@ -45,6 +45,7 @@ class _Reference:
         self.defs = schema.get("$defs", {})
         self.schema = schema
         self.anchor_of: dict[str, str] = {}  # definition name -> anchor of its section
+        self.union_at: dict[tuple[str, ...], str] = {}  # a union's variants -> its key path
         self.out: list[str] = []
 
     def render(self) -> str:
@@ -111,10 +112,14 @@ class _Reference:
     def _type(self, path: str, prop: dict[str, Any], nested: list) -> str:
         if "oneOf" in prop and "discriminator" in prop:
             tag = prop["discriminator"]["propertyName"]
-            nested.append((path, prop))
+            variants = tuple(o["$ref"] for o in prop["oneOf"])
+            if variants not in self.union_at:  # a union met again links to its first section
+                self.union_at[variants] = path
+                nested.append((path, prop))
+            first = self.union_at[variants]
             value_of = {ref: value for value, ref in prop["discriminator"]["mapping"].items()}
-            values = ", ".join(f"[`{value}`](#{self._anchor(f'{path}-{tag}-{value}')})"
-                               for value in (value_of[o["$ref"]] for o in prop["oneOf"]))
+            values = ", ".join(f"[`{value}`](#{self._anchor(f'{first}-{tag}-{value}')})"
+                               for value in (value_of[ref] for ref in variants))
             return f"section, by `{tag}`: {values}"
         options = prop.get("anyOf", [prop])
         parts = [self._plain_type(path, option, nested) for option in options

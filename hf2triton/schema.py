@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter
 
 from hf2triton.spec import ReleaseSpec, TrainingSpec
 from hf2triton.workspace import PROJECT_ROOT
@@ -27,7 +27,7 @@ DIALECT = "https://json-schema.org/draft/2020-12/schema"  # what pydantic genera
 
 @dataclass(frozen=True)
 class SchemaFile:
-    model: type[BaseModel]
+    model: Any  # a pydantic model, or a type a TypeAdapter takes (a union of models)
     path: str  # the committed copy, relative to the project root
     title: str
 
@@ -41,7 +41,7 @@ SCHEMAS: dict[str, SchemaFile] = {
 def json_schema(which: str = "release") -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of one spec kind, as the pydantic model describes it."""
     entry = SCHEMAS[which]
-    schema = entry.model.model_json_schema()
+    schema = TypeAdapter(entry.model).json_schema()
     _default_variant_takes_no_tag(schema, entry.model)
     return {"$schema": DIALECT, **schema, "title": entry.title}
 
@@ -60,11 +60,11 @@ def stale(which: str, path: Path) -> str | None:
     return None if text == render(which) else f"{path} is out of date with the spec models"
 
 
-def _default_variant_takes_no_tag(schema: dict[str, Any], model: type[BaseModel]) -> None:
+def _default_variant_takes_no_tag(schema: dict[str, Any], model: Any) -> None:
     """A section of a discriminated union that leaves out its tag means the field's default
     variant (ReleaseSpec fills in `deploy.target: local-triton`), so the schema must not demand
     the tag there. pydantic's schema cannot know that a before-validator supplies it."""
-    for name, field in model.model_fields.items():
+    for name, field in getattr(model, "model_fields", {}).items():
         tag = field.discriminator
         default = field.get_default(call_default_factory=True)
         if not isinstance(tag, str) or not isinstance(default, BaseModel):
