@@ -1,5 +1,6 @@
 """The `hf2triton` command: `release SPEC.yaml` runs the release flow locally (no Prefect server
-needed); `server status|stop` manage the local Triton server the releases deploy to.
+needed); `server status|stop` manage the local Triton server the releases deploy to; `schema`
+prints the spec's JSON Schema.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import contextlib
 import json
 import os
 import sys
+from pathlib import Path
 
 
 def _fail(message: str, code: int = 1) -> int:
@@ -194,6 +196,26 @@ def _deployments(args: argparse.Namespace) -> int:
     return 0
 
 
+def _schema(args: argparse.Namespace) -> int:
+    from hf2triton.schema import SCHEMAS, render, stale
+    from hf2triton.workspace import PROJECT_ROOT
+
+    which = "training" if args.training else "release"
+    if args.check is not None:
+        path = Path(args.check or PROJECT_ROOT / SCHEMAS[which].path)
+        problem = stale(which, path)
+        if problem:
+            flag = " --training" if args.training else ""
+            return _fail(f"{problem}: run `hf2triton schema{flag} --output {path}`")
+        return 0
+    if args.output:
+        Path(args.output).write_text(render(which), encoding="utf-8")
+        print(f"wrote {args.output}", file=sys.stderr)
+    else:
+        print(render(which), end="")
+    return 0
+
+
 def _store(args: argparse.Namespace) -> int:
     from hf2triton.errors import Hf2TritonError, SpecError
     from hf2triton.spec import load_spec
@@ -230,6 +252,12 @@ def main(argv: list[str] | None = None) -> int:
     dep.add_argument("action", choices=["render"])
     dep.add_argument("--check", action="store_true", help="fail if prefect.yaml is stale")
     dep.set_defaults(func=_deployments)
+    sch = sub.add_parser("schema", help="print the release spec's JSON Schema (for editors)")
+    sch.add_argument("--training", action="store_true", help="the training spec's instead")
+    sch.add_argument("--output", metavar="FILE", help="write it to FILE instead of stdout")
+    sch.add_argument("--check", metavar="FILE", nargs="?", const="",
+                     help="fail if FILE (default: the committed schema/*.json) is stale")
+    sch.set_defaults(func=_schema)
     sto = sub.add_parser("store", help="the spec's S3 model store")
     sto.add_argument("action", choices=["init"], help="init: check the bucket and credentials and "
                      "create the repository folder Triton replicas start on")
