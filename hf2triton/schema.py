@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, TypeAdapter
+from pydantic import TypeAdapter
 
 from hf2triton.spec import ReleaseSpec, TrainingSpec
 from hf2triton.workspace import PROJECT_ROOT
@@ -42,7 +42,7 @@ def json_schema(which: str = "release") -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of one spec kind, as the pydantic model describes it."""
     entry = SCHEMAS[which]
     schema = TypeAdapter(entry.model).json_schema()
-    _default_variant_takes_no_tag(schema, entry.model)
+    _name_the_variants(schema)
     return {"$schema": DIALECT, **schema, "title": entry.title}
 
 
@@ -60,22 +60,29 @@ def stale(which: str, path: Path) -> str | None:
     return None if text == render(which) else f"{path} is out of date with the spec models"
 
 
-def _default_variant_takes_no_tag(schema: dict[str, Any], model: Any) -> None:
-    """A section of a discriminated union that leaves out its tag means the field's default
-    variant (ReleaseSpec fills in `deploy.target: local-triton`), so the schema must not demand
-    the tag there. pydantic's schema cannot know that a before-validator supplies it."""
-    for name, field in getattr(model, "model_fields", {}).items():
-        tag = field.discriminator
-        default = field.get_default(call_default_factory=True)
-        if not isinstance(tag, str) or not isinstance(default, BaseModel):
-            continue
-        mapping = schema["properties"][name].get("discriminator", {}).get("mapping", {})
-        ref = mapping.get(getattr(default, tag, None))
-        if ref is None:
-            continue
-        variant = schema["$defs"][ref.rsplit("/", 1)[1]]
-        required = [key for key in variant.get("required", []) if key != tag]
-        if required:
-            variant["required"] = required
-        else:
-            variant.pop("required", None)
+def _name_the_variants(schema: dict[str, Any]) -> None:
+    """A plug-in section (deploy by `target`, model_store by `kind`) is a union whose variant a
+    tag names, and whose default variant may leave the tag out, so pydantic writes a bare
+    `oneOf`. Name the tag and its values (OpenAPI's `discriminator`, which editors and the
+    documentation read); validation is unchanged: each variant's tag is a `const`."""
+    defs = schema.get("$defs", {})
+
+    def visit(node: Any) -> None:
+        if isinstance(node, list):
+            for item in node:
+                visit(item)
+            return
+        if not isinstance(node, dict):
+            return
+        refs = [v.get("$ref", "") for v in node.get("oneOf", [])]
+        if refs and all(refs) and "discriminator" not in node:
+            variants = [defs[r.rsplit("/", 1)[1]].get("properties", {}) for r in refs]
+            tags = [k for k, v in variants[0].items() if "const" in v
+                    and all("const" in other.get(k, {}) for other in variants[1:])]
+            if tags:
+                node["discriminator"] = {"propertyName": tags[0], "mapping": {
+                    props[tags[0]]["const"]: ref for props, ref in zip(variants, refs)}}
+        for value in node.values():
+            visit(value)
+
+    visit(schema)

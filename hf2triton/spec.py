@@ -130,7 +130,7 @@ class SourceSpec(Strict):
 class ExportSpec(Strict):
     # 18 is optimum's minimum for BERT-family exports (it warns below it); on all-MiniLM-L6-v2
     # opsets 17 and 18 give identical outputs and speed.
-    opset: int = Field(18, ge=11, le=21)
+    opset: int = Field(18, ge=11, le=21, description="ONNX opset of the export")
     atol: float = Field(
         1e-3, gt=0, le=1.0, description="largest allowed |ONNX - PyTorch| on hidden states"
     )
@@ -141,10 +141,12 @@ class QuantizationSpec(Strict):
         "dynamic-int8", description="dynamic-int8: ONNX Runtime's dynamic quantization (int8 "
         "weights, activation ranges per batch); int8-blockwise: MatMulNBits, int8 weights in "
         "blocks of `block_size` with their own scales; none: fp32")
-    weight_type: Literal["qint8", "quint8"] = "qint8"
+    weight_type: Literal["qint8", "quint8"] = Field(
+        "qint8", description="dynamic-int8: signed or unsigned int8 weights")
     # Per-channel keeps the worst-case cosine at 0.989 on MiniLM where per-tensor drops to 0.954.
-    per_channel: bool = True
-    reduce_range: bool = False
+    per_channel: bool = Field(True, description="dynamic-int8: a scale per output channel")
+    reduce_range: bool = Field(False, description="dynamic-int8: 7-bit weights (older CPUs "
+                               "without VNNI overflow less)")
     op_types: list[str] | None = Field(
         None, description="ONNX op types to quantize; default: ONNX Runtime's own list"
     )
@@ -181,7 +183,7 @@ class ValidationSpec(Strict):
 
 class RegistrySpec(Strict):
     model_name: Name = Field(description="MLflow registered model name")
-    experiment: str = "hf2triton"
+    experiment: str = Field("hf2triton", description="MLflow experiment of the release runs")
 
 
 # host[:port] of an image registry, and a repository path in it (Docker's reference grammar).
@@ -228,9 +230,9 @@ class ImageSpec(Strict):
 class ScheduleSpec(Strict):
     """When the Prefect deployment of this spec re-runs the release (e.g. a retraining release)."""
 
-    cron: str
-    timezone: str = "UTC"
-    active: bool = True
+    cron: str = Field(description="cron expression, e.g. '0 3 * * 1' (Mondays 03:00)")
+    timezone: str = Field("UTC", description="IANA time zone the cron is read in")
+    active: bool = Field(True, description="false: the schedule is kept but paused")
 
     @field_validator("cron")
     @classmethod
@@ -262,7 +264,8 @@ class _Release(Strict):
     kinds' own sections (`embedding:`, `classification:`, ...) come from their registry
     (`ReleaseSpec` below)."""
 
-    name: Name
+    name: Name = Field(description="the release's name: the Triton model, the image "
+                       "repository and the Prefect deployment are named after it")
     task: Task = Field(DEFAULT_TASK, description="the model kind; its own section (named "
                        "after the kind) holds its settings")
     source: SourceSpec

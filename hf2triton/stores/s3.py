@@ -55,7 +55,7 @@ class S3Store(ModelStore):
         "AWS S3")
     bucket: str = Field(description="the bucket (it must exist)")
     prefix: str = Field("triton", description="the repository's folder in the bucket")
-    region: str = "us-east-1"
+    region: str = Field("us-east-1", description="the bucket's region")
     credentials_block: str | None = Field(
         None,
         description="name of a saved hf2triton S3 Credentials Prefect block; without it "

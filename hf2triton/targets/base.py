@@ -74,10 +74,14 @@ class DeploySection(Strict):
     # The target runs the release's serving image (so `image.build` cannot be false).
     runs_image: ClassVar[bool] = False
 
-    max_batch_size: int = Field(64, ge=1, le=4096)
-    preferred_batch_sizes: list[Annotated[int, Field(ge=1)]] = [8, 16, 32]
-    max_queue_delay_us: int = Field(2000, ge=0, le=1_000_000)
-    instance_count: int = Field(1, ge=1, le=64)
+    max_batch_size: int = Field(64, ge=1, le=4096, description="the largest dynamic batch "
+                                "Triton forms (requests); the gate measures batches of this size")
+    preferred_batch_sizes: list[Annotated[int, Field(ge=1)]] = Field(
+        [8, 16, 32], description="batch sizes Triton's dynamic batcher prefers to send at once")
+    max_queue_delay_us: int = Field(2000, ge=0, le=1_000_000, description="how long a "
+                                    "request may wait for others to batch with (microseconds)")
+    instance_count: int = Field(1, ge=1, le=64, description="model instances (on the CPU, "
+                                "or on each GPU with device gpu)")
     intra_op_threads: int = Field(0, ge=0, le=256, description="0: ONNX Runtime's default")
     max_batch_tokens: int = Field(
         DEFAULT_MAX_BATCH_TOKENS, ge=0, le=1_000_000,
@@ -95,7 +99,8 @@ class DeploySection(Strict):
         "started without one stops before any work); `cpu-numerics` accepts a CPU check of the "
         "GPU graph's numerics (for an image built on a CPU host), and the smoke test on the "
         "target then judges the served answers with the gate's limits")
-    ready_timeout_s: float = Field(180, gt=0)
+    ready_timeout_s: float = Field(180, gt=0, description="how long a new version may take to "
+                                   "load and become ready (seconds)")
     tuning: TuningSpec = TuningSpec()
 
 
@@ -120,10 +125,11 @@ class DeploySection(Strict):
 class PublishedSection(DeploySection):
     """A target whose Triton listens on ports of this machine."""
 
-    host: str = "127.0.0.1"
-    http_port: int = Field(8000, ge=1, le=65535)
-    grpc_port: int = Field(8001, ge=1, le=65535)
-    metrics_port: int = Field(8002, ge=1, le=65535)
+    host: str = Field("127.0.0.1", description="the address the server listens on")
+    http_port: int = Field(8000, ge=1, le=65535, description="Triton's HTTP/REST port")
+    grpc_port: int = Field(8001, ge=1, le=65535, description="Triton's gRPC port")
+    metrics_port: int = Field(8002, ge=1, le=65535, description="Triton's Prometheus "
+                              "metrics port")
 
     @model_validator(mode="after")
     def _ports_differ(self) -> PublishedSection:
