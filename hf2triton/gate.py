@@ -245,7 +245,8 @@ def gate_key(gate: Gate, digests: list[tuple[str, dict[str, str]]],
         gate.quality,
         [champion["version"], champion["files"]] if champion and gate.quality and not same
         else None,
-        [sha256_file(m.__file__) for m in (sys.modules[__name__], sys.modules[type(kind).__module__],
+        [sha256_file(m.__file__) for m in (sys.modules[__name__],
+                                           sys.modules[type(kind).__module__],
                                            sys.modules[ModelKind.__module__])],
         hash_files(SERVING_DIR),
     ])

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 import numpy as np
+
 from hf2triton import triton_local
 from hf2triton.errors import DeployError
 from hf2triton.kinds.base import ModelKind, to_json
