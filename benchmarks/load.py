@@ -1,6 +1,7 @@
-"""Closed-loop load generation for the serving benchmark: N concurrent clients on one asyncio loop,
-one sentence per request, bounded in time and in count, with the CPU time of the client, of the
-server's process tree and of the whole machine measured over the same window.
+"""The serving benchmark's load points: hf2triton.load's closed loop (N concurrent clients, one
+sentence per request, bounded in time and in count) with the CPU time of the client, of the
+server's process tree and of the whole machine measured over the same window, and the clients
+it drives (Triton over gRPC and HTTP, a JSON-over-HTTP baseline).
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from hf2triton.load import TritonGrpc as GrpcCall
+from hf2triton.load import closed_loop
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -107,98 +111,46 @@ class PointResult:
         return asdict(self)
 
 
-Call = Callable[[str], Awaitable[Any]]
+class CpuMeter:
+    """The CPU of this process, of the server's process tree and of the whole machine over the
+    load's measured window (a `hf2triton.load.Window`)."""
+
+    def __init__(self, server_pid: int | None):
+        self.server_pid = server_pid
+
+    def start(self) -> None:
+        self.c0, self.s0, (self.m0, _) = self_cpu(), tree_cpu(self.server_pid), machine_busy()
+        self.snap0 = all_cpu()
+
+    def stop(self) -> None:
+        self.c1, self.s1, (self.m1, _) = self_cpu(), tree_cpu(self.server_pid), machine_busy()
+        self.snap1 = all_cpu()
+
+    def cores(self, seconds: float) -> dict[str, Any]:
+        client = (self.c1 - self.c0) / seconds
+        server = (self.s1 - self.s0) / seconds
+        machine = (self.m1 - self.m0) / seconds
+        return {"client_cores": client, "server_cores": server, "machine_cores": machine,
+                "other_cores": max(0.0, machine - client - server),
+                "top_others": top_others(self.snap0, self.snap1, {
+                    os.getpid(), *process_tree(self.server_pid or 0)}, seconds)}
 
 
-async def closed_loop(call: Call, texts: list[str], concurrency: int, duration_s: float,
-                      warmup_s: float, max_requests: int, server_pid: int | None,
-                      label: str = "", request_timeout_s: float = 30.0) -> PointResult:
-    """Run `concurrency` clients, each sending its next request when the last one answered.
-
-    Requests that complete inside the measured window (after `warmup_s`, for `duration_s` or
-    until `max_requests` completed in it) count; their latency is send-to-answer. `warmup_s`
-    should exceed one round of latency at this concurrency, so the window sees steady state.
-    """
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    window: dict[str, float] = {}
-    latencies: list[float] = []
-    errors = [0]
-    first_error: list[str] = []
-    done_in_window = [0]
-    answered = [0]
-
-    async def client(i: int) -> None:
-        k = i * 7919
-        while not stop.is_set():
-            text = texts[k % len(texts)]
-            k += 1
-            t0 = loop.time()
-            try:
-                await asyncio.wait_for(call(text), request_timeout_s)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - every failure is counted and one kept
-                errors[0] += 1
-                if not first_error:
-                    first_error.append(f"{type(exc).__name__}: {exc}"[:300])
-                if errors[0] > 1000:  # a dead server: stop rather than spin
-                    stop.set()
-                await asyncio.sleep(0.01)
-                continue
-            t1 = loop.time()
-            answered[0] += 1
-            # Completions inside the window count, whenever they were sent: at 200 clients a
-            # request waits a good part of a second, and dropping those sent before the window
-            # would undercount throughput.
-            if "start" in window and "end" not in window:
-                latencies.append(t1 - t0)
-                done_in_window[0] += 1
-                if done_in_window[0] >= max_requests:
-                    stop.set()
-
-    tasks = [asyncio.create_task(client(i)) for i in range(concurrency)]
-    try:
-        # Warm up for warmup_s, and on until each client has had an answer (a slow server at
-        # 200 clients takes seconds for one round), but no longer than 5 x warmup_s.
-        t_warm = loop.time()
-        await asyncio.sleep(warmup_s)
-        while answered[0] < concurrency and loop.time() - t_warm < 5 * warmup_s:
-            await asyncio.sleep(0.1)
-        errors[0] = 0
-        c0, s0, (m0, _) = self_cpu(), tree_cpu(server_pid), machine_busy()
-        snap0 = all_cpu()
-        window["start"] = loop.time()
-        try:
-            await asyncio.wait_for(stop.wait(), duration_s)
-        except asyncio.TimeoutError:
-            pass
-        window["end"] = loop.time()
-        c1, s1, (m1, _) = self_cpu(), tree_cpu(server_pid), machine_busy()
-        snap1 = all_cpu()
-        stop.set()
-        # Let in-flight requests finish (bounded), so the server is idle for the next point.
-        await asyncio.wait(tasks, timeout=request_timeout_s)
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    seconds = window["end"] - window["start"]
-    lat = np.array(latencies) * 1000 if latencies else np.array([np.nan])
-    client_cores = (c1 - c0) / seconds
-    server_cores = (s1 - s0) / seconds
-    machine_cores = (m1 - m0) / seconds
+async def measure(call: Callable[[str], Awaitable[Any]], texts: list[str], concurrency: int,
+                  duration_s: float, warmup_s: float, max_requests: int,
+                  server_pid: int | None, label: str = "",
+                  request_timeout_s: float = 30.0) -> PointResult:
+    """One load point (hf2triton.load's closed loop) with the CPU everyone used meanwhile.
+    `warmup_s` should exceed one round of latency at this concurrency, so the window sees
+    steady state."""
+    meter = CpuMeter(server_pid)
+    r = await closed_loop(call, texts, concurrency, duration_s, warmup_s, max_requests,
+                          request_timeout_s, meter)
     return PointResult(
-        label=label, concurrency=concurrency, requests=len(latencies), errors=errors[0],
-        seconds=round(seconds, 3), rps=len(latencies) / seconds,
-        p50_ms=float(np.percentile(lat, 50)), p90_ms=float(np.percentile(lat, 90)),
-        p99_ms=float(np.percentile(lat, 99)), mean_ms=float(lat.mean()),
-        client_cores=client_cores, server_cores=server_cores, machine_cores=machine_cores,
-        other_cores=max(0.0, machine_cores - client_cores - server_cores),
-        first_error=first_error[0] if first_error else None,
-        top_others=top_others(snap0, snap1, {os.getpid(), *process_tree(server_pid or 0)},
-                              window["end"] - window["start"]),
-    )
+        label=label, concurrency=concurrency, requests=r.requests, errors=r.errors,
+        seconds=round(r.seconds, 3), rps=r.rps, p50_ms=r.p50_ms, p90_ms=r.p90_ms,
+        p99_ms=r.p99_ms, mean_ms=r.mean_ms, first_error=r.failures[0] if r.failures else None,
+        **meter.cores(r.seconds))
 
 
 # --- the clients: Triton over gRPC and HTTP, and a plain JSON-over-HTTP baseline server --------
@@ -210,29 +162,19 @@ def text_inputs(text: str) -> dict[str, np.ndarray]:
 
 
 class TritonGrpc:
-    """tritonclient.grpc.aio: one channel, many concurrent calls on it."""
+    """One text a request to a Triton model over gRPC (hf2triton.load.TritonGrpc: one channel,
+    many concurrent calls on it)."""
 
     def __init__(self, url: str, model: str, version: str = "", output: str = "EMBEDDING",
                  inputs: Callable[[str], dict[str, np.ndarray]] = text_inputs):
-        import tritonclient.grpc.aio as grpcaio
-
-        self.m = grpcaio
-        self.client = grpcaio.InferenceServerClient(url)
-        self.model, self.version, self.output, self.inputs = model, version, output, inputs
-        self.outputs = [grpcaio.InferRequestedOutput(output)]
+        self.grpc = GrpcCall(url, model, version, outputs=[output])
+        self.output, self.inputs = output, inputs
 
     async def __call__(self, text: str) -> np.ndarray:
-        inputs = []
-        for name, arr in self.inputs(text).items():
-            x = self.m.InferInput(name, list(arr.shape), "BYTES")
-            x.set_data_from_numpy(arr)
-            inputs.append(x)
-        res = await self.client.infer(self.model, inputs, model_version=self.version,
-                                      outputs=self.outputs)
-        return res.as_numpy(self.output)
+        return (await self.grpc(self.inputs(text))).as_numpy(self.output)
 
     async def close(self) -> None:
-        await self.client.close()
+        await self.grpc.close()
 
 
 class TritonHttp:
@@ -292,8 +234,8 @@ def run_point(make_client: Callable[[int], Any], texts: list[str], concurrency: 
     async def main() -> PointResult:
         client = make_client(concurrency)
         try:
-            return await closed_loop(client, texts, concurrency, duration_s, warmup_s,
-                                     max_requests, server_pid, label)
+            return await measure(client, texts, concurrency, duration_s, warmup_s,
+                                 max_requests, server_pid, label)
         finally:
             await client.close()
 

@@ -33,12 +33,10 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +50,9 @@ import numpy as np  # noqa: E402
 import yaml  # noqa: E402
 
 from load import JsonHttp, TritonGrpc, TritonHttp, run_point  # noqa: E402
+
+from hf2triton.net import free_ports  # noqa: E402
+from hf2triton.waiting import http_ok, wait_for, wait_until  # noqa: E402
 
 # "Today's main" when issue 14 was taken up: what the served figures are compared with.
 BASELINE_COMMIT = "8fba8d3"
@@ -73,20 +74,15 @@ def loadavg() -> list[float]:
 def wait_for_quiet(threshold: float = 1.5, max_wait_s: float = 600) -> dict:
     """Wait until the 1-minute load average drops below `threshold` (others share machines)."""
     start = time.monotonic()
-    while loadavg()[0] >= threshold and time.monotonic() - start < max_wait_s:
-        log(f"load average {loadavg()[0]:.2f} >= {threshold}: waiting for a quiet machine")
-        time.sleep(20)
+
+    def quiet() -> bool:
+        now = loadavg()[0]
+        if now >= threshold:
+            log(f"load average {now:.2f} >= {threshold}: waiting for a quiet machine")
+        return now < threshold
+
+    wait_until(quiet, max_wait_s, interval_s=20)
     return {"waited_s": round(time.monotonic() - start), "loadavg": loadavg()}
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def minilm_dir() -> Path:
@@ -312,16 +308,9 @@ def infinity_server(port: int):
              "INFINITY_ANONYMOUS_USAGE_STATS": "0"},
         stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        deadline = time.monotonic() + 600
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                    break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("infinity-emb did not start; see "
-                                       "benchmarks/results/infinity.log") from None
-                time.sleep(1)
+        wait_for(lambda: http_ok(f"http://127.0.0.1:{port}/health"), 600,
+                 "infinity-emb did not start (see benchmarks/results/infinity.log)", proc,
+                 interval_s=1, error=RuntimeError)
         yield proc.pid
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -358,7 +347,7 @@ def marian_sized(out: Path) -> Path:
     import torch
     from transformers import M2M100Config, M2M100ForConditionalGeneration
 
-    from tests.models import build_tiny_m2m100
+    from hf2triton.tiny_models import build_tiny_m2m100
 
     build_tiny_m2m100(out)  # the tokenizer, and a tiny model replaced below
     tiny = M2M100Config.from_pretrained(out)

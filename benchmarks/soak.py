@@ -14,11 +14,9 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -26,41 +24,33 @@ import numpy as np
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's hf2triton, not an installed one
 RESULTS = ROOT / "benchmarks" / "results"
 
+from load import TritonGrpc, process_tree  # noqa: E402 - benchmarks/, the script's directory
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from hf2triton.load import LoadResult, closed_loop  # noqa: E402
+from hf2triton.net import free_ports  # noqa: E402
 
 
 def tree_rss_mb(pid: int) -> float:
     """Resident memory of a process and all its descendants (MB)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-        except (OSError, IndexError, ValueError):
-            continue
-    total, todo = 0, [pid]
-    while todo:
-        p = todo.pop()
+    total = 0
+    for p in process_tree(pid):
         try:
             for line in Path(f"/proc/{p}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
                     total += int(line.split()[1])
         except OSError:
             pass
-        todo.extend(children.get(p, []))
     return total / 1024
 
 
 def release(home: Path) -> tuple[str, int, str]:
     spec = yaml.safe_load((ROOT / "releases" / "minilm-embedder.yaml").read_text())
     spec["validation"]["sentences"] = str(ROOT / "releases" / "data" / "embedding-validation.txt")
-    spec["deploy"].update(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
+    http, grpc, metrics = free_ports(3)
+    spec["deploy"].update(http_port=http, grpc_port=grpc, metrics_port=metrics)
     spec.pop("schedule", None)
     path = home / "soak-spec.yaml"
     path.write_text(yaml.safe_dump(spec))
@@ -76,39 +66,34 @@ def release(home: Path) -> tuple[str, int, str]:
 
 async def soak(url: str, model: str, pid: int, clients: int, seconds: float, warmup: float,
                window: float) -> dict:
-    import tritonclient.grpc.aio as grpcclient
-
     sentences = [line for line in (ROOT / "releases" / "data" / "embedding-validation.txt")
                  .read_text().splitlines() if 3 <= len(line.split()) <= 40]
-    client = grpcclient.InferenceServerClient(url=url)
-    started = time.monotonic()
-    deadline = started + seconds
-    latencies: list[tuple[float, float]] = []  # (time since start, ms)
-    failures: list[str] = []
+    loop = asyncio.get_running_loop()
+    started = loop.time()
     memory: list[tuple[float, float]] = []
-
-    async def one_client(i: int) -> None:
-        n = i
-        while time.monotonic() < deadline:
-            text = sentences[n % len(sentences)].encode()
-            n += clients
-            inp = grpcclient.InferInput("TEXT", [1, 1], "BYTES")
-            inp.set_data_from_numpy(np.array([[text]], dtype=np.object_))
-            t0 = time.monotonic()
-            try:
-                await client.infer(model, [inp])
-                latencies.append((t0 - started, (time.monotonic() - t0) * 1000))
-            except Exception as exc:  # every failure is counted and reported
-                failures.append(f"{t0 - started:.1f}s {type(exc).__name__}: {exc}"[:300])
+    done = asyncio.Event()
 
     async def sample_memory() -> None:
-        while time.monotonic() < deadline:
-            memory.append((time.monotonic() - started, tree_rss_mb(pid)))
-            await asyncio.sleep(5)
+        while not done.is_set():
+            memory.append((loop.time() - started, tree_rss_mb(pid)))
+            try:
+                await asyncio.wait_for(done.wait(), 5)
+            except asyncio.TimeoutError:
+                pass
 
-    await asyncio.gather(sample_memory(), *(one_client(i) for i in range(clients)))
-    memory.append((time.monotonic() - started, tree_rss_mb(pid)))
-    await client.close()
+    async def drive() -> LoadResult:
+        call = TritonGrpc(url, model, output="EMBEDDING")
+        try:
+            # Every request counts, warm-up included: the windows show the warm-up apart.
+            return await closed_loop(call, sentences, clients, seconds, max_errors=10 ** 9)
+        finally:
+            done.set()
+            await call.close()
+
+    _, found = await asyncio.gather(sample_memory(), drive())
+    memory.append((loop.time() - started, tree_rss_mb(pid)))
+    latencies = list(zip(found.answered_at_s, found.latencies_ms))
+    failures = found.failures
 
     windows = []
     for lo in np.arange(0, seconds, window):
@@ -122,7 +107,7 @@ async def soak(url: str, model: str, pid: int, clients: int, seconds: float, war
     steady = [w["p99_ms"] for w in windows if w["from_s"] >= warmup]
     return {
         "clients": clients, "seconds": seconds, "requests": len(latencies),
-        "failed": len(failures), "failures": failures[:20],
+        "failed": found.errors, "failures": failures,
         "rps": round(len(latencies) / seconds, 1),
         "p50_ms": round(float(np.percentile([m for _, m in latencies], 50)), 1),
         "p99_ms": round(float(np.percentile([m for _, m in latencies], 99)), 1),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -138,6 +139,48 @@ def score_champion(kind: ModelKind, champion: Champion, requests: list, data: Da
     return kind.labelled_scores(outputs, data, cfg)[kind.quality_metric]
 
 
+@dataclass(frozen=True)
+class Gate:
+    """One release's gate, settled before anything runs: what every candidate is measured on,
+    batched how, against which limits, and how the winner is picked."""
+
+    kind: ModelKind
+    cfg: Any
+    data: Data  # the validation data as read (the smoke test's items come from it)
+    gate_data: Data  # what the gate measures (labelled items added by some kinds)
+    export_dir: str
+    batch: int  # the largest dynamic batch Triton forms (deploy.max_batch_size)
+    select: str  # "first" or "fastest" that passes
+    max_drop: float
+    limits: dict[str, Any]
+    smoke_limits: dict[str, Any]
+    smoke_index: list[int]
+    base: dict[str, Any]  # serving.json without file locations
+    quality: str | None  # the task metric compared with the champion, when the data has labels
+
+    @classmethod
+    def of(cls, kind: ModelKind, cfg: Any, data: Data, export_dir: str, batch: int,
+           max_batch_tokens: int, select: str, max_drop: float) -> Gate:
+        gate_data = kind.gate_data(data, cfg)
+        quality = kind.quality_metric \
+            if kind.quality_metric in kind.labelled_metrics(gate_data) else None
+        return cls(kind, cfg, data, gate_data, export_dir, batch, select, max_drop,
+                   kind.limits(), kind.smoke_limits(), kind.smoke_indices(data),
+                   serving_settings(kind, cfg, export_dir, max_batch_tokens), quality)
+
+
+@dataclass
+class Reference:
+    """PyTorch's answers the candidates are scored against, and the requests that ask for them:
+    the gate's items, and the smoke test's."""
+
+    outputs: Any
+    requests: list[dict[str, np.ndarray]]
+    smoke_data: Data
+    smoke_outputs: Any
+    smoke_requests: list[dict[str, np.ndarray]]
+
+
 def run_gate(kind: ModelKind, model_dir: str, export_dir: str, candidates: list[Candidate],
              cfg: Any, data: Data, batch: int, max_batch_tokens: int, work_root: str,
              select: str = "first", champion: Champion | None = None,
@@ -146,143 +189,196 @@ def run_gate(kind: ModelKind, model_dir: str, export_dir: str, candidates: list[
     `champion`; raise AccuracyGateError if none passes.
 
     `batch` is the largest dynamic batch Triton forms (deploy.max_batch_size)."""
-    limits, smoke_limits = kind.limits(), kind.smoke_limits()
-    gate_data = kind.gate_data(data, cfg)
-    smoke_index = kind.smoke_indices(data)
-    base = serving_settings(kind, cfg, export_dir, max_batch_tokens)
-    quality = kind.quality_metric if kind.quality_metric in kind.labelled_metrics(gate_data) \
-        else None
+    gate = Gate.of(kind, cfg, data, export_dir, batch, max_batch_tokens, select, max_drop)
     digests = [(c.name, candidate_digest(kind, c.onnx_path, export_dir)) for c in candidates]
     log = step_logger()
-    # A candidate the champion already serves is not compared with itself. When one is, the
-    # champion stays out of the step's key: nothing new registered, same gate, step reused.
-    same = {name for name, files in digests if champion and quality and serves(
-        champion, files, {**base, **kind.file_settings({n: n for n in files})})}
+    same = champion_serves(gate, champion, digests)
     if same:
         log.info("validate: the serving champion, version %s, serves the same files as %s: "
                  "it is not compared with itself", champion["version"], ", ".join(sorted(same)))
-    key = digest([
-        kind.name, digests,
-        digest(to_json(gate_data.items)), digest(to_json(gate_data.extra)), base, limits,
-        smoke_limits, smoke_index, batch, select, max_drop, quality,
-        [champion["version"], champion["files"]] if champion and quality and not same else None,
-        [sha256_file(m.__file__) for m in (sys.modules[__name__], sys.modules[type(kind).__module__],
-                                           sys.modules[ModelKind.__module__])],
-        hash_files(SERVING_DIR),
-    ])
+    key = gate_key(gate, digests, champion, same)
     started = time.perf_counter()
     failed_report = Path(work_root) / "validate" / f"failed-{key[:16]}.json"
 
     def build(out: Path) -> dict:
         log.info("validate: PyTorch reference on %d %s; then up to %d candidates, each one "
-                 "request at a time and in batches of %d", len(gate_data), kind.item_word,
+                 "request at a time and in batches of %d", len(gate.gate_data), kind.item_word,
                  len(candidates), batch)
-        reference = kind.reference(model_dir, cfg, gate_data)
-        requests = kind.requests(gate_data.items)
-        smoke_data = Data(take(data.items, smoke_index))
-        smoke_reference = take(reference, smoke_index)
-        smoke_requests = kind.requests(smoke_data.items)
-        report: dict[str, Any] = {"kind": kind.name, "items": len(gate_data),
-                                  "cpu": cpu_features(),
-                                  "thresholds": {k: v for k, (_, v) in limits.items()},
-                                  "limits": limits, "smoke_limits": smoke_limits,
-                                  "config": to_json(cfg.to_dict()), "batch": batch,
-                                  "candidates": []}
-        champion_floor: dict[str, Any] = {}
-        if quality and champion and len(same) == len(candidates):
-            report["champion"] = {"version": champion["version"], "metric": quality,
-                                  "status": f"the serving champion (version "
-                                            f"{champion['version']}) is this model"}
-        elif quality and champion:
-            value = score_champion(kind, champion, requests, gate_data, cfg, batch)
-            champion_floor = champion_limit(quality, value, max_drop)
-            report["champion"] = {"version": champion["version"], "metric": quality,
-                                  "value": value, "max_drop": max_drop,
-                                  "floor": champion_floor[quality][1]}
-            log.info("validate: the serving champion, version %s: %s %.4f (a candidate needs "
-                     ">= %.4f)", champion["version"], quality, value, champion_floor[quality][1])
-        elif quality:
-            report["champion"] = {"version": None, "metric": quality,
-                                  "status": "first release: no champion to compare with"}
-            log.info("validate: no serving champion yet: %s is reported, not compared", quality)
-        chosen = None
+        ref = pytorch_reference(gate, model_dir)
+        report = new_report(gate)
+        floor = face_champion(gate, champion, same, len(candidates), ref, report)
         for n, cand in enumerate(candidates, 1):
-            t0 = time.perf_counter()
             log.info("validate: candidate %d of %d, %s: %d %s", n, len(candidates), cand.name,
-                     len(gate_data), kind.item_word)
-            model = load_candidate(kind, cand.onnx_path, export_dir, base)
-            runs = []
-            for size in (1, batch):
-                outputs = kind.extract(answer_in_batches(model, requests, size))
-                runs.append(kind.score(reference, outputs, gate_data, cfg))
-            metrics = worst_of([m for m, _ in runs], limits)
-            # The details (worst examples) of the batching that did worst.
-            details = max(runs, key=lambda r: sum(misses(r[0], limits).values()))[1] \
-                if any(misses(r[0], limits) for r in runs) else runs[-1][1]
-            smoke_out = kind.extract(answer_in_batches(model, smoke_requests, batch))
-            smoke_metrics, _ = kind.score(smoke_reference, smoke_out, smoke_data, cfg)
-            missed = misses(metrics, limits)
-            # The gate's own limits on the smoke test's requests (the smoke test applies its own,
-            # deploy.smoke_min_cosine, when the spec sets one).
-            served_limits = {k: limits[k] for k in smoke_limits if k in limits}
-            missed.update({f"smoke.{k}": v for k, v in misses(smoke_metrics,
-                                                              served_limits).items()})
-            verdict = None
-            if champion_floor and cand.name not in same:
-                # MLflow's own model validation makes the call against the champion.
-                verdict = mlflow_verdict(quality, metrics[quality],
-                                         report["champion"]["value"], max_drop)
-                if verdict:
-                    missed[f"champion.{quality}"] = champion_floor[quality][1] - metrics[quality]
-            entry = {"name": cand.name, "metrics": metrics, "misses": missed,
-                     "smoke_metrics": smoke_metrics, "details": details,
-                     "worst": details.get("worst", []), "champion_verdict": verdict}
-            if select == "fastest":
-                entry["throughput"] = throughput(model, kind.requests(
-                    timing_items(gate_data.items)))
+                     len(gate.gate_data), kind.item_word)
+            entry = measure_candidate(gate, cand, ref, report.get("champion", {}), floor, same)
             report["candidates"].append(entry)
-            log.info("validate: %s: %s -> %s (%.0f s)", cand.name, ", ".join(
-                f"{k} {v:.4f}" for k, v in metrics.items() if k in limits),
-                "misses the gate" if missed else "passes", time.perf_counter() - t0)
-            if not missed and select == "first":
-                chosen = cand
+            if not entry["misses"] and select == "first":
                 break
-        if select == "fastest":
-            passing = [e for e in report["candidates"] if not e["misses"]]
-            if passing:
-                best = max(passing, key=lambda e: e["throughput"]["batch_32"])
-                chosen = next(c for c in candidates if c.name == best["name"])
+        chosen = choose(gate, candidates, report["candidates"])
         report["chosen"] = chosen.name if chosen else None
-        text = json.dumps(to_json(report), indent=1, ensure_ascii=False)
-        if chosen is None:
-            atomic_write_text(failed_report, text)
-            message = gate_message(kind, report, failed_report)
-            if in_prefect_run():
-                from hf2triton.report import publish_gate_failure
-
-                publish_gate_failure(Path(work_root).name, kind, report, message)
-            raise AccuracyGateError(message)
-        atomic_write_text(out / "validation_report.json", text)
-        atomic_write_text(out / "reference.json", json.dumps(to_json({
-            "kind": kind.name, "config": cfg.to_dict(), "items": smoke_data.items,
-            "reference": smoke_reference, "limits": smoke_limits, "batch": batch,
-        }), ensure_ascii=False))
-        shipped = next(e for e in report["candidates"] if e["name"] == chosen.name)
-        return {
-            "chosen": chosen.name, "onnx_path": chosen.onnx_path,
-            "metrics": to_json(shipped["metrics"]),
-            "candidates": to_json({c["name"]: {**c["metrics"], **{
-                f"per_s_{k}": v for k, v in c.get("throughput", {}).items()}}
-                for c in report["candidates"]}),
-            "items": len(gate_data), "info": kind.info(reference),
-            "champion": to_json({**report.get("champion", {}),
-                                 "candidate": shipped["metrics"].get(quality)} if quality else {}),
-        }
+        return write_report(gate, report, chosen, ref, out, failed_report, work_root)
 
     done = cached_step(work_root, "validate", key, build)
     return GateResult(**done.result, report_path=str(done.path / "validation_report.json"),
                       reference_path=str(done.path / "reference.json"),
                       seconds=round(time.perf_counter() - started, 3), reused=done.reused)
+
+
+def champion_serves(gate: Gate, champion: Champion | None,
+                    digests: list[tuple[str, dict[str, str]]]) -> set[str]:
+    """The candidates the champion already serves: not compared with themselves."""
+    if not (champion and gate.quality):
+        return set()
+    return {name for name, files in digests if serves(
+        champion, files, {**gate.base, **gate.kind.file_settings({n: n for n in files})})}
+
+
+def gate_key(gate: Gate, digests: list[tuple[str, dict[str, str]]],
+             champion: Champion | None, same: set[str]) -> str:
+    """The validate step's cache key: everything its verdict depends on. When the champion
+    serves one of the candidates it stays out: nothing new registered, same gate, step reused."""
+    kind = gate.kind
+    return digest([
+        kind.name, digests,
+        digest(to_json(gate.gate_data.items)), digest(to_json(gate.gate_data.extra)), gate.base,
+        gate.limits, gate.smoke_limits, gate.smoke_index, gate.batch, gate.select, gate.max_drop,
+        gate.quality,
+        [champion["version"], champion["files"]] if champion and gate.quality and not same
+        else None,
+        [sha256_file(m.__file__) for m in (sys.modules[__name__],
+                                           sys.modules[type(kind).__module__],
+                                           sys.modules[ModelKind.__module__])],
+        hash_files(SERVING_DIR),
+    ])
+
+
+def pytorch_reference(gate: Gate, model_dir: str) -> Reference:
+    """PyTorch's answers on the gate's items, and the smoke test's share of them."""
+    kind = gate.kind
+    outputs = kind.reference(model_dir, gate.cfg, gate.gate_data)
+    smoke_data = Data(take(gate.data.items, gate.smoke_index))
+    return Reference(outputs=outputs, requests=kind.requests(gate.gate_data.items),
+                     smoke_data=smoke_data, smoke_outputs=take(outputs, gate.smoke_index),
+                     smoke_requests=kind.requests(smoke_data.items))
+
+
+def new_report(gate: Gate) -> dict[str, Any]:
+    return {"kind": gate.kind.name, "items": len(gate.gate_data), "cpu": cpu_features(),
+            "thresholds": {k: v for k, (_, v) in gate.limits.items()}, "limits": gate.limits,
+            "smoke_limits": gate.smoke_limits, "config": to_json(gate.cfg.to_dict()),
+            "batch": gate.batch, "candidates": []}
+
+
+def face_champion(gate: Gate, champion: Champion | None, same: set[str], n_candidates: int,
+                  ref: Reference, report: dict[str, Any]) -> dict[str, Any]:
+    """Score the serving champion (with labelled data) into `report["champion"]`; returns the
+    floor a candidate's task metric must reach ({} when there is none to reach)."""
+    quality, log = gate.quality, step_logger()
+    if not quality:
+        return {}
+    if champion and len(same) == n_candidates:
+        report["champion"] = {"version": champion["version"], "metric": quality,
+                              "status": f"the serving champion (version "
+                                        f"{champion['version']}) is this model"}
+        return {}
+    if not champion:
+        report["champion"] = {"version": None, "metric": quality,
+                              "status": "first release: no champion to compare with"}
+        log.info("validate: no serving champion yet: %s is reported, not compared", quality)
+        return {}
+    value = score_champion(gate.kind, champion, ref.requests, gate.gate_data, gate.cfg,
+                           gate.batch)
+    floor = champion_limit(quality, value, gate.max_drop)
+    report["champion"] = {"version": champion["version"], "metric": quality, "value": value,
+                          "max_drop": gate.max_drop, "floor": floor[quality][1]}
+    log.info("validate: the serving champion, version %s: %s %.4f (a candidate needs >= %.4f)",
+             champion["version"], quality, value, floor[quality][1])
+    return floor
+
+
+def measure_candidate(gate: Gate, cand: Candidate, ref: Reference, champ: dict[str, Any],
+                      floor: dict[str, Any], same: set[str]) -> dict[str, Any]:
+    """One candidate through the serving core: scored one request at a time, in dynamic batches
+    and on the smoke test's requests (the worst counts), against the champion's floor, and with
+    a search, timed. Its report entry; `misses` is empty when it passes."""
+    kind, cfg, limits, quality = gate.kind, gate.cfg, gate.limits, gate.quality
+    t0 = time.perf_counter()
+    model = load_candidate(kind, cand.onnx_path, gate.export_dir, gate.base)
+    runs = []
+    for size in (1, gate.batch):
+        outputs = kind.extract(answer_in_batches(model, ref.requests, size))
+        runs.append(kind.score(ref.outputs, outputs, gate.gate_data, cfg))
+    metrics = worst_of([m for m, _ in runs], limits)
+    # The details (worst examples) of the batching that did worst.
+    details = max(runs, key=lambda r: sum(misses(r[0], limits).values()))[1] \
+        if any(misses(r[0], limits) for r in runs) else runs[-1][1]
+    smoke_out = kind.extract(answer_in_batches(model, ref.smoke_requests, gate.batch))
+    smoke_metrics, _ = kind.score(ref.smoke_outputs, smoke_out, ref.smoke_data, cfg)
+    missed = misses(metrics, limits)
+    # The gate's own limits on the smoke test's requests (the smoke test applies its own,
+    # deploy.smoke_min_cosine, when the spec sets one).
+    served_limits = {k: limits[k] for k in gate.smoke_limits if k in limits}
+    missed.update({f"smoke.{k}": v for k, v in misses(smoke_metrics, served_limits).items()})
+    verdict = None
+    if floor and cand.name not in same:
+        # MLflow's own model validation makes the call against the champion.
+        verdict = mlflow_verdict(quality, metrics[quality], champ["value"], gate.max_drop)
+        if verdict:
+            missed[f"champion.{quality}"] = floor[quality][1] - metrics[quality]
+    entry = {"name": cand.name, "metrics": metrics, "misses": missed,
+             "smoke_metrics": smoke_metrics, "details": details,
+             "worst": details.get("worst", []), "champion_verdict": verdict}
+    if gate.select == "fastest":
+        entry["throughput"] = throughput(model, kind.requests(timing_items(gate.gate_data.items)))
+    step_logger().info("validate: %s: %s -> %s (%.0f s)", cand.name, ", ".join(
+        f"{k} {v:.4f}" for k, v in metrics.items() if k in limits),
+        "misses the gate" if missed else "passes", time.perf_counter() - t0)
+    return entry
+
+
+def choose(gate: Gate, candidates: list[Candidate], entries: list[dict[str, Any]]
+           ) -> Candidate | None:
+    """The candidate that ships: the first that passes, or with a search the fastest at batch
+    32; None when none passes."""
+    passing = [e for e in entries if not e["misses"]]
+    if not passing:
+        return None
+    best = max(passing, key=lambda e: e["throughput"]["batch_32"]) \
+        if gate.select == "fastest" else passing[0]
+    return next(c for c in candidates if c.name == best["name"])
+
+
+def write_report(gate: Gate, report: dict[str, Any], chosen: Candidate | None, ref: Reference,
+                 out: Path, failed_report: Path, work_root: str) -> dict[str, Any]:
+    """The gate's evidence: with a winner, validation_report.json and the smoke test's
+    reference.json in the step's directory, and the step's result; without one, the report
+    beside it and AccuracyGateError (published to Prefect's UI in a flow run)."""
+    kind, quality = gate.kind, gate.quality
+    text = json.dumps(to_json(report), indent=1, ensure_ascii=False)
+    if chosen is None:
+        atomic_write_text(failed_report, text)
+        message = gate_message(kind, report, failed_report)
+        if in_prefect_run():
+            from hf2triton.report import publish_gate_failure
+
+            publish_gate_failure(Path(work_root).name, kind, report, message)
+        raise AccuracyGateError(message)
+    atomic_write_text(out / "validation_report.json", text)
+    atomic_write_text(out / "reference.json", json.dumps(to_json({
+        "kind": kind.name, "config": gate.cfg.to_dict(), "items": ref.smoke_data.items,
+        "reference": ref.smoke_outputs, "limits": gate.smoke_limits, "batch": gate.batch,
+    }), ensure_ascii=False))
+    shipped = next(e for e in report["candidates"] if e["name"] == chosen.name)
+    return {
+        "chosen": chosen.name, "onnx_path": chosen.onnx_path,
+        "metrics": to_json(shipped["metrics"]),
+        "candidates": to_json({c["name"]: {**c["metrics"], **{
+            f"per_s_{k}": v for k, v in c.get("throughput", {}).items()}}
+            for c in report["candidates"]}),
+        "items": len(gate.gate_data), "info": kind.info(ref.outputs),
+        "champion": to_json({**report.get("champion", {}),
+                             "candidate": shipped["metrics"].get(quality)} if quality else {}),
+    }
 
 
 def gate_message(kind: ModelKind, report: dict[str, Any], path: Path) -> str:

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hf2triton.errors import DeployError, ServiceUnavailableError
+from hf2triton.waiting import wait_until
 from hf2triton.workspace import PROJECT_ROOT, atomic_write_text, home
 
 
@@ -233,7 +234,7 @@ def _wait_live(state: ServerState, timeout_s: float, proc: subprocess.Popen | No
         failed = _startup_error(state.log_file, log_offset) if proc is not None else None
         # A model that fails under --load-model=* is logged the same way, and the server then
         # goes live anyway: only an error that is still not followed by liveness is fatal.
-        if failed and _live_within(state, STARTUP_GRACE_S):
+        if failed and wait_until(lambda: is_live(state), STARTUP_GRACE_S):
             return
         if failed:
             terminate(proc)
@@ -259,15 +260,6 @@ def _wait_live(state: ServerState, timeout_s: float, proc: subprocess.Popen | No
 STARTUP_GRACE_S = 15
 
 
-def _live_within(state: ServerState, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if is_live(state):
-            return True
-        time.sleep(0.5)
-    return False
-
-
 def stop_group(pid: int, timeout_s: float = 30) -> None:
     """Stop a process started in its own session and everything it started (a tritonserver and
     its Python-backend stubs): SIGTERM to the group, SIGKILL if it still runs after `timeout_s`."""
@@ -276,10 +268,7 @@ def stop_group(pid: int, timeout_s: float = 30) -> None:
             os.killpg(pid, sig)
         except ProcessLookupError:
             return
-        deadline = time.monotonic() + wait_s
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if not _alive(pid):
+        if wait_until(lambda: not _alive(pid), wait_s, interval_s=0.2):
             return
 
 

@@ -16,19 +16,20 @@ import asyncio
 import itertools
 import json
 import shutil
-import socket
-import time
 from pathlib import Path
 from typing import Any, TypedDict
 
 import numpy as np
+
 from hf2triton import triton_local
-from hf2triton.clients.triton import DTYPES
 from hf2triton.errors import DeployError
 from hf2triton.kinds.base import ModelKind, to_json
+from hf2triton.load import TritonGrpc, closed_loop
+from hf2triton.net import reserved_ports
 from hf2triton.repository import BATCHING, build_repository
 from hf2triton.runs import in_prefect_run, step_logger
 from hf2triton.spec import TuningSpec
+from hf2triton.waiting import wait_for
 from hf2triton.workspace import cached_step, digest, sha256_file
 
 # What the search varies: every serving knob but max_batch_size (the requests' contract).
@@ -65,84 +66,23 @@ def describe(cell: dict[str, Any]) -> str:
             f"{cell.get('max_batch_tokens') or 'unbounded'} tokens")
 
 
-async def closed_loop(url: str, model: str, requests: list[dict[str, np.ndarray]], clients: int,
-                      seconds: float, warmup_s: float) -> dict[str, float]:
-    """`clients` gRPC clients, each sending its next request when the last one was answered;
-    requests answered inside the measured window count."""
-    import tritonclient.grpc.aio as grpcaio
+def measure(url: str, model: str, requests: list[dict[str, np.ndarray]], clients: int,
+            seconds: float, warmup_s: float) -> dict[str, Any]:
+    """One point of a configuration: `clients` closed-loop gRPC clients for `seconds`."""
 
-    client = grpcaio.InferenceServerClient(url)
-    loop = asyncio.get_running_loop()
-    window: dict[str, float] = {}
-    latencies: list[float] = []
-    errors = [0]
-    stop = asyncio.Event()
-
-    async def one(i: int) -> None:
-        k = i * 7919
-        while not stop.is_set():
-            inputs = []
-            for name, arr in requests[k % len(requests)].items():
-                inp = grpcaio.InferInput(name, list(arr.shape), DTYPES[arr.dtype])
-                inp.set_data_from_numpy(arr)
-                inputs.append(inp)
-            k += 1
-            t0 = loop.time()
-            try:
-                await asyncio.wait_for(client.infer(model, inputs), 60)
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # noqa: BLE001 - counted: a configuration with errors never ships
-                errors[0] += 1
-                await asyncio.sleep(0.05)
-                continue
-            t1 = loop.time()
-            if "start" in window and "end" not in window:
-                latencies.append(t1 - t0)
-
-    tasks = [asyncio.create_task(one(i)) for i in range(clients)]
-    try:
-        await asyncio.sleep(warmup_s)
-        window["start"] = loop.time()
-        await asyncio.sleep(seconds)
-        window["end"] = loop.time()
-        stop.set()
-        await asyncio.wait(tasks, timeout=60)
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await client.close()
-    lat = np.array(latencies or [np.nan]) * 1000
-    return {"clients": clients, "requests": len(latencies), "errors": errors[0],
-            "rps": len(latencies) / (window["end"] - window["start"]),
-            "p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99))}
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def _wait(predicate, timeout_s: float, what: str, proc: Any = None) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise DeployError(f"configuration search: the private tritonserver exited with code "
-                              f"{proc.returncode} ({what})")
+    async def run():
+        call = TritonGrpc(url, model)
         try:
-            if predicate():
-                return
-        except Exception:  # noqa: BLE001 - the server may still be starting; poll to the deadline
-            pass
-        time.sleep(0.3)
-    raise DeployError(f"configuration search: {what} within {timeout_s:.0f}s")
+            return await closed_loop(call, requests, clients, seconds, warmup_s,
+                                     request_timeout_s=60)
+        finally:
+            await call.close()
+
+    found = asyncio.run(run())
+    # A failure while warming up counts too: a configuration with errors never ships.
+    return {"clients": clients, "requests": found.requests,
+            "errors": found.errors + found.warmup_errors, "rps": found.rps,
+            "p50_ms": found.p50_ms, "p99_ms": found.p99_ms}
 
 
 def choose(cells: list[dict[str, Any]], max_p99_ms: float | None) -> tuple[dict[str, Any], bool]:
@@ -176,48 +116,58 @@ def tune_config(kind: ModelKind, model_name: str, candidate: str, export_dir: st
     def build(out: Path) -> dict:
         repo = out / "server-repository"
         repo.mkdir()
-        http, grpc, metrics = _free_ports(3)
-        proc = triton_local.launch(repo, "127.0.0.1", http, grpc, metrics, out / "server.log")
+        try:
+            with reserved_ports(3) as (http, grpc, metrics):
+                proc = triton_local.launch(repo, "127.0.0.1", http, grpc, metrics,
+                                           out / "server.log")
+                try:
+                    measured = measure_cells(proc, http, grpc, repo, out / "builds")
+                finally:
+                    triton_local.terminate(proc)  # the server and its Python-backend stubs
+        finally:
+            shutil.rmtree(out / "builds", ignore_errors=True)
+            shutil.rmtree(repo, ignore_errors=True)
+        best, cap_met = choose(measured, tuning.max_p99_ms)
+        (out / "tuning.json").write_text(json.dumps(measured, indent=1) + "\n")
+        return {"chosen": best["settings"], "cells": measured, "cap_met": cap_met}
+
+    def measure_cells(proc: Any, http: int, grpc: int, repo: Path, builds: Path) -> list[dict]:
+        """Each cell loaded into the running server in turn, measured, and unloaded."""
         import tritonclient.http as httpclient
         from tritonclient.utils import InferenceServerException
 
         client = httpclient.InferenceServerClient(f"127.0.0.1:{http}", network_timeout=600.0)
         measured = []
         try:
-            _wait(client.is_server_live, deploy.ready_timeout_s, "the server did not start",
-                  proc)
+            wait_for(client.is_server_live, deploy.ready_timeout_s,
+                     "configuration search: the private tritonserver did not start", proc)
             for i, cell in enumerate(cells):
                 name = f"{model_name}-tune-{i}"
                 built = build_repository(kind, name, candidate, export_dir, cfg, info,
-                                         {**knobs, **cell}, warmup_items, str(out / "builds"))
+                                         {**knobs, **cell}, warmup_items, str(builds))
                 shutil.copytree(Path(built["repository"]) / name, repo / name)
                 row = {"settings": cell, "name": describe(cell), "points": [], "score_rps": 0.0}
                 try:
                     client.load_model(name)
-                    _wait(lambda: client.is_model_ready(name), deploy.ready_timeout_s,
-                          f"{name} did not load", proc)
+                    wait_for(lambda: client.is_model_ready(name), deploy.ready_timeout_s,
+                             f"configuration search: {name} did not load", proc)
                 except (InferenceServerException, DeployError) as exc:
                     if proc.poll() is not None:
                         raise
                     row["failed"] = " ".join(str(exc).split())[:300]  # never ships
                 else:
-                    row["points"] = [asyncio.run(closed_loop(
-                        f"127.0.0.1:{grpc}", name, requests, n, tuning.seconds,
-                        min(2.0, tuning.seconds))) for n in tuning.clients]
+                    row["points"] = [measure(f"127.0.0.1:{grpc}", name, requests, n,
+                                             tuning.seconds, min(2.0, tuning.seconds))
+                                     for n in tuning.clients]
                     row["score_rps"] = float(np.mean([p["rps"] for p in row["points"]]))
                 client.unload_model(name)
-                _wait(lambda: not client.is_model_ready(name), 120, f"{name} did not unload",
-                      proc)
+                wait_for(lambda: not client.is_model_ready(name), 120,
+                         f"configuration search: {name} did not unload", proc)
                 shutil.rmtree(repo / name)
                 measured.append(row)
         finally:
             client.close()
-            triton_local.terminate(proc)  # the server and its Python-backend stubs
-            shutil.rmtree(out / "builds", ignore_errors=True)
-            shutil.rmtree(repo, ignore_errors=True)
-        best, cap_met = choose(measured, tuning.max_p99_ms)
-        (out / "tuning.json").write_text(json.dumps(measured, indent=1) + "\n")
-        return {"chosen": best["settings"], "cells": measured, "cap_met": cap_met}
+        return measured
 
     done = cached_step(work_root, "tune", key, build)
     result = TuneResult(chosen=done.result["chosen"], cells=done.result["cells"],

@@ -13,6 +13,7 @@ from hf2triton.gate import GateResult
 from hf2triton.kinds import Data, ModelKind
 from hf2triton.repository import BATCHING, RepositoryResult, build_repository
 from hf2triton.runs import NO_PREFECT_CACHE, note_reuse
+from hf2triton.traffic import warmup_items
 from hf2triton.tuning import TuneResult
 
 
@@ -21,9 +22,8 @@ def repository(kind: ModelKind, model_name: str, val: GateResult, exp: ExportRes
                data: Data, deploy: Any, tuned: TuneResult | None, work: str) -> RepositoryResult:
     knobs = {k: getattr(deploy, k) for k in BATCHING}
     knobs.update(tuned["chosen"] if tuned else {})
-    warmup = sorted((x for x in data.items if str(x).strip()), key=lambda x: len(str(x)))[-2:]
     built = build_repository(kind, model_name, val["onnx_path"], exp["export_dir"],
-                             kind.config_from_dict(exp["config"]), val["info"], knobs, warmup,
-                             work)
+                             kind.config_from_dict(exp["config"]), val["info"], knobs,
+                             warmup_items(data.items), work)
     note_reuse("build-repository", built)
     return built

@@ -12,6 +12,7 @@ from hf2triton.export import ExportResult
 from hf2triton.gate import GateResult
 from hf2triton.kinds import Data, ModelKind
 from hf2triton.runs import NO_PREFECT_CACHE, step_logger
+from hf2triton.traffic import search_items, warmup_items
 from hf2triton.tuning import TuneResult, describe, tune_config
 
 
@@ -20,9 +21,8 @@ def tune(kind: ModelKind, model_name: str, val: GateResult, exp: ExportResult, d
          deploy: Any, work: str) -> TuneResult | None:
     if not deploy.tuning.search:
         return None
-    items = [x for x in data.items if str(x).strip()][:256]
     tuned = tune_config(kind, model_name, val["onnx_path"], exp["export_dir"],
                         kind.config_from_dict(exp["config"]), val["info"], deploy,
-                        sorted(items, key=lambda x: len(str(x)))[-2:], items, work)
+                        warmup_items(data.items), search_items(data.items), work)
     step_logger().info("tune: ships %s", describe(tuned["chosen"]))
     return tuned

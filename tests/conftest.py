@@ -5,18 +5,17 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
+from hf2triton.net import free_port
+from hf2triton.tiny_models import build_tiny_bert
+from hf2triton.waiting import http_ok, wait_for
 from tests.docker_fixtures import docker_client, docker_env, serving_wheelhouse  # noqa: F401
 from tests.prefect_fixtures import prefect_server  # noqa: F401
-from tests.models import build_tiny_bert
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no hub here; hub code is tested on a local cache
@@ -25,24 +24,9 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def wait_http(url: str, timeout: float = 60, proc: subprocess.Popen | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"process for {url} exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.3)
-    raise TimeoutError(f"{url} did not answer within {timeout}s")
+    """Until `url` answers 200; TimeoutError when it does not in time or `proc` exits."""
+    wait_for(lambda: http_ok(url), timeout, f"{url} did not answer", proc, error=TimeoutError)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -165,7 +149,7 @@ class TinyRelease:
 
 
 def tiny_spec(path: Path, model_dir: Path, ports: dict[str, int], **overrides) -> Path:
-    from tests.models import CORPUS
+    from hf2triton.tiny_models import CORPUS
 
     sentences = path.parent / "tiny-sentences.txt"
     extra = ["ok", "thanks", "", "a " * 80, "prices rose 12.5%!", "😀 great"]

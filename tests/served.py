@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from hf2triton.kinds.base import read_lines
+from hf2triton.waiting import wait_until
 
 
 def read_sentences(path: str | Path) -> list[str]:
@@ -36,10 +37,8 @@ def embed_remote(protocol: str, url: str, model: str, version: str, texts: list[
     else:
         import tritonclient.http as module
     client = module.InferenceServerClient(url=url)
-    deadline = time.monotonic() + timeout_s
-    while not _ready(client, model, version):
-        assert time.monotonic() < deadline, f"{model} {version} not ready on {url}"
-        time.sleep(0.5)
+    assert wait_until(lambda: client.is_model_ready(model, version), timeout_s), \
+        f"{model} {version} not ready on {url}"
     out, latency = [], []
     for text in texts:
         x = module.InferInput("TEXT", [1, 1], "BYTES")
@@ -50,10 +49,3 @@ def embed_remote(protocol: str, url: str, model: str, version: str, texts: list[
         out.append(res.as_numpy("EMBEDDING")[0])
     client.close()
     return np.stack(out), latency
-
-
-def _ready(client, model: str, version: str) -> bool:
-    try:
-        return bool(client.is_model_ready(model, version))
-    except Exception:  # not up yet
-        return False

@@ -16,8 +16,8 @@ from tritonclient.utils import InferenceServerException
 
 from hf2triton.errors import AccuracyGateError, SpecError
 from hf2triton.spec import load_spec, parse_spec
+from hf2triton.tiny_models import build_tiny_cross_encoder, rerank_pairs
 from tests.conftest import free_port, tiny_spec
-from tests.models import build_tiny_cross_encoder, rerank_pairs
 
 
 def _spec(tmp: Path, model_dir: Path, ports: dict[str, int], **overrides) -> Path:

@@ -17,8 +17,8 @@ from tritonclient.utils import InferenceServerException
 from hf2triton.errors import SpecError
 from hf2triton.kinds.translation import GenerationSpec
 from hf2triton.spec import load_spec, parse_spec
+from hf2triton.tiny_models import SEQ2SEQ_CORPUS, build_tiny_classifier, build_tiny_m2m100
 from tests.conftest import free_port, tiny_spec
-from tests.models import SEQ2SEQ_CORPUS, build_tiny_classifier, build_tiny_m2m100
 
 ODD = ["a", "ok", "prices rose 12.5% to $43,210 on tuesday!", "ÄÖÜ ß straße 😀",
        "word " * 90]  # the last is cut at the model's 64 positions

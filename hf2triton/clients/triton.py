@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from hf2triton.errors import Hf2TritonError, ServiceUnavailableError
-from hf2triton.plugins import wait_until
+from hf2triton.waiting import wait_until
 
 # gRPC status codes a second try can get past.
 TRANSIENT_GRPC = ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED",

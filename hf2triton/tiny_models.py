@@ -1,5 +1,6 @@
-"""Tiny real-architecture models with random weights, built once per test session: a BERT
-encoder with a WordPiece tokenizer trained on a few dozen lines (ENVIRONMENT.md's recipe)."""
+"""Tiny real-architecture models with random weights, for the tests (built once per session) and
+the benchmarks: a BERT encoder with a WordPiece tokenizer trained on a few dozen lines
+(ENVIRONMENT.md's recipe), a classifier, a cross-encoder and an M2M100 translator."""
 
 from __future__ import annotations
 

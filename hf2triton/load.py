@@ -1,0 +1,191 @@
+"""Closed-loop load on a served model: N concurrent clients on one asyncio loop, each sending its
+next request when its last one was answered, for a time or a count of answers; the latency of
+every request answered inside the measured window, and the failures. The configuration search
+(hf2triton.tuning) and the benchmarks drive Triton with it.
+
+    result = asyncio.run(closed_loop(TritonGrpc(url, model), requests, clients=16,
+                                     duration_s=10, warmup_s=2))
+    result.rps, result.p99_ms, result.errors
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+import numpy as np
+
+from hf2triton.clients.triton import infer_inputs
+
+Payload = TypeVar("Payload")
+# One request: send the payload, return when answered, raise when it failed.
+Call = Callable[[Payload], Awaitable[Any]]
+
+# Spreads the clients' starting points over the payloads (a prime: no two clients in step).
+STRIDE = 7919
+ERROR_PAUSE_S = 0.05  # after a failed request: a refusing server is not hammered in a spin
+KEEP_FAILURES = 20
+
+
+class Window(Protocol):
+    """Told when the measured window opens and closes (a CPU meter, for one)."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+@dataclass
+class LoadResult:
+    clients: int
+    seconds: float  # the measured window's length
+    latencies_ms: list[float] = field(default_factory=list)  # each answered inside the window
+    answered_at_s: list[float] = field(default_factory=list)  # when, seconds into the window
+    errors: int = 0  # requests that failed inside the window
+    warmup_errors: int = 0  # requests that failed before it
+    failures: list[str] = field(default_factory=list)  # the first few, "12.3s Error: message"
+
+    @property
+    def requests(self) -> int:
+        return len(self.latencies_ms)
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.seconds if self.seconds > 0 else 0.0
+
+    def percentile_ms(self, q: float) -> float:
+        """The q-th percentile latency; NaN when nothing was answered."""
+        return float(np.percentile(self.latencies_ms, q)) if self.latencies_ms else float("nan")
+
+    @property
+    def p50_ms(self) -> float:
+        return self.percentile_ms(50)
+
+    @property
+    def p90_ms(self) -> float:
+        return self.percentile_ms(90)
+
+    @property
+    def p99_ms(self) -> float:
+        return self.percentile_ms(99)
+
+    @property
+    def mean_ms(self) -> float:
+        return float(np.mean(self.latencies_ms)) if self.latencies_ms else float("nan")
+
+    def summary(self) -> dict[str, Any]:
+        """The figures, without the per-request lists."""
+        return {"clients": self.clients, "requests": self.requests, "errors": self.errors,
+                "warmup_errors": self.warmup_errors, "seconds": round(self.seconds, 3),
+                "rps": self.rps, "p50_ms": self.p50_ms, "p90_ms": self.p90_ms,
+                "p99_ms": self.p99_ms, "mean_ms": self.mean_ms,
+                "first_error": self.failures[0] if self.failures else None}
+
+
+async def closed_loop(call: Call, payloads: Sequence[Payload], clients: int, duration_s: float,
+                      warmup_s: float = 0.0, max_requests: int | None = None,
+                      request_timeout_s: float = 30.0, window: Window | None = None,
+                      max_errors: int = 1000) -> LoadResult:
+    """Run `clients` closed-loop clients of `call` over `payloads` (each client from its own
+    place in them, in turn).
+
+    Requests answered inside the measured window count, whenever they were sent (at 200 clients
+    a request waits a good part of a second; dropping those sent before the window would
+    undercount throughput); their latency is send-to-answer. The window opens after `warmup_s`
+    and once every client has had an answer (no later than 5 x `warmup_s`: a slow server takes
+    seconds for one round), and closes after `duration_s`, after `max_requests` answers in it,
+    or after more than `max_errors` failures (a dead server: stop rather than spin).
+    """
+    if clients < 1 or not payloads or duration_s <= 0:
+        raise ValueError(f"closed_loop needs clients >= 1 ({clients}), payloads "
+                         f"({len(payloads)}) and duration_s > 0 ({duration_s})")
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    opened: list[float] = []  # the window's start, once open
+    closed: list[float] = []
+    result = LoadResult(clients=clients, seconds=0.0)
+    answered = [0]
+
+    def fail(at: float, exc: Exception) -> None:
+        inside = bool(opened) and not closed
+        if inside:
+            result.errors += 1
+        elif not opened:
+            result.warmup_errors += 1
+        if len(result.failures) < KEEP_FAILURES:
+            since = at - (opened[0] if opened else started)
+            result.failures.append(f"{since:.1f}s {type(exc).__name__}: {exc}"[:300])
+        if result.errors + result.warmup_errors > max_errors:
+            stop.set()
+
+    async def client(i: int) -> None:
+        k = i * STRIDE
+        while not stop.is_set():
+            payload = payloads[k % len(payloads)]
+            k += 1
+            t0 = loop.time()
+            try:
+                await asyncio.wait_for(call(payload), request_timeout_s)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - every failure is counted and one kept
+                fail(t0, exc)
+                await asyncio.sleep(ERROR_PAUSE_S)
+                continue
+            t1 = loop.time()
+            answered[0] += 1
+            if opened and not closed:
+                result.latencies_ms.append((t1 - t0) * 1000)
+                result.answered_at_s.append(t1 - opened[0])
+                if max_requests is not None and len(result.latencies_ms) >= max_requests:
+                    stop.set()
+
+    started = loop.time()
+    tasks = [asyncio.create_task(client(i)) for i in range(clients)]
+    try:
+        if warmup_s > 0:
+            await asyncio.sleep(warmup_s)
+            while answered[0] < clients and loop.time() - started < 5 * warmup_s \
+                    and not stop.is_set():
+                await asyncio.sleep(0.1)
+        if window is not None:
+            window.start()
+        opened.append(loop.time())
+        try:
+            await asyncio.wait_for(stop.wait(), duration_s)
+        except asyncio.TimeoutError:
+            pass
+        closed.append(loop.time())
+        if window is not None:
+            window.stop()
+        stop.set()
+        # In-flight requests finish (bounded), so the server is idle for whatever runs next.
+        await asyncio.wait(tasks, timeout=request_timeout_s)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    result.seconds = closed[0] - opened[0]
+    return result
+
+
+class TritonGrpc:
+    """A Triton model over gRPC as a load `call`: one channel, many concurrent requests on it;
+    each payload is a request's input arrays by name."""
+
+    def __init__(self, url: str, model: str, version: str = "", outputs: Sequence[str] = ()):
+        import tritonclient.grpc.aio as grpcaio
+
+        self.module = grpcaio
+        self.client = grpcaio.InferenceServerClient(url)
+        self.model, self.version = model, version
+        self.outputs = [grpcaio.InferRequestedOutput(name) for name in outputs] or None
+
+    async def __call__(self, arrays: dict[str, np.ndarray]) -> Any:
+        return await self.client.infer(self.model, infer_inputs(self.module, arrays),
+                                       model_version=self.version, outputs=self.outputs)
+
+    async def close(self) -> None:
+        await self.client.close()

@@ -1,0 +1,25 @@
+"""Which validation items a served model is sent before the release is measured or served: the
+warm-up requests its repository carries, and the requests the configuration search repeats."""
+
+from __future__ import annotations
+
+from typing import Any
+
+WARMUP_ITEMS = 2
+SEARCH_ITEMS = 256
+
+
+def sendable(items: list[Any]) -> list[Any]:
+    """The items that make a request (a blank line does not)."""
+    return [x for x in items if str(x).strip()]
+
+
+def warmup_items(items: list[Any], n: int = WARMUP_ITEMS) -> list[Any]:
+    """The `n` longest items: Triton's warm-up then allocates for long inputs before the first
+    user's request needs it."""
+    return sorted(sendable(items), key=lambda x: len(str(x)))[-n:]
+
+
+def search_items(items: list[Any], n: int = SEARCH_ITEMS) -> list[Any]:
+    """The first `n` items the configuration search sends, one per request, in turn."""
+    return sendable(items)[:n]
