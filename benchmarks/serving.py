@@ -369,7 +369,7 @@ def marian_sized(out: Path) -> Path:
 def translation(tmp: Path, seconds: float) -> dict:
     from hf2triton.kinds.base import read_lines
     from hf2triton.kinds.translation import TorchTranslator, resolve_translation_config
-    from hf2triton.spec import GenerationSpec
+    from hf2triton.kinds.translation import GenerationSpec
 
     model = marian_sized(tmp / "marian-sized")
     texts = read_lines(ROOT / "releases" / "data" / "translation-validation-en.txt", "t")

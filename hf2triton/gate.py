@@ -316,7 +316,7 @@ def measure_candidate(gate: Gate, cand: Candidate, ref: Reference, champ: dict[s
     smoke_metrics, _ = kind.score(ref.smoke_outputs, smoke_out, ref.smoke_data, cfg)
     missed = misses(metrics, limits)
     # The gate's own limits on the smoke test's requests (the smoke test applies its own,
-    # deploy.smoke_min_cosine, when the spec sets one).
+    # embedding.smoke_min_cosine, when the spec sets one).
     served_limits = {k: limits[k] for k in gate.smoke_limits if k in limits}
     missed.update({f"smoke.{k}": v for k, v in misses(smoke_metrics, served_limits).items()})
     verdict = None
