@@ -1,12 +1,58 @@
-"""Plug-in tables: "module:Class" by name, imported when first used."""
+"""Plug-in registries: each plug-in registers itself where it is defined (`@KINDS.register`,
+as optimum's exporters register their model configs), and its package imports its plug-in
+modules in one line. A registry also makes the spec section that chooses one of its plug-ins.
+"""
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from collections.abc import Callable
+from typing import Annotated, Any, Union, get_args
+
+from pydantic import Discriminator, Tag
 
 
-def load(table: dict[str, str], name: str) -> Any:
-    """The class `table[name]` names as "module:Class", imported when first used."""
-    module, _, cls = table[name].partition(":")
-    return getattr(importlib.import_module(module), cls)
+class Registry(dict[str, Any]):
+    """Plug-in classes by name (the name each class declares, read by `key`), with the name a
+    spec gets when it names none.
+
+    Example:
+        >>> KINDS = Registry(lambda cls: cls.task, default="feature-extraction")
+        >>> @KINDS.register
+        ... class EmbeddingKind: task = "feature-extraction"
+        >>> KINDS.load("feature-extraction").__name__
+        'EmbeddingKind'
+    """
+
+    def __init__(self, key: Callable[[type], str], default: str):
+        super().__init__()
+        self.key, self.default = key, default
+
+    def register(self, cls: type) -> type:
+        name = self.key(cls)
+        if self.get(name, cls) is not cls:
+            raise ValueError(f"two plug-ins are named {name!r}: {self[name]} and {cls}")
+        self[name] = cls
+        return cls
+
+    def load(self, name: str) -> Any:
+        return self[name]
+
+    def classes(self) -> list[Any]:
+        return list(self.values())
+
+    def union(self, tag: str, section: Callable[[Any], Any] = lambda cls: cls) -> Any:
+        """A spec section that is one plug-in's `section(cls)`, chosen by its `tag` key (a
+        section without it is the default's): each variant has only its own keys, and a
+        validation error names the variant."""
+        def chosen(value: Any) -> str | None:
+            return value.get(tag, self.default) if isinstance(value, dict) else \
+                getattr(value, tag, None)
+
+        variants = tuple(Annotated[section(cls), Tag(name)] for name, cls in self.items())
+        return Annotated[Union[variants], Discriminator(chosen)]  # noqa: UP007
+
+
+def tag_of(section: Any, tag: str) -> str:
+    """The one value a section's `tag` field takes (`target: Literal["docker"]`): the name
+    its plug-in registers under, declared once, in the section."""
+    return get_args(section.model_fields[tag].annotation)[0]

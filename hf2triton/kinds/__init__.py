@@ -1,7 +1,8 @@
 """Model kinds as plug-ins: one module each, registered in `KINDS` by the spec's `task` value.
 A kind's module holds everything about it: its spec section (`Options`), its limits, whether the
 configuration search can drive it, its serving class (which declares its Triton inputs and
-outputs). A new kind is a new module (and its serving module) and one line here.
+outputs). A new kind is a new module (and its serving module), registered where it is defined,
+and its name in the import line here.
 
 Example:
     >>> kind = kind_for(spec)            # chosen once, from spec.task
@@ -19,24 +20,12 @@ from hf2triton.kinds.base import Candidate, Data, ModelKind
 if TYPE_CHECKING:
     from hf2triton.spec import ReleaseSpec
 
-# spec `task:` -> "module:class" of the kind.
-KINDS: dict[str, str] = {
-    "feature-extraction": "hf2triton.kinds.embedding:EmbeddingKind",
-    "text-classification": "hf2triton.kinds.classification:ClassificationKind",
-    "translation": "hf2triton.kinds.translation:TranslationKind",
-    "text-ranking": "hf2triton.kinds.reranking:RerankingKind",
-}
-DEFAULT_TASK = "feature-extraction"
+# spec `task:` -> the kind's class; each kind's module registers it (`@KINDS.register`).
+KINDS = plugins.Registry(lambda cls: cls.task, default="feature-extraction")
+from hf2triton.kinds import classification, embedding, reranking, translation  # noqa: E402,F401,I001
 
-
-def kind_class(task: str) -> type[ModelKind]:
-    """The kind registered for `task`."""
-    return plugins.load(KINDS, task)
-
-
-def kind_classes() -> list[type[ModelKind]]:
-    """Every registered kind, in registry order."""
-    return [kind_class(task) for task in KINDS]
+DEFAULT_TASK = KINDS.default
+kind_class, kind_classes = KINDS.load, KINDS.classes
 
 
 def kind_for(spec: ReleaseSpec) -> ModelKind:

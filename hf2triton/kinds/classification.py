@@ -15,6 +15,7 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from hf2triton.errors import SpecError, UnsupportedModelError
+from hf2triton.kinds import KINDS
 from hf2triton.kinds.base import Data, Limits, ModelKind, read_lines
 from hf2triton.kinds.embedding import model_max_length
 from hf2triton.kinds.torch_reference import TorchReference, largest_difference
@@ -121,6 +122,7 @@ def predicted(probs: np.ndarray, activation: str) -> np.ndarray:
     return probs.argmax(axis=1)
 
 
+@KINDS.register
 class ClassificationKind(ModelKind):
     name = "classification"
     task = "text-classification"

@@ -14,6 +14,7 @@ import numpy as np
 from pydantic import Field
 
 from hf2triton.errors import SpecError
+from hf2triton.kinds import KINDS
 from hf2triton.kinds.base import Data, Limits, ModelKind, read_lines
 from hf2triton.specbase import MaxLength, Probability, SpecPath, Strict
 from hf2triton.kinds.torch_reference import (
@@ -199,6 +200,7 @@ def embedding_metrics(reference: np.ndarray, candidate: np.ndarray
             "spearman": rho}, cos
 
 
+@KINDS.register
 class EmbeddingKind(ModelKind):
     name = "embedding"
     task = "feature-extraction"

@@ -19,6 +19,7 @@ import numpy as np
 from pydantic import Field
 
 from hf2triton.errors import SpecError, UnsupportedModelError
+from hf2triton.kinds import KINDS
 from hf2triton.kinds.base import Data, Limits, ModelKind, read_lines
 from hf2triton.kinds.classification import TorchClassifier, check_logits
 from hf2triton.kinds.embedding import model_max_length
@@ -111,6 +112,7 @@ def ranking_metrics(reference: list[np.ndarray], served: list[np.ndarray]
                                         for r, g in zip(reference, served)))}, rhos
 
 
+@KINDS.register
 class RerankingKind(ModelKind):
     name = "reranking"
     task = "text-ranking"

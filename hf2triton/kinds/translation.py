@@ -15,6 +15,7 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from hf2triton.errors import ExportError, SpecError
+from hf2triton.kinds import KINDS
 from hf2triton.kinds.base import Data, Limits, ModelKind, read_lines
 from hf2triton.kinds.generation_config import TranslationConfig, resolve_translation_config
 from hf2triton.kinds.serving_tokenizer import check_tokenizer, write_serving_tokenizer
@@ -137,6 +138,7 @@ def onnx_files_with_data(directory: str | Path) -> dict[str, Path]:
 TOKENIZER_DIR = "serving-tokenizer"  # written by export, beside the ONNX files
 
 
+@KINDS.register
 class TranslationKind(ModelKind):
     name = "translation"
     task = "translation"

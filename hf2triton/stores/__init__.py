@@ -10,30 +10,20 @@ Example:
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Union
+from typing import Annotated, Any
 
-from pydantic import Discriminator, Field, Tag, TypeAdapter
+from pydantic import Field, TypeAdapter
 
 from hf2triton import plugins
 from hf2triton.stores.base import ModelDir, ModelStore
 
-# deploy.model_store `kind:` -> "module:class" of the store.
-STORES: dict[str, str] = {
-    "local": "hf2triton.stores.local:LocalStore",
-    "s3": "hf2triton.stores.s3:S3Store",
-}
-DEFAULT = "local"
-
-
-def _kind_of(value: Any) -> str | None:
-    """A section without `kind` is the default store."""
-    return value.get("kind", DEFAULT) if isinstance(value, dict) else getattr(value, "kind", None)
-
+# deploy.model_store `kind:` -> the store's class; each store's module registers it.
+STORES = plugins.Registry(lambda cls: plugins.tag_of(cls, "kind"), default="local")
+from hf2triton.stores import local, s3  # noqa: E402,F401,I001
 
 # The `deploy.model_store` section: one variant per registered store, each with its own keys.
 ModelStoreSpec = Annotated[
-    Union[tuple(Annotated[plugins.load(STORES, k), Tag(k)] for k in STORES)],  # noqa: UP007
-    Discriminator(_kind_of),
+    STORES.union("kind"),
     Field(description="where the served repository lives: the local server's directory, or "
           "an S3-compatible bucket Triton loads from"),
 ]
@@ -45,7 +35,7 @@ def parse_store(data: dict[str, Any]) -> ModelStore:
 
 
 def default_store() -> ModelStore:
-    return plugins.load(STORES, DEFAULT)()
+    return STORES.load(STORES.default)()
 
 
 __all__ = ["STORES", "ModelDir", "ModelStore", "ModelStoreSpec", "default_store", "parse_store"]

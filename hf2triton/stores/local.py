@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Literal
 
 from hf2triton.errors import ModelStoreError
+from hf2triton.stores import STORES
 from hf2triton.stores.base import ModelDir, ModelStore, _mismatch, _refuse
 from hf2triton.workspace import atomic_write_text, hash_files
 
@@ -62,6 +63,7 @@ class LocalModelDir:
                       key=int)
 
 
+@STORES.register
 class LocalStore(ModelStore):
     """The local server's own directory, or each replica's `model_repository`."""
 

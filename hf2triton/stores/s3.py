@@ -7,17 +7,19 @@ import hashlib
 import os
 import re
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from prefect.blocks.core import Block
 from pydantic import Field, SecretStr, field_validator
 
 from hf2triton.errors import ModelStoreError, ServiceUnavailableError
 from hf2triton.runs import load_block
+from hf2triton.specbase import matching
+from hf2triton.stores import STORES
 from hf2triton.stores.base import ModelDir, ModelStore, _mismatch, _refuse
 from hf2triton.workspace import hash_files
 
-BUCKET_PATTERN = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+BUCKET_PATTERN = re.compile(r"^(?!.*\.\.)[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 # Triton parses s3://[http(s)://]host:port/bucket/path itself: the port is not optional, and
 # path parts may hold only [0-9A-Za-z._-].
 S3_ENDPOINT_PATTERN = re.compile(r"^https?://[A-Za-z0-9.-]+:[0-9]{1,5}$")
@@ -44,16 +46,21 @@ class S3Credentials(Block):
     session_token: SecretStr | None = None
 
 
+@STORES.register
 class S3Store(ModelStore):
     """A bucket of an S3-compatible store that Triton reads itself (`--model-repository=s3://`);
     every replica of a `triton-replicas` target reads the same bucket."""
 
     kind: Literal["s3"]
     shared: ClassVar[bool] = True
-    endpoint: str | None = Field(
+    endpoint: Annotated[str, matching(S3_ENDPOINT_PATTERN, (
+        "an endpoint URL such as 'http://127.0.0.1:9000' (scheme, host and port, which Triton "
+        "needs even for 80/443)"))] | None = Field(
         None, description="the store's URL, e.g. 'http://minio.internal:9000'; leave out for "
         "AWS S3")
-    bucket: str = Field(description="the bucket (it must exist)")
+    bucket: Annotated[str, matching(BUCKET_PATTERN, "an S3 bucket name: 3 to 63 lower-case "
+                                    "letters, digits, '.' and '-'")] = Field(
+        description="the bucket (it must exist)")
     prefix: str = Field("triton", description="the repository's folder in the bucket")
     region: str = Field("us-east-1", description="the bucket's region")
     credentials_block: str | None = Field(
@@ -61,22 +68,6 @@ class S3Store(ModelStore):
         description="name of a saved hf2triton S3 Credentials Prefect block; without it "
         "$AWS_ACCESS_KEY_ID and $AWS_SECRET_ACCESS_KEY are used",
     )
-
-    @field_validator("endpoint")
-    @classmethod
-    def _check_endpoint(cls, v: str | None) -> str | None:
-        if v is not None and not S3_ENDPOINT_PATTERN.match(v):
-            raise ValueError(f"{v!r} is not an endpoint URL such as 'http://127.0.0.1:9000' "
-                             "(scheme, host and port, which Triton needs even for 80/443)")
-        return v
-
-    @field_validator("bucket")
-    @classmethod
-    def _check_bucket(cls, v: str) -> str:
-        if not BUCKET_PATTERN.match(v) or ".." in v:
-            raise ValueError(f"{v!r} is not an S3 bucket name: 3 to 63 lower-case letters, "
-                             "digits, '.' and '-'")
-        return v
 
     @field_validator("prefix")
     @classmethod

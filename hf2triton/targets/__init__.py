@@ -11,9 +11,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, Union
-
-from pydantic import Discriminator, Tag
+from typing import TYPE_CHECKING
 
 from hf2triton import plugins
 from hf2triton.targets.base import Check, Deployment, DeploySection, DeployTarget
@@ -21,35 +19,17 @@ from hf2triton.targets.base import Check, Deployment, DeploySection, DeployTarge
 if TYPE_CHECKING:
     from hf2triton.spec import ReleaseSpec
 
-# spec `deploy.target:` -> "module:class" of the target.
-TARGETS: dict[str, str] = {
-    "local-triton": "hf2triton.targets.local:LocalTriton",
-    "triton-replicas": "hf2triton.targets.replicas:TritonReplicas",
-    "docker": "hf2triton.targets.docker:DockerContainers",
-    "kserve": "hf2triton.targets.kserve:KServe",
-}
-DEFAULT = "local-triton"
+# spec `deploy.target:` -> the target's class; each target's module registers it.
+TARGETS = plugins.Registry(lambda cls: cls.name, default="local-triton")
+from hf2triton.targets import docker, kserve, local, replicas  # noqa: E402,F401,I001
 
-
-def target_class(name: str) -> type[DeployTarget]:
-    return plugins.load(TARGETS, name)
-
-
-def _target_of(value: Any) -> str | None:
-    """A deploy section without `target` is the default target."""
-    return value.get("target", DEFAULT) if isinstance(value, dict) else \
-        getattr(value, "target", None)
-
-
+target_class = TARGETS.load
 # The `deploy:` section: one variant per registered target, each with only its own keys.
-DeploySpec = Annotated[
-    Union[tuple(Annotated[target_class(t).Spec, Tag(t)] for t in TARGETS)],  # noqa: UP007
-    Discriminator(_target_of),
-]
+DeploySpec = TARGETS.union("target", section=lambda cls: cls.Spec)
 
 
 def default_deploy() -> DeploySection:
-    return target_class(DEFAULT).Spec()
+    return target_class(TARGETS.default).Spec()
 
 
 def target_for(spec: ReleaseSpec, work: str) -> DeployTarget:

@@ -15,6 +15,7 @@ from typing import Annotated, Any, ClassVar, Literal, TypedDict
 
 from pydantic import Field, model_validator
 
+from hf2triton.plugins import tag_of
 from hf2triton.smoke import Endpoint
 from hf2triton.specbase import Strict
 
@@ -157,7 +158,7 @@ class DeployTarget:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        cls.name = cls.Spec.model_fields["target"].default
+        cls.name = tag_of(cls.Spec, "target")
 
     def __init__(self, spec: Any, release: str, work: str = "", registry_model: str = "",
                  image: Any = None):

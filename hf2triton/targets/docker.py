@@ -19,6 +19,7 @@ from hf2triton.clients import docker as engine_client
 from hf2triton.errors import DeployError, Hf2TritonError
 from hf2triton.runs import step_logger
 from hf2triton.smoke import Endpoint
+from hf2triton.targets import TARGETS
 from hf2triton.targets.base import Check, Deployment, DeployTarget, PublishedSection
 
 LABEL_RELEASE = "io.hf2triton.release"
@@ -73,6 +74,7 @@ class DockerDeploy(PublishedSection):
     runs_image: ClassVar[bool] = True
 
 
+@TARGETS.register
 class DockerContainers(DeployTarget):
     Spec = DockerDeploy
 

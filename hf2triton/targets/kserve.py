@@ -25,6 +25,7 @@ from hf2triton.errors import DeployError
 from hf2triton.smoke import Endpoint
 from hf2triton.specbase import Strict, matching
 from hf2triton.stores import ModelStoreSpec, default_store
+from hf2triton.targets import TARGETS
 from hf2triton.targets.base import Check, Deployment, DeploySection, DeployTarget
 from hf2triton.targets.local import expected_files
 
@@ -135,6 +136,7 @@ class KServeDeploy(DeploySection):
         "storageUri is this bucket")
 
 
+@TARGETS.register
 class KServe(DeployTarget):
     Spec = KServeDeploy
 

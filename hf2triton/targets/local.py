@@ -23,6 +23,7 @@ from hf2triton.errors import DeployError
 
 from hf2triton.smoke import Endpoint
 from hf2triton.stores import ModelDir, ModelStoreSpec, default_store, parse_store
+from hf2triton.targets import TARGETS
 from hf2triton.targets.base import Check, Deployment, DeployTarget, PublishedSection
 
 POLICY = re.compile(r"^version_policy:.*$", re.MULTILINE)
@@ -92,6 +93,7 @@ class LocalTritonDeploy(PublishedSection):
     model_store: ModelStoreSpec = Field(default_factory=default_store)
 
 
+@TARGETS.register
 class LocalTriton(DeployTarget):
     Spec = LocalTritonDeploy
 

@@ -23,6 +23,7 @@ from hf2triton.errors import DeployError, ServiceUnavailableError
 from hf2triton.smoke import Endpoint
 from hf2triton.specbase import SpecPath, Strict
 from hf2triton.stores import ModelStoreSpec, default_store
+from hf2triton.targets import TARGETS
 from hf2triton.targets.base import Check, Deployment, DeploySection, DeployTarget
 from hf2triton.targets.local import (
     expected_files,
@@ -119,6 +120,7 @@ class ReplicasDeploy(DeploySection):
         return self
 
 
+@TARGETS.register
 class TritonReplicas(DeployTarget):
     Spec = ReplicasDeploy
 
