@@ -7,9 +7,9 @@ The deploy step works on one model's directory of the repository (`ModelDir`): p
 `--model-repository=s3://<endpoint>/<bucket>/<prefix>` and the store's credentials in its
 environment.
 
-Credentials come from a Prefect block (`S3Credentials`, named in the spec) or from the
-environment (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`); they are never logged, written to the
-server's state file or recorded in MLflow.
+Credentials come from hf2triton.credentials (an `S3Credentials` block named in the spec, or
+`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`); they are never logged, written to the server's
+state file or recorded in MLflow.
 """
 
 from __future__ import annotations
@@ -20,34 +20,13 @@ import shutil
 from pathlib import Path
 from typing import Any, Protocol
 
-from prefect.blocks.core import Block
-from pydantic import SecretStr
-
+from hf2triton.credentials import S3Credentials, resolve
 from hf2triton.errors import ArtifactError, ModelStoreError, ServiceUnavailableError
-from hf2triton.runs import load_block
 from hf2triton.spec import ModelStoreSpec
 from hf2triton.workspace import atomic_write_text, hash_files
 
-ENV_ACCESS_KEY = "AWS_ACCESS_KEY_ID"
-ENV_SECRET_KEY = "AWS_SECRET_ACCESS_KEY"
-ENV_SESSION_TOKEN = "AWS_SESSION_TOKEN"  # temporary credentials (STS, IRSA)
 RETRYABLE_CODES = ("SlowDown", "RequestTimeout", "RequestTimeTooSkewed", "Throttling",
                    "ThrottlingException", "ServiceUnavailable", "InternalError")
-
-
-class S3Credentials(Block):
-    """Access key of an S3-compatible store, kept as a Prefect block; the secret is a SecretStr.
-
-    Example:
-        >>> S3Credentials(access_key_id="AKIA...", secret_access_key="...").save("models-s3")  # doctest: +SKIP
-        and in the spec: `deploy: {model_store: {kind: s3, ..., credentials_block: models-s3}}`
-    """
-
-    _block_type_name = "hf2triton S3 Credentials"
-    _block_type_slug = "hf2triton-s3-credentials"
-    access_key_id: str
-    secret_access_key: SecretStr
-    session_token: SecretStr | None = None
 
 
 class ModelDir(Protocol):
@@ -133,45 +112,27 @@ class LocalModelDir:
                       key=int)
 
 
-def s3_credentials(store: ModelStoreSpec) -> dict[str, str]:
-    """The store's key pair: the spec's Prefect block, else the environment."""
-    if store.credentials_block:
-        block = load_block(S3Credentials, store.credentials_block,
-                           "deploy.model_store.credentials_block", ModelStoreError)
-        creds = {ENV_ACCESS_KEY: block.access_key_id,
-                 ENV_SECRET_KEY: block.secret_access_key.get_secret_value()}
-        if block.session_token is not None:
-            creds[ENV_SESSION_TOKEN] = block.session_token.get_secret_value()
-        return creds
-    key, secret = os.environ.get(ENV_ACCESS_KEY), os.environ.get(ENV_SECRET_KEY)
-    if not (key and secret):
-        raise ModelStoreError(
-            f"deploy.model_store is s3 but has no credentials: name a saved "
-            f"hf2triton-s3-credentials block in deploy.model_store.credentials_block, or set "
-            f"{ENV_ACCESS_KEY} and {ENV_SECRET_KEY}"
-        )
-    creds = {ENV_ACCESS_KEY: key, ENV_SECRET_KEY: secret}
-    if os.environ.get(ENV_SESSION_TOKEN):
-        creds[ENV_SESSION_TOKEN] = os.environ[ENV_SESSION_TOKEN]
-    return creds
+def s3_credentials(store: ModelStoreSpec) -> S3Credentials:
+    """The store's key pair: the spec's Prefect block, else the environment (else an error)."""
+    found = resolve(S3Credentials, store.credentials_block)
+    assert found is not None  # S3Credentials.from_env raises rather than find none
+    return found
 
 
 def server_env(store: ModelStoreSpec) -> dict[str, str]:
     """What a tritonserver reading the store needs in its environment (credentials included)."""
     if store.kind != "s3":
         return {}
-    return {**s3_credentials(store), "AWS_DEFAULT_REGION": store.region}
+    return {**s3_credentials(store).environment(), "AWS_DEFAULT_REGION": store.region}
 
 
 def s3_client(store: ModelStoreSpec) -> Any:
     import boto3
     from botocore.config import Config
 
-    creds = s3_credentials(store)
     return boto3.client(
         "s3", endpoint_url=store.endpoint, region_name=store.region,
-        aws_access_key_id=creds[ENV_ACCESS_KEY], aws_secret_access_key=creds[ENV_SECRET_KEY],
-        aws_session_token=creds.get(ENV_SESSION_TOKEN),
+        **s3_credentials(store).client_kwargs(),
         config=Config(retries={"max_attempts": 3, "mode": "standard"},
                       connect_timeout=10, read_timeout=120),
     )
