@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar, TypedDict, TypeVar
 
 from prefect.blocks.core import Block
@@ -32,28 +33,56 @@ S3_ACCESS_KEY, S3_SECRET_KEY = "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"
 S3_SESSION_TOKEN = "AWS_SESSION_TOKEN"  # temporary credentials (STS, IRSA)
 
 
-def _secret(value: SecretStr | None) -> str | None:
-    return value.get_secret_value() if value is not None else None
+def _secret(value: SecretStr | str | None) -> str | None:
+    return value.get_secret_value() if isinstance(value, SecretStr) else value
 
 
-class _Kind:
-    """What the resolver knows of one kind of secret; each block below sets these."""
+@dataclass(frozen=True)
+class Kind:
+    """What the resolver knows of one kind of secret; each block below holds one as KIND."""
 
-    SPEC_KEY: ClassVar[str]  # where a spec names the block
-    ERROR: ClassVar[type[Hf2TritonError]]  # what a missing block or missing credentials raise
-    ENV_HINT: ClassVar[str]  # the environment variables, in words
-    ENV_NAMES: ClassVar[tuple[str, ...]]  # every variable of this kind
+    spec_key: str  # where a spec names the block
+    error: type[Hf2TritonError]  # what a missing block, or missing credentials, raise
+    env: dict[str, str]  # environment variable -> the block's field
+    env_hint: str  # the environment variables, in words
+    needed_by: str | None = None  # who cannot do without credentials (None: none is fine)
+
+
+class _Credentials:
+    """The behaviour the three blocks share, driven by their KIND."""
+
+    KIND: ClassVar[Kind]
 
     @classmethod
     def hint(cls) -> str:
         """How a user gives credentials of this kind, for the end of an error message."""
-        return (f"set {cls.ENV_HINT}, or name a saved {cls.get_block_type_slug()} block in "  # type: ignore[attr-defined]
-                f"{cls.SPEC_KEY}")
+        slug = cls.get_block_type_slug()  # type: ignore[attr-defined]
+        return f"set {cls.KIND.env_hint}, or name a saved {slug} block in {cls.KIND.spec_key}"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Any:
-        """The credentials the environment holds, None when it holds none."""
-        raise NotImplementedError
+        """The credentials `env` holds; None when it holds none and none are needed. The
+        block's required fields come together or not at all."""
+        given = {field: env[k] for k, field in cls.KIND.env.items() if env.get(k)}
+        if not given:
+            if cls.KIND.needed_by:
+                raise cls.KIND.error(f"{cls.KIND.needed_by} but has no credentials: "
+                                     f"{cls.hint()}")
+            return None
+        fields = cls.model_fields  # type: ignore[attr-defined]
+        missing = [k for k, f in cls.KIND.env.items() if fields[f].is_required()
+                   and f not in given]
+        if missing:
+            present = [k for k, f in cls.KIND.env.items() if f in given]
+            raise cls.KIND.error(f"{' and '.join(missing)} is not set, but "
+                                 f"{' and '.join(present)} {'is' if len(present) == 1 else 'are'}"
+                                 f": {cls.hint()}")
+        return cls(**given)
+
+    def environment(self) -> dict[str, str]:
+        """These credentials as the environment variables of this kind (those given)."""
+        values = {k: _secret(getattr(self, field)) for k, field in self.KIND.env.items()}
+        return {k: v for k, v in values.items() if v}
 
 
 class DockerAuth(TypedDict):
@@ -64,7 +93,7 @@ class DockerAuth(TypedDict):
     serveraddress: str
 
 
-class RegistryCredentials(_Kind, Block):
+class RegistryCredentials(_Credentials, Block):
     """Credentials for the image registry, kept as a Prefect block; the password is a SecretStr.
 
     Example:
@@ -74,30 +103,19 @@ class RegistryCredentials(_Kind, Block):
 
     _block_type_name = "hf2triton Registry Credentials"
     _block_type_slug = "hf2triton-registry-credentials"
-    SPEC_KEY: ClassVar[str] = "image.credentials_block"
-    ERROR: ClassVar[type[Hf2TritonError]] = RegistryAuthError
-    ENV_HINT: ClassVar[str] = f"{REGISTRY_USERNAME} and {REGISTRY_PASSWORD}"
-    ENV_NAMES: ClassVar[tuple[str, ...]] = (REGISTRY_USERNAME, REGISTRY_PASSWORD)
+    KIND: ClassVar[Kind] = Kind(
+        "image.credentials_block", RegistryAuthError,
+        {REGISTRY_USERNAME: "username", REGISTRY_PASSWORD: "password"},
+        f"{REGISTRY_USERNAME} and {REGISTRY_PASSWORD}")  # neither: an open registry
     username: str
     password: SecretStr
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> RegistryCredentials | None:
-        """Both variables, or neither (an open registry); one alone is a mistake."""
-        user, password = env.get(REGISTRY_USERNAME), env.get(REGISTRY_PASSWORD)
-        if user and password:
-            return cls(username=user, password=password)
-        if user or password:
-            raise RegistryAuthError(f"set both {REGISTRY_USERNAME} and {REGISTRY_PASSWORD}, or "
-                                    f"neither (or name a saved block in {cls.SPEC_KEY})")
-        return None
 
     def auth_config(self, registry: str) -> DockerAuth:
         return DockerAuth(username=self.username, password=self.password.get_secret_value(),
                           serveraddress=registry)
 
 
-class MlflowCredentials(_Kind, Block):
+class MlflowCredentials(_Credentials, Block):
     """Credentials of a remote MLflow registry, kept as a Prefect block (secrets as SecretStr):
     a user and password, or a token.
 
@@ -108,29 +126,18 @@ class MlflowCredentials(_Kind, Block):
 
     _block_type_name = "hf2triton MLflow Credentials"
     _block_type_slug = "hf2triton-mlflow-credentials"
-    SPEC_KEY: ClassVar[str] = "source.mlflow.credentials_block"
-    ERROR: ClassVar[type[Hf2TritonError]] = SpecError
-    ENV_HINT: ClassVar[str] = f"{MLFLOW_USERNAME} and {MLFLOW_PASSWORD} (or {MLFLOW_TOKEN})"
-    ENV_NAMES: ClassVar[tuple[str, ...]] = (MLFLOW_USERNAME, MLFLOW_PASSWORD, MLFLOW_TOKEN)
+    # MLflow takes these from `environment()` (a child process's) only.
+    # None from the environment: MLflow may still find ~/.mlflow/credentials itself.
+    KIND: ClassVar[Kind] = Kind(
+        "source.mlflow.credentials_block", SpecError,
+        {MLFLOW_USERNAME: "username", MLFLOW_PASSWORD: "password", MLFLOW_TOKEN: "token"},
+        f"{MLFLOW_USERNAME} and {MLFLOW_PASSWORD} (or {MLFLOW_TOKEN})")
     username: str | None = None
     password: SecretStr | None = None
     token: SecretStr | None = None
 
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> MlflowCredentials | None:
-        user, password, token = (env.get(k) for k in cls.ENV_NAMES)
-        if not (user or password or token):
-            return None  # MLflow may still find ~/.mlflow/credentials itself
-        return cls(username=user or None, password=password or None, token=token or None)
 
-    def environment(self) -> dict[str, str]:
-        """MLflow's variables for these credentials (MLflow reads them from nowhere else)."""
-        values = {MLFLOW_USERNAME: self.username, MLFLOW_PASSWORD: _secret(self.password),
-                  MLFLOW_TOKEN: _secret(self.token)}
-        return {k: v for k, v in values.items() if v}
-
-
-class S3Credentials(_Kind, Block):
+class S3Credentials(_Credentials, Block):
     """Access key of an S3-compatible store, kept as a Prefect block; the secret is a SecretStr.
 
     Example:
@@ -140,37 +147,21 @@ class S3Credentials(_Kind, Block):
 
     _block_type_name = "hf2triton S3 Credentials"
     _block_type_slug = "hf2triton-s3-credentials"
-    SPEC_KEY: ClassVar[str] = "deploy.model_store.credentials_block"
-    ERROR: ClassVar[type[Hf2TritonError]] = ModelStoreError
-    ENV_HINT: ClassVar[str] = f"{S3_ACCESS_KEY} and {S3_SECRET_KEY}"
-    ENV_NAMES: ClassVar[tuple[str, ...]] = (S3_ACCESS_KEY, S3_SECRET_KEY, S3_SESSION_TOKEN)
+    # boto3 takes `client_kwargs()`; a tritonserver reading s3:// `environment()`.
+    KIND: ClassVar[Kind] = Kind(
+        "deploy.model_store.credentials_block", ModelStoreError,
+        {S3_ACCESS_KEY: "access_key_id", S3_SECRET_KEY: "secret_access_key",
+         S3_SESSION_TOKEN: "session_token"},
+        f"{S3_ACCESS_KEY} and {S3_SECRET_KEY}", needed_by="deploy.model_store is s3")
     access_key_id: str
     secret_access_key: SecretStr
     session_token: SecretStr | None = None
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> S3Credentials:
-        """The key pair of the environment; a store of kind s3 cannot be read without one."""
-        key, secret = env.get(S3_ACCESS_KEY), env.get(S3_SECRET_KEY)
-        if not (key and secret):
-            raise ModelStoreError(f"deploy.model_store is s3 but has no credentials: "
-                                  f"{cls.hint()}")
-        return cls(access_key_id=key, secret_access_key=secret,
-                   session_token=env.get(S3_SESSION_TOKEN) or None)
 
     def client_kwargs(self) -> dict[str, str | None]:
         """boto3.client(...)'s credential arguments."""
         return {"aws_access_key_id": self.access_key_id,
                 "aws_secret_access_key": self.secret_access_key.get_secret_value(),
                 "aws_session_token": _secret(self.session_token)}
-
-    def environment(self) -> dict[str, str]:
-        """What a process reading the store (tritonserver's s3:// repository) needs in its
-        environment."""
-        values = {S3_ACCESS_KEY: self.access_key_id,
-                  S3_SECRET_KEY: self.secret_access_key.get_secret_value(),
-                  S3_SESSION_TOKEN: _secret(self.session_token)}
-        return {k: v for k, v in values.items() if v}
 
 
 Credentials = TypeVar("Credentials", RegistryCredentials, MlflowCredentials, S3Credentials)
@@ -181,15 +172,17 @@ def resolve(kind: type[Credentials], block_name: str | None,
     """The saved `kind` block named `block_name` (the spec's credentials_block), else `kind` from
     the environment (`env`, default os.environ, only read), else None.
 
-    Raises `kind.ERROR` when the block is not saved, or the environment's are incomplete."""
+    Raises `kind.KIND.error` when the block is not saved, or the environment's are
+    incomplete."""
     if block_name:
         try:
             return kind.load(block_name)
         except ValueError:
-            raise kind.ERROR(
-                f"{kind.SPEC_KEY} {block_name!r}: no saved {kind.get_block_type_slug()} block of "
-                f"that name: save one ({kind.__name__}(...).save({block_name!r})), or remove "
-                f"{kind.SPEC_KEY} and set {kind.ENV_HINT}") from None
+            key = kind.KIND.spec_key
+            raise kind.KIND.error(
+                f"{key} {block_name!r}: no saved {kind.get_block_type_slug()} block of that name: "
+                f"save one ({kind.__name__}(...).save({block_name!r})), or remove {key} and set "
+                f"{kind.KIND.env_hint}") from None
     return kind.from_env(os.environ if env is None else env)
 
 
@@ -200,5 +193,5 @@ def child_environment(credentials: MlflowCredentials | S3Credentials | None,
     process's) with every variable of `kind` replaced by the credentials' own, so another
     account's password never goes along with this one's token."""
     env = {k: v for k, v in (os.environ if base is None else base).items()
-           if k not in kind.ENV_NAMES}
+           if k not in kind.KIND.env}
     return {**env, **(credentials.environment() if credentials is not None else {})}

@@ -222,7 +222,7 @@ def fetch_mlflow(spec: MlflowSourceSpec, default_uri: str) -> FetchResult:
     except MlflowAuthError as exc:
         raise SourceError(f"source.mlflow: {exc}, or name a saved "
                           f"{MlflowCredentials.get_block_type_slug()} block in "
-                          f"{MlflowCredentials.SPEC_KEY}") from None
+                          f"{MlflowCredentials.KIND.spec_key}") from None
 
 
 def fetch_mlflow_here(spec_fields: dict[str, Any], uri: str) -> FetchResult:

@@ -48,20 +48,6 @@ def _values(block) -> dict:
     return {k: getattr(block, k) for k in type(block).model_fields}
 
 
-@pytest.fixture()
-def environ_writes(monkeypatch):
-    """Every (name, value) written into this process's os.environ while the test runs."""
-    writes: list[tuple[str, str]] = []
-    original = type(os.environ).__setitem__
-
-    def recording(self, key, value):
-        writes.append((key, value))
-        original(self, key, value)
-
-    monkeypatch.setattr(type(os.environ), "__setitem__", recording)
-    return writes
-
-
 def test_the_block_type_slugs_saved_blocks_are_found_by_have_not_changed():
     # A saved block is stored under its type's slug: changing one orphans every saved block.
     assert [b.get_block_type_slug() for b in (RegistryCredentials, MlflowCredentials,
@@ -105,15 +91,22 @@ def test_a_block_that_is_not_saved_fails_in_one_line_naming_the_key_and_what_to_
 
 def test_missing_or_half_given_credentials_say_what_to_set():
     assert resolve(RegistryCredentials, None, {}) is None  # an open registry needs none
-    with pytest.raises(RegistryAuthError, match="set both HF2TRITON_REGISTRY_USERNAME and "
-                       "HF2TRITON_REGISTRY_PASSWORD, or neither"):
+    with pytest.raises(RegistryAuthError, match="HF2TRITON_REGISTRY_PASSWORD is not set, but "
+                       "HF2TRITON_REGISTRY_USERNAME is: set HF2TRITON_REGISTRY_USERNAME and "
+                       "HF2TRITON_REGISTRY_PASSWORD, or name a saved"):
         resolve(RegistryCredentials, None, {"HF2TRITON_REGISTRY_USERNAME": "ci"})
     assert resolve(MlflowCredentials, None, {}) is None  # MLflow may read its own file
-    with pytest.raises(ModelStoreError) as caught:
-        resolve(S3Credentials, None, {"AWS_ACCESS_KEY_ID": "AKIATEST"})
-    assert "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or name a saved " \
-           "hf2triton-s3-credentials block in deploy.model_store.credentials_block" in \
-           str(caught.value)
+    assert resolve(MlflowCredentials, None, {"MLFLOW_TRACKING_TOKEN": "t"}).environment() == {
+        "MLFLOW_TRACKING_TOKEN": "t"}
+    hint = ("set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or name a saved "
+            "hf2triton-s3-credentials block in deploy.model_store.credentials_block")
+    with pytest.raises(ModelStoreError) as none_given:
+        resolve(S3Credentials, None, {})
+    assert str(none_given.value) == f"deploy.model_store is s3 but has no credentials: {hint}"
+    with pytest.raises(ModelStoreError) as half_given:
+        resolve(S3Credentials, None, {"AWS_SESSION_TOKEN": "t", "AWS_ACCESS_KEY_ID": "AKIATEST"})
+    assert str(half_given.value) == ("AWS_SECRET_ACCESS_KEY is not set, but AWS_ACCESS_KEY_ID "
+                                     f"and AWS_SESSION_TOKEN are: {hint}")
 
 
 def test_what_each_client_is_handed():

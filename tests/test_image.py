@@ -87,7 +87,8 @@ def test_credentials_from_env_or_a_prefect_block(monkeypatch):
     monkeypatch.delenv(REGISTRY_PASSWORD, raising=False)
     assert image_step.registry_auth(ImageSpec(), "r:5000") is None
     monkeypatch.setenv(REGISTRY_USERNAME, "ci")
-    with pytest.raises(RegistryAuthError, match="set both"):
+    with pytest.raises(RegistryAuthError, match=f"{REGISTRY_PASSWORD} is not set, but "
+                       f"{REGISTRY_USERNAME} is: set {REGISTRY_USERNAME} and {REGISTRY_PASSWORD}"):
         image_step.registry_auth(ImageSpec(), "r:5000")
     monkeypatch.setenv(REGISTRY_PASSWORD, PASSWORD)
     assert image_step.registry_auth(ImageSpec(), "r:5000") == {

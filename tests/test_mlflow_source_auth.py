@@ -92,20 +92,6 @@ def test_credentials_from_the_environment(auth_registry, no_mlflow_env, monkeypa
     assert got["registry"]["model"] == MODEL and got["registry"]["uri"] == auth_registry
 
 
-@pytest.fixture()
-def environ_writes(monkeypatch):
-    """Every (name, value) written into this process's os.environ while the test runs."""
-    writes: list[tuple[str, str]] = []
-    original = type(os.environ).__setitem__
-
-    def recording(self, key, value):
-        writes.append((key, value))
-        original(self, key, value)
-
-    monkeypatch.setattr(type(os.environ), "__setitem__", recording)
-    return writes
-
-
 def test_credentials_from_a_prefect_block_never_enter_this_process_environment(
         auth_registry, no_mlflow_env, environ_writes):
     MlflowCredentials(username=ADMIN, password=ADMIN_PASSWORD).save("test-mlflow-auth",

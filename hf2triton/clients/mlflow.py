@@ -133,7 +133,7 @@ class Registry:
                     "does not allow these credentials"
                 raise MlflowAuthError(
                     f"MLflow at {redact_uri(self.uri)} {refused} ({code}) while trying to {what}: "
-                    f"set {MlflowCredentials.ENV_HINT} for a user that may do this") from None
+                    f"set {MlflowCredentials.KIND.env_hint} for a user that may do this") from None
             raise
 
     def download_version(self, name: str, version: str, dst: str) -> str:
