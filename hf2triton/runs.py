@@ -65,12 +65,3 @@ def note_reuse(step: str, result: dict[str, Any]) -> None:
     """Say in the log when a step found its finished output of an earlier run (same inputs)."""
     if result.get("reused"):
         step_logger().info("%s: reused the finished output of an earlier run (same inputs)", step)
-
-
-def load_block(block_type: Any, name: str, spec_key: str, error: type[Exception]) -> Any:
-    """A saved Prefect block of `block_type` (credentials), or `error` naming the spec key."""
-    try:
-        return block_type.load(name)
-    except ValueError:
-        raise error(f"{spec_key} {name!r}: no saved {block_type.get_block_type_slug()} block "
-                    "of that name") from None

@@ -4,20 +4,13 @@ files that define it (config, weights, tokenizer) for the release record.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import shutil
 import tempfile
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
-from typing import NotRequired, TypedDict
+from typing import Any, NotRequired, TypedDict
 
-from prefect.blocks.core import Block
-from pydantic import SecretStr
-
-from hf2triton.errors import MlflowAuthError, ServiceUnavailableError, SourceError, SpecError
-from hf2triton.runs import load_block
+from hf2triton.errors import MlflowAuthError, ServiceUnavailableError, SourceError
 from hf2triton.spec import MlflowSourceSpec, SourceSpec, package_model_dir
 from hf2triton.workspace import cached_step, digest, hash_files, home, redact_uri
 
@@ -190,53 +183,6 @@ def fetch_model(source: SourceSpec, mlflow_uri: str = "") -> FetchResult:
 # ---- a version of an MLflow model registry ----------------------------------------------------
 
 
-class MlflowCredentials(Block):
-    """Credentials of a remote MLflow registry, kept as a Prefect block (secrets as SecretStr):
-    a user and password, or a token.
-
-    Example:
-        >>> MlflowCredentials(username="ci", password="...").save("team-mlflow")  # doctest: +SKIP
-        and in the spec: `source: {mlflow: {model: ..., credentials_block: team-mlflow}}`
-    """
-
-    _block_type_name = "hf2triton MLflow Credentials"
-    _block_type_slug = "hf2triton-mlflow-credentials"
-    username: str | None = None
-    password: SecretStr | None = None
-    token: SecretStr | None = None
-
-
-@contextlib.contextmanager
-def mlflow_credentials(spec: MlflowSourceSpec) -> Iterator[None]:
-    """MLflow reads its credentials from the environment: the block's, for this block only
-    (the environment's own MLFLOW_TRACKING_* otherwise). The block's replace all three, so
-    another registry's password never goes with the block's token."""
-    if not spec.credentials_block:
-        yield
-        return
-    block = load_block(MlflowCredentials, spec.credentials_block,
-                       "source.mlflow.credentials_block", SpecError)
-    values = {"MLFLOW_TRACKING_USERNAME": block.username,
-              "MLFLOW_TRACKING_PASSWORD": block.password.get_secret_value()
-              if block.password else None,
-              "MLFLOW_TRACKING_TOKEN": block.token.get_secret_value() if block.token else None}
-    saved = {k: os.environ.get(k) for k in values}
-    try:
-        _set_environment(values)
-        yield
-    finally:
-        _set_environment(saved)
-
-
-def _set_environment(values: dict[str, str | None]) -> None:
-    """Set these variables; None unsets one."""
-    for k, v in values.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-
-
 def _assemble(downloaded: Path, out: Path) -> None:
     """A flat Hugging Face directory from what a training run logged: the transformers flavour
     (model/ and components/tokenizer/) or a plain directory (at the root, or one folder down)."""
@@ -260,48 +206,59 @@ def _assemble(downloaded: Path, out: Path) -> None:
 def fetch_mlflow(spec: MlflowSourceSpec, default_uri: str) -> FetchResult:
     """Resolve the registry version, download its files once (by version and run) and check
     them like any model directory. A missing model, alias or version is a SourceError that names
-    it, and so are refused credentials; a registry that does not answer is worth a retry."""
+    it, and so are refused credentials; a registry that does not answer is worth a retry.
+
+    The registry's credentials (hf2triton.credentials: the spec's block, else MLflow's own
+    variables) go to a child process that does the MLflow work, never into this process's
+    environment."""
+    from hf2triton.clients.mlflow import call_with_credentials
+    from hf2triton.credentials import MlflowCredentials, resolve
+
     uri = spec.tracking_uri or default_uri
+    credentials = resolve(MlflowCredentials, spec.credentials_block)
     try:
-        return _fetch_mlflow(spec, uri)
+        return call_with_credentials(credentials, fetch_mlflow_here,
+                                     spec.model_dump(mode="json"), uri)
     except MlflowAuthError as exc:
         raise SourceError(f"source.mlflow: {exc}, or name a saved "
-                          "hf2triton-mlflow-credentials block in source.mlflow.credentials_block"
-                          ) from None
+                          f"{MlflowCredentials.get_block_type_slug()} block in "
+                          f"{MlflowCredentials.KIND.spec_key}") from None
 
 
-def _fetch_mlflow(spec: MlflowSourceSpec, uri: str) -> FetchResult:
+def fetch_mlflow_here(spec_fields: dict[str, Any], uri: str) -> FetchResult:
+    """`fetch_mlflow`'s work, in the process whose environment holds the registry's
+    credentials."""
     from mlflow.exceptions import MlflowException
 
     from hf2triton.clients.mlflow import Registry
 
-    with mlflow_credentials(spec):
-        registry = Registry(uri)
-        where = f"source.mlflow: registered model {spec.model!r} in {redact_uri(uri)}"
-        try:
-            mv = registry.call("resolve the source version",
-                               registry.client.get_model_version_by_alias, spec.model,
-                               spec.alias) if spec.alias else \
-                registry.call("resolve the source version", registry.client.get_model_version,
-                              spec.model, spec.version)
-        except MlflowException as exc:
-            if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
-                if not registry.has_model(spec.model):
-                    raise SourceError(f"{where} does not exist: check source.mlflow.model "
-                                      "and the registry URI") from None
-                what = f"alias {spec.alias!r}" if spec.alias else f"version {spec.version}"
-                raise SourceError(f"{where} has no {what}: check source.mlflow") from None
-            raise
-        version = str(mv.version)
-        key = digest([uri, spec.model, version, mv.run_id, mv.source])
+    spec = MlflowSourceSpec.model_validate(spec_fields)
+    registry = Registry(uri)
+    where = f"source.mlflow: registered model {spec.model!r} in {redact_uri(uri)}"
+    try:
+        mv = registry.call("resolve the source version",
+                           registry.client.get_model_version_by_alias, spec.model,
+                           spec.alias) if spec.alias else \
+            registry.call("resolve the source version", registry.client.get_model_version,
+                          spec.model, spec.version)
+    except MlflowException as exc:
+        if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+            if not registry.has_model(spec.model):
+                raise SourceError(f"{where} does not exist: check source.mlflow.model "
+                                  "and the registry URI") from None
+            what = f"alias {spec.alias!r}" if spec.alias else f"version {spec.version}"
+            raise SourceError(f"{where} has no {what}: check source.mlflow") from None
+        raise
+    version = str(mv.version)
+    key = digest([uri, spec.model, version, mv.run_id, mv.source])
 
-        def download(out: Path) -> dict:
-            with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-                local = registry.download_version(spec.model, version, tmp)
-                _assemble(Path(local), out)
-            return {}
+    def download(out: Path) -> dict:
+        with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+            local = registry.download_version(spec.model, version, tmp)
+            _assemble(Path(local), out)
+        return {}
 
-        done = cached_step(home() / "sources" / "mlflow", spec.model, key, download)
+    done = cached_step(home() / "sources" / "mlflow", spec.model, key, download)
     files = inspect_model_dir(done.path)
     return FetchResult(
         model_dir=str(done.path), source_id=f"mlflow:{spec.model}", revision=version,

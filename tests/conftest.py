@@ -185,3 +185,17 @@ def tiny_release(tmp_path_factory, tiny_bert):
             yield TinyRelease(tmp / "home", spec_path, ports, summary)
         finally:
             triton_local.stop_server()
+
+
+@pytest.fixture()
+def environ_writes(monkeypatch):
+    """Every (name, value) written into this process's os.environ while the test runs."""
+    writes: list[tuple[str, str]] = []
+    original = type(os.environ).__setitem__
+
+    def recording(self, key, value):
+        writes.append((key, value))
+        original(self, key, value)
+
+    monkeypatch.setattr(type(os.environ), "__setitem__", recording)
+    return writes

@@ -23,6 +23,8 @@ from hf2triton.errors import (
 from hf2triton.spec import ImageSpec, parse_spec
 from hf2triton import image as image_step
 from hf2triton.clients import docker as engine_client
+from hf2triton.credentials import REGISTRY_PASSWORD, REGISTRY_USERNAME, RegistryCredentials
+from hf2triton.image import build as image_build
 from tasks.image import release_image
 from tests.conftest import ROOT, free_port
 
@@ -81,23 +83,24 @@ def test_tag_carries_name_version_and_short_content_hash(monkeypatch):
 
 
 def test_credentials_from_env_or_a_prefect_block(monkeypatch):
-    from hf2triton.image import RegistryCredentials
-
-    monkeypatch.delenv(image_step.ENV_USERNAME, raising=False)
-    monkeypatch.delenv(image_step.ENV_PASSWORD, raising=False)
+    monkeypatch.delenv(REGISTRY_USERNAME, raising=False)
+    monkeypatch.delenv(REGISTRY_PASSWORD, raising=False)
     assert image_step.registry_auth(ImageSpec(), "r:5000") is None
-    monkeypatch.setenv(image_step.ENV_USERNAME, "ci")
-    with pytest.raises(RegistryAuthError, match="set both"):
+    monkeypatch.setenv(REGISTRY_USERNAME, "ci")
+    with pytest.raises(RegistryAuthError, match=f"{REGISTRY_PASSWORD} is not set, but "
+                       f"{REGISTRY_USERNAME} is: set {REGISTRY_USERNAME} and {REGISTRY_PASSWORD}"):
         image_step.registry_auth(ImageSpec(), "r:5000")
-    monkeypatch.setenv(image_step.ENV_PASSWORD, PASSWORD)
+    monkeypatch.setenv(REGISTRY_PASSWORD, PASSWORD)
     assert image_step.registry_auth(ImageSpec(), "r:5000") == {
         "username": "ci", "password": PASSWORD, "serveraddress": "r:5000"}
     RegistryCredentials(username="blockuser", password="block-pw").save("test-registry",
                                                                         overwrite=True)
     auth = image_step.registry_auth(ImageSpec(credentials_block="test-registry"), "r:5000")
     assert auth["username"] == "blockuser" and auth["password"] == "block-pw"
-    with pytest.raises(RegistryAuthError, match="no saved"):
+    with pytest.raises(RegistryAuthError, match="image.credentials_block 'nope': no saved"):
         image_step.registry_auth(ImageSpec(credentials_block="nope"), "r:5000")
+    # A saved block wins over the environment, and neither is echoed in the block's repr.
+    assert "block-pw" not in repr(RegistryCredentials.load("test-registry"))
 
 
 @pytest.fixture()
@@ -127,7 +130,7 @@ def answering(tmp_path):
 
 def test_registry_failures_are_classified_by_status_code(answering):
     registry, status = answering
-    auth = {"username": "ci", "password": "pw"}
+    auth = RegistryCredentials(username="ci", password="pw").auth_config(registry)
     status["code"] = 503
     with pytest.raises(RegistryUnavailableError) as busy:
         engine_client.check_credentials(registry, auth)
@@ -200,17 +203,17 @@ def test_push_needs_the_right_credentials_and_never_logs_them(auth_registry, tin
                                                               docker_client, monkeypatch, caplog):
     caplog.set_level(logging.DEBUG)
     target = _tagged(docker_client, tiny_image, auth_registry, "auth-check")
-    monkeypatch.delenv(image_step.ENV_USERNAME, raising=False)
-    monkeypatch.delenv(image_step.ENV_PASSWORD, raising=False)
+    monkeypatch.delenv(REGISTRY_USERNAME, raising=False)
+    monkeypatch.delenv(REGISTRY_PASSWORD, raising=False)
     with pytest.raises(RegistryAuthError) as none_given:
         image_step.push_serving_image(target)
     assert not is_retryable(none_given.value)
-    monkeypatch.setenv(image_step.ENV_USERNAME, "ci")
-    monkeypatch.setenv(image_step.ENV_PASSWORD, "wrong-" + PASSWORD)
+    monkeypatch.setenv(REGISTRY_USERNAME, "ci")
+    monkeypatch.setenv(REGISTRY_PASSWORD, "wrong-" + PASSWORD)
     with pytest.raises(RegistryAuthError) as wrong:
         image_step.push_serving_image(target)
     assert PASSWORD not in str(wrong.value)
-    monkeypatch.setenv(image_step.ENV_PASSWORD, PASSWORD)
+    monkeypatch.setenv(REGISTRY_PASSWORD, PASSWORD)
     pushed = image_step.push_serving_image(target)
     assert pushed["digest"].startswith("sha256:") and pushed["reference"].endswith(pushed["digest"])
     assert PASSWORD not in caplog.text and "image: pushed" in caplog.text
@@ -268,7 +271,7 @@ def test_an_error_in_the_build_stream_raises(docker_env, serving_wheelhouse, tmp
                                              monkeypatch):
     broken = tmp_path / "Dockerfile"
     broken.write_text("ARG BASE_IMAGE\nFROM ${BASE_IMAGE}\nRUN echo building && exit 3\n")
-    monkeypatch.setattr(image_step, "DOCKERFILE", broken)
+    monkeypatch.setattr(image_build, "DOCKERFILE", broken)
     monkeypatch.setenv("HF2TRITON_HOME", str(tmp_path / "home"))
     repo, files = _tiny_repository(tmp_path / "repo")
     target = image_step.ImageTarget(registry=docker_env.registry,
@@ -294,7 +297,7 @@ def test_build_is_offline_and_refuses_a_tampered_repository(docker_env, serving_
     probe = tmp_path / "Dockerfile"
     probe.write_text("ARG BASE_IMAGE\nFROM ${BASE_IMAGE}\nRUN python3 -c \"import socket; "
                      "socket.create_connection(('deb.debian.org', 80), 5)\"\n")
-    monkeypatch.setattr(image_step, "DOCKERFILE", probe)
+    monkeypatch.setattr(image_build, "DOCKERFILE", probe)
     repo, files = _tiny_repository(tmp_path / "repo2")
     with pytest.raises(ImageBuildError, match="non-zero code") as err:
         image_step.build_serving_image(repo, "m", "1", files, target, LINEAGE)

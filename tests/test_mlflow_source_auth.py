@@ -1,7 +1,8 @@
 """An `mlflow` source on a registry that demands a password: a real `mlflow server` with MLflow's
 basic-auth app. The credentials come from the environment or from a Prefect block, never from
-the spec; without them the release fails in one line that says which credentials to set, and it
-is not retried as if the server were down."""
+the spec, and a block's never enter this process's environment; without them the release fails
+in one line that says which credentials to set, and it is not retried as if the server were
+down."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from hf2triton.credentials import MlflowCredentials
 from hf2triton.errors import SourceError, SpecError
-from hf2triton.source import MlflowCredentials, fetch_mlflow
+from hf2triton.source import fetch_mlflow
 from hf2triton.spec import MlflowSourceSpec
 from tests.conftest import free_port, wait_http
 
@@ -90,36 +92,40 @@ def test_credentials_from_the_environment(auth_registry, no_mlflow_env, monkeypa
     assert got["registry"]["model"] == MODEL and got["registry"]["uri"] == auth_registry
 
 
-def test_credentials_from_a_prefect_block_are_used_for_that_source_only(
-        auth_registry, no_mlflow_env):
+def test_credentials_from_a_prefect_block_never_enter_this_process_environment(
+        auth_registry, no_mlflow_env, environ_writes):
     MlflowCredentials(username=ADMIN, password=ADMIN_PASSWORD).save("test-mlflow-auth",
                                                                      overwrite=True)
     spec = MlflowSourceSpec(model=MODEL, version="1", tracking_uri=auth_registry,
                             credentials_block="test-mlflow-auth")
     got = fetch_mlflow(spec, "http://127.0.0.1:1")
+    # The server demands a password and this process's environment has none: the block's
+    # reached MLflow, and at no moment of the download was it written into os.environ.
     assert got["revision"] == "1" and got["content_hash"]
-    # The block's secrets do not stay in this process's environment afterwards.
+    assert not [k for k, v in environ_writes if ADMIN_PASSWORD in v or k.startswith(
+        "MLFLOW_TRACKING_")], environ_writes
     assert "MLFLOW_TRACKING_PASSWORD" not in os.environ
     assert ADMIN_PASSWORD not in repr(got)
-    with pytest.raises(SpecError, match="credentials_block"):
+    with pytest.raises(SpecError, match="credentials_block 'no-such-block': no saved"):
         fetch_mlflow(spec.model_copy(update={"credentials_block": "no-such-block"}),
                      auth_registry)
 
 
-def test_a_block_with_a_token_replaces_the_environment_credentials(no_mlflow_env, monkeypatch):
+def test_a_block_with_a_token_replaces_the_environment_credentials(auth_registry, no_mlflow_env,
+                                                                    monkeypatch):
     """Another registry's user and password (e.g. the release's own MLflow) must not go to the
-    source's registry beside the block's token: MLflow prefers basic auth when both are set."""
-    from hf2triton.source import mlflow_credentials
-
-    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "release-user")
-    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "release-password")
+    source's registry beside the block's token: MLflow prefers basic auth when both are set.
+    Here the environment's are the ones this server takes, so the fetch succeeding would mean
+    they went along; the block's token alone is refused."""
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", ADMIN)
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", ADMIN_PASSWORD)
     MlflowCredentials(token="source-token").save("test-mlflow-token", overwrite=True)
-    spec = MlflowSourceSpec(model=MODEL, alias="trained", credentials_block="test-mlflow-token")
-    with mlflow_credentials(spec):
-        assert os.environ.get("MLFLOW_TRACKING_TOKEN") == "source-token"
-        assert "MLFLOW_TRACKING_USERNAME" not in os.environ
-        assert "MLFLOW_TRACKING_PASSWORD" not in os.environ
-    assert os.environ["MLFLOW_TRACKING_PASSWORD"] == "release-password"  # restored
+    spec = MlflowSourceSpec(model=MODEL, alias="trained", tracking_uri=auth_registry,
+                            credentials_block="test-mlflow-token")
+    with pytest.raises(SourceError, match="refused the credentials") as caught:
+        fetch_mlflow(spec, auth_registry)
+    assert "source-token" not in str(caught.value) and ADMIN_PASSWORD not in str(caught.value)
+    assert os.environ["MLFLOW_TRACKING_PASSWORD"] == ADMIN_PASSWORD  # this process's, untouched
     assert "MLFLOW_TRACKING_TOKEN" not in os.environ
 
 

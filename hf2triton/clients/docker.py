@@ -17,6 +17,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from hf2triton.credentials import DockerAuth, RegistryCredentials
 from hf2triton.errors import (
     DeployError,
     DockerUnavailableError,
@@ -112,7 +113,7 @@ def registry_answers(registry: str) -> str | None:
     return f"no registry answers at {url}" if status == 0 else f"{url} answered HTTP {status}"
 
 
-def check_credentials(registry: str, auth: dict[str, str] | None) -> None:
+def check_credentials(registry: str, auth: DockerAuth | None) -> None:
     """Ask the registry whether it takes `auth` (basic, or the bearer-token flow its 401 names).
     Raises RegistryUnavailableError (no answer, 5xx) or RegistryAuthError (refused, or none
     given where it needs them)."""
@@ -127,8 +128,7 @@ def check_credentials(registry: str, auth: dict[str, str] | None) -> None:
         raise RegistryUnavailableError(f"registry {registry} answered HTTP {status} at {url}")
     if auth is None:
         raise RegistryAuthError(
-            f"registry {registry} needs credentials: set HF2TRITON_REGISTRY_USERNAME and "
-            "HF2TRITON_REGISTRY_PASSWORD, or image.credentials_block")
+            f"registry {registry} needs credentials: {RegistryCredentials.hint()}")
     basic = "Basic " + base64.b64encode(
         f"{auth['username']}:{auth['password']}".encode()).decode()
     challenge = next((v for k, v in headers.items() if k.lower() == "www-authenticate"), "")
@@ -144,13 +144,13 @@ def check_credentials(registry: str, auth: dict[str, str] | None) -> None:
     if status in (401, 403):
         raise RegistryAuthError(
             f"registry {registry} refused the credentials of user {auth['username']!r} (HTTP "
-            f"{status}): check HF2TRITON_REGISTRY_USERNAME/PASSWORD or image.credentials_block")
+            f"{status}): give those of a user it accepts: {RegistryCredentials.hint()}")
 
 
 # ---- images ---------------------------------------------------------------------------------
 
 
-def pull(client: Any, reference: str, auth: dict[str, str] | None = None) -> None:
+def pull(client: Any, reference: str, auth: DockerAuth | None = None) -> None:
     """Fetch `repo:tag` or `repo@sha256:...` onto the engine."""
     import docker.errors
 
@@ -171,7 +171,7 @@ def pull(client: Any, reference: str, auth: dict[str, str] | None = None) -> Non
         raise engine_error(exc, f"pull {reference}", DockerUnavailableError) from None
 
 
-def push(client: Any, tag: str, registry: str, auth: dict[str, str] | None,
+def push(client: Any, tag: str, registry: str, auth: DockerAuth | None,
          logger: Any = log) -> str:
     """Push `tag`; returns the digest the registry stored it under (read back to be sure).
 

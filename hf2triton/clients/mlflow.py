@@ -3,18 +3,27 @@ version per distinct release, aliases, version tags. Failures are classified by 
 and MLflow error code: a server that does not answer (a requests error under MLflow's
 exception) or answers "temporarily unavailable" is a `ServiceUnavailableError`; the rest keep
 their MLflow exception.
+
+MLflow takes a server's credentials from the process environment only (MLFLOW_TRACKING_*): work
+for a registry that needs other credentials than this process's runs in a child process whose
+environment carries them (`call_with_credentials`), never by changing this process's os.environ.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
+import subprocess
+import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from hf2triton import quiet
-from hf2triton.errors import MlflowAuthError, ServiceUnavailableError
+from hf2triton import errors, quiet
+from hf2triton.credentials import MlflowCredentials, child_environment
+from hf2triton.errors import Hf2TritonError, MlflowAuthError, ServiceUnavailableError
 from hf2triton.workspace import home, redact_uri
 
 T = TypeVar("T")
@@ -123,9 +132,8 @@ class Registry:
                 refused = "refused the credentials" if code == "UNAUTHENTICATED" else \
                     "does not allow these credentials"
                 raise MlflowAuthError(
-                    f"MLflow at {redact_uri(self.uri)} {refused} ({code}) while trying to {what}: set "
-                    "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or "
-                    "MLFLOW_TRACKING_TOKEN) for a user that may do this") from None
+                    f"MLflow at {redact_uri(self.uri)} {refused} ({code}) while trying to {what}: "
+                    f"set {MlflowCredentials.KIND.env_hint} for a user that may do this") from None
             raise
 
     def download_version(self, name: str, version: str, dst: str) -> str:
@@ -224,3 +232,70 @@ class Registry:
             raise
         self.call("finish the run", self.client.set_terminated, run_id, "FINISHED")
         return mv, run_id, exp_id
+
+
+# ---- work under other credentials than this process's ---------------------------------------
+
+_CHILD = "from hf2triton.clients.mlflow import _serve_child; _serve_child()"
+
+
+def call_with_credentials(credentials: MlflowCredentials | None, fn: Callable[..., T],
+                          *args: Any) -> T:
+    """`fn(*args)` in a child Python process whose environment has MLflow's variables set to
+    `credentials` (none of this process's MLFLOW_TRACKING_* go along: another registry's password
+    must not travel with a token). `fn` is a module-level function; its arguments and result
+    are JSON. An hf2triton error raised in the child is raised here with its type and message.
+
+    Why a child process: MLflow reads credentials from the environment at every request, in its
+    REST stores and in every artifact repository alike; a child's own environment is the one
+    place they can go without entering this process's (where other threads' MLflow calls, and
+    anything that logs the environment, would see them).
+    """
+    import hf2triton
+
+    env = child_environment(credentials, MlflowCredentials)
+    # The child imports the same hf2triton as this process, whatever its sys.path was.
+    root = str(Path(hf2triton.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+    target = f"{fn.__module__}:{fn.__qualname__}"
+    with tempfile.TemporaryDirectory(prefix="hf2triton-mlflow-") as tmp:
+        answer = Path(tmp) / "answer.json"
+        proc = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True,
+                              text=True, input=json.dumps({"target": target, "args": args,
+                                                           "answer": str(answer)}))
+        if not answer.is_file():
+            tail = " ".join(proc.stderr.strip().splitlines()[-3:])
+            for secret in (credentials.environment().values() if credentials else ()):
+                tail = tail.replace(secret, "***")
+            raise Hf2TritonError(f"{target} stopped in its child process (exit code "
+                                 f"{proc.returncode}) without an answer: {tail}")
+        got = json.loads(answer.read_text())
+    if "error" in got:
+        raise _rebuilt(got["error"])
+    return got["result"]
+
+
+def _rebuilt(error: dict[str, Any]) -> Exception:
+    """The child's exception as this process raises it: an hf2triton error keeps its type."""
+    kind = getattr(errors, error["type"], None) if error["hf2triton"] else None
+    if isinstance(kind, type) and issubclass(kind, Hf2TritonError):
+        return kind(error["message"])
+    message = f"{error['type']}: {error['message']}"
+    return ServiceUnavailableError(message) if error["retryable"] else Hf2TritonError(message)
+
+
+def _serve_child() -> None:
+    """The child's side of `call_with_credentials`: one call, its answer written to a file
+    (stdout and stderr are the libraries')."""
+    request = json.loads(sys.stdin.read())
+    module, name = request["target"].split(":")
+    try:
+        answer: dict[str, Any] = {
+            "result": getattr(importlib.import_module(module), name)(*request["args"])}
+    except Exception as exc:  # noqa: BLE001 - every failure goes back to the caller
+        answer = {"error": {"type": type(exc).__name__, "message": str(exc),
+                            "hf2triton": isinstance(exc, Hf2TritonError),
+                            "retryable": errors.is_retryable(exc)}}
+    tmp = Path(request["answer"] + ".tmp")
+    tmp.write_text(json.dumps(answer))
+    os.replace(tmp, request["answer"])

@@ -4,16 +4,14 @@ reads itself (`--model-repository=s3://...`)."""
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
-from prefect.blocks.core import Block
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, field_validator
 
+from hf2triton.credentials import S3Credentials, resolve
 from hf2triton.errors import ModelStoreError, ServiceUnavailableError
-from hf2triton.runs import load_block
 from hf2triton.specbase import matching
 from hf2triton.stores import STORES
 from hf2triton.stores.base import ModelDir, ModelStore, _mismatch, _refuse
@@ -24,26 +22,8 @@ BUCKET_PATTERN = re.compile(r"^(?!.*\.\.)[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 # path parts may hold only [0-9A-Za-z._-].
 S3_ENDPOINT_PATTERN = re.compile(r"^https?://[A-Za-z0-9.-]+:[0-9]{1,5}$")
 S3_PATH_PART = re.compile(r"^[0-9A-Za-z._-]+$")
-ENV_ACCESS_KEY = "AWS_ACCESS_KEY_ID"
-ENV_SECRET_KEY = "AWS_SECRET_ACCESS_KEY"
-ENV_SESSION_TOKEN = "AWS_SESSION_TOKEN"  # temporary credentials (STS, IRSA)
 RETRYABLE_CODES = ("SlowDown", "RequestTimeout", "RequestTimeTooSkewed", "Throttling",
                    "ThrottlingException", "ServiceUnavailable", "InternalError")
-
-
-class S3Credentials(Block):
-    """Access key of an S3-compatible store, kept as a Prefect block; the secret is a SecretStr.
-
-    Example:
-        >>> S3Credentials(access_key_id="AKIA...", secret_access_key="...").save("models-s3")  # doctest: +SKIP
-        and in the spec: `deploy: {model_store: {kind: s3, ..., credentials_block: models-s3}}`
-    """
-
-    _block_type_name = "hf2triton S3 Credentials"
-    _block_type_slug = "hf2triton-s3-credentials"
-    access_key_id: str
-    secret_access_key: SecretStr
-    session_token: SecretStr | None = None
 
 
 @STORES.register
@@ -90,44 +70,26 @@ class S3Store(ModelStore):
         return f"s3://{self.bucket}/{self.prefix}".rstrip("/")
 
     def server_env(self) -> dict[str, str]:
-        return {**s3_credentials(self), "AWS_DEFAULT_REGION": self.region}
+        return {**s3_credentials(self).environment(), "AWS_DEFAULT_REGION": self.region}
 
     def model_dir(self, model_name: str, repository: str | None = None) -> ModelDir:
         return S3ModelDir(self, model_name)
 
 
-def s3_credentials(store: S3Store) -> dict[str, str]:
-    """The store's key pair: the spec's Prefect block, else the environment."""
-    if store.credentials_block:
-        block = load_block(S3Credentials, store.credentials_block,
-                           "deploy.model_store.credentials_block", ModelStoreError)
-        creds = {ENV_ACCESS_KEY: block.access_key_id,
-                 ENV_SECRET_KEY: block.secret_access_key.get_secret_value()}
-        if block.session_token is not None:
-            creds[ENV_SESSION_TOKEN] = block.session_token.get_secret_value()
-        return creds
-    key, secret = os.environ.get(ENV_ACCESS_KEY), os.environ.get(ENV_SECRET_KEY)
-    if not (key and secret):
-        raise ModelStoreError(
-            f"deploy.model_store is s3 but has no credentials: name a saved "
-            f"hf2triton-s3-credentials block in deploy.model_store.credentials_block, or set "
-            f"{ENV_ACCESS_KEY} and {ENV_SECRET_KEY}"
-        )
-    creds = {ENV_ACCESS_KEY: key, ENV_SECRET_KEY: secret}
-    if os.environ.get(ENV_SESSION_TOKEN):
-        creds[ENV_SESSION_TOKEN] = os.environ[ENV_SESSION_TOKEN]
-    return creds
+def s3_credentials(store: S3Store) -> S3Credentials:
+    """The store's key pair: the spec's Prefect block, else the environment (else an error)."""
+    found = resolve(S3Credentials, store.credentials_block)
+    assert found is not None  # S3Credentials.from_env raises rather than find none
+    return found
 
 
 def s3_client(store: S3Store) -> Any:
     import boto3
     from botocore.config import Config
 
-    creds = s3_credentials(store)
     return boto3.client(
         "s3", endpoint_url=store.endpoint, region_name=store.region,
-        aws_access_key_id=creds[ENV_ACCESS_KEY], aws_secret_access_key=creds[ENV_SECRET_KEY],
-        aws_session_token=creds.get(ENV_SESSION_TOKEN),
+        **s3_credentials(store).client_kwargs(),
         config=Config(retries={"max_attempts": 3, "mode": "standard"},
                       connect_timeout=10, read_timeout=120),
     )

@@ -1,0 +1,22 @@
+"""The release's serving image, one module per job: `target` (where it goes: registry, repository,
+tag; the MLflow tags that name it), `wheelhouse` (the wheels it installs offline, downloaded on
+the host once), `build` (prerequisites, build context with every file's sha256 checked, the
+offline build) and `push` (registry credentials, push, digest), all through the Docker engine
+(hf2triton.clients.docker).
+
+Tag: `<registry>/<repository>:<MLflow version>-<first 12 of the release key>`; what runs is the
+pushed digest, `<registry>/<repository>@sha256:...`, the same one recorded in MLflow.
+"""
+
+from hf2triton.image.build import ImageBuildResult, build_serving_image, check_prerequisites
+from hf2triton.image.push import PushResult, push_serving_image, registry_auth
+from hf2triton.image.target import ImageTarget, image_tags, image_target
+from hf2triton.image.wheelhouse import ensure_wheelhouse, wheelhouse_root
+# targets/docker.py imports the spec's section from here.
+from hf2triton.spec import ImageSpec
+
+__all__ = [
+    "ImageBuildResult", "ImageSpec", "ImageTarget", "PushResult", "build_serving_image",
+    "check_prerequisites", "ensure_wheelhouse", "image_tags", "image_target",
+    "push_serving_image", "registry_auth", "wheelhouse_root",
+]

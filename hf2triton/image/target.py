@@ -1,0 +1,36 @@
+"""Where the release's image goes (registry, repository, tag) and the MLflow version tags that
+name it once pushed."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, TypedDict
+
+from hf2triton.spec import ImageSpec
+
+if TYPE_CHECKING:
+    from hf2triton.image.build import ImageBuildResult
+    from hf2triton.image.push import PushResult
+
+
+class ImageTarget(TypedDict):
+    registry: str
+    repository: str  # registry/repository
+    base_image: str
+    tag: str  # registry/repository:version-hash
+
+
+def image_target(image: ImageSpec, repository: str, version: str, release_key: str) -> ImageTarget:
+    """Where the image goes; $HF2TRITON_REGISTRY and $HF2TRITON_BASE_IMAGE override the spec."""
+    registry = os.environ.get("HF2TRITON_REGISTRY") or image.registry
+    base = os.environ.get("HF2TRITON_BASE_IMAGE") or image.base_image
+    repo = f"{registry}/{repository}"
+    return ImageTarget(registry=registry, repository=repo, base_image=base,
+                       tag=f"{repo}:{version}-{release_key[:12]}")
+
+
+def image_tags(built: ImageBuildResult, pushed: PushResult) -> dict[str, str]:
+    """The MLflow version tags that name the image serving it."""
+    return {"image.reference": pushed["reference"], "image.digest": pushed["digest"],
+            "image.tag": pushed["tag"], "image.id": built["image_id"],
+            "image.size_bytes": str(built["size_bytes"]), "image.base": built["base_image"]}
