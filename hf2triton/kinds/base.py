@@ -179,7 +179,7 @@ class ModelKind:
     @property
     def modules(self) -> tuple[str, ...]:
         """The modules of hf2triton.serving a version directory of this kind carries."""
-        return self.serving_modules or ("base", "text", self.name)
+        return self.serving_modules or ("base", "runtimes", "text", self.name)
 
     @property
     def outputs(self) -> tuple[str, ...]:
