@@ -156,6 +156,20 @@ def test_two_streams_answer_as_one(exported):
     assert cosine_rows(two_model.embed(TEXTS[::-1]), one).min() >= 0.9999
 
 
+def test_a_row_cap_splits_sub_batches_without_changing_answers(exported):
+    """A runtime whose engines take at most N rows (TensorRT's max_rows) gets sub-batches of at
+    most N rows; every text keeps its own answer."""
+    want = load(exported, "embedding", ORT_FP32).embed(TEXTS)
+    capped = load(exported, "embedding", ORT_FP32)
+    capped.text.session.max_rows = 3  # as OnnxRuntimeTensorrt.open sets it
+    seen = []
+    run_many = capped.text.session.run_many
+    capped.text.session.run_many = lambda outs, feeds: seen.extend(
+        len(f["input_ids"]) for f in feeds) or run_many(outs, feeds)
+    assert cosine_rows(capped.embed(TEXTS), want).min() > 0.999999
+    assert max(seen) == 3 and sum(seen) == len(TEXTS)
+
+
 def test_serving_json_without_a_runtime_runs_onnxruntime_cpu_fp32(exported):
     """Versions released before runtimes were plug-ins (the champion comparison loads them)."""
     model = load(exported, "embedding", None, intra_op_threads=1)
@@ -217,6 +231,27 @@ def test_tensorrt_needs_a_writable_engine_cache(exported, tmp_path):
     with pytest.raises(runtimes.RuntimeUnavailable,
                        match="TensorrtExecutionProvider is not in use"):
         load(exported, "embedding", runtime)
+    # What TensorRT would be given (unverified here: TensorRT cannot be installed): fp16, the
+    # engine cache, and one profile over the graph's own inputs, rows capped at max_rows.
+    trt = runtimes.RUNTIMES["onnxruntime-tensorrt"]
+    settings = runtimes.settings_of({"runtime": {**runtime, "max_rows": 16}})
+    onnx_path = exported("embedding")[2]
+    wanted = {n: ((1, 1), (1 << 16, 64)) for n in ("input_ids", "attention_mask",
+                                                   "token_type_ids", "pixel_values")}
+    shapes = trt.engine_shapes(onnx_path, settings, wanted)
+    assert shapes == {n: ((1, 1), (16, 64)) for n in ("input_ids", "attention_mask",
+                                                      "token_type_ids")}
+    (name, options), *rest = trt.providers(settings, shapes)
+    assert name == "TensorrtExecutionProvider"
+    assert [p if isinstance(p, str) else p[0] for p in rest] == ["CUDAExecutionProvider",
+                                                                 "CPUExecutionProvider"]
+    assert options["trt_fp16_enable"] is True
+    assert options["trt_engine_cache_enable"] is True
+    assert options["trt_engine_cache_path"] == str(tmp_path / "engines")
+    assert options["trt_profile_min_shapes"] == \
+        "input_ids:1x1,attention_mask:1x1,token_type_ids:1x1"
+    assert options["trt_profile_max_shapes"] == \
+        "input_ids:16x64,attention_mask:16x64,token_type_ids:16x64"
 
 
 def test_runtime_info_lists_what_this_machine_offers():

@@ -107,12 +107,14 @@ def settings_of(serving: Mapping[str, Any]) -> RuntimeSettings:
 
 class Session:
     """One opened model file. `inputs` and `outputs` are its ports in the file's order, `in_use`
-    what actually runs it (checked when it was opened), `settings` what was asked for."""
+    what actually runs it (checked when it was opened), `settings` what was asked for, and
+    `max_rows` the most rows one run may have (None: any; engines built for a shape range)."""
 
     settings: RuntimeSettings
     inputs: dict[str, Port]
     outputs: dict[str, Port]
     in_use: str
+    max_rows: int | None = None
 
     def run(self, outputs: Sequence[str] | None, feeds: Mapping[str, np.ndarray]
             ) -> list[np.ndarray]:
@@ -332,12 +334,26 @@ class OnnxRuntimeTensorrt(OnnxRuntime):
                 "CPUExecutionProvider"]
 
     @classmethod
+    def engine_shapes(cls, path: str, settings: RuntimeSettings, shapes: Any) -> dict:
+        """The shape range of each of the graph's own inputs, rows capped at `max_rows`."""
+        if not shapes:
+            return {}
+        import onnxruntime as ort
+
+        # A profile naming an input the graph lacks is an error: read them off a bare session.
+        bare = ort.SessionOptions()
+        bare.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        names = {i.name for i in ort.InferenceSession(
+            path, bare, providers=["CPUExecutionProvider"]).get_inputs()}
+        rows = settings.options["max_rows"]
+        return {n: (tuple(lo), (min(hi[0], rows), *hi[1:]))
+                for n, (lo, hi) in shapes.items() if n in names}
+
+    @classmethod
     def open(cls, path, settings, shapes=None):
-        if shapes:
-            shapes = {n: (tuple(lo), tuple(min(d, settings.options["max_rows"]) if i == 0 else d
-                                            for i, d in enumerate(hi)))
-                      for n, (lo, hi) in shapes.items()}
-        return super().open(path, settings, shapes)
+        session = super().open(path, settings, cls.engine_shapes(path, settings, shapes))
+        session.max_rows = settings.options["max_rows"]
+        return session
 
     @classmethod
     def warm(cls, session, shapes):

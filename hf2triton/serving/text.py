@@ -102,6 +102,9 @@ class OnnxText:
         """`reduce(outputs, attention_mask)` of every sub-batch, scattered back to row order."""
         lengths = [len(e.ids) for e in encodings]
         groups = plan_sub_batches(lengths, self.max_batch_tokens)
+        cap = self.session.max_rows
+        if cap:  # a runtime whose engines take at most `cap` rows
+            groups = [g[i:i + cap] for g in groups for i in range(0, len(g), cap)]
         feeds, masks = [], []
         for group in groups:
             width = max(lengths[i] for i in group)
