@@ -1,7 +1,7 @@
-"""Serving runtimes (hf2triton/serving/runtimes.py) through the serving core, for every kind: OpenVINO
-on CPU answers as ONNX Runtime does, its precision is pinned and read back, bad settings and a
-runtime that cannot run here fail with clear errors, and a real tritonserver runs the runtime its
-serving.json names. Tiny real models (tests/models.py) exported as the release exports them."""
+"""Serving runtimes (hf2triton/serving/runtimes.py) through the serving core, for every kind:
+OpenVINO on CPU answers as ONNX Runtime does, its precision is pinned and read back, bad settings
+and a runtime that cannot run here fail with clear errors, and a real tritonserver runs the
+runtime its serving.json names. Tiny real models (tests/models.py) exported as the release exports them."""
 
 from __future__ import annotations
 
