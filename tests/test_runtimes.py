@@ -121,6 +121,29 @@ def test_openvino_f32_answers_as_onnxruntime_fp32(exported, kind_name):
     assert {s.in_use for s in sessions} == {"OpenVINO CPU f32"}
 
 
+def test_openvino_reads_its_own_ir_as_well_as_onnx(exported, tmp_path):
+    import openvino as ov
+
+    kind, cfg, onnx_path, export_dir = exported("embedding")
+    ov.save_model(ov.Core().read_model(onnx_path), str(tmp_path / "model.xml"))
+    settings = {**serving_settings(kind, cfg, export_dir, max_batch_tokens=256),
+                "runtime": OV_F32}
+    from_ir = load_candidate(kind, str(tmp_path / "model.xml"), export_dir, settings)
+    want = load(exported, "embedding", ORT_FP32).embed(TEXTS)
+    assert cosine_rows(from_ir.embed(TEXTS), want).min() >= 0.9999
+
+
+def test_a_session_shared_between_threads_answers_each(exported):
+    """The gate and Triton call one at a time; a caller with threads (a benchmark's app) may not."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    model = load(exported, "embedding", OV_F32)
+    want = model.embed(TEXTS)
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda t: model.embed([t])[0], TEXTS))
+    assert cosine_rows(np.stack(got), want).min() >= 0.9999
+
+
 def test_precision_is_pinned_and_read_back(exported):
     """OpenVINO's CPU plugin picks bf16 by itself where the CPU has it: f32 asked is f32 run, and
     bf16 runs only where the CPU offers it, else it is refused with the reason."""

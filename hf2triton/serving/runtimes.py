@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple
@@ -386,6 +387,9 @@ class OpenVinoSession(Session):
 
         self.compiled, self.settings, self.in_use = compiled, settings, in_use
         self.request = compiled.create_infer_request()
+        # An infer request (and the queue) serves one caller at a time; ONNX Runtime's run is
+        # thread-safe, so callers may share a session between threads.
+        self.lock = threading.Lock()
         self.inputs = {p.get_any_name(): Port(p.get_any_name(), _ov_shape(p))
                        for p in compiled.inputs}
         self.outputs = {p.get_any_name(): Port(p.get_any_name(), _ov_shape(p))
@@ -399,8 +403,9 @@ class OpenVinoSession(Session):
 
     def run(self, outputs, feeds):
         ports = self._ports(outputs)
-        self.request.infer(dict(feeds))
-        return [self.request.get_tensor(p).data.copy() for p in ports]
+        with self.lock:
+            self.request.infer(dict(feeds))
+            return [self.request.get_tensor(p).data.copy() for p in ports]
 
     def run_many(self, outputs, feeds):
         if self.queue is None or len(feeds) < 2:
@@ -411,10 +416,11 @@ class OpenVinoSession(Session):
         def done(request: Any, index: int) -> None:
             results[index] = [request.get_tensor(p).data.copy() for p in ports]
 
-        self.queue.set_callback(done)
-        for i, f in enumerate(feeds):
-            self.queue.start_async(dict(f), i)
-        self.queue.wait_all()
+        with self.lock:
+            self.queue.set_callback(done)
+            for i, f in enumerate(feeds):
+                self.queue.start_async(dict(f), i)
+            self.queue.wait_all()
         return results
 
 
