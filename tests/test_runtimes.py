@@ -212,6 +212,7 @@ def test_serving_json_without_a_runtime_runs_onnxruntime_cpu_fp32(exported):
     ({"name": "onnxruntime-tensorrt", "precision": "fp32"},
      "runtime onnxruntime-tensorrt: precision 'fp32' is not offered (it runs fp16)"),
     ({"name": "openvino"}, "serving.json runtime openvino names no precision: pin one of"),
+    ({"precision": "fp32"}, "names no runtime: add \"name\", one of onnxruntime, "),
     ({"name": "onnxruntime", "precision": "fp32", "streams": 2},
      "runtime onnxruntime has no setting streams (its settings: threads)"),
     ({"name": "openvino", "precision": "fp32", "hint": "FASTEST"},

@@ -101,7 +101,8 @@ def settings_of(serving: Mapping[str, Any]) -> RuntimeSettings:
     if not isinstance(raw, Mapping):
         raise ValueError(f"serving.json runtime must be an object such as "
                          f"{{\"name\": \"onnxruntime\", \"precision\": \"fp32\"}}, got {raw!r}")
-    if "threads" not in raw and "threads" in runtime_class(raw.get("name", "")).options:
+    runtime = RUNTIMES.get(raw.get("name", ""))
+    if runtime is not None and "threads" in runtime.options and "threads" not in raw:
         raw = {**raw, "threads": threads}
     return RuntimeSettings.from_dict(raw)
 
