@@ -104,12 +104,12 @@ def render_config(kind: ModelKind, model_name: str, cfg: Any, info: dict[str, An
 
 
 def template_files(kind: ModelKind) -> dict[str, Path]:
-    """What every version directory carries besides the model: model.py and the serving core."""
+    """What every version directory carries besides the model: model.py and the whole serving
+    core (a few small modules: no list of which kind imports which to keep in step)."""
     root = Path(serving.__file__).parent
-    files = {"model.py": templates_dir() / "model.py",
-             f"{serving.PACKAGE_DIR}/__init__.py": root / "__init__.py"}
-    for module in kind.modules:
-        files[f"{serving.PACKAGE_DIR}/{module}.py"] = root / f"{module}.py"
+    files = {"model.py": templates_dir() / "model.py"}
+    for module in sorted(root.glob("*.py")):
+        files[f"{serving.PACKAGE_DIR}/{module.name}"] = module
     return files
 
 

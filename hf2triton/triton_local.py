@@ -103,11 +103,38 @@ def is_live(state: ServerState) -> bool:
     return _http_ok(f"http://{state.http_url}/v2/health/live")
 
 
+def python_version(pytriton: Path) -> str:
+    """The serving environment's Python ("3.12"), read off the site-packages holding the wheel."""
+    found = re.fullmatch(r"python(\d+\.\d+)", pytriton.parents[2].name)
+    if found is None:
+        raise DeployError(f"cannot tell the Python version of the serving environment from "
+                          f"{pytriton}: install nvidia-pytriton under lib/python3.X/site-packages")
+    return found.group(1)
+
+
+def backend_stub(pytriton: Path) -> Path:
+    """The Python backend stub built for the serving environment's Python: the stub runs the
+    model's code with that Python's packages (a stub of another version cannot import them)."""
+    version = python_version(pytriton)
+    stubs = pytriton / "python_backend_stubs"
+    stub = stubs / version / "triton_python_backend_stub"
+    if not stub.is_file():
+        have = sorted((p.parent.name for p in stubs.glob("*/triton_python_backend_stub")),
+                      key=lambda v: tuple(int(x) for x in v.split(".")))
+        raise DeployError(
+            f"the serving environment runs Python {version}, and this tritonserver wheel has no "
+            f"Python backend stub for it (it has {', '.join(have) or 'none'}): create the serving "
+            "environment with one of those Pythons (HF2TRITON_SERVING_ENV)")
+    return stub
+
+
 def _backends(pytriton: Path) -> Path:
     """Triton wants the Python backend stub beside the backend library; the wheel keeps it apart."""
-    target = state_dir() / "backends"
+    stub = backend_stub(pytriton)
+    # One directory per Python version: a serving environment rebuilt on another Python gets
+    # its own stub, never the one copied for the last.
+    target = state_dir() / f"backends-py{stub.parent.name}"
     python_dir = target / "python"
-    stub = pytriton / "python_backend_stubs" / "3.11" / "triton_python_backend_stub"
     if not (python_dir / "triton_python_backend_stub").is_file():
         tmp = state_dir() / f".backends.{os.getpid()}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)

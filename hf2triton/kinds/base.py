@@ -145,10 +145,9 @@ class ModelKind:
     section: ClassVar[str]
     Options: ClassVar[type]
     onnx_task: ClassVar[str]  # optimum's export task (default: the same as `task`)
-    # Its serving code: the class `serving_class` of hf2triton/serving/<name>.py, with the
-    # modules `serving_modules`; the class declares the Triton inputs and outputs.
+    # Its serving code: the class `serving_class` of hf2triton/serving/<name>.py, which
+    # declares the Triton inputs and outputs.
     serving_class: ClassVar[str]
-    serving_modules: ClassVar[tuple[str, ...]] = ()
     main_file: ClassVar[str] = "model.onnx"  # absent after an export: it failed
     thresholds_key: ClassVar[str]  # where the gate's limits live: <section>.thresholds
     tunable: ClassVar[bool] = True  # deploy.tuning.search can drive it
@@ -177,11 +176,6 @@ class ModelKind:
     def serving(self) -> tuple[str, str]:
         """(module, class) of hf2triton.serving that serves this kind."""
         return self.name, self.serving_class
-
-    @property
-    def modules(self) -> tuple[str, ...]:
-        """The modules of hf2triton.serving a version directory of this kind carries."""
-        return self.serving_modules or ("base", "text", self.name)
 
     @property
     def served(self) -> type:

@@ -146,7 +146,6 @@ class TranslationKind(ModelKind):
     Options = GenerationSpec
     onnx_task = "text2text-generation-with-past"  # encoder, decoder and decoder-with-past
     serving_class = "Translator"
-    serving_modules = ("base", "text", "seq2seq", "translation")
     main_file = ONNX_FILES["encoder"]
     tunable = False  # generation load is another kind of traffic; not searched
     item_word = "sentences"

@@ -15,10 +15,14 @@ from typing import Any
 
 import numpy as np
 
+from . import runtimes
 from .base import ServedModel
 
 # The ONNX graph's inputs we feed; any other input is an error of the export.
 INT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+# The most rows a shape-range runtime (TensorRT) is told to expect; it caps this by its own
+# max_rows setting.
+MAX_ROWS = 1 << 16
 
 
 def plan_sub_batches(lengths: Sequence[int], max_batch_tokens: int = 0) -> list[list[int]]:
@@ -62,11 +66,12 @@ def _pad_id(tokenizer: Any) -> int:
 
 
 class OnnxText:
-    """A tokenizer.json and an ONNX graph taking token ids, run on CPU by ONNX Runtime."""
+    """A tokenizer.json and an ONNX graph taking token ids, run by a runtime (runtimes.py;
+    default ONNX Runtime on CPU, fp32)."""
 
     def __init__(self, onnx_path: str, tokenizer_path: str, max_length: int,
-                 threads: int = 0, max_batch_tokens: int = 0):
-        import onnxruntime as ort
+                 threads: int = 0, max_batch_tokens: int = 0,
+                 runtime: runtimes.RuntimeSettings | None = None):
         from tokenizers import Tokenizer
 
         self.tokenizer = Tokenizer.from_file(tokenizer_path)
@@ -77,16 +82,16 @@ class OnnxText:
         self.max_length = int(max_length)
         self.tokenizer.enable_truncation(max_length=self.max_length)
         self.max_batch_tokens = int(max_batch_tokens)
-        options = ort.SessionOptions()
-        if threads > 0:
-            options.intra_op_num_threads = int(threads)
-        self.session = ort.InferenceSession(onnx_path, options,
-                                            providers=["CPUExecutionProvider"])
-        self.input_names = {i.name for i in self.session.get_inputs()}
+        runtime = runtime or runtimes.settings_of({"intra_op_threads": threads})
+        # What we will feed: [rows, tokens] id tensors up to max_length tokens (a runtime that
+        # builds engines per shape range builds them for this).
+        shapes = {name: ((1, 1), (MAX_ROWS, self.max_length)) for name in INT_INPUTS}
+        self.session = runtimes.open_model(onnx_path, runtime, shapes)
+        self.input_names = set(self.session.inputs)
         odd = self.input_names - set(INT_INPUTS)
         if odd:
             raise ValueError(f"{onnx_path} takes inputs {sorted(odd)} besides token ids")
-        self.output_meta = {o.name: o for o in self.session.get_outputs()}
+        self.output_meta = self.session.outputs  # name -> Port(name, shape)
 
     def encode(self, rows: Sequence[str] | Sequence[tuple[str, str]]) -> list[Any]:
         """Encodings of texts, or of (text, text) pairs (special tokens as the model wants)."""
@@ -96,8 +101,12 @@ class OnnxText:
                 reduce: Callable[[dict[str, np.ndarray], np.ndarray], np.ndarray]) -> list[Any]:
         """`reduce(outputs, attention_mask)` of every sub-batch, scattered back to row order."""
         lengths = [len(e.ids) for e in encodings]
-        result: list[Any] = [None] * len(encodings)
-        for group in plan_sub_batches(lengths, self.max_batch_tokens):
+        groups = plan_sub_batches(lengths, self.max_batch_tokens)
+        cap = self.session.max_rows
+        if cap:  # a runtime whose engines take at most `cap` rows
+            groups = [g[i:i + cap] for g in groups for i in range(0, len(g), cap)]
+        feeds, masks = [], []
+        for group in groups:
             width = max(lengths[i] for i in group)
             ids = np.full((len(group), width), self.pad_id, dtype=np.int64)
             mask = np.zeros((len(group), width), dtype=np.int64)
@@ -107,10 +116,13 @@ class OnnxText:
                 ids[row, :lengths[i]] = e.ids
                 mask[row, :lengths[i]] = 1
                 types[row, :lengths[i]] = e.type_ids
-            feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
-            feeds = {k: v for k, v in feeds.items() if k in self.input_names}
-            named = dict(zip(outputs, self.session.run(outputs, feeds)))
-            reduced = reduce(named, mask)
+            named = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+            feeds.append({k: v for k, v in named.items() if k in self.input_names})
+            masks.append(mask)
+        result: list[Any] = [None] * len(encodings)
+        # Sub-batches are independent: a runtime with several streams runs them side by side.
+        for group, mask, out in zip(groups, masks, self.session.run_many(outputs, feeds)):
+            reduced = reduce(dict(zip(outputs, out)), mask)
             for row, i in enumerate(group):
                 result[i] = reduced[row]
         return result
@@ -123,13 +135,14 @@ def truncated(encodings: list[Any]) -> list[np.ndarray]:
 
 class TextModel(ServedModel):
     """A served model over one ONNX graph and its tokenizer.json (serving.json: max_length,
-    intra_op_threads, max_batch_tokens, and the file names `onnx` and `tokenizer`)."""
+    runtime (or intra_op_threads), max_batch_tokens, and the file names `onnx` and
+    `tokenizer`)."""
 
     def __init__(self, onnx_path: str, tokenizer_path: str, settings: dict[str, Any]):
         self.settings = settings
         self.text = OnnxText(onnx_path, tokenizer_path, settings["max_length"],
-                             int(settings.get("intra_op_threads", 0)),
-                             int(settings.get("max_batch_tokens", 0)))
+                             max_batch_tokens=int(settings.get("max_batch_tokens", 0)),
+                             runtime=runtimes.settings_of(settings))
 
     @classmethod
     def from_directory(cls, directory: str, settings: dict[str, Any]) -> TextModel:

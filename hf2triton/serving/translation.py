@@ -1,7 +1,8 @@
 """Served translation: TEXT [batch, 1] in, with optional per-text MAX_NEW_TOKENS, NUM_BEAMS
 (INT32) and TARGET_LANG (BYTES); TRANSLATION [batch, 1] and TRUNCATED [batch, 1] out. Texts with
 the same decoding settings are generated together, in token-aware sub-batches; the decoding
-itself is seq2seq.py (ported from transformers' `generate`)."""
+itself is seq2seq.py and decoding.py (ported from transformers' `generate`), on the runtime
+serving.json names."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import numpy as np
 
 from . import seq2seq
 from .base import TEXT, TRUNCATED, ServedModel, Tensor, column, int_column, text_column, texts
+from .decoding import DecodeSettings
 from .text import plan_sub_batches
 
 
@@ -34,7 +36,7 @@ class Translator(ServedModel):
     def from_directory(cls, directory: str, settings: dict[str, Any]) -> Translator:
         return cls(directory, settings)
 
-    def parse(self, arrays: dict[str, np.ndarray]) -> list[tuple[str, seq2seq.DecodeSettings]]:
+    def parse(self, arrays: dict[str, np.ndarray]) -> list[tuple[str, DecodeSettings]]:
         rows = text_column(arrays, "TEXT")
         n = len(rows)
         max_new = int_column(arrays, "MAX_NEW_TOKENS", n)
@@ -61,7 +63,7 @@ class Translator(ServedModel):
             out.append((text, self.defaults.with_request(m, b, bos)))
         return out
 
-    def run(self, rows: list[tuple[str, seq2seq.DecodeSettings]]) -> dict[str, list[np.ndarray]]:
+    def run(self, rows: list[tuple[str, DecodeSettings]]) -> dict[str, list[np.ndarray]]:
         ids, cut = self.tokenizer.encode([text for text, _ in rows])
         translated: list[str] = [""] * len(rows)
         groups: dict[tuple, list[int]] = {}  # texts with the same decoding settings go together

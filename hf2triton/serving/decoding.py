@@ -1,0 +1,213 @@
+"""Decoding of an encoder-decoder model, ported from transformers' `generate` with numpy only:
+the settings (GenerationConfig's fields the served model implements), the logits processors, and
+greedy and beam search over any decoder step function (seq2seq.py's model supplies it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+NEG_INF = np.float32(-np.inf)
+# One decoder step: (last tokens [N, 1], encoder states, encoder mask, KV cache or None for the
+# first step) -> (logits of the next token [N, V], the KV cache after it).
+Step = Callable[[np.ndarray, np.ndarray, np.ndarray, Any], tuple[np.ndarray, Any]]
+
+
+# --- settings and logits processors ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """Everything `generate` needs that is not the model: mirrors transformers' GenerationConfig
+    fields the served model implements. Unknown or unsupported settings are refused upstream."""
+
+    decoder_start_token_id: int
+    eos_token_ids: list[int]
+    pad_token_id: int
+    max_new_tokens: int
+    num_beams: int = 1
+    forced_bos_token_id: int | None = None
+    forced_eos_token_id: list[int] | None = None
+    min_length: int = 0
+    no_repeat_ngram_size: int = 0
+    repetition_penalty: float = 1.0
+    bad_words_ids: list[list[int]] = field(default_factory=list)
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DecodeSettings:
+        return cls(**data)
+
+    def with_request(self, max_new_tokens: int | None = None, num_beams: int | None = None,
+                     forced_bos_token_id: int | None = None) -> DecodeSettings:
+        changes: dict[str, Any] = {}
+        if max_new_tokens is not None:
+            changes["max_new_tokens"] = int(max_new_tokens)
+        if num_beams is not None:
+            changes["num_beams"] = int(num_beams)
+        if forced_bos_token_id is not None:
+            changes["forced_bos_token_id"] = int(forced_bos_token_id)
+        return replace(self, **changes) if changes else self
+
+    @property
+    def max_length(self) -> int:
+        return self.max_new_tokens + 1  # the decoder prompt is the start token alone
+
+
+def process_scores(scores: np.ndarray, input_ids: np.ndarray, s: DecodeSettings) -> np.ndarray:
+    """transformers' logits processors, in its order, on scores [N, V] for sequences [N, cur]."""
+    cur_len = input_ids.shape[1]
+    if s.repetition_penalty != 1.0:
+        for row, ids in enumerate(input_ids):
+            picked = scores[row, ids]
+            scores[row, ids] = np.where(picked < 0, picked * s.repetition_penalty,
+                                        picked / s.repetition_penalty)
+    n = s.no_repeat_ngram_size
+    if n > 0 and cur_len + 1 >= n:
+        for row, ids in enumerate(input_ids.tolist()):
+            prefix = tuple(ids[cur_len - n + 1:])
+            banned = [ids[i + n - 1] for i in range(cur_len - n + 1)
+                      if tuple(ids[i:i + n - 1]) == prefix]
+            scores[row, banned] = NEG_INF
+    if s.bad_words_ids:
+        bad = [b for b in s.bad_words_ids if not any(b == [e] for e in s.eos_token_ids)]
+        for row, ids in enumerate(input_ids.tolist()):
+            for seq in bad:
+                if len(seq) == 1 or ids[len(ids) - len(seq) + 1:] == seq[:-1]:
+                    scores[row, seq[-1]] = NEG_INF
+    if s.min_length > 0 and cur_len < s.min_length:
+        scores[:, s.eos_token_ids] = NEG_INF
+    if s.forced_bos_token_id is not None and cur_len == 1:
+        scores[:] = NEG_INF
+        scores[:, s.forced_bos_token_id] = 0
+    if s.forced_eos_token_id is not None and cur_len == s.max_length - 1:
+        scores[:] = NEG_INF
+        scores[:, s.forced_eos_token_id] = 0
+    return scores
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    m = x.max(axis=-1, keepdims=True)
+    shifted = x - m
+    return (shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))).astype(np.float32)
+
+
+def _topk(x: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k largest values per row, largest first (stable among equals)."""
+    return np.argsort(-x, axis=-1, kind="stable")[:, :k]
+
+
+# --- search ---------------------------------------------------------------------------------------
+
+
+def greedy(step: Step, hidden: np.ndarray, mask: np.ndarray, s: DecodeSettings
+           ) -> list[list[int]]:
+    """transformers' greedy search: the best token each step until every row has ended."""
+    n = hidden.shape[0]
+    seqs = np.full((n, 1), s.decoder_start_token_id, dtype=np.int64)
+    unfinished = np.ones(n, dtype=bool)
+    eos = np.array(s.eos_token_ids, dtype=np.int64)
+    past = None
+    while True:
+        logits, past = step(seqs[:, -1:], hidden, mask, past)
+        scores = process_scores(logits.astype(np.float32, copy=True), seqs, s)
+        nxt = scores.argmax(axis=-1).astype(np.int64)
+        nxt = np.where(unfinished, nxt, s.pad_token_id)
+        seqs = np.concatenate([seqs, nxt[:, None]], axis=1)
+        unfinished &= ~np.isin(nxt, eos)
+        if seqs.shape[1] >= s.max_length or not unfinished.any():
+            break
+    return seqs.tolist()
+
+
+def beam(step: Step, hidden: np.ndarray, mask: np.ndarray, s: DecodeSettings
+         ) -> list[list[int]]:
+    """transformers' vectorised beam search (4.5x), step for step."""
+    batch, beams = hidden.shape[0], s.num_beams
+    hidden = np.repeat(hidden, beams, axis=0)
+    mask = np.repeat(mask, beams, axis=0)
+    max_length = s.max_length
+    eos = np.array(s.eos_token_ids, dtype=np.int64)
+    keep = max(2, 1 + len(eos)) * beams
+    top_mask = np.arange(keep) < beams
+    fill = s.pad_token_id if s.pad_token_id is not None else int(eos[0])
+    cur = 1
+    running = np.full((batch, beams, max_length), fill, dtype=np.int64)
+    running[:, :, 0] = s.decoder_start_token_id
+    sequences = running.copy()
+    running_scores = np.zeros((batch, beams), dtype=np.float32)
+    running_scores[:, 1:] = -1e9
+    scores_done = np.full((batch, beams), -1e9, dtype=np.float32)
+    finished = np.zeros((batch, beams), dtype=bool)
+    improvable = np.ones((batch, 1), dtype=bool)
+    lengths_done = np.full((batch, beams), 1, dtype=np.int64)
+    running_len = np.full((batch, beams), 1, dtype=np.int64)
+    past = None
+    rows = np.arange(batch)[:, None]
+    while True:
+        flat = running[:, :, :cur].reshape(batch * beams, cur)
+        logits, past = step(flat[:, -1:], hidden, mask, past)
+        logp = _log_softmax(logits.astype(np.float32))
+        logp = process_scores(logp, flat, s)
+        vocab = logp.shape[-1]
+        acc = (logp.reshape(batch, beams, vocab) + running_scores[:, :, None]).reshape(
+            batch, beams * vocab)
+        top = _topk(acc, keep)
+        top_scores = np.take_along_axis(acc, top, axis=1)
+        src_beam, token = top // vocab, top % vocab
+        cand = running[rows, src_beam].copy()  # [batch, keep, max_length]
+        cand[:, :, cur] = token
+        hits = np.isin(token, eos) | (cur + 1 >= max_length)
+        # running beams for the next step: the best that did not stop
+        alive = top_scores + hits.astype(np.float32) * np.float32(-1.0e9)
+        nxt = _topk(alive, beams)
+        running = np.take_along_axis(cand, nxt[:, :, None], axis=1)
+        running_scores = np.take_along_axis(alive, nxt, axis=1)
+        reorder = np.take_along_axis(src_beam, nxt, axis=1)  # [batch, beams]
+        # finished beams: merge the ones that stopped among the top `beams` candidates
+        just_done = hits & top_mask[None, :]
+        done_scores = (top_scores / np.float32((cur + 1 - 1) ** s.length_penalty)).astype(
+            np.float32)
+        full = finished.all(axis=-1, keepdims=True) & (s.early_stopping is True)
+        done_scores += full.astype(np.float32) * np.float32(-1.0e9)
+        done_scores += (~improvable).astype(np.float32) * np.float32(-1.0e9)
+        done_scores += (~just_done).astype(np.float32) * np.float32(-1.0e9)
+        merged_seq = np.concatenate([sequences, cand], axis=1)
+        merged_scores = np.concatenate([scores_done, done_scores], axis=1)
+        merged_done = np.concatenate([finished, just_done], axis=1)
+        merged_len = np.concatenate([lengths_done, np.full_like(token, cur + 1)], axis=1)
+        best = _topk(merged_scores, beams)
+        sequences = np.take_along_axis(merged_seq, best[:, :, None], axis=1)
+        scores_done = np.take_along_axis(merged_scores, best, axis=1)
+        finished = np.take_along_axis(merged_done, best, axis=1)
+        lengths_done = np.take_along_axis(merged_len, best, axis=1)
+        running_len[:] = cur + 1
+        # the KV cache follows the beams that continue
+        flat_idx = (reorder + np.arange(batch)[:, None] * beams).reshape(-1)
+        past = {k: (v if ".encoder." in k else v[flat_idx]) for k, v in past.items()}
+        cur += 1
+        if s.early_stopping == "never" and s.length_penalty > 0.0:
+            best_len = max_length - 1
+        else:
+            best_len = cur - 1
+        best_running = running_scores[:, :1] / np.float32(best_len ** s.length_penalty)
+        worst_done = np.where(finished, scores_done.min(axis=1, keepdims=True),
+                              np.float32(-1.0e9))
+        improvable = improvable & (best_running > worst_done).any(axis=-1, keepdims=True)
+        open_beam = not (finished.all() and s.early_stopping is True)
+        if not (improvable.any() and open_beam and not hits.all()):
+            break
+    out = []
+    for b in range(batch):
+        out.append(sequences[b, 0, :int(lengths_done[b, 0])].tolist())
+    # transformers trims all rows to the longest output and pads the rest
+    width = max(len(x) for x in out)
+    return [x + [fill] * (width - len(x)) for x in out]
