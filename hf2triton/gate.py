@@ -46,6 +46,7 @@ class GateResult(TypedDict):
     champion: dict[str, Any]  # with labelled data: the champion's and the shipped candidate's
     #                           task metric ({} without labelled data)
     onnx_path: str  # the shipped candidate: a file, or a directory of files
+    runtime: dict[str, Any] | None  # serving.json's runtime of the shipped candidate
     metrics: dict[str, float]
     candidates: dict[str, dict[str, float]]  # every measured candidate's figures
     items: int
@@ -184,19 +185,21 @@ class Reference:
 def run_gate(kind: ModelKind, model_dir: str, export_dir: str, candidates: list[Candidate],
              cfg: Any, data: Data, batch: int, max_batch_tokens: int, work_root: str,
              select: str = "first", champion: Champion | None = None,
-             max_drop: float = 0.0) -> GateResult:
+             max_drop: float = 0.0, not_offered: dict[str, str] | None = None) -> GateResult:
     """Gate `candidates` (in order) against PyTorch, and with labelled data against the serving
     `champion`; raise AccuracyGateError if none passes.
 
-    `batch` is the largest dynamic batch Triton forms (deploy.max_batch_size)."""
+    `batch` is the largest dynamic batch Triton forms (deploy.max_batch_size); `not_offered`
+    the runtimes and precisions this machine could not try, with why (for the report)."""
     gate = Gate.of(kind, cfg, data, export_dir, batch, max_batch_tokens, select, max_drop)
-    digests = [(c.name, candidate_digest(kind, c.onnx_path, export_dir)) for c in candidates]
+    digests = [(c.name, candidate_digest(kind, c.onnx_path, export_dir), c.runtime,
+                c.gate_runtime) for c in candidates]
     log = step_logger()
     same = champion_serves(gate, champion, digests)
     if same:
         log.info("validate: the serving champion, version %s, serves the same files as %s: "
                  "it is not compared with itself", champion["version"], ", ".join(sorted(same)))
-    key = gate_key(gate, digests, champion, same)
+    key = gate_key(gate, digests, champion, same, not_offered)
     started = time.perf_counter()
     failed_report = Path(work_root) / "validate" / f"failed-{key[:16]}.json"
 
@@ -206,6 +209,9 @@ def run_gate(kind: ModelKind, model_dir: str, export_dir: str, candidates: list[
                  len(candidates), batch)
         ref = pytorch_reference(gate, model_dir)
         report = new_report(gate)
+        report["not_offered"] = dict(not_offered or {})
+        for what, why in report["not_offered"].items():
+            log.info("validate: %s is not offered on this machine (%s): not tried", what, why)
         floor = face_champion(gate, champion, same, len(candidates), ref, report)
         for n, cand in enumerate(candidates, 1):
             log.info("validate: candidate %d of %d, %s: %d %s", n, len(candidates), cand.name,
@@ -224,17 +230,23 @@ def run_gate(kind: ModelKind, model_dir: str, export_dir: str, candidates: list[
                       seconds=round(time.perf_counter() - started, 3), reused=done.reused)
 
 
-def champion_serves(gate: Gate, champion: Champion | None,
-                    digests: list[tuple[str, dict[str, str]]]) -> set[str]:
-    """The candidates the champion already serves: not compared with themselves."""
+def champion_serves(gate: Gate, champion: Champion | None, digests: list[tuple]) -> set[str]:
+    """The candidates the champion already serves (same files, same runtime): not compared
+    with themselves."""
     if not (champion and gate.quality):
         return set()
-    return {name for name, files in digests if serves(
-        champion, files, {**gate.base, **gate.kind.file_settings({n: n for n in files})})}
+    return {name for name, files, runtime, _ in digests if serves(
+        champion, files, {**candidate_settings(gate.base, runtime),
+                          **gate.kind.file_settings({n: n for n in files})})}
 
 
-def gate_key(gate: Gate, digests: list[tuple[str, dict[str, str]]],
-             champion: Champion | None, same: set[str]) -> str:
+def candidate_settings(base: dict[str, Any], runtime: dict[str, Any] | None) -> dict[str, Any]:
+    """serving.json (without file locations) of a candidate on `runtime`."""
+    return {**base, "runtime": runtime} if runtime else dict(base)
+
+
+def gate_key(gate: Gate, digests: list[tuple], champion: Champion | None, same: set[str],
+             not_offered: dict[str, str] | None = None) -> str:
     """The validate step's cache key: everything its verdict depends on. When the champion
     serves one of the candidates it stays out: nothing new registered, same gate, step reused."""
     kind = gate.kind
@@ -242,7 +254,7 @@ def gate_key(gate: Gate, digests: list[tuple[str, dict[str, str]]],
         kind.name, digests,
         digest(to_json(gate.gate_data.items)), digest(to_json(gate.gate_data.extra)), gate.base,
         gate.limits, gate.smoke_limits, gate.smoke_index, gate.batch, gate.select, gate.max_drop,
-        gate.quality,
+        gate.quality, not_offered or {},
         [champion["version"], champion["files"]] if champion and gate.quality and not same
         else None,
         [sha256_file(m.__file__) for m in (sys.modules[__name__],
@@ -303,7 +315,8 @@ def measure_candidate(gate: Gate, cand: Candidate, ref: Reference, champ: dict[s
     a search, timed. Its report entry; `misses` is empty when it passes."""
     kind, cfg, limits, quality = gate.kind, gate.cfg, gate.limits, gate.quality
     t0 = time.perf_counter()
-    model = load_candidate(kind, cand.onnx_path, gate.export_dir, gate.base)
+    model = load_candidate(kind, cand.onnx_path, gate.export_dir,
+                           candidate_settings(gate.base, cand.gated_runtime))
     runs = []
     for size in (1, gate.batch):
         outputs = kind.extract(answer_in_batches(model, ref.requests, size))
@@ -325,7 +338,8 @@ def measure_candidate(gate: Gate, cand: Candidate, ref: Reference, champ: dict[s
         verdict = mlflow_verdict(quality, metrics[quality], champ["value"], gate.max_drop)
         if verdict:
             missed[f"champion.{quality}"] = floor[quality][1] - metrics[quality]
-    entry = {"name": cand.name, "metrics": metrics, "misses": missed,
+    entry = {"name": cand.name, "runtime": cand.runtime, "gated_on": cand.gated_runtime,
+             "metrics": metrics, "misses": missed,
              "smoke_metrics": smoke_metrics, "details": details,
              "worst": details.get("worst", []), "champion_verdict": verdict}
     if gate.select == "fastest":
@@ -370,7 +384,7 @@ def write_report(gate: Gate, report: dict[str, Any], chosen: Candidate | None, r
     }), ensure_ascii=False))
     shipped = next(e for e in report["candidates"] if e["name"] == chosen.name)
     return {
-        "chosen": chosen.name, "onnx_path": chosen.onnx_path,
+        "chosen": chosen.name, "onnx_path": chosen.onnx_path, "runtime": chosen.runtime,
         "metrics": to_json(shipped["metrics"]),
         "candidates": to_json({c["name"]: {**c["metrics"], **{
             f"per_s_{k}": v for k, v in c.get("throughput", {}).items()}}

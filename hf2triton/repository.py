@@ -119,10 +119,13 @@ def build_repository(kind: ModelKind, model_name: str, candidate: str, export_di
     """Render the Triton repository of one release.
 
     `serving_knobs` are the deploy section's batching and execution settings (BATCHING),
-    possibly as the configuration search chose them."""
+    possibly as the configuration search chose them, and the gate's `runtime` (serving.json's
+    runtime of the shipped candidate)."""
     files = {**template_files(kind), **kind.version_files(candidate, export_dir)}
+    runtime = serving_knobs.get("runtime")
     settings = {**serving_settings(kind, cfg, export_dir, serving_knobs.get("max_batch_tokens", 0),
                                    serving_knobs.get("intra_op_threads", 0)),
+                **({"runtime": runtime} if runtime else {}),
                 **kind.file_settings({n: n for n in kind.version_files(candidate, export_dir)})}
     templates = [templates_dir() / "config.pbtxt.template"]
     key = digest([

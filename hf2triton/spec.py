@@ -168,6 +168,44 @@ class QuantizationSpec(Strict):
     )
 
 
+class RuntimeChoice(Strict):
+    """One runtime of the serving core and the precision it is pinned to."""
+
+    name: str = Field(description="a serving runtime: onnxruntime, openvino, onnxruntime-cuda "
+                      "or onnxruntime-tensorrt")
+    precision: str = Field(description="fp32, bf16 or fp16, as the runtime offers; always "
+                           "pinned (OpenVINO would pick bf16 by itself where the CPU has it)")
+    options: dict[str, Any] = Field(
+        {}, description="the runtime's own settings, e.g. openvino {streams: 2, hint: "
+        "THROUGHPUT, threads: 0}; onnxruntime-tensorrt {cache_dir: ...}")
+
+    @model_validator(mode="after")
+    def _known(self) -> RuntimeChoice:
+        from hf2triton.serving.runtimes import RuntimeSettings, runtime_class
+
+        try:
+            RuntimeSettings(self.name, runtime_class(self.name).devices[0], self.precision,
+                            self.options)
+        except (KeyError, ValueError) as exc:
+            raise ValueError(str(exc).strip("'\"")) from None
+        return self
+
+
+class RuntimeSpec(Strict):
+    """Which runtimes and precisions the gate tries, each on deploy.device; the fastest
+    candidate that passes ships."""
+
+    candidates: Literal["auto"] | list[RuntimeChoice] = Field(
+        "auto", description="auto: on cpu ONNX Runtime fp32 and OpenVINO f32, and bf16 where "
+        "the CPU offers it; on gpu ONNX Runtime CUDA fp32 and fp16. Or a list of "
+        "{name, precision, options}")
+
+    @field_validator("candidates")
+    @classmethod
+    def _not_empty(cls, v: Any) -> Any:
+        return unless(v == [], v, "list at least one runtime, or say auto")
+
+
 class ValidationSpec(Strict):
     sentences: SpecPath = Field(description="UTF-8 text file, one sentence per line")
     smoke_sentences: int = Field(
@@ -269,6 +307,7 @@ class _Release(Strict):
     source: SourceSpec
     export: ExportSpec = ExportSpec()
     quantization: QuantizationSpec = QuantizationSpec()
+    runtime: RuntimeSpec = RuntimeSpec()
     validation: ValidationSpec
     registry: RegistrySpec
     deploy: DeploySpec = Field(default_factory=default_deploy,

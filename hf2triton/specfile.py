@@ -18,9 +18,27 @@ from hf2triton.workspace import redact_uri
 _VARIANTS = {"deploy": ("target", TARGETS), "model_store": ("kind", STORES)}
 
 
+def _branch(part: Any) -> bool:
+    """A location part pydantic adds for the branch of a union it tried ("literal['auto']",
+    "list[...]", "function-after[...]"): not a key of the spec."""
+    return isinstance(part, str) and "[" in part
+
+
+def _relevant(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A list given for `'auto' | [...]` whose items are wrong fails both branches; the
+    literal's complaint ("should be 'auto'") says nothing the items' errors do not."""
+    def key(e: dict[str, Any]) -> tuple:
+        return tuple(p for p in e["loc"] if not _branch(p))
+
+    inner = [key(e) for e in errors if e["type"] != "literal_error"]
+    return [e for e in errors if not (
+        e["type"] == "literal_error" and any(_branch(p) for p in e["loc"])
+        and any(len(k) > len(key(e)) and k[:len(key(e))] == key(e) for k in inner))]
+
+
 def _describe(err: dict[str, Any]) -> str:
     loc, variant = [], None
-    for part in err["loc"]:
+    for part in (p for p in err["loc"] if not _branch(p)):
         # A union puts the chosen variant's name into the location: name it once, by its key.
         if loc and str(loc[-1]) in _VARIANTS and part in _VARIANTS[str(loc[-1])][1]:
             variant = f"{'.'.join(str(p) for p in loc)}.{_VARIANTS[str(loc[-1])][0]} {part!r}"
@@ -59,7 +77,7 @@ def parse_spec(data: Any, base_dir: str | Path | None = None, origin: str = "spe
     try:
         return model.model_validate(data, context={"base_dir": base_dir})
     except ValidationError as exc:
-        problems = "; ".join(_describe(e) for e in exc.errors())
+        problems = "; ".join(_describe(e) for e in _relevant(exc.errors()))
         raise SpecError(f"{origin}: {problems}. Fix the spec and run again.") from None
 
 

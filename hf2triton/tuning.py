@@ -101,14 +101,14 @@ def choose(cells: list[dict[str, Any]], max_p99_ms: float | None) -> tuple[dict[
 
 def tune_config(kind: ModelKind, model_name: str, candidate: str, export_dir: str, cfg: Any,
                 info: dict[str, Any], deploy: Any, warmup_items: list[Any], items: list[Any],
-                work_root: str) -> TuneResult:
+                work_root: str, runtime: dict[str, Any] | None = None) -> TuneResult:
     """Measure every configuration of `deploy.tuning` on a private server; return the best."""
     tuning = deploy.tuning
     if not items:
         raise DeployError("configuration search: no validation item to send")
     cells = grid(tuning, deploy)
     requests = kind.requests(items)
-    knobs = {k: getattr(deploy, k) for k in BATCHING}
+    knobs = {**{k: getattr(deploy, k) for k in BATCHING}, "runtime": runtime}
     key = digest([model_name, kind.name, sha256_file(candidate) if Path(candidate).is_file()
                   else candidate, to_json(cfg.to_dict()), to_json(info), knobs, cells,
                   tuning.model_dump(), to_json(items), sha256_file(__file__)])

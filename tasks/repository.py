@@ -22,6 +22,7 @@ def repository(kind: ModelKind, model_name: str, val: GateResult, exp: ExportRes
                data: Data, deploy: Any, tuned: TuneResult | None, work: str) -> RepositoryResult:
     knobs = {k: getattr(deploy, k) for k in BATCHING}
     knobs.update(tuned["chosen"] if tuned else {})
+    knobs["runtime"] = val.get("runtime")  # what the gate ran is what serves
     built = build_repository(kind, model_name, val["onnx_path"], exp["export_dir"],
                              kind.config_from_dict(exp["config"]), val["info"], knobs,
                              warmup_items(data.items), work)

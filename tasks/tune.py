@@ -23,6 +23,7 @@ def tune(kind: ModelKind, model_name: str, val: GateResult, exp: ExportResult, d
         return None
     tuned = tune_config(kind, model_name, val["onnx_path"], exp["export_dir"],
                         kind.config_from_dict(exp["config"]), val["info"], deploy,
-                        warmup_items(data.items), search_items(data.items), work)
+                        warmup_items(data.items), search_items(data.items), work,
+                        val.get("runtime"))
     step_logger().info("tune: ships %s", describe(tuned["chosen"]))
     return tuned

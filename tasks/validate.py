@@ -9,6 +9,7 @@ from prefect import task
 
 from hf2triton.candidates import champion_to_face, gate_candidates, selection
 from hf2triton.clients.mlflow import tracking_uri
+from hf2triton.devices import runtime_choices
 from hf2triton.export import ExportResult
 from hf2triton.gate import GateResult, run_gate
 from hf2triton.kinds import Data, ModelKind
@@ -22,11 +23,13 @@ def validate(kind: ModelKind, model_dir: str, exp: ExportResult, variants: list[
              data: Data, quantization: QuantizationSpec, deploy: Any, work: str) -> GateResult:
     """Gate the candidates; raises AccuracyGateError (with a report) when none passes."""
     cfg = kind.config_from_dict(exp["config"])
+    runtimes = runtime_choices(deploy, kind.spec.runtime)
     found = run_gate(kind, model_dir, exp["export_dir"],
-                     gate_candidates(variants, exp["onnx_path"], quantization), cfg, data,
-                     deploy.max_batch_size, deploy.max_batch_tokens, work,
-                     selection(quantization), champion_to_face(kind, data, cfg, tracking_uri()),
-                     kind.spec.validation.max_drop)
+                     gate_candidates(variants, exp["onnx_path"], quantization, runtimes), cfg,
+                     data, deploy.max_batch_size, deploy.max_batch_tokens, work,
+                     selection(quantization, runtimes),
+                     champion_to_face(kind, data, cfg, tracking_uri()),
+                     kind.spec.validation.max_drop, runtimes.not_offered)
     note_reuse("validate", found)
     step_logger().info("validate: ships %s (%s)", found["chosen"], ", ".join(
         f"{k} {v:.4f}" for k, v in found["metrics"].items() if k in kind.limits()))

@@ -41,10 +41,19 @@ class Data:
 
 @dataclass(frozen=True)
 class Candidate:
-    """One ONNX variant the gate measures: a file, or a directory of files (seq2seq)."""
+    """One ONNX variant the gate measures (a file, or a directory of files for seq2seq), on the
+    runtime serving.json will name (None: ONNX Runtime, CPU, fp32, as versions before runtimes
+    were plug-ins), and the runtime the gate runs it on (the same, but for a CPU numerics check
+    of a GPU runtime)."""
 
-    name: str  # e.g. "dynamic-int8/qint8/per-channel", "fp32"
+    name: str  # e.g. "dynamic-int8/qint8/per-channel", "fp32", "fp32 @ openvino bf16"
     onnx_path: str
+    runtime: dict[str, Any] | None = None
+    gate_runtime: dict[str, Any] | None = None
+
+    @property
+    def gated_runtime(self) -> dict[str, Any] | None:
+        return self.gate_runtime or self.runtime
 
 
 def read_lines(path: str | Path, what: str, items: str = "sentences") -> list[str]:
