@@ -40,7 +40,7 @@ def release_model(spec: ReleaseSpec | dict[str, Any]) -> dict[str, Any]:
 
     src = fetch(spec.source)
     exp = export(kind, src, spec.export, data, work)
-    variants = quantize(exp, spec.quantization, work)
+    variants = quantize(exp, spec.quantization, spec.deploy.device, work)
     val = validate(kind, src["model_dir"], exp, variants, data, spec.quantization, spec.deploy,
                    work)
     tuned = tune(kind, spec.triton_model_name, val, exp, data, spec.deploy, work)

@@ -36,10 +36,7 @@ def gate_candidates(variants: list[dict[str, Any]], fp32_onnx: str, quantization
     found = []
     for runtime in runtimes.served:
         for graph, path in graphs:
-            plain = graph in PLAIN_GRAPHS
-            if runtime["name"] != "onnxruntime" and not plain:
-                continue  # another runtime reads no ONNX Runtime-specific graph
-            if runtime["precision"] == "fp16" and not graph.startswith("fp16"):
+            if not suits(graph, runtime):
                 continue
             # Today's candidates keep today's names; another runtime is named after the graph.
             name = graph if runtime == DEFAULT_RUNTIME else f"{graph} @ {label(runtime)}"
@@ -47,6 +44,15 @@ def gate_candidates(variants: list[dict[str, Any]], fp32_onnx: str, quantization
             found.append(Candidate(name=name, onnx_path=path, runtime=runtime,
                                    gate_runtime=gated if gated != runtime else None))
     return found
+
+
+def suits(graph: str, runtime: dict[str, Any]) -> bool:
+    """Whether `runtime` runs the graph variant `graph`: an fp16 graph on an fp16 runtime only;
+    ONNX Runtime on the CPU every other graph (its quantized and fused ones too); any other
+    runtime the plain export only."""
+    if runtime["precision"] == "fp16" or graph.startswith("fp16"):
+        return runtime["precision"] == "fp16" and graph.startswith("fp16")
+    return runtime["name"] == "onnxruntime" or graph in PLAIN_GRAPHS
 
 
 def selection(quantization: Any, runtimes: RuntimeChoices | None = None

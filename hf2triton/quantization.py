@@ -260,11 +260,53 @@ def optimize_fp32(onnx_path: str, level: str, work_root: str) -> QuantizeResult:
     )
 
 
-def quantize_variants(onnx_path: str, spec: QuantizationSpec, work_root: str
-                      ) -> list[QuantizeResult]:
-    """The spec's own variant first; with `quantization.search`, every variant of the search
-    grid and the ONNX Runtime-optimised fp32 graphs after it (single-file models only)."""
+# Kept in fp32 in the fp16 graph: what overflows or loses too much in half precision
+# (LayerNorm's variance, Softmax's exponent, the decomposed LayerNorm's Pow and ReduceMean).
+FP16_KEEP = ["LayerNormalization", "SkipLayerNormalization", "SimplifiedLayerNormalization",
+             "Softmax", "Pow", "ReduceMean"]
+
+
+def fp16_graph(onnx_path: str, work_root: str) -> QuantizeResult:
+    """The graph in fp16 for a GPU runtime, with fp32 inputs and outputs kept (the serving core
+    feeds and reads fp32) and the overflow-prone ops in fp32 (onnxruntime.transformers.float16).
+    On a CPU ONNX Runtime runs it through casts: the gate's CPU numerics check."""
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    src = Path(onnx_path)
+    key = digest([sha256_file(src), FP16_KEEP, source_digest(sys.modules[__name__])])
+    started = time.perf_counter()
+
+    def build(out: Path) -> dict:
+        model = convert_float_to_float16(onnx.load(str(src)), keep_io_types=True,
+                                         op_block_list=FP16_KEEP)
+        # The converter names the Cast it puts before each blocked consumer of a tensor after
+        # the tensor alone: two consumers give two nodes of one name, which ONNX refuses.
+        seen: dict[str, int] = {}
+        for node in model.graph.node:
+            count = seen[node.name] = seen.get(node.name, 0) + 1
+            if node.name and count > 1:
+                node.name = f"{node.name}_{count}"
+        onnx.save(model, str(out / "model.onnx"))
+        return {}
+
+    done = cached_step(work_root, "fp16", key, build)
+    path = done.path / "model.onnx"
+    return QuantizeResult(
+        onnx_path=str(path), method="fp16", fallbacks={}, fp32_bytes=src.stat().st_size,
+        size_bytes=path.stat().st_size, sha256=done.files["model.onnx"],
+        seconds=round(time.perf_counter() - started, 3), reused=done.reused,
+    )
+
+
+def quantize_variants(onnx_path: str, spec: QuantizationSpec, work_root: str,
+                      device: str = "cpu") -> list[QuantizeResult]:
+    """The spec's own variant first; for a GPU the fp16 graph; with `quantization.search`,
+    every variant of the search grid and the ONNX Runtime-optimised fp32 graphs after it
+    (single-file models only)."""
     results = [quantize_onnx(onnx_path, spec, work_root)]
+    if device == "gpu" and not Path(onnx_path).is_dir():
+        results.append(fp16_graph(onnx_path, work_root))
     if not spec.search or Path(onnx_path).is_dir():
         return results
     seen = {results[0]["method"]}

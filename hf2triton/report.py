@@ -27,10 +27,20 @@ def _verdict(cand: dict[str, Any], chosen: str | None) -> str:
     return "passes, slower" if not cand["misses"] else "misses the gate"
 
 
+def _runtime(cand: dict[str, Any]) -> str:
+    """'openvino cpu bf16'; with a CPU numerics check, what the gate ran it on too."""
+    served = cand.get("runtime") or {"name": "onnxruntime", "device": "cpu", "precision": "fp32"}
+    text = f"{served['name']} {served.get('device', 'cpu')} {served['precision']}"
+    gated = cand.get("gated_on")
+    if gated and gated != served:
+        text += f" (gated on {gated['name']} {gated.get('device', 'cpu')} {gated['precision']})"
+    return text
+
+
 def accuracy_rows(kind: ModelKind, report: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for cand in report["candidates"]:
-        row: dict[str, Any] = {"variant": cand["name"]}
+        row: dict[str, Any] = {"variant": cand["name"], "runtime": _runtime(cand)}
         for metric, (op, limit) in report["limits"].items():
             value = cand["metrics"].get(metric)
             row[metric] = round(value, 6) if value is not None else None
@@ -86,10 +96,15 @@ def release_markdown(kind: ModelKind, summary: dict[str, Any], report: dict[str,
     metric_lines = "\n".join(
         f"| {k} | {metrics[k]:.6f} | {metrics.get('smoke_' + k, float('nan')):.6f} | {op} {v} |"
         for k, (op, v) in limits.items() if k in metrics)
-    variants = "\n".join(
-        f"| {c['name']} | " + " | ".join(f"{c['metrics'].get(k, float('nan')):.4f}"
-                                        for k in limits)
-        + f" | {_verdict(c, report.get('chosen'))} |" for c in report["candidates"])
+    def row(c: dict[str, Any]) -> str:
+        figures = " | ".join(f"{c['metrics'].get(k, float('nan')):.4f}" for k in limits)
+        rate = c.get("throughput", {}).get("batch_32", "")
+        return f"| {c['name']} | {_runtime(c)} | {figures} | {rate} | " \
+               f"{_verdict(c, report.get('chosen'))} |"
+
+    variants = "\n".join(row(c) for c in report["candidates"])
+    not_offered = "".join(f"\n- not offered here: {what} ({why})"
+                          for what, why in (report.get("not_offered") or {}).items())
     image = summary.get("image") or {}
     image_line = (f"`{image['reference']}`" if image.get("reference")
                   else image.get("skipped", "not built"))
@@ -118,9 +133,10 @@ def release_markdown(kind: ModelKind, summary: dict[str, Any], report: dict[str,
 
 {champion_section(report, summary)}
 ## Variants
-| variant | {' | '.join(limits)} | verdict |
-|---|{'---|' * len(limits)}---|
+| variant | runtime | {' | '.join(limits)} | per s at 32 | verdict |
+|---|---|{'---|' * len(limits)}---|---|
 {variants}
+{not_offered}
 
 ## Endpoint
 - HTTP: `{endpoint['http']}`

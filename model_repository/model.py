@@ -15,7 +15,10 @@ class TritonPythonModel:
         import hf2triton_serving
 
         self.serving = hf2triton_serving
-        self.model = hf2triton_serving.load(version_dir)
+        # A KIND_GPU instance runs on the GPU Triton chose for it.
+        gpu = int(args["model_instance_device_id"]) \
+            if args.get("model_instance_kind") == "GPU" else None
+        self.model = hf2triton_serving.load(version_dir, gpu=gpu)
 
     def execute(self, requests):
         return self.serving.triton_execute(self.model, requests, pb_utils)

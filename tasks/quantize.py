@@ -12,8 +12,9 @@ from hf2triton.spec import QuantizationSpec
 
 
 @task(name="quantize", task_run_name="quantize {spec.method}", **NO_PREFECT_CACHE)
-def quantize(exp: ExportResult, spec: QuantizationSpec, work: str) -> list[QuantizeResult]:
-    """The variants to gate: the spec's own first."""
-    variants = quantize_variants(exp["onnx_path"], spec, work)
+def quantize(exp: ExportResult, spec: QuantizationSpec, device: str, work: str
+             ) -> list[QuantizeResult]:
+    """The variants to gate: the spec's own first (for a GPU also the fp16 graph)."""
+    variants = quantize_variants(exp["onnx_path"], spec, work, device)
     note_reuse("quantize", variants[0])
     return variants

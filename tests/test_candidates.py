@@ -51,3 +51,80 @@ def test_the_search_sends_the_first_items_that_make_a_request():
     items = ["", *(f"item {i}" for i in range(300))]
     sent = search_items(items)
     assert len(sent) == 256 and sent[0] == "item 0" and "" not in sent
+
+
+# ---------------------------------------------------------------------------------------------
+# Runtimes: the candidates span graph x runtime
+
+
+def _spec(**overrides):
+    import yaml
+
+    from hf2triton.spec import parse_spec
+    from tests.conftest import write_spec
+
+    path = write_spec(__import__("pathlib").Path("/tmp") / "candidates-spec.yaml", **overrides)
+    return parse_spec(yaml.safe_load(path.read_text()))
+
+
+def test_auto_runtimes_run_the_plain_graph_everywhere_and_int8_on_onnxruntime():
+    from hf2triton.devices import runtime_choices
+    from hf2triton.serving.runtimes import runtime_info
+
+    spec = _spec()
+    runtimes = runtime_choices(spec.deploy, spec.runtime)
+    found = gate_candidates(VARIANTS, "/x/model.onnx", spec.quantization, runtimes)
+    bf16 = "bf16" in runtime_info()["openvino"]["cpu"]["precisions"]
+    assert [c.name for c in found] == [
+        "dynamic-int8/qint8/per-channel", "dynamic-int8/qint8/per-tensor", "fp32",
+        "fp32 @ openvino fp32", *(["fp32 @ openvino bf16"] if bf16 else [])]
+    # What serving.json will name: the precision always pinned, OpenVINO's settings written out.
+    ov = found[3].runtime
+    assert ov["name"] == "openvino" and ov["precision"] == "fp32" and ov["device"] == "cpu"
+    assert {"streams", "hint"} <= set(ov) and found[0].runtime["name"] == "onnxruntime"
+    assert all(c.gate_runtime is None for c in found)  # the gate runs what serves
+    assert selection(spec.quantization, runtimes) == "fastest"
+    assert (runtimes.not_offered == {}) == bf16
+
+
+def test_a_precision_the_cpu_lacks_is_left_out_and_said(monkeypatch):
+    """A CPU without bf16 cannot be had here: the runtime table's answer for this machine is
+    replaced by what OpenVINO says on such a CPU."""
+    from hf2triton.devices import runtime_choices
+    from hf2triton.serving import runtimes as serving_runtimes
+
+    real = serving_runtimes.runtime_info()
+    fake = {**real, "openvino": {"cpu": {"precisions": ["fp32"], "available": True,
+                                         "why": "OPTIMIZATION_CAPABILITIES: FP32 INT8"}}}
+    monkeypatch.setattr(serving_runtimes, "runtime_info", lambda: fake)
+    spec = _spec()
+    runtimes = runtime_choices(spec.deploy, spec.runtime)
+    assert [r["precision"] for r in runtimes.served if r["name"] == "openvino"] == ["fp32"]
+    assert runtimes.not_offered == {"openvino bf16": "OPTIMIZATION_CAPABILITIES: FP32 INT8"}
+
+
+def test_a_gpu_release_gated_on_cpu_numerics_runs_the_gpu_graph_on_the_cpu():
+    from hf2triton.devices import runtime_choices
+
+    spec = _spec(deploy__device="gpu", deploy__gpu_gate="cpu-numerics")
+    runtimes = runtime_choices(spec.deploy, spec.runtime)
+    variants = [{"method": "fp16", "onnx_path": "/x/fp16.onnx"}]
+    found = gate_candidates(variants, "/x/model.onnx", QuantizationSpec(), runtimes)
+    assert [(c.name, c.runtime["name"], c.runtime["precision"]) for c in found] == [
+        ("fp32 @ onnxruntime-cuda cuda fp32", "onnxruntime-cuda", "fp32"),
+        ("fp16 @ onnxruntime-cuda cuda fp16", "onnxruntime-cuda", "fp16")]
+    assert [c.gate_runtime for c in found] == [
+        {"name": "onnxruntime", "device": "cpu", "precision": "fp32"},
+        {"name": "onnxruntime", "device": "cpu", "precision": "fp16"}]
+
+
+def test_a_listed_runtime_is_the_only_one_tried():
+    from hf2triton.devices import runtime_choices
+
+    spec = _spec(runtime__candidates=[{"name": "openvino", "precision": "fp32",
+                                       "options": {"streams": 2, "hint": "THROUGHPUT"}}])
+    runtimes = runtime_choices(spec.deploy, spec.runtime)
+    found = gate_candidates(VARIANTS, "/x/model.onnx", spec.quantization, runtimes)
+    assert [c.name for c in found] == ["fp32 @ openvino fp32"]
+    assert found[0].runtime["streams"] == 2 and found[0].runtime["hint"] == "THROUGHPUT"
+    assert selection(spec.quantization, runtimes) == "first"

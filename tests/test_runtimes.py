@@ -1,7 +1,7 @@
 """Serving runtimes (hf2triton/serving/runtimes.py) through the serving core, for every kind:
 OpenVINO on CPU answers as ONNX Runtime does, its precision is pinned and read back, bad settings
 and a runtime that cannot run here fail with clear errors, and a real tritonserver runs the
-runtime its serving.json names. Tiny real models (tests/models.py) exported as the release exports them."""
+runtime its serving.json names. Tiny real models (hf2triton/tiny_models.py) exported as the release exports them."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from hf2triton.gate import load_candidate, serving_settings
 from hf2triton.kinds import Data, kind_for
 from hf2triton.serving import runtimes
 from hf2triton.spec import parse_spec
-from tests.models import (CORPUS, SEQ2SEQ_CORPUS, build_tiny_bert, build_tiny_classifier,
+from hf2triton.tiny_models import (CORPUS, SEQ2SEQ_CORPUS, build_tiny_bert, build_tiny_classifier,
                           build_tiny_cross_encoder, build_tiny_m2m100, rerank_pairs)
 
 TEXTS = list(dict.fromkeys(CORPUS)) + ["a", "", "word " * 100, "ok thanks", "prices 12.5%"]
@@ -317,7 +317,8 @@ def test_triton_serves_the_runtime_serving_json_names(exported, tmp_path, monkey
         else "fp32"
     ov = {**OV_F32, "precision": precision}
     knobs = {"max_batch_size": 8, "preferred_batch_sizes": [8], "max_queue_delay_us": 100,
-             "instance_count": 1, "intra_op_threads": 0, "max_batch_tokens": 256}
+             "instance_count": 1, "intra_op_threads": 0, "max_batch_tokens": 256,
+             "device": "cpu", "gpus": None}
     assert set(knobs) == set(BATCHING)
     dim = load(exported, "embedding", ORT_FP32).embed(["x"]).shape[1]
     repo = tmp_path / "repo"
@@ -327,12 +328,12 @@ def test_triton_serves_the_runtime_serving_json_names(exported, tmp_path, monkey
                                  "precision": "fp32"}}
     for name, runtime in runtimes_of.items():
         built = build_repository(kind, name, onnx_path, export_dir, cfg, {"embedding_dim": dim},
-                                 knobs, TEXTS[:2], str(tmp_path / "builds"))
+                                 {**knobs, "runtime": runtime}, TEXTS[:2],
+                                 str(tmp_path / "builds"))
         shutil.copytree(Path(built["repository"]) / name, repo / name)
-        # What the spec's runtime becomes in serving.json.
+        # The gate's runtime is what serving.json names.
         path = repo / name / "1" / serving.SERVING_FILE
-        settings = json.loads(path.read_text())
-        path.write_text(json.dumps({**settings, "runtime": runtime}, indent=1))
+        assert json.loads(path.read_text())["runtime"] == runtime
         assert (repo / name / "1" / "hf2triton_serving" / "runtimes.py").is_file()
     ports = [free_port() for _ in range(3)]
     proc = triton_local.launch(repo, "127.0.0.1", *ports, tmp_path / "server.log")
@@ -356,3 +357,27 @@ def test_triton_serves_the_runtime_serving_json_names(exported, tmp_path, monkey
     if precision == "bf16":
         onnxruntime = load(exported, "embedding", ORT_FP32).embed(TEXTS)
         assert np.abs(served - onnxruntime).max() > 1e-4
+
+
+def test_the_fp16_graph_of_a_gpu_release_passes_a_cpu_numerics_check(exported, tmp_path):
+    """What `deploy.gpu_gate: cpu-numerics` gates: the fp16 graph (inputs and outputs kept in
+    fp32, the overflow-prone ops in fp32) run by ONNX Runtime on the CPU through its casts. It
+    checks the graph's storage and structure, not the GPU kernels' numerics (no GPU here)."""
+    from hf2triton.gate import load_candidate
+    from hf2triton.quantization import FP16_KEEP, fp16_graph
+
+    kind, cfg, onnx_path, export_dir = exported("embedding")
+    half = fp16_graph(onnx_path, str(tmp_path / "work"))
+    assert half["method"] == "fp16" and half["size_bytes"] < half["fp32_bytes"]
+    import onnx
+
+    graph = onnx.load(half["onnx_path"]).graph
+    assert graph.input[0].type.tensor_type.elem_type != onnx.TensorProto.FLOAT16  # kept types
+    assert not any(n.op_type in FP16_KEEP and n.name.endswith("_fp16") for n in graph.node)
+    settings = {**serving_settings(kind, cfg, export_dir, max_batch_tokens=256),
+                "runtime": {"name": "onnxruntime", "device": "cpu", "precision": "fp16"}}
+    half_model = load_candidate(kind, half["onnx_path"], export_dir, settings)
+    full = load(exported, "embedding", ORT_FP32).embed(TEXTS)
+    got = half_model.embed(TEXTS)
+    assert np.isfinite(got).all()
+    assert cosine_rows(full, got).min() > 0.999

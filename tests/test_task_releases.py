@@ -260,7 +260,7 @@ def test_a_file_that_does_not_survive_quantization_ships_fp32(translation_releas
 
     from hf2triton.kinds.translation import serving_files
     from hf2triton.quantization import quantize_onnx
-    from hf2triton.serving.seq2seq import OrtSeq2Seq
+    from hf2triton.serving.seq2seq import Seq2SeqModel
     from hf2triton.spec import QuantizationSpec
 
     export_dir = next(p.parent for p in (translation_release["home"] / "work").rglob(
@@ -286,6 +286,6 @@ def test_a_file_that_does_not_survive_quantization_ships_fp32(translation_releas
                       / "1" / "serving.json").read_text())
     from hf2triton.serving.seq2seq import DecodeSettings
 
-    ids = OrtSeq2Seq(serving_files(out)).generate([[101, 40, 2]], DecodeSettings.from_dict(
+    ids = Seq2SeqModel(serving_files(out)).generate([[101, 40, 2]], DecodeSettings.from_dict(
         cfg["decode"]).with_request(num_beams=1), 1)
     assert len(ids[0]) > 1

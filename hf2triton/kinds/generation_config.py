@@ -12,7 +12,7 @@ from hf2triton.errors import SpecError, UnsupportedModelError
 from hf2triton.kinds.embedding import model_max_length
 from hf2triton.serving.seq2seq import DecodeSettings
 
-# GenerationConfig fields the served decoder implements (hf2triton.seq2seq.process_scores).
+# GenerationConfig fields the served decoder implements (hf2triton.serving.decoding.process_scores).
 # Any other field that changes greedy or beam search is refused when it differs from its default.
 UNSUPPORTED = (
     "min_new_tokens", "encoder_repetition_penalty", "renormalize_logits",

@@ -20,7 +20,7 @@ from hf2triton.kinds.base import Data, Limits, ModelKind, read_lines
 from hf2triton.kinds.generation_config import TranslationConfig, resolve_translation_config
 from hf2triton.kinds.serving_tokenizer import check_tokenizer, write_serving_tokenizer
 from hf2triton.kinds.torch_reference import TorchTranslator, batched, strip_pad
-from hf2triton.serving.seq2seq import ONNX_FILES, OrtSeq2Seq, Seq2SeqTokenizer
+from hf2triton.serving.seq2seq import ONNX_FILES, Seq2SeqModel, Seq2SeqTokenizer
 from hf2triton.specbase import MaxLength, SpecPath, Strict, unless
 
 
@@ -95,7 +95,7 @@ def compare_translation(model_dir: str, export_dir: Path, cfg: TranslationConfig
     reference = TorchTranslator(model_dir, cfg)
     plan = json.loads((export_dir / TOKENIZER_DIR / "plan.json").read_text())
     served = Seq2SeqTokenizer(str(export_dir / TOKENIZER_DIR), plan, cfg.max_input_length)
-    model = OrtSeq2Seq(serving_files(export_dir))
+    model = Seq2SeqModel(serving_files(export_dir))
     worst = 0.0
     torch = reference._torch
     for chunk in batched(sentences, 8):

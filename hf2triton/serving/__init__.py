@@ -27,9 +27,14 @@ def read_settings(directory: str) -> dict[str, Any]:
         return json.load(f)
 
 
-def load(directory: str, settings: dict[str, Any] | None = None) -> Any:
-    """The served model of a version directory (or of any directory laid out like one)."""
+def load(directory: str, settings: dict[str, Any] | None = None,
+         gpu: int | None = None) -> Any:
+    """The served model of a version directory (or of any directory laid out like one); `gpu`:
+    the GPU Triton placed this instance on (a KIND_GPU instance group), for a GPU runtime."""
     settings = settings if settings is not None else read_settings(directory)
+    runtime = settings.get("runtime")
+    if gpu is not None and isinstance(runtime, dict) and runtime.get("device") == "cuda":
+        settings = {**settings, "runtime": {**runtime, "device_id": gpu}}
     module = importlib.import_module(f".{settings['module']}", __name__)
     return getattr(module, settings["class"]).from_directory(directory, settings)
 

@@ -188,10 +188,6 @@ class Seq2SeqModel:
         return decoding.beam(self._step, hidden, mask, settings)
 
 
-# The name kinds/translation.py and older tests import.
-OrtSeq2Seq = Seq2SeqModel
-
-
 def load_serving(directory: str, cfg: dict[str, Any], threads: int = 0):
     """The tokenizer, model and default settings described by a served `serving.json` (file
     names relative to `directory`, the tokenizer's to `directory/tokenizer_dir`; the runtime
