@@ -39,7 +39,7 @@ def gate_candidates(variants: list[dict[str, Any]], fp32_onnx: str, quantization
             if not suits(graph, runtime):
                 continue
             # Today's candidates keep today's names; another runtime is named after the graph.
-            name = graph if runtime == DEFAULT_RUNTIME else f"{graph} @ {label(runtime)}"
+            name = graph if runtime == DEFAULT_RUNTIME else f"{graph} on {label(runtime)}"
             gated = runtimes.gated(runtime)
             found.append(Candidate(name=name, onnx_path=path, runtime=runtime,
                                    gate_runtime=gated if gated != runtime else None))

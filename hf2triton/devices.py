@@ -66,9 +66,8 @@ class RuntimeChoices:
 
 
 def label(runtime: dict[str, Any]) -> str:
-    """'openvino bf16'; a runtime's device is named when it is not the CPU."""
-    device = f" {runtime['device']}" if runtime.get("device", "cpu") != "cpu" else ""
-    return f"{runtime['name']}{device} {runtime['precision']}"
+    """'openvino bf16' (a GPU runtime's name says its device)."""
+    return f"{runtime['name']} {runtime['precision']}"
 
 
 def runtime_choices(deploy: Any, runtime_spec: Any) -> RuntimeChoices:

@@ -77,7 +77,7 @@ def test_auto_runtimes_run_the_plain_graph_everywhere_and_int8_on_onnxruntime():
     bf16 = "bf16" in runtime_info()["openvino"]["cpu"]["precisions"]
     assert [c.name for c in found] == [
         "dynamic-int8/qint8/per-channel", "dynamic-int8/qint8/per-tensor", "fp32",
-        "fp32 @ openvino fp32", *(["fp32 @ openvino bf16"] if bf16 else [])]
+        "fp32 on openvino fp32", *(["fp32 on openvino bf16"] if bf16 else [])]
     # What serving.json will name: the precision always pinned, OpenVINO's settings written out.
     ov = found[3].runtime
     assert ov["name"] == "openvino" and ov["precision"] == "fp32" and ov["device"] == "cpu"
@@ -111,8 +111,8 @@ def test_a_gpu_release_gated_on_cpu_numerics_runs_the_gpu_graph_on_the_cpu():
     variants = [{"method": "fp16", "onnx_path": "/x/fp16.onnx"}]
     found = gate_candidates(variants, "/x/model.onnx", QuantizationSpec(), runtimes)
     assert [(c.name, c.runtime["name"], c.runtime["precision"]) for c in found] == [
-        ("fp32 @ onnxruntime-cuda cuda fp32", "onnxruntime-cuda", "fp32"),
-        ("fp16 @ onnxruntime-cuda cuda fp16", "onnxruntime-cuda", "fp16")]
+        ("fp32 on onnxruntime-cuda fp32", "onnxruntime-cuda", "fp32"),
+        ("fp16 on onnxruntime-cuda fp16", "onnxruntime-cuda", "fp16")]
     assert [c.gate_runtime for c in found] == [
         {"name": "onnxruntime", "device": "cpu", "precision": "fp32"},
         {"name": "onnxruntime", "device": "cpu", "precision": "fp16"}]
@@ -125,6 +125,6 @@ def test_a_listed_runtime_is_the_only_one_tried():
                                        "options": {"streams": 2, "hint": "THROUGHPUT"}}])
     runtimes = runtime_choices(spec.deploy, spec.runtime)
     found = gate_candidates(VARIANTS, "/x/model.onnx", spec.quantization, runtimes)
-    assert [c.name for c in found] == ["fp32 @ openvino fp32"]
+    assert [c.name for c in found] == ["fp32 on openvino fp32"]
     assert found[0].runtime["streams"] == 2 and found[0].runtime["hint"] == "THROUGHPUT"
     assert selection(spec.quantization, runtimes) == "first"

@@ -46,7 +46,7 @@ class Candidate:
     were plug-ins), and the runtime the gate runs it on (the same, but for a CPU numerics check
     of a GPU runtime)."""
 
-    name: str  # e.g. "dynamic-int8/qint8/per-channel", "fp32", "fp32 @ openvino bf16"
+    name: str  # e.g. "dynamic-int8/qint8/per-channel", "fp32", "fp32 on openvino bf16"
     onnx_path: str
     runtime: dict[str, Any] | None = None
     gate_runtime: dict[str, Any] | None = None
