@@ -145,8 +145,8 @@ def test_image_carries_lineage_labels_and_runs_as_non_root(release, docker_clien
     live = _live(docker_client)
     uid = live.exec_run(["python3", "-c", "import os; print(os.getuid())"]).output.strip()
     assert uid != b"0" and uid.isdigit()
-    # The runtime user can read the model but not change it.
-    probe = ("import os; p='/models/minilm-embedder/1/model.onnx'; "
+    # The runtime user can read the model but not change it (the live version's folder).
+    probe = (f"import os; p='/models/{MODEL}/{_live_version(docker_client)}/model.onnx'; "
              "print(os.access(p, os.R_OK), os.access(p, os.W_OK), os.access(os.path.dirname(p), "
              "os.W_OK))")
     assert live.exec_run(["python3", "-c", probe]).output.strip() == b"True False False"
