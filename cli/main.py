@@ -19,11 +19,11 @@ def _fail(message: str, code: int = 1) -> int:
 
 
 def _release(args: argparse.Namespace) -> int:
+    from hf2triton.devices import check_gate_device
     from hf2triton.errors import Hf2TritonError, SpecError
     from hf2triton.kinds import kind_for
+    from hf2triton.prefect_api import prepare_local_run
     from hf2triton.spec import load_spec
-
-    from hf2triton.devices import check_gate_device
 
     try:
         spec = load_spec(args.spec)
@@ -35,131 +35,32 @@ def _release(args: argparse.Namespace) -> int:
     except Hf2TritonError as exc:
         return _fail(f"[{exc.code}] {exc}", exc.exit_code)
     try:
-        _prepare_local_run()
+        prepare_local_run()
     except Hf2TritonError as exc:
         return _fail(f"[{exc.code}] {exc}", exc.exit_code)
     return _run_release(spec)
 
 
-def _prepare_local_run() -> None:
-    """Everything a local release hands to a library exists before the library sees it: the
-    hf2triton home, Prefect's home in it, and (without a Prefect server) Prefect's temporary API,
-    started here so that its failure is explained in one line instead of timing out later."""
-    from hf2triton.workspace import ensure_home
-
-    root = ensure_home("prefect")
-    if os.environ.get("PREFECT_API_URL"):
-        return  # a Prefect server is configured: runs go there
-    os.environ.setdefault("PREFECT_HOME", str(root / "prefect"))
-    _check_prefect_database()
-    _start_temporary_api()
-
-
-def _check_prefect_database() -> None:
-    """Prefect's temporary API keeps its state in SQLite; a database it cannot open makes the
-    API fail every request (and Prefect wait out its start-up deadline). Check it first."""
-    import sqlite3
-
-    from hf2triton.errors import EnvironmentSetupError
-    from prefect.settings import get_current_settings
-
-    secret = get_current_settings().server.database.connection_url
-    url = secret.get_secret_value() if secret is not None else ""
-    if not url.startswith("sqlite") or ":memory:" in url:
-        return
-    path = url.split(":///", 1)[-1].split("?", 1)[0]
-    try:
-        with sqlite3.connect(path, timeout=30) as db:
-            db.execute("BEGIN IMMEDIATE")  # takes the write lock: proves the file is writable
-            db.rollback()
-    except sqlite3.Error as exc:
-        raise EnvironmentSetupError(
-            f"Prefect's temporary API cannot use its database {path}: {exc}. Make its folder "
-            "writable (it is PREFECT_HOME, by default in the hf2triton home), set "
-            "HF2TRITON_HOME to a writable folder, or point PREFECT_API_URL at a running Prefect "
-            "server (`prefect server start`)"
-        ) from None
-
-
-def _start_temporary_api() -> None:
-    """Start Prefect's temporary API (the one a flow run without PREFECT_API_URL uses) and fail
-    at once, with the cause, if its process dies or it does not answer in time."""
-    import threading
-
-    from hf2triton.errors import EnvironmentSetupError
-    from prefect.server.api.server import SubprocessASGIServer
-    from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
-
-    timeout = PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value()
-    server = SubprocessASGIServer()  # the same instance the flow run's client will use
-    failure: list[BaseException] = []
-
-    def start() -> None:
-        try:
-            server.start(timeout=timeout)
-        except BaseException as exc:  # noqa: BLE001 - reported below, with its cause
-            failure.append(exc)
-
-    starter = threading.Thread(target=start, daemon=True)
-    starter.start()
-    while starter.is_alive():
-        starter.join(0.2)
-        proc = server.server_process
-        code = proc.poll() if proc is not None else None
-        if code is not None and code != 3:  # 3: port taken, and Prefect retries another
-            server.running = False
-            raise EnvironmentSetupError(
-                f"Prefect's temporary API exited with code {code} while starting (its output is "
-                "above). Point PREFECT_API_URL at a running Prefect server (`prefect server "
-                "start`), or re-run with PREFECT_LOGGING_LEVEL=DEBUG to see why"
-            )
-    if failure:
-        proc = server.server_process
-        state = "still not answering" if proc is not None and proc.poll() is None else \
-            f"exited with code {proc.poll() if proc is not None else '?'}"
-        raise EnvironmentSetupError(
-            f"Prefect's temporary API did not start within {timeout:.0f} s ({state}; "
-            f"{type(failure[0]).__name__}). On a busy machine raise "
-            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, or point PREFECT_API_URL at a "
-            "running Prefect server (`prefect server start`)"
-        )
-
-
-def _stop_ephemeral_prefect() -> None:
-    """Stop Prefect's temporary API now rather than at exit, so the last line is ours."""
-    try:
-        from prefect.events.worker import EventsWorker
-        from prefect.logging.handlers import APILogWorker
-        from prefect.server.api.server import SubprocessASGIServer
-    except ImportError:
-        return
-    # Deliver pending logs and events first: afterwards there is no API to send them to.
-    for service in (APILogWorker, EventsWorker):
-        service.drain_all(timeout=10)
-    for server in list(SubprocessASGIServer._instances.values()):
-        server.stop()
-
-
 def _run_release(spec) -> int:
-    from hf2triton.errors import Hf2TritonError
     from flows.release import release_model
+    from hf2triton.errors import Hf2TritonError
+    from hf2triton.prefect_api import stop_temporary_api
 
     try:
-        # stdout carries exactly one JSON line; libraries that print (MLflow's "View run at")
-        # go to stderr with the progress.
-        with contextlib.redirect_stdout(sys.stderr):
-            summary = release_model(spec)
+        try:
+            # stdout carries exactly one JSON line; libraries that print (MLflow's "View run
+            # at") go to stderr with the progress.
+            with contextlib.redirect_stdout(sys.stderr):
+                summary = release_model(spec)
+        finally:
+            stop_temporary_api()  # now, not at exit: the last line printed is ours
     except Hf2TritonError as exc:
-        _stop_ephemeral_prefect()
         return _fail(f"[{exc.code}] {exc}", exc.exit_code)
     except KeyboardInterrupt:
-        _stop_ephemeral_prefect()
         return _fail("interrupted; finished steps are kept and a re-run reuses them", 130)
     except Exception as exc:  # noqa: BLE001 - the last line of defence prints one line
-        _stop_ephemeral_prefect()
         return _fail(f"[UNEXPECTED] {type(exc).__name__}: {exc}. Re-run with "
                      "PREFECT_LOGGING_LEVEL=DEBUG for details and report it.")
-    _stop_ephemeral_prefect()
     print(json.dumps(summary, sort_keys=False), flush=True)
     return 0
 
@@ -238,6 +139,8 @@ def _store(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from hf2triton.prefect_api import set_process_defaults
+
     parser = argparse.ArgumentParser(
         prog="hf2triton", description="Release Hugging Face models to Triton Inference Server."
     )
@@ -266,12 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # The tokenizers thread pool warns (and can deadlock) once Prefect forks workers.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    # A local release runs Prefect in ephemeral mode with its database in the hf2triton home, not
-    # ~/.prefect (`_prepare_local_run`); its telemetry, which races on that SQLite file, stays off.
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    # Its 20 s default start-up deadline is too short on a busy 2-core machine.
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
-    os.environ.setdefault("DO_NOT_TRACK", "1")
+    set_process_defaults()  # before anything imports Prefect
     return args.func(args)
 
 

@@ -167,16 +167,15 @@ def tiny_spec(path: Path, model_dir: Path, ports: dict[str, int], **overrides) -
     return write_spec(path, **base)
 
 
-@pytest.fixture(scope="module")
-def tiny_release(tmp_path_factory, tiny_bert):
-    """Module-wide: a tiny release served on free ports from a private hf2triton home."""
+def released_tiny_bert(tmp: Path, model_dir: Path):
+    """Release `model_dir` in-process from a private home under `tmp`, served by its own local
+    Triton on free ports; yields the TinyRelease and stops that server after."""
     from flows.release import release_model
     from hf2triton import triton_local
     from hf2triton.spec import load_spec
 
-    tmp = tmp_path_factory.mktemp("tiny-release")
     ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
-    spec_path = tiny_spec(tmp / "tiny.yaml", tiny_bert, ports)
+    spec_path = tiny_spec(tmp / "tiny.yaml", model_dir, ports)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF2TRITON_HOME", str(tmp / "home"))
         mp.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -185,6 +184,19 @@ def tiny_release(tmp_path_factory, tiny_bert):
             yield TinyRelease(tmp / "home", spec_path, ports, summary)
         finally:
             triton_local.stop_server()
+
+
+@pytest.fixture(scope="module")
+def tiny_release(tmp_path_factory, tiny_bert):
+    """Module-wide, for tests that leave the release as they found it: a tiny release served on
+    free ports from a private hf2triton home."""
+    yield from released_tiny_bert(tmp_path_factory.mktemp("tiny-release"), tiny_bert)
+
+
+@pytest.fixture()
+def own_tiny_release(tmp_path_factory, tiny_bert):
+    """The same, for one test that changes what is served (a rollout): no other test sees it."""
+    yield from released_tiny_bert(tmp_path_factory.mktemp("own-tiny-release"), tiny_bert)
 
 
 @pytest.fixture()

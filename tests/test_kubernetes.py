@@ -8,7 +8,6 @@ configured.
 
 from __future__ import annotations
 
-import copy
 import os
 import shutil
 import sys
@@ -122,11 +121,18 @@ def test_inference_service_matches_the_kserve_sdk_models():
     assert isvc.spec.predictor.model.runtime == "kserve-tritonserver"
     assert isvc.spec.predictor.min_replicas == 1
 
-    typo = copy.deepcopy(_render()["InferenceService"])
-    typo["spec"]["predictor"]["model"]["storageURI"] = typo["spec"]["predictor"]["model"].pop(
-        "storageUri")
-    with pytest.raises(AssertionError, match="storageURI"):
-        _build(models, typo, "V1beta1InferenceService")
+
+def test_a_field_kserve_does_not_know_is_caught(tmp_path, monkeypatch):
+    """A misspelt field in the InferenceService template fails the release's own manifest check
+    (there is no cluster to refuse it), naming the field."""
+    templates = tmp_path / "k8s"
+    shutil.copytree(k8s.TEMPLATES, templates)
+    isvc = templates / "kserve-inferenceservice.yaml"
+    assert "storageUri:" in isvc.read_text()
+    isvc.write_text(isvc.read_text().replace("storageUri:", "storageURI:"))
+    monkeypatch.setattr(k8s, "TEMPLATES", templates)
+    with pytest.raises(DeployError, match="InferenceService predictor.model.*storageURI"):
+        k8s.check_manifests(_render())
 
 
 def test_prefect_kubernetes_work_pool_template_renders_a_valid_job():

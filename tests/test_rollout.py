@@ -15,6 +15,7 @@ import tritonclient.http as httpclient
 
 from flows.release import release_model
 from hf2triton.errors import ArtifactError, DeployError, SmokeTestError
+from hf2triton.kinds.embedding import TorchEmbedder, cosine_rows, resolve_embedding_config
 from hf2triton.spec import load_spec
 from hf2triton.workspace import hash_files
 from hf2triton.targets.local import LocalTriton
@@ -25,8 +26,11 @@ TEXTS = ["the quick brown fox", "thanks a lot"]
 
 
 @pytest.fixture(autouse=True)
-def _same_home(tiny_release, monkeypatch):
-    monkeypatch.setenv("HF2TRITON_HOME", str(tiny_release.home))
+def _same_home(request, monkeypatch):
+    """The test's steps and MLflow reads use the home of the release the test is given."""
+    own = "own_tiny_release" in request.fixturenames
+    rel = request.getfixturevalue("own_tiny_release" if own else "tiny_release")
+    monkeypatch.setenv("HF2TRITON_HOME", str(rel.home))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
 
 
@@ -76,28 +80,51 @@ def test_failed_smoke_test_rolls_back_and_old_version_keeps_serving(
 
 
 def test_successful_rollout_answers_throughout_then_retires_the_old_version(
-        tiny_release, other_tiny_bert, tmp_path):
-    rel = tiny_release
-    stop, failures, answered = threading.Event(), [], []
+        own_tiny_release, other_tiny_bert, tmp_path):
+    """A client asks without naming a version from before the rollout starts until after it
+    ends: every request is answered, by the old model and then by the new one, never wrongly."""
+    rel = own_tiny_release
+    old = _embed(rel.http_url, rel.model)
+    new_ref = TorchEmbedder(other_tiny_bert, resolve_embedding_config(other_tiny_bert)).embed(
+        TEXTS)
+    assert cosine_rows(new_ref, old).min() < 0.9  # the two versions' answers can be told apart
+    flowing, released = threading.Event(), threading.Event()
+    answers: list[tuple[bool, np.ndarray]] = []
+    failures: list[str] = []
 
     def client_loop():
-        while not stop.is_set():
+        while True:
+            after = released.is_set()  # sent once the release had returned
             try:
-                answered.append(_embed(rel.http_url, rel.model).shape)
+                answers.append((after, _embed(rel.http_url, rel.model)))
             except Exception as exc:  # any failed request is downtime
                 failures.append(repr(exc))
+            flowing.set()
+            if after:
+                return
 
     thread = threading.Thread(target=client_loop)
     thread.start()
+    flowing.wait()  # requests were being answered before the rollout began
     try:
         summary = release_model(_spec(rel, tmp_path, other_tiny_bert))
     finally:
-        stop.set()
+        released.set()
         thread.join()
     new = summary["mlflow"]["version"]
     assert new != "1"
     assert not failures, failures[:3]
-    assert len(answered) > 10
+
+    def which(emb: np.ndarray) -> str:
+        if cosine_rows(old, emb).min() >= 0.999:  # batching may change the last digits
+            return "old"
+        return "new" if cosine_rows(new_ref, emb).min() >= 0.98 else "wrong"
+
+    seen = [which(emb) for _, emb in answers]
+    assert "wrong" not in seen, seen
+    assert seen[0] == "old" and seen[-1] == "new" and answers[-1][0]
+    assert seen == ["old"] * seen.count("old") + ["new"] * seen.count("new"), \
+        "an answer of the old version came after one of the new"
     assert _serving(rel) == [new]
     assert _champion(rel.model) == new
 

@@ -60,32 +60,51 @@ BAD_REQUESTS = {
 }
 
 
+CLIENTS = 8
+
+
 @pytest.mark.parametrize("case", BAD_REQUESTS, ids=list(BAD_REQUESTS))
 def test_bad_request_gets_clear_error_while_good_requests_succeed(tiny_release, reference, case):
+    """Eight clients send good requests before, while and after the bad ones are refused: every
+    good request is answered correctly, including one from each client sent after the last bad
+    request."""
     kwargs, expected = BAD_REQUESTS[case]
     expected_emb = reference.embed(GOOD)
-    stop = threading.Event()
-    answered, failures = [], []
+    all_answering = threading.Barrier(CLIENTS + 1)
+    bad_done = threading.Event()
+    answers, failures = [], []
 
     def good_client():
-        while not stop.is_set():
+        first = True
+        while True:
+            after = bad_done.is_set()
             try:
                 emb, _ = _infer(tiny_release.grpc_url, tiny_release.model, GOOD)
-                answered.append(float(cosine_rows(expected_emb, emb).min()))
+                answers.append((after, float(cosine_rows(expected_emb, emb).min())))
             except Exception as exc:  # a failed good request is the outcome under test
                 failures.append(repr(exc))
+            if first:
+                first = False
+                all_answering.wait()
+            if after:
+                return
 
-    with ThreadPoolExecutor(8) as pool:
-        for _ in range(8):
-            pool.submit(good_client)
+    with ThreadPoolExecutor(CLIENTS) as pool:
+        clients = [pool.submit(good_client) for _ in range(CLIENTS)]
+        all_answering.wait()  # every client has had a request answered: they are all running
         errors = []
-        for _ in range(5):
-            with pytest.raises(InferenceServerException) as info:
-                _infer(tiny_release.grpc_url, tiny_release.model, **kwargs)
-            errors.append(str(info.value))
-        stop.set()
+        try:
+            for _ in range(5):
+                with pytest.raises(InferenceServerException) as info:
+                    _infer(tiny_release.grpc_url, tiny_release.model, **kwargs)
+                errors.append(str(info.value))
+        finally:
+            bad_done.set()
+        for client in clients:
+            client.result()
     assert not failures, failures[:3]
-    assert len(answered) >= 8 and min(answered) >= 0.98
+    assert min(cos for _, cos in answers) >= 0.98
+    assert sum(after for after, _ in answers) == CLIENTS  # the server still answers afterwards
     assert all(expected.lower() in e.lower() for e in errors), errors[0]
 
 

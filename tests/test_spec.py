@@ -266,8 +266,11 @@ def test_parse_spec_refuses_non_mappings():
 
 
 def test_spec_is_frozen():
+    from pydantic import ValidationError
+
     spec = parse_spec(base_spec())
-    with pytest.raises(Exception):
+    # Assignment is a programming error, not bad input: pydantic's own error, not a SpecError.
+    with pytest.raises(ValidationError, match="name\n  Instance is frozen"):
         spec.name = "other"  # type: ignore[misc]
     assert spec.name == "minilm-embedder"
 
