@@ -183,6 +183,8 @@ def released_tiny_bert(tmp: Path, model_dir: Path):
             summary = release_model(load_spec(spec_path))
             yield TinyRelease(tmp / "home", spec_path, ports, summary)
         finally:
+            # This server's home, whatever a test left in the environment meanwhile.
+            mp.setenv("HF2TRITON_HOME", str(tmp / "home"))
             triton_local.stop_server()
 
 

@@ -26,10 +26,12 @@ TEXTS = ["the quick brown fox", "thanks a lot"]
 
 
 @pytest.fixture(autouse=True)
-def _same_home(request, monkeypatch):
+def _same_home(request):
     """The test's steps and MLflow reads use the home of the release the test is given."""
     own = "own_tiny_release" in request.fixturenames
     rel = request.getfixturevalue("own_tiny_release" if own else "tiny_release")
+    # Set up after the release, so undone before it is torn down (which restores the home).
+    monkeypatch = request.getfixturevalue("monkeypatch")
     monkeypatch.setenv("HF2TRITON_HOME", str(rel.home))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
 
