@@ -117,7 +117,7 @@ def main() -> None:
             for i in range(a.rounds):
                 row = {}
                 for name, rel in releases.items():
-                    version_dir = home / "triton" / "repository" / name / rel["version"]
+                    version_dir = home / "triton" / "models" / name / rel["version"]
                     row[name] = {**served(grpc_url, name, texts, a.seconds, pid),
                                  "in_process": limit(version_dir, texts, a.seconds / 2)}
                 rounds.append(row)

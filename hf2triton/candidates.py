@@ -52,6 +52,8 @@ def suits(graph: str, runtime: dict[str, Any]) -> bool:
     runtime the plain export only."""
     if runtime["precision"] == "fp16" or graph.startswith("fp16"):
         return runtime["precision"] == "fp16" and graph.startswith("fp16")
+    if graph.startswith("openvino"):  # OpenVINO IR: its own runtime reads it
+        return runtime["name"] == "openvino"
     return runtime["name"] == "onnxruntime" or graph in PLAIN_GRAPHS
 
 

@@ -56,6 +56,10 @@ class RuntimeChoices:
     not_offered: dict[str, str] = field(default_factory=dict)
     # with gpu_gate cpu-numerics: the gate runs each on ONNX Runtime's CPU provider instead
     cpu_numerics: bool = False
+    device: str = "cpu"  # deploy.device
+
+    def runs(self, name: str) -> bool:
+        return any(r["name"] == name for r in self.served)
 
     def gated(self, served: dict[str, Any]) -> dict[str, Any]:
         """The runtime the gate runs for a served one (the same, but for a CPU numerics check
@@ -97,4 +101,4 @@ def runtime_choices(deploy: Any, runtime_spec: Any) -> RuntimeChoices:
             f"none of the runtimes asked for can run here: "
             f"{'; '.join(f'{k}: {v}' for k, v in not_offered.items())}. Install what they need, "
             "or list others in runtime.candidates")
-    return RuntimeChoices(served, not_offered, cpu_numerics)
+    return RuntimeChoices(served, not_offered, cpu_numerics, device)

@@ -9,7 +9,7 @@ from prefect import task
 
 from hf2triton.candidates import champion_to_face, gate_candidates, selection
 from hf2triton.clients.mlflow import tracking_uri
-from hf2triton.devices import runtime_choices
+from hf2triton.devices import RuntimeChoices
 from hf2triton.export import ExportResult
 from hf2triton.gate import GateResult, run_gate
 from hf2triton.kinds import Data, ModelKind
@@ -20,10 +20,10 @@ from hf2triton.spec import QuantizationSpec
 @task(name="validate", task_run_name="validate {kind.name}: the accuracy gate", **RETRY_TRANSIENT,
       **NO_PREFECT_CACHE)
 def validate(kind: ModelKind, model_dir: str, exp: ExportResult, variants: list[dict[str, Any]],
-             data: Data, quantization: QuantizationSpec, deploy: Any, work: str) -> GateResult:
+             data: Data, quantization: QuantizationSpec, deploy: Any, runtimes: RuntimeChoices,
+             work: str) -> GateResult:
     """Gate the candidates; raises AccuracyGateError (with a report) when none passes."""
     cfg = kind.config_from_dict(exp["config"])
-    runtimes = runtime_choices(deploy, kind.spec.runtime)
     found = run_gate(kind, model_dir, exp["export_dir"],
                      gate_candidates(variants, exp["onnx_path"], quantization, runtimes), cfg,
                      data, deploy.max_batch_size, deploy.max_batch_tokens, work,

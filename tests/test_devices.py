@@ -4,6 +4,7 @@ a lent GPU machine, see the notes; everything else is tested here.)"""
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 import pytest
@@ -63,3 +64,38 @@ def test_a_gpu_release_without_a_gpu_stops_in_one_line_before_any_work(tmp_path)
     assert "deploy.device is gpu" in lines[0] and "deploy.gpu_gate: cpu-numerics" in lines[0]
     assert proc.stdout == ""
     assert not (home / "work").exists()  # no step ran
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(not NO_GPU, reason="this machine has a GPU: Triton would load the version")
+def test_a_cpu_triton_refusing_a_gpu_version_is_a_clear_deploy_error(tmp_path, monkeypatch,
+                                                                      tiny_bert):
+    """A GPU release gated on CPU numerics, deployed to a tritonserver without a GPU: Triton
+    refuses the KIND_GPU instances, and the release says so in its own words (not a time-out);
+    nothing serves the refused version."""
+    from flows.release import release_model
+    from hf2triton import triton_local
+    from hf2triton.errors import DeployError
+    from hf2triton.spec import load_spec
+    from tests.conftest import free_port, tiny_spec
+
+    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
+    spec = load_spec(tiny_spec(tmp_path / "gpu.yaml", tiny_bert, ports, name="tiny-gpu",
+                               registry__model_name="tiny-gpu", deploy__device="gpu",
+                               deploy__gpu_gate="cpu-numerics", deploy__ready_timeout_s=600))
+    monkeypatch.setenv("HF2TRITON_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    try:
+        with pytest.raises(DeployError) as err:
+            release_model(spec)
+    finally:
+        triton_local.stop_server()
+    message = str(err.value)
+    assert "KIND_GPU" in message and "no GPU" in message, message
+    assert "not ready within" not in message  # refused at once, not waited out
+    config = next((tmp_path / "home" / "work" / "tiny-gpu" / "repository")
+                  .glob("*/tiny-gpu/config.pbtxt")).read_text()
+    assert "kind: KIND_GPU" in config
+    served = json.loads(next((tmp_path / "home" / "work" / "tiny-gpu" / "repository")
+                             .glob("*/tiny-gpu/1/serving.json")).read_text())
+    assert served["runtime"]["name"] == "onnxruntime-cuda"  # the GPU runtime, gated on CPU

@@ -207,6 +207,11 @@ class ModelKind:
     def read_data(self) -> Data:
         raise NotImplementedError
 
+    def calibration(self, data: Data) -> list[Any] | None:
+        """What post-training quantization calibrates on, as the serving core encodes it (texts,
+        or (text, text) pairs); None: the kind's graph is not calibrated (several files)."""
+        return [str(x) for x in data.items] if self.main_file == "model.onnx" else None
+
     def export_inputs(self, data: Data) -> list[Any]:
         """What the export's check against PyTorch runs on: ordinary items and the longest."""
         longest = sorted(data.items, key=lambda x: len(str(x)), reverse=True)[:4]
@@ -229,12 +234,16 @@ class ModelKind:
     def version_files(self, candidate: str, export_dir: str) -> dict[str, Path]:
         """Files of a Triton version directory (name there -> source), besides model.py, the
         serving core and serving.json: the candidate's graph and the export's tokenizer."""
-        return {"model.onnx": Path(candidate),
-                "tokenizer.json": Path(export_dir) / "tokenizer.json"}
+        graph = Path(candidate)
+        if graph.suffix == ".xml":  # OpenVINO IR: the graph and its weights
+            return {"model.xml": graph, "model.bin": graph.with_suffix(".bin"),
+                    "tokenizer.json": Path(export_dir) / "tokenizer.json"}
+        return {"model.onnx": graph, "tokenizer.json": Path(export_dir) / "tokenizer.json"}
 
     def file_settings(self, files: dict[str, str]) -> dict[str, Any]:
         """serving.json keys that locate the files (names of `version_files`, or paths)."""
-        return {"onnx": files["model.onnx"], "tokenizer": files["tokenizer.json"]}
+        return {"onnx": files.get("model.xml") or files["model.onnx"],
+                "tokenizer": files["tokenizer.json"]}
 
     def config_values(self, cfg: Any, reference: dict[str, Any]) -> dict[str, Any]:
         """Substitutions of the config.pbtxt template beyond batching."""

@@ -137,6 +137,10 @@ class RerankingKind(ModelKind):
                      inputs: list[tuple[str, str]]) -> dict[str, float]:
         return check_logits(model_dir, out / self.main_file, cfg.max_length, inputs)
 
+    def calibration(self, data: Data) -> list[tuple[str, str]]:
+        """Every (query, passage) pair, as the serving core encodes them."""
+        return [(query, passage) for query, passages in data.items for passage in passages]
+
     def requests(self, items: list[tuple[str, list[str]]]) -> list[dict[str, np.ndarray]]:
         return [{"QUERY": np.array([[q.encode("utf-8")]], dtype=np.object_),
                  "PASSAGES": np.array([[p.encode("utf-8") for p in passages]],

@@ -97,6 +97,22 @@ class OnnxText:
         """Encodings of texts, or of (text, text) pairs (special tokens as the model wants)."""
         return self.tokenizer.encode_batch(list(rows)) if rows else []
 
+    def padded(self, encodings: list[Any]) -> dict[str, np.ndarray]:
+        """One sub-batch's token ids, attention mask and token types, padded to its longest."""
+        width = max(len(e.ids) for e in encodings)
+        ids = np.full((len(encodings), width), self.pad_id, dtype=np.int64)
+        mask = np.zeros((len(encodings), width), dtype=np.int64)
+        types = np.zeros((len(encodings), width), dtype=np.int64)
+        for row, e in enumerate(encodings):
+            ids[row, :len(e.ids)] = e.ids
+            mask[row, :len(e.ids)] = 1
+            types[row, :len(e.ids)] = e.type_ids
+        return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+
+    def feeds(self, encodings: list[Any]) -> dict[str, np.ndarray]:
+        """What the graph is fed for one sub-batch: the inputs it takes."""
+        return {k: v for k, v in self.padded(encodings).items() if k in self.input_names}
+
     def forward(self, encodings: list[Any], outputs: list[str],
                 reduce: Callable[[dict[str, np.ndarray], np.ndarray], np.ndarray]) -> list[Any]:
         """`reduce(outputs, attention_mask)` of every sub-batch, scattered back to row order."""
@@ -105,20 +121,9 @@ class OnnxText:
         cap = self.session.max_rows
         if cap:  # a runtime whose engines take at most `cap` rows
             groups = [g[i:i + cap] for g in groups for i in range(0, len(g), cap)]
-        feeds, masks = [], []
-        for group in groups:
-            width = max(lengths[i] for i in group)
-            ids = np.full((len(group), width), self.pad_id, dtype=np.int64)
-            mask = np.zeros((len(group), width), dtype=np.int64)
-            types = np.zeros((len(group), width), dtype=np.int64)
-            for row, i in enumerate(group):
-                e = encodings[i]
-                ids[row, :lengths[i]] = e.ids
-                mask[row, :lengths[i]] = 1
-                types[row, :lengths[i]] = e.type_ids
-            named = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
-            feeds.append({k: v for k, v in named.items() if k in self.input_names})
-            masks.append(mask)
+        padded = [self.padded([encodings[i] for i in group]) for group in groups]
+        masks = [named["attention_mask"] for named in padded]
+        feeds = [{k: v for k, v in named.items() if k in self.input_names} for named in padded]
         result: list[Any] = [None] * len(encodings)
         # Sub-batches are independent: a runtime with several streams runs them side by side.
         for group, mask, out in zip(groups, masks, self.session.run_many(outputs, feeds)):
