@@ -194,12 +194,15 @@ def run_gate(kind: ModelKind, model_dir: str, export_dir: str, candidates: list[
     gate = Gate.of(kind, cfg, data, export_dir, batch, max_batch_tokens, select, max_drop)
     digests = [(c.name, candidate_digest(kind, c.onnx_path, export_dir), c.runtime,
                 c.gate_runtime) for c in candidates]
+    # The step's result names the shipped files by path: a candidate rebuilt elsewhere with the
+    # same bytes must not reuse a result that points at the old place.
+    paths = [c.onnx_path for c in candidates]
     log = step_logger()
     same = champion_serves(gate, champion, digests)
     if same:
         log.info("validate: the serving champion, version %s, serves the same files as %s: "
                  "it is not compared with itself", champion["version"], ", ".join(sorted(same)))
-    key = gate_key(gate, digests, champion, same, not_offered)
+    key = digest([gate_key(gate, digests, champion, same, not_offered), paths])
     started = time.perf_counter()
     failed_report = Path(work_root) / "validate" / f"failed-{key[:16]}.json"
 

@@ -6,6 +6,9 @@ quantization (ORT fails to quantize it or to load the result) ships fp32, and th
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 import shutil
 import sys
 import time
@@ -354,9 +357,14 @@ def openvino_int8(onnx_path: str, tokenizer_path: str, max_length: int, texts: l
     def build(out: Path) -> dict:
         feeds = calibration_feeds(onnx_path, tokenizer_path, max_length, texts)
         model = ov.Core().read_model(str(src))
-        quantized = nncf.quantize(model, nncf.Dataset(feeds), model_type=nncf.ModelType.TRANSFORMER,
-                                  subset_size=len(feeds), ignored_scope=nncf.IgnoredScope(
-                                      names=keep, validate=False))
+        # NNCF logs each node it leaves out at INFO and draws progress bars on stdout: noise in
+        # a release's log (and stdout carries the release's one JSON line).
+        nncf.set_log_level(logging.WARNING)
+        with contextlib.redirect_stdout(io.StringIO()):
+            quantized = nncf.quantize(
+                model, nncf.Dataset(feeds), model_type=nncf.ModelType.TRANSFORMER,
+                subset_size=len(feeds), ignored_scope=nncf.IgnoredScope(names=keep,
+                                                                        validate=False))
         ov.save_model(quantized, str(out / "model.xml"), compress_to_fp16=False)
         return {}
 
