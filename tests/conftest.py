@@ -103,6 +103,14 @@ def deploy_ports() -> dict[str, int]:
     return {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
 
 
+def graph_file(version_dir: Path) -> str:
+    """The model graph file a version directory serves, as its serving.json names it
+    (model.onnx, or OpenVINO's model.xml when an OpenVINO int8 candidate shipped)."""
+    import json
+
+    return json.loads((Path(version_dir) / "serving.json").read_text())["onnx"]
+
+
 def write_spec(path: Path, **overrides) -> Path:
     """A release spec YAML built from the default one with nested overrides."""
     import yaml

@@ -146,9 +146,10 @@ def test_image_carries_lineage_labels_and_runs_as_non_root(release, docker_clien
     uid = live.exec_run(["python3", "-c", "import os; print(os.getuid())"]).output.strip()
     assert uid != b"0" and uid.isdigit()
     # The runtime user can read the model but not change it (the live version's folder).
-    probe = (f"import os; p='/models/{MODEL}/{_live_version(docker_client)}/model.onnx'; "
-             "print(os.access(p, os.R_OK), os.access(p, os.W_OK), os.access(os.path.dirname(p), "
-             "os.W_OK))")
+    # The graph file serving.json names (model.onnx, or OpenVINO's model.xml).
+    probe = (f"import json, os; d='/models/{MODEL}/{_live_version(docker_client)}'; "
+             "p=os.path.join(d, json.load(open(os.path.join(d, 'serving.json')))['onnx']); "
+             "print(os.access(p, os.R_OK), os.access(p, os.W_OK), os.access(d, os.W_OK))")
     assert live.exec_run(["python3", "-c", probe]).output.strip() == b"True False False"
 
 

@@ -24,7 +24,7 @@ import pytest
 
 from hf2triton import triton_local
 from hf2triton.targets.local import LocalTriton
-from tests.conftest import free_port, tiny_spec, wait_http
+from tests.conftest import free_port, graph_file, tiny_spec, wait_http
 
 
 def _pg_bin() -> Path | None:
@@ -183,8 +183,10 @@ def test_release_with_mlflow_on_postgresql_and_the_repository_in_s3(
     # objects whose sha256 is the one MLflow recorded, and the version answers.
     state = triton_local.read_state()
     assert state.model_repository == f"s3://{endpoint}/{BUCKET}/triton/prod"
-    onnx_key = f"triton/prod/tiny-embedder/{version}/model.onnx"
-    assert _sha256(s3, onnx_key) == mv.tags["sha256.triton.tiny-embedder/1/model.onnx"]
+    [built] = (hf2triton_home / "work" / "tiny-embedder" / "repository").glob("*/tiny-embedder/1")
+    graph = graph_file(built)
+    onnx_key = f"triton/prod/tiny-embedder/{version}/{graph}"
+    assert _sha256(s3, onnx_key) == mv.tags[f"sha256.triton.tiny-embedder/1/{graph}"]
     assert not any(p.name == "tiny-embedder" for p in (hf2triton_home / "triton").rglob("*")), \
         "the served model must not be a local copy"
     triton = triton_client(state.http_url)
@@ -197,7 +199,7 @@ def test_release_with_mlflow_on_postgresql_and_the_repository_in_s3(
     broken = tmp_path / "broken"
     [src] = (hf2triton_home / "work" / "tiny-embedder" / "repository").glob("*/tiny-embedder")
     shutil.copytree(src, broken / "tiny-embedder", ignore=shutil.ignore_patterns("__pycache__"))
-    onnx = broken / "tiny-embedder" / "1" / "model.onnx"
+    onnx = broken / "tiny-embedder" / "1" / graph
     onnx.write_bytes(onnx.read_bytes()[:1000])
     files = {f"tiny-embedder/{k}": v for k, v in hash_files(broken / "tiny-embedder").items()}
     spec = load_spec(spec_path)
@@ -307,7 +309,9 @@ def test_replicas_that_read_one_bucket_all_serve_the_release(s3_server, tiny_ber
                 client.close()
         keys = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="fleet/tiny-fleet/")
                 .get("Contents", [])]
-        assert f"fleet/tiny-fleet/{version}/model.onnx" in keys
+        [built] = (hf2triton_home / "work" / "tiny-fleet" / "repository").glob(
+            "*/tiny-fleet/1")
+        assert f"fleet/tiny-fleet/{version}/{graph_file(built)}" in keys
         assert "fleet/tiny-fleet/config.pbtxt" in keys
     finally:
         for proc, _, _ in replicas:

@@ -14,7 +14,7 @@ import pytest
 
 from hf2triton.kinds.embedding import TorchEmbedder, cosine_rows, resolve_embedding_config
 from tests.served import read_sentences
-from tests.conftest import ROOT, free_port, run_mlflow_server, write_spec
+from tests.conftest import ROOT, free_port, graph_file, run_mlflow_server, write_spec
 
 pytestmark = pytest.mark.e2e
 HF2TRITON = str(Path(sys.executable).parent / "hf2triton")
@@ -126,7 +126,8 @@ def test_release_record_in_mlflow(release):
     top = {a.path for a in client.list_artifacts(mv.run_id)}
     assert {"triton_repository", "model", "validation_report.json"} <= top
     repo = {a.path for a in client.list_artifacts(mv.run_id, f"triton_repository/{MODEL}/1")}
-    assert f"triton_repository/{MODEL}/1/model.onnx" in repo
+    [served] = release.home.glob(f"triton/models/{MODEL}/*/serving.json")
+    assert f"triton_repository/{MODEL}/1/{graph_file(served.parent)}" in repo
     assert f"triton_repository/{MODEL}/1/tokenizer.json" in repo
 
 

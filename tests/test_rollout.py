@@ -20,7 +20,7 @@ from hf2triton.spec import load_spec
 from hf2triton.workspace import hash_files
 from hf2triton.targets.local import LocalTriton
 from tests.served import serving_versions
-from tests.conftest import tiny_spec
+from tests.conftest import graph_file, tiny_spec
 
 TEXTS = ["the quick brown fox", "thanks a lot"]
 
@@ -142,7 +142,7 @@ def test_version_that_fails_to_load_is_removed_and_the_serving_one_stays(tiny_re
                   if p.name.isdigit() and p.name != serving[-1]):
         shutil.rmtree(other)
     os.rename(broken / rel.model / serving[-1], broken / rel.model / "1")
-    onnx = broken / rel.model / "1" / "model.onnx"
+    onnx = broken / rel.model / "1" / graph_file(broken / rel.model / "1")
     onnx.write_bytes(onnx.read_bytes()[:1000])  # a truncated model file
     files = {f"{rel.model}/{k}": v for k, v in hash_files(broken / rel.model).items()}
     spec = load_spec(rel.spec_path)
