@@ -393,10 +393,15 @@ def _pop(data: dict[str, Any], dotted: str) -> tuple[bool, Any]:
 
 
 def _put(data: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set `dotted` in nested mappings, making the sections on the way (an empty `embedding:`
+    is one); a section that is not a mapping is left for validation to refuse."""
     *parents, last = dotted.split(".")
     for key in parents:
-        data = data.setdefault(key, {}) if isinstance(data.get(key), dict) or key not in data \
-            else data[key]
+        if data.get(key) is None:
+            data[key] = {}
+        if not isinstance(data[key], dict):
+            return
+        data = data[key]
     data[last] = value
 
 
