@@ -334,7 +334,7 @@ class _Release(Strict):
                 if kind.task != task:
                     raise ValueError(f"'{old}' moved to '{new}', which task {task!r} does not "
                                      f"read: remove '{old}'")
-                if _pop(copy.deepcopy(data), new)[0]:
+                if _pop(copy.deepcopy(data), new)[0]:  # present already: given twice
                     raise ValueError(f"'{old}' moved to '{new}'; both are given: keep '{new}'")
                 _put(data, new, value)
                 log.warning("hf2triton: [DEPRECATED] spec key '%s' moved to '%s': it is read "

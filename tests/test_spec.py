@@ -310,7 +310,7 @@ def test_moved_keys_are_read_for_one_release_with_a_notice(old, new, value, capl
     assert len(notices) == 1 and f"'{old}' moved to '{new}'" in notices[0]
 
 
-def test_a_moved_key_fills_an_empty_section(caplog):
+def test_a_moved_key_fills_an_empty_section():
     data = with_change("validation.thresholds", {"min_cosine": 0.91})
     data["embedding"] = None  # `embedding:` with nothing under it
     assert parse_spec(data).embedding.thresholds.min_cosine == 0.91
