@@ -172,7 +172,8 @@ def test_precision_is_pinned_and_read_back(exported):
 
 def test_two_streams_answer_as_one(exported):
     """Sub-batches run side by side on two streams come back to their own rows."""
-    one = load(exported, "embedding", OV_F32).embed(TEXTS[::-1])
+    one = load(exported, "embedding", {**OV_F32, "streams": 1, "hint": "LATENCY"}
+               ).embed(TEXTS[::-1])
     two_model = load(exported, "embedding", {**OV_F32, "streams": 2, "hint": "THROUGHPUT"},
                      max_batch_tokens=32)
     assert two_model.text.session.jobs == 2
