@@ -13,6 +13,10 @@ of 64 sorted into token-bounded sub-batches); the ratios are the medians over th
 With --infinity, infinity-emb 0.0.78 (torch engine) is measured on the same traffic.
 
     .venv/bin/python benchmarks/served_runtimes.py [--rounds 3] [--seconds 20] [--infinity]
+        [--quiet-wait 600]
+
+Each point records the CPU that other processes used during it (`other_cores`): on a shared
+machine, read the ratios with it.
 
 Writes benchmarks/results/runtimes-<UTC time>.{json,md}. Everything runs on 127.0.0.1.
 """
@@ -61,7 +65,8 @@ def served(grpc: str, model: str, texts: list[str], seconds: float, pid: int | N
                   min(4.0, seconds / 2), 10 ** 9, pid, f"{model}@{CLIENTS}")
     bench.log(f"  {model} served @{CLIENTS}: {r.rps:.1f}/s, p50 {r.p50_ms:.0f} ms, "
               f"p99 {r.p99_ms:.0f} ms, {r.errors} errors")
-    return {"rps": r.rps, "p50_ms": r.p50_ms, "p99_ms": r.p99_ms, "errors": r.errors}
+    return {"rps": r.rps, "p50_ms": r.p50_ms, "p99_ms": r.p99_ms, "errors": r.errors,
+            "other_cores": r.other_cores}
 
 
 def limit(version_dir: Path, texts: list[str], seconds: float) -> float:
@@ -86,8 +91,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=20)
     ap.add_argument("--infinity", action="store_true")
+    ap.add_argument("--quiet-wait", type=float, default=600,
+                    help="seconds to wait for a quiet machine first (0: start at once)")
     a = ap.parse_args()
-    quiet = bench.wait_for_quiet()
+    quiet = bench.wait_for_quiet(max_wait_s=a.quiet_wait)
     texts = bench.traffic()["mixed"]
     cli = [str(ROOT / ".venv" / "bin" / "hf2triton")]
     out: dict = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
