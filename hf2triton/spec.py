@@ -225,6 +225,8 @@ class RegistrySpec(Strict):
 # host[:port] of an image registry, and a repository path in it (Docker's reference grammar).
 REGISTRY_PATTERN = re.compile(r"^[a-zA-Z0-9](?:[a-zA-Z0-9.-]*[a-zA-Z0-9])?(?::[0-9]{1,5})?$")
 REPOSITORY_PATTERN = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*$")
+# The Python backend stubs of the Triton wheel exist for 3.8 to 3.13.
+PYTHON_VERSION_PATTERN = re.compile(r"^3\.(?:[89]|1[0-3])$")
 
 
 class ImageSpec(Strict):
@@ -241,10 +243,17 @@ class ImageSpec(Strict):
         "127.0.0.1:5000", description="host[:port]; $HF2TRITON_REGISTRY overrides it"
     )
     repository: str | None = Field(None, description="repository in the registry; default: name")
-    base_image: str = Field(
-        "python:3.11-slim-bookworm",
-        description="Python 3.11 base; $HF2TRITON_BASE_IMAGE overrides it",
+    base_image: str | None = Field(
+        None,
+        description="the image's base: Python with its shared libpython and venv; default "
+        "python:3.11-slim-bookworm, or python:3.12-slim-bookworm for deploy.device gpu; "
+        "$HF2TRITON_BASE_IMAGE overrides it",
     )
+    python: Annotated[str, matching(PYTHON_VERSION_PATTERN, "a Python version such as "
+                                    "'3.12'")] | None = Field(
+        None, description="the base image's Python version (the wheels and the Python backend "
+        "stub are chosen for it); default: the one an official python image names in its tag, "
+        "else 3.11 (3.12 for deploy.device gpu)")
     credentials_block: str | None = Field(
         None,
         description="name of a saved hf2triton RegistryCredentials Prefect block; without it "
