@@ -300,6 +300,14 @@ class ImageSpec(Strict):
     )
     build_timeout_s: float = Field(1800, gt=0)
 
+    @field_validator("python", mode="before")
+    @classmethod
+    def _quoted_python(cls, v: Any) -> Any:
+        if isinstance(v, (int, float)):
+            raise ValueError(f"write the version quoted, e.g. '{v}': YAML reads an unquoted "
+                             "version as a number (3.10 as 3.1)")
+        return v
+
     @field_validator("repository")
     @classmethod
     def _check_repository(cls, v: str | None) -> str | None:

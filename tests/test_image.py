@@ -456,9 +456,11 @@ def test_the_python_backend_stub_follows_the_image_python(tmp_path, overrides, p
                                         "cp" + python.replace(".", "")]
 
 
-def test_an_image_python_without_a_triton_stub_is_refused():
+def test_an_image_python_without_a_triton_stub_or_unquoted_is_refused():
     with pytest.raises(SpecError, match="'image.python' = '3.7'"):
         parse_spec(_spec(python="3.7"), ROOT / "releases")
+    with pytest.raises(SpecError, match="write the version quoted, e.g. '3.12'"):
+        parse_spec(_spec(python=3.12), ROOT / "releases")
 
 
 def test_the_gpu_image_wheels_resolve_for_its_platform(tmp_path):
