@@ -1,6 +1,7 @@
 """The `hf2triton` command: `release SPEC.yaml` runs the release flow locally (no Prefect server
 needed); `server status|stop` manage the local Triton server the releases deploy to; `schema`
-prints the spec's JSON Schema.
+prints the spec's JSON Schema; `image render SPEC` writes the spec's serving image Dockerfile
+without building it.
 """
 
 from __future__ import annotations
@@ -138,6 +139,26 @@ def _store(args: argparse.Namespace) -> int:
     return 0
 
 
+def _image(args: argparse.Namespace) -> int:
+    from hf2triton.errors import SpecError
+    from hf2triton.image import image_target, render_context
+    from hf2triton.spec import load_spec
+
+    try:
+        spec = load_spec(args.spec)
+    except SpecError as exc:
+        return _fail(str(exc), 2)
+    # The version and release key are only known after registration: the tag shown is a sample.
+    target = image_target(spec.image, spec.image_repository, "VERSION", "0" * 64,
+                          spec.deploy.device)
+    out = Path(args.output)
+    for path in render_context(target, out):
+        print(f"wrote {path}", file=sys.stderr)
+    print(f"build it (once the release's wheelhouse/ and model_repository/ are beside it): "
+          f"docker build --build-arg BASE_IMAGE={target['base_image']} {out}", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     from hf2triton.prefect_api import set_process_defaults
 
@@ -166,6 +187,13 @@ def main(argv: list[str] | None = None) -> int:
                      "create the repository folder Triton replicas start on")
     sto.add_argument("spec", help="release spec YAML with deploy.model_store kind s3")
     sto.set_defaults(func=_store)
+    img = sub.add_parser("image", help="the spec's serving image, without building it")
+    img.add_argument("action", choices=["render"], help="render: write its Dockerfile, the "
+                     "requirement lists it installs from the wheelhouse and its build arguments")
+    img.add_argument("spec", help="release spec YAML (deploy.device picks the CPU or GPU image)")
+    img.add_argument("--output", metavar="DIR", default="image-context",
+                     help="where to write them (default: ./image-context)")
+    img.set_defaults(func=_image)
     args = parser.parse_args(argv)
     # The tokenizers thread pool warns (and can deadlock) once Prefect forks workers.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, NotRequired, TypedDict
 
 from hf2triton.errors import MlflowAuthError, ServiceUnavailableError, SourceError
-from hf2triton.spec import MlflowSourceSpec, SourceSpec
+from hf2triton.spec import MlflowSourceSpec, SourceSpec, TrainSourceSpec
 from hf2triton.workspace import cached_step, digest, hash_files, home, redact_uri
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -168,9 +168,25 @@ def _snapshot(repo_id: str, revision: str) -> Path:
         ) from None
 
 
+def trained_model_dir(train: TrainSourceSpec) -> Path:
+    """The model `train` describes, trained here the first time (hf2triton.lm_training) and
+    reused after: its directory is keyed by the text's content hash and the settings."""
+    from hf2triton.lm_training import train_lm
+    from hf2triton.runs import step_logger
+
+    log = step_logger()
+    trained = train_lm(train, home() / "sources" / "trained", lambda step, loss: log.info(
+        "fetch: training the language model, step %d of %d, loss %.3f", step, train.steps, loss))
+    if not trained["reused"]:
+        log.info("fetch: trained the language model on %d tokens of %s in %.0f s",
+                 trained["tokens"], Path(train.text).name, trained["seconds"])
+    return Path(trained["model_dir"])
+
+
 def fetch_model(source: SourceSpec, mlflow_uri: str = "") -> FetchResult:
-    """Resolve `source` to a local model directory and record its lineage (`mlflow_uri`: the
-    registry an mlflow source without its own tracking_uri reads)."""
+    """Resolve `source` to a local model directory (training it first for `train`) and record
+    its lineage (`mlflow_uri`: the registry an mlflow source without its own tracking_uri
+    reads)."""
     if source.mlflow:
         return fetch_mlflow(source.mlflow, mlflow_uri)
     if source.repo_id:
@@ -179,6 +195,8 @@ def fetch_model(source: SourceSpec, mlflow_uri: str = "") -> FetchResult:
         revision: str | None = model_dir.name
     elif source.package:
         model_dir, revision = package_model_dir(source.package, source.subdir), None
+    elif source.train:
+        model_dir, revision = trained_model_dir(source.train), None
     else:
         model_dir, revision = Path(source.path or ""), None
     files = inspect_model_dir(model_dir)

@@ -21,6 +21,7 @@ from pydantic import (
 )
 
 from hf2triton.kinds import DEFAULT_TASK, KINDS, kind_class, kind_classes
+from hf2triton.lm_training import PLAIN_CHAT_TEMPLATE
 from hf2triton.specbase import (
     Name,
     SpecPath,
@@ -74,9 +75,43 @@ class MlflowSourceSpec(Strict):
         return self
 
 
+class TrainSourceSpec(Strict):
+    """A small Llama-architecture causal language model and its byte-level BPE tokenizer,
+    trained here on CPU from a plain-text file (hf2triton.lm_training): seeded and
+    deterministic, and trained once: the same text and settings reuse the finished model. The
+    embedded default LLM (releases/kjv-lm.yaml) is one."""
+
+    text: SpecPath = Field(description="UTF-8 plain text to learn from (lines starting with '#' "
+                           "are a header and left out; blank lines separate documents)")
+    vocab_size: int = Field(2048, ge=300, le=65536, description="BPE vocabulary size")
+    layers: int = Field(2, ge=1, le=32, description="decoder layers")
+    hidden: int = Field(128, ge=16, le=4096, description="hidden size")
+    heads: int = Field(4, ge=1, le=64, description="attention heads")
+    context: int = Field(64, ge=8, le=4096, description="tokens per training sequence")
+    max_positions: int = Field(256, ge=8, le=32768, description="prompt plus generated tokens "
+                               "the model can serve (max_position_embeddings)")
+    steps: int = Field(1500, ge=1, le=1_000_000, description="optimizer steps")
+    batch_size: int = Field(16, ge=1, le=1024)
+    learning_rate: float = Field(0.005, gt=0, le=1, description="peak learning rate (linear "
+                                 "warm-up, cosine decay to a tenth)")
+    seed: int = 0
+    chat_template: str = Field(PLAIN_CHAT_TEMPLATE, description="the tokenizer's chat template "
+                               "(Jinja); default: the messages' text one per line, since the "
+                               "model learnt plain text, not conversations")
+
+    @model_validator(mode="after")
+    def _shape(self) -> TrainSourceSpec:
+        if not Path(self.text).is_file():
+            raise ValueError(f"text {self.text}: no such file")
+        if self.hidden % self.heads:
+            raise ValueError(f"hidden {self.hidden} is not a multiple of heads {self.heads}")
+        return unless(self.context > self.max_positions, self,
+                      f"context {self.context} is more than max_positions {self.max_positions}")
+
+
 class SourceSpec(Strict):
     """Where the model comes from: exactly one of `repo_id` (with `revision`), `path`, `package`,
-    `mlflow`."""
+    `mlflow`, `train`."""
 
     repo_id: str | None = Field(None, description="Hugging Face hub id, e.g. org/model")
     revision: str | None = Field(None, description="hub branch, tag or commit to pin")
@@ -86,6 +121,8 @@ class SourceSpec(Strict):
     )
     subdir: str = Field("model", description="with `package`: the model directory inside it")
     mlflow: MlflowSourceSpec | None = Field(None, description="a version of an MLflow registry")
+    train: TrainSourceSpec | None = Field(
+        None, description="a small language model trained here from a text file, once")
     model_id: str | None = Field(None, description="id recorded as lineage for local sources")
 
     @field_validator("path")
@@ -104,11 +141,11 @@ class SourceSpec(Strict):
 
     @model_validator(mode="after")
     def _exactly_one(self) -> SourceSpec:
-        given = [k for k in ("repo_id", "path", "package", "mlflow") if getattr(self, k)]
+        given = [k for k in ("repo_id", "path", "package", "mlflow", "train")
+                 if getattr(self, k)]
         if len(given) != 1:
-            raise ValueError(
-                f"give exactly one of repo_id, path, package or mlflow (got {given or 'none'})"
-            )
+            raise ValueError(f"give exactly one of repo_id, path, package, mlflow or train (got "
+                             f"{given or 'none'})")
         if self.repo_id and not self.revision:
             raise ValueError(
                 f"repo_id {self.repo_id!r} needs a revision (a commit, tag or branch) so the "
@@ -122,6 +159,8 @@ class SourceSpec(Strict):
             return self.model_id or self.repo_id or self.package or ""
         if self.mlflow:
             return f"mlflow:{self.mlflow.model}@{self.mlflow.alias or 'v' + str(self.mlflow.version)}"
+        if self.train:
+            return f"trained:{Path(self.train.text).name}"
         return Path(self.path or "").name
 
 
@@ -225,6 +264,8 @@ class RegistrySpec(Strict):
 # host[:port] of an image registry, and a repository path in it (Docker's reference grammar).
 REGISTRY_PATTERN = re.compile(r"^[a-zA-Z0-9](?:[a-zA-Z0-9.-]*[a-zA-Z0-9])?(?::[0-9]{1,5})?$")
 REPOSITORY_PATTERN = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*$")
+# The Python backend stubs of the Triton wheel exist for 3.8 to 3.13.
+PYTHON_VERSION_PATTERN = re.compile(r"^3\.(?:[89]|1[0-3])$")
 
 
 class ImageSpec(Strict):
@@ -241,16 +282,31 @@ class ImageSpec(Strict):
         "127.0.0.1:5000", description="host[:port]; $HF2TRITON_REGISTRY overrides it"
     )
     repository: str | None = Field(None, description="repository in the registry; default: name")
-    base_image: str = Field(
-        "python:3.11-slim-bookworm",
-        description="Python 3.11 base; $HF2TRITON_BASE_IMAGE overrides it",
+    base_image: str | None = Field(
+        None,
+        description="the image's base: Python with its shared libpython and venv; default "
+        "python:3.11-slim-bookworm, or python:3.12-slim-bookworm for deploy.device gpu; "
+        "$HF2TRITON_BASE_IMAGE overrides it",
     )
+    python: Annotated[str, matching(PYTHON_VERSION_PATTERN, "a Python version such as "
+                                    "'3.12'")] | None = Field(
+        None, description="the base image's Python version (the wheels and the Python backend "
+        "stub are chosen for it); default: the one an official python image names in its tag, "
+        "else 3.11 (3.12 for deploy.device gpu)")
     credentials_block: str | None = Field(
         None,
         description="name of a saved hf2triton RegistryCredentials Prefect block; without it "
         "$HF2TRITON_REGISTRY_USERNAME and $HF2TRITON_REGISTRY_PASSWORD are used when set",
     )
     build_timeout_s: float = Field(1800, gt=0)
+
+    @field_validator("python", mode="before")
+    @classmethod
+    def _quoted_python(cls, v: Any) -> Any:
+        if isinstance(v, (int, float)):
+            raise ValueError(f"write the version quoted, e.g. '{v}': YAML reads an unquoted "
+                             "version as a number (3.10 as 3.1)")
+        return v
 
     @field_validator("repository")
     @classmethod

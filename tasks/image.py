@@ -55,7 +55,7 @@ def release_image(spec: ReleaseSpec, repo: RepositoryResult, reg: dict[str, Any]
     if spec.image.build is False:
         return {"skipped": "image.build is false"}
     target = image_target(spec.image, spec.image_repository, reg["version"],
-                          record["release_key"])
+                          record["release_key"], spec.deploy.device)
     why_not = check_prerequisites(target, logger)
     if why_not:
         if spec.image.build is True or spec.deploy.runs_image:

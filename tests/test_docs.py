@@ -81,3 +81,29 @@ def test_the_readme_is_a_short_guide_whose_links_resolve():
     local = [link for link in links if "://" not in link]
     assert any(link.startswith("docs/") and link.endswith(".md") for link in local)
     assert [link for link in local if not (ROOT / link).exists()] == []
+
+
+def test_the_served_runtimes_chart_is_drawn_from_the_committed_records(site, tmp_path):
+    """docs/served-runtimes.svg is what benchmarks/chart.py draws from the records beside it
+    (re-drawn here: a chart edited by hand or left behind by new records fails), and the
+    benchmark page shows it with the figures it plots."""
+    import json
+
+    records = sorted((ROOT / "docs" / "data").glob("runtimes-*.json"))
+    assert records
+    out = tmp_path / "chart.svg"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "chart.py"),
+                           *map(str, records), "--output", str(out)], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_bytes() == (ROOT / "docs" / "served-runtimes.svg").read_bytes(), \
+        "docs/served-runtimes.svg is stale: re-run the command on docs/benchmarks.md"
+    svg = out.read_text()
+    for path in records:
+        record = json.loads(path.read_text())
+        served = sorted(r["minilm-embedder"]["rps"] for r in record["rounds"])
+        assert f">{served[len(served) // 2]:.0f}<" in svg  # the median, labelled on its bar
+        assert record["commit"] in svg
+    page = (site / "benchmarks" / "index.html").read_text(encoding="utf-8")
+    assert 'src="../served-runtimes.svg"' in page and "benchmarks/chart.py" in page
+    assert (site / "served-runtimes.svg").is_file()

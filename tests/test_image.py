@@ -3,6 +3,7 @@ against a real Docker engine and real registries (one open, one with htpasswd au
 
 from __future__ import annotations
 
+import json
 import logging
 import subprocess
 import time
@@ -26,7 +27,7 @@ from hf2triton.clients import docker as engine_client
 from hf2triton.credentials import REGISTRY_PASSWORD, REGISTRY_USERNAME, RegistryCredentials
 from hf2triton.image import build as image_build
 from tasks.image import release_image
-from tests.conftest import ROOT, free_port
+from tests.conftest import ROOT, free_port, write_spec
 
 PASSWORD = "s3cret-Registry-pw"
 
@@ -74,7 +75,9 @@ def test_tag_carries_name_version_and_short_content_hash(monkeypatch):
     target = image_step.image_target(ImageSpec(registry="reg.example:5000"), "my-embedder", "7",
                                      key)
     assert target["tag"] == "reg.example:5000/my-embedder:7-0123456789ab"
-    assert target["base_image"] == "python:3.11-slim-bookworm"
+    assert target["base_image"] == "python:3.11-slim-bookworm" and target["python"] == "3.11"
+    gpu = image_step.image_target(ImageSpec(), "my-embedder", "7", key, "gpu")
+    assert gpu["base_image"] == "python:3.12-slim-bookworm" and gpu["python"] == "3.12"
     monkeypatch.setenv("HF2TRITON_REGISTRY", "127.0.0.1:5999")
     monkeypatch.setenv("HF2TRITON_BASE_IMAGE", "local/base:1")
     target = image_step.image_target(ImageSpec(), "my-embedder", "7", key)
@@ -315,3 +318,171 @@ def test_wheelhouse_is_cached_and_holds_the_pinned_serving_wheels(serving_wheelh
 def test_registry_answers_over_http_on_loopback(docker_env):
     with urllib.request.urlopen(f"http://{docker_env.registry}/v2/", timeout=5) as r:
         assert r.status == 200
+
+
+# ---- the rendered Dockerfile: checked here, built only where there are GPUs and 1.6 GB to fetch --
+
+HF2TRITON = str(ROOT / ".venv" / "bin" / "hf2triton")
+SERVING_SITE = next((ROOT / ".venv-serving" / "lib").glob("python3.*/site-packages"))
+# Planted in the render's environment: none may reach what it writes.
+SECRETS = {"HF_TOKEN": "hf_renderSecret0123", "HF2TRITON_REGISTRY_PASSWORD": PASSWORD,
+           "AWS_SECRET_ACCESS_KEY": "aws-render-secret-4567"}
+
+
+def _rendered(tmp_path: Path, **overrides) -> tuple[Path, list[dict]]:
+    """`hf2triton image render` of the default spec with overrides, as a user runs it: the
+    context directory and the Dockerfile's instructions as a Dockerfile parser reads them."""
+    import os
+
+    from dockerfile_parse import DockerfileParser
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    spec = write_spec(tmp_path / "spec.yaml", **overrides)
+    out = tmp_path / "context"
+    proc = subprocess.run([HF2TRITON, "image", "render", str(spec), "--output", str(out)],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **SECRETS})
+    assert proc.returncode == 0, proc.stderr
+    for secret in SECRETS.values():
+        assert secret not in proc.stdout + proc.stderr
+        for path in out.rglob("*"):
+            assert not path.is_file() or secret not in path.read_text(), path
+    return out, DockerfileParser(path=str(out / "Dockerfile")).structure
+
+
+def _runs(structure: list[dict]) -> list[str]:
+    return [i["value"] for i in structure if i["instruction"] == "RUN"]
+
+
+def _stages(structure: list[dict]) -> list[list[dict]]:
+    stages: list[list[dict]] = []
+    for instruction in structure:
+        if instruction["instruction"] == "FROM":
+            stages.append([])
+        if stages:
+            stages[-1].append(instruction)
+    return stages
+
+
+def _requirements(path: Path) -> dict[str, str]:
+    import re
+
+    return dict(re.split(r"==", line) for line in path.read_text().split())
+
+
+def test_a_gpu_spec_renders_the_gpu_image_installed_like_the_cpu_image(tmp_path):
+    import re
+
+    cpu, cpu_df = _rendered(tmp_path / "cpu")
+    gpu, gpu_df = _rendered(tmp_path / "gpu", deploy__device="gpu",
+                            deploy__gpu_gate="cpu-numerics")
+    # onnxruntime-gpu with its CUDA 13 libraries at the pinned ORT version, in place of
+    # onnxruntime, and every other serving package pinned as in the CPU image.
+    cpu_pins, gpu_pins = (_requirements(d / "wheelhouse" / "runtime.txt") for d in (cpu, gpu))
+    assert gpu_pins.pop("onnxruntime-gpu[cuda,cudnn]") == cpu_pins.pop("onnxruntime") == "1.31.1"
+    assert gpu_pins == cpu_pins
+    assert (gpu / "wheelhouse" / "triton.txt").read_text() == \
+        (cpu / "wheelhouse" / "triton.txt").read_text()
+    # ... installed the same way: offline, from the wheelhouse only, by the same instruction.
+    def installs(structure: list[dict]) -> list[str]:
+        return [" ".join(cmd.split()) for run in _runs(structure)
+                for cmd in re.findall(r"pip install [^&]*", run)]
+
+    assert installs(gpu_df) == installs(cpu_df) and len(installs(gpu_df)) == 2
+    assert all("--no-index --find-links /wheelhouse" in cmd for cmd in installs(gpu_df))
+    assert "-r /wheelhouse/runtime.txt" in installs(gpu_df)[0]
+    for run in _runs(gpu_df):
+        assert not any(word in run.split() for word in ("curl", "wget", "apt-get", "git")), run
+    assert not [i for i in gpu_df if i["instruction"] == "ADD"]
+    # A CUDA-capable image: the CUDA libraries are on the linker's path, ONNX Runtime's CUDA
+    # provider is checked to resolve against them, and the NVIDIA container toolkit is asked
+    # for the GPUs; the CPU image has none of it.
+    build, final = _stages(gpu_df)
+    assert any("nvidia/*/lib" in i["value"] for i in build if i["instruction"] == "RUN")
+    assert any("ldconfig" in r and "libonnxruntime_providers_cuda.so" in r
+               for r in _runs(final))
+    env = " ".join(i["value"] for i in final if i["instruction"] == "ENV")
+    assert "NVIDIA_VISIBLE_DEVICES=all" in env and "NVIDIA_DRIVER_CAPABILITIES=compute" in env
+    assert "NVIDIA" not in (cpu / "Dockerfile").read_text().replace("nvidia-pytriton", "") \
+        .replace("nvidia_pytriton", "")
+    # It still runs as the unprivileged user, on the base given as a build argument.
+    assert [i["value"] for i in final if i["instruction"] == "USER"][-1] == "triton:triton"
+    assert [i["value"] for i in gpu_df if i["instruction"] == "FROM"] == \
+        ["${BASE_IMAGE} AS build", "${BASE_IMAGE}"]
+    assert json.loads((gpu / "build-args.json").read_text()) == \
+        {"BASE_IMAGE": "python:3.12-slim-bookworm"}
+
+
+def test_the_gpu_image_serves_the_model_on_gpu_instances(tmp_path):
+    """The model config the GPU image carries: KIND_GPU instances (the repository step renders
+    it; the image copies the repository as it is)."""
+    from hf2triton.kinds import kind_for
+    from hf2triton.kinds.embedding import EmbeddingConfig
+    from hf2triton.repository import BATCHING, render_config
+
+    spec = parse_spec(__import__("yaml").safe_load(write_spec(
+        tmp_path / "s.yaml", deploy__device="gpu", deploy__gpu_gate="cpu-numerics",
+        deploy__gpus=[0]).read_text()), ROOT / "releases")
+    config = render_config(kind_for(spec), "m", EmbeddingConfig(pooling="mean", normalize=True, max_length=16),
+                           {"embedding_dim": 8},
+                           {k: getattr(spec.deploy, k) for k in BATCHING}, "")
+    assert "kind: KIND_GPU\n    gpus: [ 0 ]" in config and "KIND_CPU" not in config
+
+
+@pytest.mark.parametrize("overrides, python", [
+    ({}, "3.11"),
+    ({"deploy__device": "gpu", "deploy__gpu_gate": "cpu-numerics"}, "3.12"),
+    ({"image__base_image": "python:3.12-slim-bookworm"}, "3.12"),
+    ({"deploy__device": "gpu", "deploy__gpu_gate": "cpu-numerics",
+      "image__base_image": "registry.example/cuda-py:13", "image__python": "3.11"}, "3.11"),
+])
+def test_the_python_backend_stub_follows_the_image_python(tmp_path, overrides, python):
+    import re
+
+    out, structure = _rendered(tmp_path, **overrides)
+    runs = " ".join(_runs(structure))
+    stubs = re.findall(r"python_backend_stubs/([0-9.]+)/triton_python_backend_stub", runs)
+    assert stubs == [python]
+    # The build stops, saying so, on a base whose python3 is another version.
+    assert f'if [ "$have" != "{python}" ]' in runs
+    # The Triton wheel has that stub where the Dockerfile copies it from.
+    assert (SERVING_SITE / "pytriton" / "tritonserver" / "python_backend_stubs" / python /
+            "triton_python_backend_stub").is_file()
+    # And the wheelhouse is downloaded for that Python.
+    from hf2triton.image.wheelhouse import pip_platform
+
+    assert pip_platform(python)[:7] == ["--only-binary=:all:", "--python-version", python,
+                                        "--implementation", "cp", "--abi",
+                                        "cp" + python.replace(".", "")]
+
+
+def test_an_image_python_without_a_triton_stub_or_unquoted_is_refused():
+    with pytest.raises(SpecError, match="'image.python' = '3.7'"):
+        parse_spec(_spec(python="3.7"), ROOT / "releases")
+    with pytest.raises(SpecError, match="write the version quoted, e.g. '3.12'"):
+        parse_spec(_spec(python=3.12), ROOT / "releases")
+
+
+def test_the_gpu_image_wheels_resolve_for_its_platform(tmp_path):
+    """pip resolves the GPU image's requirements for CPython 3.12 on manylinux from the package
+    index, reading metadata only (the wheels themselves are 1.6 GB): every pin exists for the
+    image's platform, and the CUDA 13 libraries come with onnxruntime-gpu."""
+    import sys
+
+    from hf2triton.image import VARIANTS
+    from hf2triton.image.wheelhouse import pip_platform, serving_requirements
+
+    triton, runtime = serving_requirements(VARIANTS["gpu"])
+    report = tmp_path / "report.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--ignore-installed",
+         "--disable-pip-version-check", "--target", str(tmp_path / "t"), "--report",
+         str(report), *pip_platform("3.12"), *runtime], capture_output=True, text=True,
+        timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    names = {i["metadata"]["name"].lower(): i["metadata"]["version"]
+             for i in json.loads(report.read_text())["install"]}
+    assert names["onnxruntime-gpu"] == "1.31.1" and "onnxruntime" not in names
+    assert names["nvidia-cudnn-cu13"].startswith("9.")
+    assert {"nvidia-cuda-runtime", "nvidia-cublas"} <= set(names)
+    assert names["nvidia-cuda-runtime"].startswith("13.")

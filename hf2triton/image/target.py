@@ -4,8 +4,9 @@ name it once pushed."""
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
+from hf2triton.image.variants import VARIANTS, image_python
 from hf2triton.spec import ImageSpec
 
 if TYPE_CHECKING:
@@ -18,15 +19,21 @@ class ImageTarget(TypedDict):
     repository: str  # registry/repository
     base_image: str
     tag: str  # registry/repository:version-hash
+    device: NotRequired[str]  # the image variant (deploy.device); default cpu
+    python: NotRequired[str]  # the base image's Python, e.g. "3.12"
 
 
-def image_target(image: ImageSpec, repository: str, version: str, release_key: str) -> ImageTarget:
-    """Where the image goes; $HF2TRITON_REGISTRY and $HF2TRITON_BASE_IMAGE override the spec."""
+def image_target(image: ImageSpec, repository: str, version: str, release_key: str,
+                 device: str = "cpu") -> ImageTarget:
+    """Where the image goes and what it is built on; $HF2TRITON_REGISTRY and
+    $HF2TRITON_BASE_IMAGE override the spec, and the base defaults to the device variant's."""
+    variant = VARIANTS[device]
     registry = os.environ.get("HF2TRITON_REGISTRY") or image.registry
-    base = os.environ.get("HF2TRITON_BASE_IMAGE") or image.base_image
+    base = os.environ.get("HF2TRITON_BASE_IMAGE") or image.base_image or variant.base_image
     repo = f"{registry}/{repository}"
     return ImageTarget(registry=registry, repository=repo, base_image=base,
-                       tag=f"{repo}:{version}-{release_key[:12]}")
+                       tag=f"{repo}:{version}-{release_key[:12]}", device=device,
+                       python=image_python(base, image.python, variant))
 
 
 def image_tags(built: ImageBuildResult, pushed: PushResult) -> dict[str, str]:

@@ -1,0 +1,112 @@
+"""The served-runtimes benchmark as a bar chart for the docs: texts/s of each release, served and
+in-process, and infinity-emb, one panel per run, from the JSON records
+benchmarks/served_runtimes.py writes (medians of the rounds, as its ratios are).
+
+    .venv/bin/python benchmarks/chart.py [RESULT.json ...] [--output docs/served-runtimes.svg]
+
+Without RESULT files it draws every benchmarks/results/runtimes-*.json. The SVG is written
+deterministically (no date, fixed ids), so the same records give the same file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUTPUT = ROOT / "docs" / "served-runtimes.svg"
+LABELS = {"minilm-embedder": "default release", "minilm-ort-fp32": "ONNX Runtime fp32"}
+COLOURS = {"served": "#1f6fb4", "in-process": "#9cc3e6", "infinity": "#d9822b"}
+
+
+def figures(record: dict) -> dict:
+    """Per release: its shipped variant and the median served and in-process texts/s; and
+    infinity-emb's texts/s where it was measured."""
+    releases = {}
+    for name, info in record["releases"].items():
+        rounds = [r[name] for r in record["rounds"] if name in r]
+        releases[name] = {
+            "variant": info["variant"],
+            "served": statistics.median(r["rps"] for r in rounds),
+            "in-process": statistics.median(r["in_process"] for r in rounds),
+        }
+    infinity = record.get("infinity", {}).get("rps")
+    return {"date": record["date"], "commit": record["commit"], "releases": releases,
+            "infinity": infinity, "command": record["command"], "clients": record["clients"]}
+
+
+def draw(records: list[dict], output: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    matplotlib.rcParams.update({"svg.hashsalt": "hf2triton", "svg.fonttype": "none",
+                                "font.size": 9})
+    runs = [figures(r) for r in records]
+    fig, axes = plt.subplots(1, len(runs), figsize=(4.6 * len(runs), 3.6), sharey=True,
+                             squeeze=False)
+    top = max(max(max(f["served"], f["in-process"]) for f in run["releases"].values())
+              for run in runs)
+    for ax, run in zip(axes[0], runs):
+        names = list(run["releases"])
+        x = range(len(names))
+        served = [run["releases"][n]["served"] for n in names]
+        limit = [run["releases"][n]["in-process"] for n in names]
+        bars = ax.bar([i - 0.2 for i in x], served, 0.4, color=COLOURS["served"],
+                      label="served (Triton, 64 gRPC clients)")
+        ax.bar([i + 0.2 for i in x], limit, 0.4, color=COLOURS["in-process"],
+               label="in-process limit")
+        ax.bar_label(bars, fmt="%.0f", padding=2)
+        ticks = [f"{LABELS.get(n, n)}\n{run['releases'][n]['variant']}" for n in names]
+        if run["infinity"]:
+            inf = ax.bar([len(names)], [run["infinity"]], 0.4, color=COLOURS["infinity"],
+                         label="infinity-emb 0.0.78 (torch)")
+            ax.bar_label(inf, fmt="%.0f", padding=2)
+            ticks.append("infinity-emb")
+        ax.set_xticks(range(len(ticks)), ticks, fontsize=7)
+        ax.set_ylim(0, top * 1.15)
+        ax.set_title(f"{run['date'][:16].replace('T', ' ')} UTC, commit {run['commit']}",
+                     fontsize=9)
+        ax.grid(axis="y", alpha=0.3)
+        ax.set_axisbelow(True)
+    axes[0][0].set_ylabel("texts/s (median of rounds)")
+    handles, labels = [], []
+    for ax in axes[0]:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            if label not in labels:
+                handles.append(h)
+                labels.append(label)
+    fig.legend(handles, labels, loc="lower center", ncol=3, frameon=False)
+    fig.suptitle("all-MiniLM-L6-v2, every-length traffic, 2-core AMD EPYC", fontsize=10)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_name(f".{output.name}.tmp")
+    fig.savefig(tmp, format=output.suffix.lstrip(".") or "svg", metadata={"Date": None})
+    tmp.replace(output)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("results", nargs="*", type=Path,
+                        help="runtimes-*.json records (default: all in benchmarks/results)")
+    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT,
+                        help=f"the chart, .svg or .png (default: {DEFAULT_OUTPUT.relative_to(ROOT)})")
+    args = parser.parse_args(argv)
+    paths = args.results or sorted((ROOT / "benchmarks" / "results").glob("runtimes-*.json"))
+    if not paths:
+        print("chart: no runtimes-*.json records: run benchmarks/served_runtimes.py first",
+              file=sys.stderr)
+        return 2
+    records = [json.loads(p.read_text()) for p in paths]
+    draw(sorted(records, key=lambda r: r["date"]), args.output)
+    print(f"wrote {args.output}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
