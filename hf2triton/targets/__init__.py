@@ -14,7 +14,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from hf2triton import plugins
-from hf2triton.targets.base import Check, Deployment, DeploySection, DeployTarget
+from hf2triton.targets.base import (
+    Check,
+    Deployment,
+    DeploySection,
+    DeployTarget,
+    WatchPoint,
+)
 
 if TYPE_CHECKING:
     from hf2triton.spec import ReleaseSpec
@@ -39,4 +45,4 @@ def target_for(spec: ReleaseSpec, work: str) -> DeployTarget:
 
 
 __all__ = ["TARGETS", "Check", "DeploySpec", "Deployment", "DeploySection", "DeployTarget",
-           "default_deploy", "target_class", "target_for"]
+           "WatchPoint", "default_deploy", "target_class", "target_for"]

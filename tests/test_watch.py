@@ -1,0 +1,218 @@
+"""Watching what serves, with the real parts: a tiny model released twice (real Triton, MLflow on
+SQLite, Prefect's test API) on free ports; Triton's metrics read by the watch; `hf2triton
+rollback` and `status` under client traffic; a planted serving fault on the new version (it
+errors on long inputs, which the validation set barely has) rolled back by the watch within its
+window while the client keeps sending."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from hf2triton.net import free_port
+from tests.conftest import ROOT, tiny_spec
+from tests.served import serving_versions, triton_client
+
+HF2TRITON = str(Path(sys.executable).parent / "hf2triton")
+SHORT, LONG = "thanks a lot", "a fairly long sentence about prices and markets " * 3
+WATCH = {"watch__interval_s": 1.0, "watch__min_requests": 5, "watch__window_s": 900,
+         "watch__max_failure_rate": 0.05}
+
+
+class Traffic:
+    """A client sending short and long texts without naming a version, noting which version
+    answered each request and every failed request."""
+
+    def __init__(self, url: str, model: str):
+        self.url, self.model = url, model
+        self.answered: list[str] = []  # the version that answered
+        self.failed: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        import tritonclient.http as httpclient
+
+        client = httpclient.InferenceServerClient(url=self.url)
+        n = 0
+        while not self._stop.is_set():
+            text = LONG if n % 2 else SHORT
+            n += 1
+            x = httpclient.InferInput("TEXT", [1, 1], "BYTES")
+            x.set_data_from_numpy(np.array([[text.encode()]], dtype=np.object_))
+            try:
+                res = client.infer(self.model, [x])
+                self.answered.append(str(res.get_response()["model_version"]))
+            except Exception as exc:  # noqa: BLE001 - a failed request is what is counted
+                self.failed.append(str(exc))
+
+    def __enter__(self) -> Traffic:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+
+def _env(home: Path) -> dict[str, str]:
+    env = {**os.environ, "HF2TRITON_HOME": str(home), "PYTHONPATH": str(ROOT)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return env
+
+
+def _mlflow(home: Path):
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{home / 'mlflow.db'}"
+    return MlflowClient(uri, registry_uri=uri)
+
+
+@pytest.fixture(scope="module")
+def watched(tmp_path_factory, tiny_bert, other_tiny_bert):
+    """tiny-embedder released as version 1 (tiny_bert) and then 2 (other weights), watched."""
+    from flows.release import release_model
+    from hf2triton import triton_local
+    from hf2triton.spec import load_spec
+
+    tmp = tmp_path_factory.mktemp("watched")
+    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
+    (tmp / "v1").mkdir()
+    first = tiny_spec(tmp / "v1" / "tiny-embedder.yaml", tiny_bert, ports, **WATCH)
+    second = tiny_spec(tmp / "tiny-embedder.yaml", other_tiny_bert, ports, **WATCH)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF2TRITON_HOME", str(tmp / "home"))
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        try:
+            one = release_model(load_spec(first))
+            two = release_model(load_spec(second))
+            yield {"home": tmp / "home", "spec": second, "ports": ports, "first": one,
+                   "second": two, "http": f"127.0.0.1:{ports['http_port']}"}
+        finally:
+            mp.setenv("HF2TRITON_HOME", str(tmp / "home"))
+            triton_local.stop_server()
+
+
+@pytest.fixture()
+def home_of(watched, monkeypatch):
+    monkeypatch.setenv("HF2TRITON_HOME", str(watched["home"]))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return watched
+
+
+def _cli(args: list[str], home: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cli.main", *args], env=_env(home), cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_release_watches_its_champion_and_publishes_the_table(home_of):
+    from hf2triton.spec import load_spec
+    from hf2triton.watch import observe
+    from hf2triton.watch.publish import table
+
+    assert home_of["second"]["watch"]["watch"] == "in-process"
+    assert home_of["second"]["watch"]["breaches"] == []
+    spec = load_spec(home_of["spec"])
+    with Traffic(home_of["http"], "tiny-embedder") as traffic:
+        while len(traffic.answered) < 30:
+            threading.Event().wait(0.2)
+    seen = observe.look(spec)
+    row = seen["rows"][0]
+    assert seen["champion"] == "2" and row["version"] == "2" and row["loaded"]
+    # Triton's own counters and latency quantiles for version 2, and the probe's gate metrics.
+    assert row["requests"] >= 30 and row["failure_rate"] == 0.0
+    assert row["p99_ms"] is not None and row["p99_ms"] > 0 and row["p50_ms"] <= row["p99_ms"]
+    assert row["request_rate"] > 0 and row["queue_ms"] is not None
+    assert row["grpc_min_cosine"] >= 0.98 and not seen["breaches"]
+    assert {"endpoint", "request_rate", "failure_rate", "p50_ms", "p99_ms", "verdict"} <= \
+        set(table(seen)[0])
+    assert seen["in_window"] and seen["previous"] == "1"
+
+
+def test_rollback_command_under_traffic_then_status(home_of):
+    rel = home_of
+    with Traffic(rel["http"], "tiny-embedder") as traffic:
+        while len(traffic.answered) < 10:
+            threading.Event().wait(0.2)
+        back = _cli(["rollback", str(rel["spec"]), "--reason", "operator test"], rel["home"])
+        after = len(traffic.answered)
+        while len(traffic.answered) < after + 10:
+            threading.Event().wait(0.2)
+    assert back.returncode == 0, back.stderr[-3000:]
+    assert json.loads(back.stdout)["champion"] == "1"
+    assert not traffic.failed, traffic.failed[:3]
+    assert "2" in traffic.answered and traffic.answered[-1] == "1"
+    assert serving_versions(triton_client(rel["http"]), "tiny-embedder") == ["1"]
+    client = _mlflow(rel["home"])
+    assert str(client.get_model_version_by_alias("tiny-embedder", "champion").version) == "1"
+    assert client.get_model_version("tiny-embedder", "2").tags["hf2triton.rolled_back"] == \
+        "operator test"
+    shown = _cli(["status", str(rel["spec"])], rel["home"])
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    status = json.loads(shown.stdout)
+    assert status["champion"] == "1" and status["candidate"] == "2"
+    assert list(status["serving"].values()) == [["1"]]
+    assert status["watch"]["rows"][0]["version"] == "2"  # the watch's last figures
+    # and forward again by hand, to the version the release promoted
+    fwd = _cli(["rollback", str(rel["spec"]), "--to", "2"], rel["home"])
+    assert fwd.returncode == 0, fwd.stderr[-3000:]
+    assert serving_versions(triton_client(rel["http"]), "tiny-embedder") == ["2"]
+
+
+FAULT = '''
+    def execute(self, requests):
+        # Planted by tests/test_watch.py: long inputs fail, as a regression only real traffic shows.
+        out = []
+        for request in requests:
+            text = pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy()
+            if max(len(t[0]) for t in text) > 60:
+                out.append(pb_utils.InferenceResponse(
+                    error=pb_utils.TritonError("planted fault: input too long")))
+            else:
+                out.extend(self.serving.triton_execute(self.model, [request], pb_utils))
+        return out
+'''
+
+
+def test_watch_rolls_back_a_regression_within_its_window(home_of):
+    """Version 2 starts failing long inputs under traffic; the watch sees the failure rate (and
+    its probe's long smoke item failing), rolls back to 1, and version 1 answers every request
+    sent to it throughout."""
+    from flows.watch import watch_release
+    from hf2triton.clients.triton import TritonAdmin
+    from hf2triton.spec import load_spec
+
+    rel = home_of
+    model_py = rel["home"] / "triton" / "models" / "tiny-embedder" / "2" / "model.py"
+    text = model_py.read_text()
+    model_py.write_text(text[:text.index("    def execute")] + FAULT.lstrip("\n"))
+    with TritonAdmin(rel["http"]) as admin:
+        admin.load("tiny-embedder")  # Triton reloads version 2 with its changed file
+    spec = load_spec(rel["spec"])
+    with Traffic(rel["http"], "tiny-embedder") as traffic:
+        while len(traffic.failed) < 10:
+            threading.Event().wait(0.2)
+        seen = watch_release(spec, duration_s=60)
+        after = len(traffic.answered)
+        while len(traffic.answered) < after + 10:
+            threading.Event().wait(0.2)
+    breached = next(s for s in seen if s["breaches"])
+    assert breached["champion"] == "2" and breached["in_window"]
+    assert any("failure rate" in b for b in breached["breaches"]), breached["breaches"]
+    assert seen[-1]["champion"] == "1" and not seen[-1]["breaches"]
+    assert all("planted fault" in f for f in traffic.failed), traffic.failed[:3]
+    assert traffic.answered[-1] == "1"
+    assert serving_versions(triton_client(rel["http"]), "tiny-embedder") == ["1"]
+    client = _mlflow(rel["home"])
+    assert str(client.get_model_version_by_alias("tiny-embedder", "champion").version) == "1"
+    why = client.get_model_version("tiny-embedder", "2")
+    assert "failure rate" in why.tags["hf2triton.rolled_back"]
+    assert "Rolled back to version 1" in why.description
