@@ -22,6 +22,7 @@ from tasks.deploy import deploy, retire, smoke
 from tasks.export import export
 from tasks.fetch import fetch
 from tasks.image import release_image
+from tasks.monitoring import monitoring
 from tasks.quantize import quantize
 from tasks.register import promote, register
 from tasks.report import report
@@ -55,6 +56,7 @@ def release_model(spec: ReleaseSpec | dict[str, Any]) -> dict[str, Any]:
         figures = smoke(kind, dep, val)
         dep = promote(target, dep, reg, figures)
     retire(target, dep)
+    monitoring(spec, target, reg)
 
     result = summary(spec, src, val, reg, image, target.summary(dep), figures,
                      reused_steps(exp=exp, quantize=variants[0], validate=val,

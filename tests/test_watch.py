@@ -216,3 +216,75 @@ def test_watch_rolls_back_a_regression_within_its_window(home_of):
     why = client.get_model_version("tiny-embedder", "2")
     assert "failure rate" in why.tags["hf2triton.rolled_back"]
     assert "Rolled back to version 1" in why.description
+
+
+def test_rendered_rules_pass_promtool_and_prometheus_reads_the_p99(home_of, tmp_path):
+    """The release wrote its scrape config, rules, rule tests and dashboard (and logged them to
+    MLflow); promtool accepts them; a real Prometheus scrapes the tiny Triton with them and the
+    release's p99 record returns a number."""
+    import shutil
+    import time
+    import urllib.parse
+    import urllib.request
+
+    from tests.conftest import wait_http
+    from tests.prefect_fixtures import _start, _stop
+
+    promtool, prometheus = shutil.which("promtool"), shutil.which("prometheus")
+    assert promtool and prometheus, "Debian's prometheus package is needed (infra/setup.sh --test)"
+    rel = home_of
+    written = rel["home"] / "work" / "tiny-embedder" / "monitoring" / "2"
+    files = sorted(p.name for p in written.iterdir())
+    assert files == ["tiny-embedder-grafana.json", "tiny-embedder-prometheus.yml",
+                     "tiny-embedder-rules-test.yml", "tiny-embedder-rules.yml"]
+    logged = _mlflow(rel["home"]).list_artifacts(rel["second"]["mlflow"]["run_id"], "monitoring")
+    assert {Path(a.path).name for a in logged} == set(files)
+    for args in (["check", "rules", "tiny-embedder-rules.yml"],
+                 ["test", "rules", "tiny-embedder-rules-test.yml"],
+                 ["check", "config", "tiny-embedder-prometheus.yml"]):
+        proc = subprocess.run([promtool, *args], cwd=written, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    dashboard = json.loads((written / "tiny-embedder-grafana.json").read_text())
+    assert [p["title"] for p in dashboard["panels"]] == [
+        "Requests per second", "Failed requests (share)", "Request latency p50 / p99 (ms)",
+        "Queue time per request (ms)"]
+
+    shutil.copy(written / "tiny-embedder-rules.yml", tmp_path)
+    shutil.copy(written / "tiny-embedder-prometheus.yml", tmp_path)
+    port = free_port()
+    server = _start([prometheus, f"--config.file={tmp_path / 'tiny-embedder-prometheus.yml'}",
+                     f"--storage.tsdb.path={tmp_path / 'data'}",
+                     f"--web.listen-address=127.0.0.1:{port}"], os.environ.copy(),
+                    tmp_path / "prometheus.log")
+    try:
+        wait_http(f"http://127.0.0.1:{port}/-/ready", timeout=120, proc=server)
+        query = urllib.parse.quote('hf2triton:request_p99_ms{model="tiny-embedder"}')
+        with Traffic(rel["http"], "tiny-embedder"):
+            deadline = time.monotonic() + 120
+            while True:
+                with urllib.request.urlopen(
+                        f"http://127.0.0.1:{port}/api/v1/query?query={query}") as r:
+                    found = json.load(r)["data"]["result"]
+                if found or time.monotonic() > deadline:
+                    break
+                time.sleep(1)
+    finally:
+        _stop(server)
+    assert found, (tmp_path / "prometheus.log").read_text()[-2000:]
+    p99 = float(found[0]["value"][1])
+    assert found[0]["metric"]["version"] in ("1", "2") and p99 == p99 and p99 > 0
+
+
+def test_prefect_yaml_declares_the_watch_and_the_rollback_automation():
+    everything = yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]
+    mine = {d["entrypoint"]: d for d in everything if d["name"] == "minilm-embedder"}
+    watch = mine["flows/watch.py:watch_release"]
+    assert watch["schedules"][0]["cron"] == "*/15 * * * *"
+    assert watch["parameters"]["act"] == "event"
+    trigger = mine["flows/watch.py:rollback_release"]["triggers"][0]
+    assert trigger["expect"] == ["hf2triton.watch.breach"]
+    assert trigger["match"] == {"prefect.resource.id": "hf2triton.release.minilm-embedder",
+                                "hf2triton.in-window": "true"}
+    assert trigger["parameters"]["only_if_champion"] == \
+        "{{ event.resource['hf2triton.version'] }}"
+    assert "flows/watch.py:release_status" in mine
