@@ -77,3 +77,19 @@ def _with_api(env: dict, coro_fn, *args, **kwargs):
 
     with temporary_settings({PREFECT_API_URL: env["PREFECT_API_URL"]}):
         return asyncio.run(coro_fn(*args, **kwargs))
+
+
+def screenshot(url: str, shot: Path, scratch: Path, size: str = "1400,1100") -> Path:
+    """A page of the Prefect UI as headless Chromium renders it (infra/setup.sh --test)."""
+    import shutil
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert chromium, "chromium is needed for the UI screenshot (infra/setup.sh --test installs it)"
+    subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+         "--no-first-run", "--disable-background-networking", "--disable-component-update",
+         "--disable-sync", f"--user-data-dir={scratch / 'chrome'}", f"--window-size={size}",
+         "--virtual-time-budget=15000", f"--screenshot={shot}", url],
+        capture_output=True, timeout=120, check=False,
+    )
+    return shot

@@ -13,7 +13,15 @@ import pytest
 
 from hf2triton.deployments import render
 from tests.conftest import ROOT, free_port, tiny_spec
-from tests.prefect_fixtures import BIN, _flow_runs, _run, _start, _stop, _with_api
+from tests.prefect_fixtures import (
+    BIN,
+    _flow_runs,
+    _run,
+    _start,
+    _stop,
+    _with_api,
+    screenshot,
+)
 
 
 def test_prefect_yaml_is_rendered_from_the_release_specs():
@@ -116,7 +124,10 @@ def test_run_page_shows_the_release_artifacts(deployed_run, tmp_path):
 
     async def artifacts():
         from prefect.client.orchestration import get_client
-        from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+        from prefect.client.schemas.filters import (
+            ArtifactFilter,
+            ArtifactFilterFlowRunId,
+        )
 
         async with get_client() as client:
             return await client.read_artifacts(
@@ -130,17 +141,8 @@ def test_run_page_shows_the_release_artifacts(deployed_run, tmp_path):
     rows = json.loads(table) if isinstance(table, str) else table
     assert any(r["verdict"] == "ships" for r in rows)
 
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    assert chromium, "chromium is needed for the UI screenshot (infra/setup.sh --test installs it)"
-    shot = tmp_path / "flow-run.png"
-    subprocess.run(
-        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-         "--no-first-run", "--disable-background-networking", "--disable-component-update",
-         "--disable-sync", f"--user-data-dir={tmp_path / 'chrome'}", "--window-size=1400,1100",
-         "--virtual-time-budget=15000", f"--screenshot={shot}",
-         f"{deployed_run['ui']}/runs/flow-run/{run.id}"],
-        capture_output=True, timeout=120,
-    )
+    shot = screenshot(f"{deployed_run['ui']}/runs/flow-run/{run.id}", tmp_path / "flow-run.png",
+                      tmp_path)
     assert shot.is_file() and shot.stat().st_size > 20_000  # a rendered page, not a blank one
     if os.environ.get("HF2TRITON_SCREENSHOT_TO"):  # to look at it: set a destination path
         shutil.copy(shot, os.environ["HF2TRITON_SCREENSHOT_TO"])

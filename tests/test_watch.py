@@ -7,6 +7,7 @@ window while the client keeps sending."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from tests.conftest import ROOT, tiny_spec
 from tests.served import serving_versions, triton_client
 
 HF2TRITON = str(Path(sys.executable).parent / "hf2triton")
-SHORT, LONG = "thanks a lot", "a fairly long sentence about prices and markets " * 3
+SHORT, LONG = "thanks a lot", "a fairly long sentence about prices and markets " * 5
 WATCH = {"watch__interval_s": 1.0, "watch__min_requests": 5, "watch__window_s": 900,
          "watch__max_failure_rate": 0.05}
 
@@ -61,6 +62,13 @@ class Traffic:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join(60)
+
+
+def _until(done, what: str, timeout_s: float = 180) -> None:
+    """Wait for `done()`; fail naming `what` when it does not come (no timing is asserted)."""
+    from hf2triton.waiting import wait_until
+
+    assert wait_until(done, timeout_s), f"timed out waiting for {what}"
 
 
 def _env(home: Path) -> dict[str, str]:
@@ -110,7 +118,7 @@ def home_of(watched, monkeypatch):
 
 def _cli(args: list[str], home: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "cli.main", *args], env=_env(home), cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600, check=False)
 
 
 def test_release_watches_its_champion_and_publishes_the_table(home_of):
@@ -122,8 +130,7 @@ def test_release_watches_its_champion_and_publishes_the_table(home_of):
     assert home_of["second"]["watch"]["breaches"] == []
     spec = load_spec(home_of["spec"])
     with Traffic(home_of["http"], "tiny-embedder") as traffic:
-        while len(traffic.answered) < 30:
-            threading.Event().wait(0.2)
+        _until(lambda: len(traffic.answered) >= 30, "answers")
     seen = observe.look(spec)
     row = seen["rows"][0]
     assert seen["champion"] == "2" and row["version"] == "2" and row["loaded"]
@@ -140,12 +147,10 @@ def test_release_watches_its_champion_and_publishes_the_table(home_of):
 def test_rollback_command_under_traffic_then_status(home_of):
     rel = home_of
     with Traffic(rel["http"], "tiny-embedder") as traffic:
-        while len(traffic.answered) < 10:
-            threading.Event().wait(0.2)
+        _until(lambda: len(traffic.answered) >= 10, "answers")
         back = _cli(["rollback", str(rel["spec"]), "--reason", "operator test"], rel["home"])
         after = len(traffic.answered)
-        while len(traffic.answered) < after + 10:
-            threading.Event().wait(0.2)
+        _until(lambda: len(traffic.answered) >= after + 10, "answers after it")
     assert back.returncode == 0, back.stderr[-3000:]
     assert json.loads(back.stdout)["champion"] == "1"
     assert not traffic.failed, traffic.failed[:3]
@@ -161,10 +166,7 @@ def test_rollback_command_under_traffic_then_status(home_of):
     assert status["champion"] == "1" and status["candidate"] == "2"
     assert list(status["serving"].values()) == [["1"]]
     assert status["watch"]["rows"][0]["version"] == "2"  # the watch's last figures
-    # and forward again by hand, to the version the release promoted
-    fwd = _cli(["rollback", str(rel["spec"]), "--to", "2"], rel["home"])
-    assert fwd.returncode == 0, fwd.stderr[-3000:]
-    assert serving_versions(triton_client(rel["http"]), "tiny-embedder") == ["2"]
+    assert status["restored_from"] == "2"
 
 
 FAULT = '''
@@ -173,7 +175,7 @@ FAULT = '''
         out = []
         for request in requests:
             text = pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy()
-            if max(len(t[0]) for t in text) > 60:
+            if max(len(t[0]) for t in text) > 200:
                 out.append(pb_utils.InferenceResponse(
                     error=pb_utils.TritonError("planted fault: input too long")))
             else:
@@ -182,28 +184,35 @@ FAULT = '''
 '''
 
 
-def test_watch_rolls_back_a_regression_within_its_window(home_of):
-    """Version 2 starts failing long inputs under traffic; the watch sees the failure rate (and
-    its probe's long smoke item failing), rolls back to 1, and version 1 answers every request
-    sent to it throughout."""
-    from flows.watch import watch_release
+def _plant_fault(rel) -> None:
     from hf2triton.clients.triton import TritonAdmin
-    from hf2triton.spec import load_spec
 
-    rel = home_of
     model_py = rel["home"] / "triton" / "models" / "tiny-embedder" / "2" / "model.py"
     text = model_py.read_text()
     model_py.write_text(text[:text.index("    def execute")] + FAULT.lstrip("\n"))
     with TritonAdmin(rel["http"]) as admin:
         admin.load("tiny-embedder")  # Triton reloads version 2 with its changed file
+
+
+def test_watch_rolls_back_a_regression_within_its_window(home_of):
+    """Version 2 starts failing long inputs under traffic; the watch sees the failure rate (and
+    which its smoke probe, on validated items, does not), rolls back to 1, and version 1 answers every request
+    sent to it throughout."""
+    from flows.release import release_model
+    from flows.watch import watch_release
+    from hf2triton.spec import load_spec
+
+    rel = home_of
     spec = load_spec(rel["spec"])
+    released = release_model(spec)  # version 2 again (every step reused), promoted over 1
+    assert released["mlflow"]["version"] == "2"
+    assert released["watch"]["breaches"] == []  # it passed its smoke test and first look
+    _plant_fault(rel)
     with Traffic(rel["http"], "tiny-embedder") as traffic:
-        while len(traffic.failed) < 10:
-            threading.Event().wait(0.2)
+        _until(lambda: len(traffic.failed) >= 10, "failed requests")
         seen = watch_release(spec, duration_s=60)
         after = len(traffic.answered)
-        while len(traffic.answered) < after + 10:
-            threading.Event().wait(0.2)
+        _until(lambda: len(traffic.answered) >= after + 10, "answers after it")
     breached = next(s for s in seen if s["breaches"])
     assert breached["champion"] == "2" and breached["in_window"]
     assert any("failure rate" in b for b in breached["breaches"]), breached["breaches"]
@@ -242,7 +251,8 @@ def test_rendered_rules_pass_promtool_and_prometheus_reads_the_p99(home_of, tmp_
     for args in (["check", "rules", "tiny-embedder-rules.yml"],
                  ["test", "rules", "tiny-embedder-rules-test.yml"],
                  ["check", "config", "tiny-embedder-prometheus.yml"]):
-        proc = subprocess.run([promtool, *args], cwd=written, capture_output=True, text=True)
+        proc = subprocess.run([promtool, *args], cwd=written, capture_output=True, text=True,
+                              check=False)
         assert proc.returncode == 0, proc.stdout + proc.stderr
     dashboard = json.loads((written / "tiny-embedder-grafana.json").read_text())
     assert [p["title"] for p in dashboard["panels"]] == [
@@ -272,7 +282,7 @@ def test_rendered_rules_pass_promtool_and_prometheus_reads_the_p99(home_of, tmp_
         _stop(server)
     assert found, (tmp_path / "prometheus.log").read_text()[-2000:]
     p99 = float(found[0]["value"][1])
-    assert found[0]["metric"]["version"] in ("1", "2") and p99 == p99 and p99 > 0
+    assert found[0]["metric"]["version"] in ("1", "2") and not math.isnan(p99) and p99 > 0
 
 
 def test_prefect_yaml_declares_the_watch_and_the_rollback_automation():
@@ -288,3 +298,65 @@ def test_prefect_yaml_declares_the_watch_and_the_rollback_automation():
     assert trigger["parameters"]["only_if_champion"] == \
         "{{ event.resource['hf2triton.version'] }}"
     assert "flows/watch.py:release_status" in mine
+
+
+def test_prefect_server_runs_the_watch_and_its_automation_rolls_back(home_of, prefect_server,
+                                                                      tmp_path):
+    """On a real Prefect server and process worker: the watch deployment sees version 2 fail
+    under traffic and emits its breach event; the automation prefect.yaml declares for that
+    event starts the rollback deployment, which puts version 1 back. The UI's artifact page
+    shows the watch's table (HF2TRITON_SCREENSHOT_TO=path keeps the screenshot)."""
+    import shutil
+
+    from flows.release import release_model
+    from hf2triton.deployments import render
+    from hf2triton.spec import load_spec
+    from tests.prefect_fixtures import BIN, _run, _start, _stop, _with_api, screenshot
+
+    rel = home_of
+    env = {**prefect_server["env"], "HF2TRITON_HOME": str(rel["home"]), "PYTHONPATH": str(ROOT)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    prefect_file = tmp_path / "prefect.yaml"
+    prefect_file.write_text(render([rel["spec"]]))
+    _run([str(BIN / "prefect"), "--no-prompt", "deploy", "--all", "--prefect-file",
+          str(prefect_file)], env)
+    assert release_model(load_spec(rel["spec"]))["mlflow"]["version"] == "2"
+    _plant_fault(rel)
+    client = _mlflow(rel["home"])
+    worker = _start([str(BIN / "prefect"), "worker", "start", "--pool", "hf2triton-process"],
+                    env, tmp_path / "worker.log")
+    try:
+        with Traffic(rel["http"], "tiny-embedder") as traffic:
+            _until(lambda: len(traffic.failed) >= 10, "failed requests")
+            watch = _run([str(BIN / "prefect"), "deployment", "run",
+                          "watch-release/tiny-embedder", "--watch", "--watch-timeout", "400"],
+                         env, timeout=450)
+            assert "Completed" in watch.stdout + watch.stderr
+            _until(lambda: str(client.get_model_version_by_alias(
+                "tiny-embedder", "champion").version) == "1", "the automation's rollback", 400)
+            after = len(traffic.answered)
+            _until(lambda: len(traffic.answered) >= after + 10, "answers after it")
+    finally:
+        _stop(worker)
+    assert all("planted fault" in f for f in traffic.failed), traffic.failed[:3]
+    assert traffic.answered[-1] == "1"
+    assert serving_versions(triton_client(rel["http"]), "tiny-embedder") == ["1"]
+    why = client.get_model_version("tiny-embedder", "2").tags["hf2triton.rolled_back"]
+    assert why.startswith("watch: ") and "failure rate" in why
+    # The rollback deployment's own run did it (started by the automation: nothing else runs it).
+    async def rollback_runs():
+        from prefect.client.orchestration import get_client
+        from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+
+        async with get_client() as api:
+            return await api.read_flow_runs(
+                flow_filter=FlowFilter(name=FlowFilterName(any_=["rollback-release"])))
+
+    done = [r for r in _with_api(env, rollback_runs) if r.state.type.value == "COMPLETED"]
+    assert done, (tmp_path / "worker.log").read_text()[-3000:]
+
+    shot = screenshot(f"{prefect_server['ui']}/artifacts/key/tiny-embedder-watch",
+                      tmp_path / "watch.png", tmp_path, size="1400,1000")
+    assert shot.is_file() and shot.stat().st_size > 20_000
+    if os.environ.get("HF2TRITON_SCREENSHOT_TO"):
+        shutil.copy(shot, os.environ["HF2TRITON_SCREENSHOT_TO"])

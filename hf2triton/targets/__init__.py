@@ -44,5 +44,5 @@ def target_for(spec: ReleaseSpec, work: str) -> DeployTarget:
     return target(spec.deploy, spec.name, work, spec.registry.model_name, spec.image)
 
 
-__all__ = ["TARGETS", "Check", "DeploySpec", "Deployment", "DeploySection", "DeployTarget",
+__all__ = ["TARGETS", "Check", "DeploySection", "DeploySpec", "DeployTarget", "Deployment",
            "WatchPoint", "default_deploy", "target_class", "target_for"]

@@ -20,7 +20,6 @@ from pydantic import Field
 from hf2triton import triton_local
 from hf2triton.clients.triton import TritonAdmin, classify
 from hf2triton.errors import DeployError
-
 from hf2triton.smoke import Endpoint
 from hf2triton.stores import ModelDir, ModelStoreSpec, default_store, parse_store
 from hf2triton.targets import TARGETS

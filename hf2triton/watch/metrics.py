@@ -4,6 +4,7 @@ queue and compute time. Parsed with prometheus_client's text parser."""
 
 from __future__ import annotations
 
+import math
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -91,4 +92,4 @@ def figures(before: Scrape | None, after: Scrape, model: str, version: str) -> d
 
 def _ms(us: float | None) -> float | None:
     # A quantile over an empty window is NaN in Triton's summary.
-    return None if us is None or us != us else round(us / 1000, 3)
+    return None if us is None or math.isnan(us) else round(us / 1000, 3)

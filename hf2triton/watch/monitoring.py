@@ -142,8 +142,8 @@ def dashboard(spec: Any) -> dict[str, Any]:
         ("Failed requests (share)", f"{FAILURE_RECORD}{sel}", "percentunit"),
         ("Request latency p50 / p99 (ms)", f"{P99_RECORD}{sel}", "ms"),
         ("Queue time per request (ms)",
-         f"sum by (version) (rate(nv_inference_queue_duration_us{sel}[{w}])) / "
-         f"sum by (version) (rate(nv_inference_request_success{sel}[{w}])) / 1000", "ms"),
+         (f"sum by (version) (rate(nv_inference_queue_duration_us{sel}[{w}])) / "
+          f"sum by (version) (rate(nv_inference_request_success{sel}[{w}])) / 1000"), "ms"),
     ]
     out = [panel(i, *p) for i, p in enumerate(panels)]
     out[2]["targets"].append({"refId": "B", "legendFormat": "p50 version {{version}}",

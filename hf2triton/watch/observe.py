@@ -127,8 +127,9 @@ def look(spec: Any, points: list[WatchPoint] | None = None, probe: bool = True) 
         scrapes[point["name"]] = {"at": scrape.at, "counters": [
             [m, v, c] for (m, v), c in scrape.counters.items() if m == spec.triton_model_name]}
     at = time.time()
+    # A version a rollback put back is not rolled back further on its own: a person decides.
     in_window = bool(now["promoted_at"] and at - now["promoted_at"] <= budget.window_s
-                     and reg.RESTORED_FROM not in now["tags"])
+                     and now["restored_at"] is None)
     result = Look(release=spec.name, model=model, champion=champion,
                   candidate=now["candidate"], previous=now["previous"], at=at,
                   in_window=in_window, rows=rows, breaches=breaches)

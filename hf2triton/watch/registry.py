@@ -17,6 +17,7 @@ PROMOTED_AT = "hf2triton.promoted_at"
 ROLLED_BACK = "hf2triton.rolled_back"
 ROLLED_BACK_TO = "hf2triton.rolled_back_to"
 RESTORED_FROM = "hf2triton.restored_from"
+RESTORED_AT = "hf2triton.restored_at"
 
 
 class Versions(TypedDict):
@@ -24,6 +25,7 @@ class Versions(TypedDict):
     candidate: str | None
     previous: str | None  # what the champion's promotion replaced
     promoted_at: float | None  # epoch seconds of the champion's promotion by a release
+    restored_at: float | None  # ... of its restoration by a rollback, if that came later
     tags: dict[str, str]  # the champion's tags
 
 
@@ -54,10 +56,12 @@ def versions(client: Registry, model: str) -> Versions:
     champion = alias_version(client, model, "champion")
     candidate = alias_version(client, model, "candidate")
     tags = dict(champion.tags) if champion is not None else {}
-    promoted = tags.get(PROMOTED_AT)
+    promoted = float(tags.get(PROMOTED_AT) or 0) or None
+    restored = float(tags.get(RESTORED_AT) or 0) or None
     return Versions(champion=str(champion.version) if champion else None,
                     candidate=str(candidate.version) if candidate else None,
-                    previous=tags.get(PREVIOUS), promoted_at=float(promoted) if promoted else None,
+                    previous=tags.get(PREVIOUS), promoted_at=promoted,
+                    restored_at=restored if restored and restored > (promoted or 0) else None,
                     tags=tags)
 
 
@@ -83,7 +87,7 @@ def mark_rolled_back(client: Registry, model: str, bad: str, good: str, reason: 
     """`good` is champion again; `bad` says why it is not, in its tags and its description."""
     client.set_alias(model, "champion", good)
     client.tag_version(model, bad, {ROLLED_BACK: reason[:4000], ROLLED_BACK_TO: good})
-    client.tag_version(model, good, {RESTORED_FROM: bad})
+    client.tag_version(model, good, {RESTORED_FROM: bad, RESTORED_AT: f"{time.time():.3f}"})
     old = client.version(model, bad).description or ""
     client.call("describe the rollback", client.client.update_model_version, model, bad,
                 description=f"{old}\n\nRolled back to version {good}: {reason}".strip())

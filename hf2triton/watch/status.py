@@ -26,8 +26,8 @@ def status(spec: Any) -> dict[str, Any]:
     return {"release": spec.name, "model": spec.registry.model_name,
             "champion": versions["champion"], "candidate": versions["candidate"],
             "previous": versions["previous"],
-            "rolled_back": versions["tags"].get(reg.RESTORED_FROM) and {
-                "from": versions["tags"][reg.RESTORED_FROM]},
+            "restored_from": versions["tags"].get(reg.RESTORED_FROM)
+            if versions["restored_at"] else None,
             "serving": serving,
             "watch": {k: last.get(k) for k in ("at", "champion", "in_window", "rows", "breaches")}
             if last else None}
