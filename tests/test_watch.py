@@ -195,9 +195,9 @@ def _plant_fault(rel) -> None:
 
 
 def test_watch_rolls_back_a_regression_within_its_window(home_of):
-    """Version 2 starts failing long inputs under traffic; the watch sees the failure rate (and
-    which its smoke probe, on validated items, does not), rolls back to 1, and version 1 answers every request
-    sent to it throughout."""
+    """Version 2 starts failing inputs longer than any validated one under traffic (its smoke
+    probe still passes); the watch sees the failure rate, rolls back to 1 within the window, and
+    version 1 answers every request sent to it throughout."""
     from flows.release import release_model
     from flows.watch import watch_release
     from hf2triton.spec import load_spec
