@@ -61,10 +61,18 @@ def prefect_server(tmp_path_factory):
 
 async def _flow_runs(api_env: dict, **filters):
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
+    from prefect.client.schemas.filters import (
+        DeploymentFilter,
+        DeploymentFilterName,
+        FlowFilter,
+        FlowFilterName,
+    )
 
+    # Deployment names are unique per flow only: a release's watch deployments share its name.
+    flow = filters.get("flow", "release-model")
     async with get_client() as client:
         deployments = await client.read_deployments(
+            flow_filter=FlowFilter(name=FlowFilterName(any_=[flow])),
             deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[filters["name"]])))
         assert deployments, f"no deployment {filters['name']}"
         runs = await client.read_flow_runs(

@@ -104,6 +104,8 @@ def look(spec: Any, points: list[WatchPoint] | None = None, probe: bool = True) 
     state = read_state(spec.name)
     points = points if points is not None else \
         target_for(spec, work_dir(spec.name)).watch_points()
+    if champion is None:
+        points = []  # nothing released here yet: nothing to read or probe
     reference = reg.smoke_reference(client, model, champion) if champion and probe else None
     baseline = state.get("versions", {}).get(now["previous"] or "")
     rows, breaches, scrapes = [], [], {}
