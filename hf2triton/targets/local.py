@@ -77,7 +77,10 @@ def retire_on(server: dict[str, Any], model_name: str, version: str) -> list[str
         set_version_policy(folder, [version])
         with TritonAdmin(server["http"]) as admin:
             admin.load(model_name)
-    keep = {version, *previous[-1:]}
+    # The newest other version stays on disk for a rollback (hf2triton rollback, the watch),
+    # also when `version` served already and so replaced nothing.
+    others = sorted((v for v in folder.versions() if v != version), key=int)
+    keep = {version, *(previous[-1:] or others[-1:])}
     for old in folder.versions():
         if old not in keep:
             folder.remove_version(old)
