@@ -98,6 +98,10 @@ def test_deployment_run_releases_and_serves(deployed_run):
     emb, _ = embed_remote("grpc", f"127.0.0.1:{deployed_run['ports']['grpc_port']}",
                           "tiny-embedder", "1", ["the quick brown fox"])
     assert emb.shape == (1, 32) and np.isfinite(emb).all()
+    # The release started its watch deployment for the rollback window (docs/watch.md).
+    _, watches = _with_api(deployed_run["env"], _flow_runs, deployed_run["env"],
+                           name="tiny-embedder", flow="watch-release")
+    assert watches and watches[0].parameters["duration_s"] == 600
 
 
 def test_schedule_creates_a_scheduled_run(deployed_run):
