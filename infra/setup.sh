@@ -93,7 +93,7 @@ if [[ -n "$extras" ]] && ! command -v promtool >/dev/null; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
       --no-install-recommends prometheus >/dev/null
     if command -v systemctl >/dev/null; then systemctl disable --now prometheus 2>/dev/null || true; fi
-    [[ -n "$own_policy" ]] && rm -f /usr/sbin/policy-rc.d
+    if [[ -n "$own_policy" ]]; then rm -f /usr/sbin/policy-rc.d; fi
   else
     echo "setup: promtool is missing (sudo apt-get install prometheus); the watch tests will fail" >&2
   fi
