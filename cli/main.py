@@ -159,6 +159,36 @@ def _image(args: argparse.Namespace) -> int:
     return 0
 
 
+def _release_spec(name: str):
+    """A spec file, or the name of one in releases/."""
+    from hf2triton.spec import load_spec
+    from hf2triton.workspace import PROJECT_ROOT
+
+    path = Path(name)
+    if not path.is_file() and (PROJECT_ROOT / "releases" / f"{name}.yaml").is_file():
+        path = PROJECT_ROOT / "releases" / f"{name}.yaml"
+    return load_spec(path)
+
+
+def _watch_command(args: argparse.Namespace) -> int:
+    """`status` and `rollback` (docs/watch.md): the library calls their deployments make."""
+    from hf2triton.errors import Hf2TritonError, SpecError
+    from hf2triton.watch.rollback import roll_back
+    from hf2triton.watch.status import status
+
+    try:
+        spec = _release_spec(args.release)
+    except SpecError as exc:
+        return _fail(str(exc), 2)
+    try:
+        out = status(spec) if args.command == "status" else \
+            roll_back(spec, args.reason, to=args.to)
+    except Hf2TritonError as exc:
+        return _fail(f"[{exc.code}] {exc}", exc.exit_code)
+    print(json.dumps(out, indent=1, default=str))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     from hf2triton.prefect_api import set_process_defaults
 
@@ -194,6 +224,18 @@ def main(argv: list[str] | None = None) -> int:
     img.add_argument("--output", metavar="DIR", default="image-context",
                      help="where to write them (default: ./image-context)")
     img.set_defaults(func=_image)
+    st = sub.add_parser("status", help="a release's champion, candidate, what serves, and the "
+                        "watch's last figures")
+    st.add_argument("release", help="release spec YAML, or its name in releases/")
+    st.set_defaults(func=_watch_command)
+    rb = sub.add_parser("rollback", help="serve the previous champion again (checked before the "
+                        "alias moves back)")
+    rb.add_argument("release", help="release spec YAML, or its name in releases/")
+    rb.add_argument("--to", metavar="VERSION", help="the version to serve (default: the one "
+                    "the champion replaced)")
+    rb.add_argument("--reason", default="rolled back by hand (hf2triton rollback)",
+                    help="why, recorded on the MLflow version rolled back from")
+    rb.set_defaults(func=_watch_command)
     args = parser.parse_args(argv)
     # The tokenizers thread pool warns (and can deadlock) once Prefect forks workers.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

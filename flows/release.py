@@ -17,10 +17,12 @@ from hf2triton.record import release_record, reused_steps, summary
 from hf2triton.spec import ReleaseSpec, parse_spec
 from hf2triton.targets import target_for
 from hf2triton.workspace import work_dir
+from flows.watch import after_release
 from tasks.deploy import deploy, retire, smoke
 from tasks.export import export
 from tasks.fetch import fetch
 from tasks.image import release_image
+from tasks.monitoring import monitoring
 from tasks.quantize import quantize
 from tasks.register import promote, register
 from tasks.report import report
@@ -54,9 +56,11 @@ def release_model(spec: ReleaseSpec | dict[str, Any]) -> dict[str, Any]:
         figures = smoke(kind, dep, val)
         dep = promote(target, dep, reg, figures)
     retire(target, dep)
+    monitoring(spec, target, reg)
 
     result = summary(spec, src, val, reg, image, target.summary(dep), figures,
                      reused_steps(exp=exp, quantize=variants[0], validate=val,
                                   repository=repo, register=reg, deploy=dep))
     report(kind, result, val, reg["experiment_id"])
+    result["watch"] = after_release(spec)  # its first minutes watched (docs/watch.md)
     return result

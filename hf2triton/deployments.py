@@ -13,6 +13,7 @@ import yaml
 from hf2triton.kinds import kind_class, kind_classes
 from hf2triton.spec import ReleaseSpec, TrainingSpec, load_spec
 from hf2triton.training import REGISTERED_EVENT
+from hf2triton.watch.observe import BREACH_EVENT
 from hf2triton.workspace import PROJECT_ROOT
 
 WORK_POOL = "hf2triton-process"
@@ -84,6 +85,45 @@ def deployment(spec: ReleaseSpec, name: str, root: Path = PROJECT_ROOT) -> dict[
     return entry
 
 
+def watch_deployments(spec: ReleaseSpec, name: str, root: Path = PROJECT_ROOT
+                      ) -> list[dict[str, Any]]:
+    """The watch of a release (hf2triton.watch) as three deployments: `watch-release` on the
+    watch's cron (a breach emits `hf2triton.watch.breach`), `rollback-release` started by the
+    automation that answers a breach inside the rollback window (and by hand), and
+    `release-status`."""
+    if not spec.watch.enabled:
+        return []
+    # One spec object for all three: YAML writes it once and refers to it (an anchor).
+    params = {"spec": _portable(spec, root)}
+    common = {"tags": ["hf2triton", "watch", f"release:{spec.name}"],
+              "work_pool": {"name": WORK_POOL, "work_queue_name": "default"}}
+    breach = {"type": "event", "enabled": True, "name": f"{name}-rollback-on-breach",
+              "match": {"prefect.resource.id": f"hf2triton.release.{spec.name}",
+                        "hf2triton.in-window": "true"},
+              "expect": [BREACH_EVENT],
+              # Prefect merges trigger parameters into the deployment's at the top level only.
+              "parameters": {**params,
+                             "reason": "watch: {{ event.payload.reason }}",
+                             "only_if_champion": "{{ event.resource['hf2triton.version'] }}"}}
+    return [
+        {"name": name, "entrypoint": "flows/watch.py:watch_release",
+         "description": f"Watch what {spec.name} serves: Triton metrics and a smoke probe "
+                        "against the spec's watch budgets (docs/watch.md).",
+         **common, "parameters": {**params, "duration_s": 0, "act": "event"},
+         "concurrency_limit": {"limit": 1, "collision_strategy": "CANCEL_NEW"},
+         "schedules": [{"cron": spec.watch.cron, "timezone": "UTC", "active": True}]},
+        {"name": name, "entrypoint": "flows/watch.py:rollback_release",
+         "description": f"Serve {spec.name}'s previous champion again; started by a breach of "
+                        "its watch budgets inside the rollback window.",
+         **common, "parameters": {**params, "reason": "rolled back by hand"},
+         "concurrency_limit": {"limit": 1, "collision_strategy": "ENQUEUE"},
+         "triggers": [breach]},
+        {"name": name, "entrypoint": "flows/watch.py:release_status",
+         "description": f"{spec.name}: champion, candidate, what serves, the watch's figures.",
+         **common, "parameters": params},
+    ]
+
+
 def training_deployment(spec: TrainingSpec, name: str, root: Path = PROJECT_ROOT
                         ) -> dict[str, Any]:
     """The retraining flow of a training spec (releases/training/), on its schedule."""
@@ -114,6 +154,7 @@ def render(spec_paths: list[Path], root: Path = PROJECT_ROOT,
         # Named after the spec file: two specs may release under the same name (e.g. to two
         # targets), while deployment names must be unique.
         "deployments": [deployment(load_spec(p), p.stem, root) for p in sorted(spec_paths)]
+        + [d for p in sorted(spec_paths) for d in watch_deployments(load_spec(p), p.stem, root)]
         + [training_deployment(load_spec(p, TrainingSpec), p.stem, root)
            for p in sorted(training_paths or [])],
     }

@@ -26,6 +26,8 @@ MANIFESTS = {  # file -> (kind, the Kubernetes client model that checks it, or N
     "triton-service.yaml": ("Service", "V1Service"),
     "triton-hpa.yaml": ("HorizontalPodAutoscaler", "V2HorizontalPodAutoscaler"),
     "kserve-inferenceservice.yaml": ("InferenceService", None),
+    # Written beside the others, not applied: it needs the Prometheus Operator's CRD.
+    "triton-servicemonitor.yaml": ("ServiceMonitor", None),
 }
 WORK_POOL_TEMPLATE = TEMPLATES / "prefect-work-pool.json"
 
@@ -110,6 +112,7 @@ def check_manifests(objs: dict[str, dict[str, Any]]) -> None:
             check_model(objs[kind], model)
     isvc = objs["InferenceService"]
     check_model(isvc["metadata"], "V1ObjectMeta", "InferenceService metadata")
+    check_model(objs["ServiceMonitor"]["metadata"], "V1ObjectMeta", "ServiceMonitor metadata")
     container = {k: v for k, v in isvc["spec"]["predictor"]["model"].items()
                  if k not in KSERVE_MODEL_FIELDS}
     check_model({"name": "kserve-container", **container}, "V1Container",

@@ -92,7 +92,9 @@ def release_record(spec: ReleaseSpec, src: dict[str, Any], exp: dict[str, Any],
         metrics={k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))},
         params=params,
         artifacts={"triton_repository": repo["repository"], "model": exp["export_dir"],
-                   "validation_report.json": val["report_path"]},
+                   "validation_report.json": val["report_path"],
+                   # the smoke items and limits, for the watch's probe and a later rollback
+                   "reference.json": val["reference_path"]},
     )
 
 

@@ -33,6 +33,7 @@ from hf2triton.specbase import (
 )
 from hf2triton.targets import DeploySpec, default_deploy
 from hf2triton.targets.base import TuningSpec  # noqa: F401 - the tuning step's section
+from hf2triton.watch.spec import WatchSpec
 from hf2triton.workspace import redact_uri
 
 log = logging.getLogger(__name__)
@@ -373,6 +374,8 @@ class _Release(Strict):
     schedule: ScheduleSpec | None = Field(
         None, description="re-release on a schedule (the Prefect deployment's cron)"
     )
+    watch: WatchSpec = Field(WatchSpec(), description="budgets the champion is held to after "
+                             "release, and the rollback window (docs/watch.md)")
 
     @model_validator(mode="before")
     @classmethod

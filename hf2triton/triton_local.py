@@ -173,6 +173,8 @@ def launch(repo: Path | str, host: str, http_port: int, grpc_port: int, metrics_
         f"--metrics-address={host}", f"--metrics-port={metrics_port}",
         "--exit-on-error=false",
         "--strict-readiness=true",
+        # p50/p99 per model version on the metrics port, for the watch (hf2triton.watch).
+        "--metrics-config=summary_latencies=true",
     ]
     # The Python backend stub imports numpy, onnxruntime and tokenizers from the python found
     # first on PATH, so the serving environment goes first.

@@ -79,4 +79,23 @@ if [[ -n "$extras" ]] && ! command -v chromium >/dev/null; then
     echo "setup: chromium is missing (sudo apt-get install chromium); the UI test will fail" >&2
   fi
 fi
+if [[ -n "$extras" ]] && ! command -v promtool >/dev/null; then
+  # The watch tests check the rendered alert rules with promtool and scrape Triton with a real
+  # Prometheus they start on a free port; the package's own service must not run (it would
+  # take :9090), so starts are refused while it installs and the service is disabled after.
+  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+    echo "setup: prometheus (for the watch tests)" >&2
+    own_policy=""
+    if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+      printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
+      own_policy=1
+    fi
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+      --no-install-recommends prometheus >/dev/null
+    if command -v systemctl >/dev/null; then systemctl disable --now prometheus 2>/dev/null || true; fi
+    if [[ -n "$own_policy" ]]; then rm -f /usr/sbin/policy-rc.d; fi
+  else
+    echo "setup: promtool is missing (sudo apt-get install prometheus); the watch tests will fail" >&2
+  fi
+fi
 echo "setup: done" >&2

@@ -14,6 +14,7 @@ from hf2triton.record import Record
 from hf2triton.runs import NO_PREFECT_CACHE, RETRY_TRANSIENT, step_logger
 from hf2triton.spec import RegistrySpec
 from hf2triton.targets import Deployment, DeployTarget
+from hf2triton.watch.registry import promotion_tags
 
 
 class RegisterResult(TypedDict):
@@ -61,6 +62,9 @@ def promote(target: DeployTarget, deployment: Deployment, reg: RegisterResult,
     client = Registry(reg["tracking_uri"])
     client.tag_version(reg["model_name"], reg["version"],
                        {f"smoke.{k}": f"{v:.6g}" for k, v in smoke.items()})
+    # What the watch rolls back to, and when its window started (hf2triton.watch).
+    client.tag_version(reg["model_name"], reg["version"],
+                       promotion_tags(client, reg["model_name"], reg["version"]))
     client.set_alias(reg["model_name"], "champion", reg["version"])
     step_logger().info("promote: champion is now %s version %s", reg["model_name"],
                        reg["version"])

@@ -61,10 +61,18 @@ def prefect_server(tmp_path_factory):
 
 async def _flow_runs(api_env: dict, **filters):
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
+    from prefect.client.schemas.filters import (
+        DeploymentFilter,
+        DeploymentFilterName,
+        FlowFilter,
+        FlowFilterName,
+    )
 
+    # Deployment names are unique per flow only: a release's watch deployments share its name.
+    flow = filters.get("flow", "release-model")
     async with get_client() as client:
         deployments = await client.read_deployments(
+            flow_filter=FlowFilter(name=FlowFilterName(any_=[flow])),
             deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[filters["name"]])))
         assert deployments, f"no deployment {filters['name']}"
         runs = await client.read_flow_runs(
@@ -77,3 +85,19 @@ def _with_api(env: dict, coro_fn, *args, **kwargs):
 
     with temporary_settings({PREFECT_API_URL: env["PREFECT_API_URL"]}):
         return asyncio.run(coro_fn(*args, **kwargs))
+
+
+def screenshot(url: str, shot: Path, scratch: Path, size: str = "1400,1100") -> Path:
+    """A page of the Prefect UI as headless Chromium renders it (infra/setup.sh --test)."""
+    import shutil
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert chromium, "chromium is needed for the UI screenshot (infra/setup.sh --test installs it)"
+    subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+         "--no-first-run", "--disable-background-networking", "--disable-component-update",
+         "--disable-sync", f"--user-data-dir={scratch / 'chrome'}", f"--window-size={size}",
+         "--virtual-time-budget=15000", f"--screenshot={shot}", url],
+        capture_output=True, timeout=120, check=False,
+    )
+    return shot

@@ -165,7 +165,7 @@ def test_kserve_target_without_a_cluster_fails_saying_so(tmp_path, monkeypatch):
     assert str(written) in str(err.value)
     assert sorted(p.name for p in written.iterdir()) == [
         "deployment.yaml", "horizontalpodautoscaler.yaml", "inferenceservice.yaml",
-        "service.yaml"]
+        "service.yaml", "servicemonitor.yaml"]
     with pytest.raises(DeployError, match="no image was built: no registry answers"):
         target.deploy("/nonexistent", "tiny-embedder", "3", {},
                       {"skipped": "no registry answers"}, lambda e: {})

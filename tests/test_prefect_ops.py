@@ -13,7 +13,15 @@ import pytest
 
 from hf2triton.deployments import render
 from tests.conftest import ROOT, free_port, tiny_spec
-from tests.prefect_fixtures import BIN, _flow_runs, _run, _start, _stop, _with_api
+from tests.prefect_fixtures import (
+    BIN,
+    _flow_runs,
+    _run,
+    _start,
+    _stop,
+    _with_api,
+    screenshot,
+)
 
 
 def test_prefect_yaml_is_rendered_from_the_release_specs():
@@ -21,7 +29,8 @@ def test_prefect_yaml_is_rendered_from_the_release_specs():
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     deployments = {d["name"]: d for d in __import__("yaml").safe_load(
-        (ROOT / "prefect.yaml").read_text())["deployments"]}
+        (ROOT / "prefect.yaml").read_text())["deployments"]
+        if d["entrypoint"] == "flows/release.py:release_model"}  # not its watch's namesakes
     minilm = deployments["minilm-embedder"]
     assert minilm["parameters"]["spec"]["validation"]["sentences"] == \
         "releases/data/embedding-validation.txt"
@@ -90,6 +99,10 @@ def test_deployment_run_releases_and_serves(deployed_run):
     emb, _ = embed_remote("grpc", f"127.0.0.1:{deployed_run['ports']['grpc_port']}",
                           "tiny-embedder", "1", ["the quick brown fox"])
     assert emb.shape == (1, 32) and np.isfinite(emb).all()
+    # The release started its watch deployment for the rollback window (docs/watch.md).
+    _, watches = _with_api(deployed_run["env"], _flow_runs, deployed_run["env"],
+                           name="tiny-embedder", flow="watch-release")
+    assert watches and watches[0].parameters["duration_s"] == 600
 
 
 def test_schedule_creates_a_scheduled_run(deployed_run):
@@ -116,7 +129,10 @@ def test_run_page_shows_the_release_artifacts(deployed_run, tmp_path):
 
     async def artifacts():
         from prefect.client.orchestration import get_client
-        from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+        from prefect.client.schemas.filters import (
+            ArtifactFilter,
+            ArtifactFilterFlowRunId,
+        )
 
         async with get_client() as client:
             return await client.read_artifacts(
@@ -130,17 +146,8 @@ def test_run_page_shows_the_release_artifacts(deployed_run, tmp_path):
     rows = json.loads(table) if isinstance(table, str) else table
     assert any(r["verdict"] == "ships" for r in rows)
 
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    assert chromium, "chromium is needed for the UI screenshot (infra/setup.sh --test installs it)"
-    shot = tmp_path / "flow-run.png"
-    subprocess.run(
-        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-         "--no-first-run", "--disable-background-networking", "--disable-component-update",
-         "--disable-sync", f"--user-data-dir={tmp_path / 'chrome'}", "--window-size=1400,1100",
-         "--virtual-time-budget=15000", f"--screenshot={shot}",
-         f"{deployed_run['ui']}/runs/flow-run/{run.id}"],
-        capture_output=True, timeout=120,
-    )
+    shot = screenshot(f"{deployed_run['ui']}/runs/flow-run/{run.id}", tmp_path / "flow-run.png",
+                      tmp_path)
     assert shot.is_file() and shot.stat().st_size > 20_000  # a rendered page, not a blank one
     if os.environ.get("HF2TRITON_SCREENSHOT_TO"):  # to look at it: set a destination path
         shutil.copy(shot, os.environ["HF2TRITON_SCREENSHOT_TO"])

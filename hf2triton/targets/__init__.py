@@ -14,7 +14,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from hf2triton import plugins
-from hf2triton.targets.base import Check, Deployment, DeploySection, DeployTarget
+from hf2triton.targets.base import (
+    Check,
+    Deployment,
+    DeploySection,
+    DeployTarget,
+    WatchPoint,
+)
 
 if TYPE_CHECKING:
     from hf2triton.spec import ReleaseSpec
@@ -38,5 +44,5 @@ def target_for(spec: ReleaseSpec, work: str) -> DeployTarget:
     return target(spec.deploy, spec.name, work, spec.registry.model_name, spec.image)
 
 
-__all__ = ["TARGETS", "Check", "DeploySpec", "Deployment", "DeploySection", "DeployTarget",
-           "default_deploy", "target_class", "target_for"]
+__all__ = ["TARGETS", "Check", "DeploySection", "DeploySpec", "DeployTarget", "Deployment",
+           "WatchPoint", "default_deploy", "target_class", "target_for"]

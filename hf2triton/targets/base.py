@@ -15,6 +15,7 @@ from typing import Annotated, Any, ClassVar, Literal, TypedDict
 
 from pydantic import Field, model_validator
 
+from hf2triton.errors import DeployError
 from hf2triton.plugins import tag_of
 from hf2triton.smoke import Endpoint
 from hf2triton.specbase import Strict
@@ -149,6 +150,13 @@ class Deployment(TypedDict):
     reused: bool
 
 
+class WatchPoint(TypedDict):
+    name: str
+    http: str  # host:port
+    grpc: str  # host:port
+    metrics: str  # http://host:port/metrics
+
+
 class DeployTarget:
     """One place a release can go. `spec` is its variant of the spec's `deploy` section; the
     release's name, work directory, MLflow model name and image section come with it."""
@@ -183,6 +191,17 @@ class DeployTarget:
 
     def rollback(self, deployment: Deployment) -> None:
         """Back to what served before the deploy."""
+
+    def watch_points(self) -> list[WatchPoint]:
+        """Where the watch (hf2triton.watch) reads metrics and probes what serves."""
+        return []
+
+    def restore(self, model_name: str, version: str, check: Check) -> list[str]:
+        """Serve `version` again (one this target still holds) instead of what serves now: it
+        loads beside the serving version and passes `check` before the other stops; returns the
+        versions that stopped serving. Used by `hf2triton rollback` and the watch."""
+        raise DeployError(f"deploy target {self.name!r} cannot roll back after promotion yet: "
+                          "release the previous version again instead")
 
     def summary(self, deployment: Deployment) -> dict[str, Any]:
         """The release summary's `endpoint` (and any target-specific) entries."""

@@ -20,11 +20,16 @@ from pydantic import Field
 from hf2triton import triton_local
 from hf2triton.clients.triton import TritonAdmin, classify
 from hf2triton.errors import DeployError
-
 from hf2triton.smoke import Endpoint
 from hf2triton.stores import ModelDir, ModelStoreSpec, default_store, parse_store
 from hf2triton.targets import TARGETS
-from hf2triton.targets.base import Check, Deployment, DeployTarget, PublishedSection
+from hf2triton.targets.base import (
+    Check,
+    Deployment,
+    DeployTarget,
+    PublishedSection,
+    WatchPoint,
+)
 
 POLICY = re.compile(r"^version_policy:.*$", re.MULTILINE)
 
@@ -72,7 +77,10 @@ def retire_on(server: dict[str, Any], model_name: str, version: str) -> list[str
         set_version_policy(folder, [version])
         with TritonAdmin(server["http"]) as admin:
             admin.load(model_name)
-    keep = {version, *previous[-1:]}
+    # The newest other version stays on disk for a rollback (hf2triton rollback, the watch),
+    # also when `version` served already and so replaced nothing.
+    others = sorted((v for v in folder.versions() if v != version), key=int)
+    keep = {version, *(previous[-1:] or others[-1:])}
     for old in folder.versions():
         if old not in keep:
             folder.remove_version(old)
@@ -149,3 +157,49 @@ class LocalTriton(DeployTarget):
 
     def rollback(self, deployment: Deployment) -> None:
         restore_on(deployment["state"], deployment["model_name"], deployment["version"])
+
+    def watch_points(self) -> list[WatchPoint]:
+        spec = self.spec
+        return [WatchPoint(name=f"local Triton {spec.host}:{spec.http_port}",
+                           http=f"{spec.host}:{spec.http_port}",
+                           grpc=f"{spec.host}:{spec.grpc_port}",
+                           metrics=f"http://{spec.host}:{spec.metrics_port}/metrics")]
+
+    def restore(self, model_name: str, version: str, check: Check) -> list[str]:
+        state = triton_local.read_state()
+        if state is None or not triton_local.is_live(state):
+            raise DeployError("no local Triton server runs: start it with a release, or "
+                              "`hf2triton server status` to see why")
+        server = {"http": state.http_url, "model_repository": state.model_repository,
+                  "model_store": self.spec.model_store.describe()}
+        return restore_on_server(server, model_name, version, check, self.spec.ready_timeout_s,
+                                 Endpoint(name=f"local Triton {state.http_url}",
+                                          http=state.http_url, grpc=state.grpc_url,
+                                          version=version))
+
+
+def restore_on_server(server: dict[str, Any], model_name: str, version: str, check: Check,
+                      timeout_s: float, endpoint: Endpoint) -> list[str]:
+    """`version` (kept on disk by retire) loaded beside what serves, checked, then alone: a
+    client that names no version is answered throughout, by the old and then by `version`."""
+    folder = folder_of(server, model_name)
+    if version not in folder.versions():
+        raise DeployError(f"{model_name} version {version} is not in the model repository "
+                          f"(it holds {', '.join(folder.versions()) or 'nothing'}): release it "
+                          "again instead")
+    with TritonAdmin(server["http"]) as admin:
+        serving = [v for v in admin.serving_versions(model_name) if v != version]
+        set_version_policy(folder, sorted({*serving, version}, key=int))
+        try:
+            admin.load(model_name)
+            if not admin.wait_ready(model_name, version, timeout_s):
+                raise DeployError(f"{model_name} version {version} was not ready within "
+                                  f"{timeout_s:.0f}s")
+            check(endpoint)
+        except Exception:
+            set_version_policy(folder, serving)  # what served before serves on
+            admin.load(model_name)
+            raise
+        set_version_policy(folder, [version])
+        admin.load(model_name)
+    return serving

@@ -1,0 +1,384 @@
+"""Watching what serves, with the real parts: a tiny model released twice (real Triton, MLflow on
+SQLite, Prefect's test API) on free ports; Triton's metrics read by the watch; `hf2triton
+rollback` and `status` under client traffic; a planted serving fault on the new version (it
+errors on long inputs, which the validation set barely has) rolled back by the watch within its
+window while the client keeps sending."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from hf2triton.net import free_port
+from tests.conftest import ROOT, tiny_spec
+from tests.served import serving_versions, triton_client
+
+HF2TRITON = str(Path(sys.executable).parent / "hf2triton")
+SHORT, LONG = "thanks a lot", "a fairly long sentence about prices and markets " * 5
+# Short looks; latency is not judged here (a shared 2-core machine's p99 is noise): the p99
+# budget's arithmetic is test_budgets_judge_each_figure's, its PromQL promtool's.
+WATCH = {"watch__interval_s": 1.0, "watch__min_requests": 5, "watch__window_s": 900,
+         "watch__max_failure_rate": 0.05, "watch__p99_slack_ms": 600_000}
+
+
+def test_budgets_judge_each_figure():
+    from hf2triton.watch.observe import judge, p99_limit
+    from hf2triton.watch.spec import WatchSpec
+
+    budget = WatchSpec(max_failure_rate=0.01, max_p99_ms=100, max_p99_vs_previous=2,
+                       p99_slack_ms=5, min_requests=20, smoke_floors={"grpc_min_cosine": 0.99})
+    row = {"endpoint": "e", "version": "2", "requests": 100, "failed": 0, "failure_rate": 0.0,
+           "p99_ms": 30.0, "grpc_min_cosine": 0.995}
+    assert judge(row, budget, {"p99_ms": 20.0}) == []
+    assert p99_limit(budget, {"p99_ms": 20.0}) == 40.0  # twice the previous champion's
+    assert p99_limit(budget, {"p99_ms": 1.0}) == 6.0  # never closer to it than the slack
+    assert p99_limit(budget, None) == 100  # unknown: the absolute budget alone
+    slow = judge({**row, "p99_ms": 45.0}, budget, {"p99_ms": 20.0})
+    assert len(slow) == 1 and "p99 45.0 ms over the budget 40.0 ms" in slow[0]
+    failing = judge({**row, "failed": 5, "failure_rate": 0.05}, budget, None)
+    assert len(failing) == 1 and "failure rate 5.00% (5 of 100 requests)" in failing[0]
+    few = {**row, "requests": 10, "failed": 5, "failure_rate": 0.5, "p99_ms": 900.0}
+    assert judge(few, budget, None) == []  # too few requests to judge rate or latency
+    assert "below the floor 0.99" in judge({**row, "grpc_min_cosine": 0.95}, budget, None)[0]
+    assert "smoke probe failed" in judge({**row, "probe_error": "refused"}, budget, None)[0]
+
+
+class Traffic:
+    """A client sending short and long texts without naming a version, noting which version
+    answered each request and every failed request."""
+
+    def __init__(self, url: str, model: str):
+        self.url, self.model = url, model
+        self.answered: list[str] = []  # the version that answered
+        self.failed: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        import tritonclient.http as httpclient
+
+        client = httpclient.InferenceServerClient(url=self.url)
+        n = 0
+        while not self._stop.is_set():
+            text = LONG if n % 2 else SHORT
+            n += 1
+            x = httpclient.InferInput("TEXT", [1, 1], "BYTES")
+            x.set_data_from_numpy(np.array([[text.encode()]], dtype=np.object_))
+            try:
+                res = client.infer(self.model, [x])
+                self.answered.append(str(res.get_response()["model_version"]))
+            except Exception as exc:  # noqa: BLE001 - a failed request is what is counted
+                self.failed.append(str(exc))
+
+    def __enter__(self) -> Traffic:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+
+def _until(done, what: str, timeout_s: float = 180) -> None:
+    """Wait for `done()`; fail naming `what` when it does not come (no timing is asserted)."""
+    from hf2triton.waiting import wait_until
+
+    assert wait_until(done, timeout_s), f"timed out waiting for {what}"
+
+
+def _env(home: Path) -> dict[str, str]:
+    env = {**os.environ, "HF2TRITON_HOME": str(home), "PYTHONPATH": str(ROOT)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return env
+
+
+def _mlflow(home: Path):
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{home / 'mlflow.db'}"
+    return MlflowClient(uri, registry_uri=uri)
+
+
+@pytest.fixture(scope="module")
+def watched(tmp_path_factory, tiny_bert, other_tiny_bert):
+    """tiny-embedder released as version 1 (tiny_bert) and then 2 (other weights), watched."""
+    from flows.release import release_model
+    from hf2triton import triton_local
+    from hf2triton.spec import load_spec
+
+    tmp = tmp_path_factory.mktemp("watched")
+    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
+    (tmp / "v1").mkdir()
+    first = tiny_spec(tmp / "v1" / "tiny-embedder.yaml", tiny_bert, ports, **WATCH)
+    second = tiny_spec(tmp / "tiny-embedder.yaml", other_tiny_bert, ports, **WATCH)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF2TRITON_HOME", str(tmp / "home"))
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        try:
+            one = release_model(load_spec(first))
+            two = release_model(load_spec(second))
+            yield {"home": tmp / "home", "spec": second, "ports": ports, "first": one,
+                   "second": two, "http": f"127.0.0.1:{ports['http_port']}"}
+        finally:
+            mp.setenv("HF2TRITON_HOME", str(tmp / "home"))
+            triton_local.stop_server()
+
+
+@pytest.fixture()
+def home_of(watched, monkeypatch):
+    monkeypatch.setenv("HF2TRITON_HOME", str(watched["home"]))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return watched
+
+
+def _cli(args: list[str], home: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cli.main", *args], env=_env(home), cwd=ROOT,
+                          capture_output=True, text=True, timeout=600, check=False)
+
+
+def test_release_watches_its_champion_and_publishes_the_table(home_of):
+    from hf2triton.spec import load_spec
+    from hf2triton.watch import observe
+    from hf2triton.watch.publish import table
+
+    assert home_of["second"]["watch"]["watch"] == "in-process"
+    assert home_of["second"]["watch"]["breaches"] == []
+    spec = load_spec(home_of["spec"])
+    with Traffic(home_of["http"], "tiny-embedder") as traffic:
+        _until(lambda: len(traffic.answered) >= 30, "answers")
+    seen = observe.look(spec)
+    row = seen["rows"][0]
+    assert seen["champion"] == "2" and row["version"] == "2" and row["loaded"]
+    # Triton's own counters and latency quantiles for version 2, and the probe's gate metrics.
+    assert row["requests"] >= 30 and row["failure_rate"] == 0.0
+    assert row["p99_ms"] is not None and row["p99_ms"] > 0 and row["p50_ms"] <= row["p99_ms"]
+    assert row["request_rate"] > 0 and row["queue_ms"] is not None
+    assert row["grpc_min_cosine"] >= 0.98 and not seen["breaches"]
+    assert {"endpoint", "request_rate", "failure_rate", "p50_ms", "p99_ms", "verdict"} <= \
+        set(table(seen)[0])
+    assert seen["in_window"] and seen["previous"] == "1"
+
+
+def test_rollback_command_under_traffic_then_status(home_of):
+    rel = home_of
+    with Traffic(rel["http"], "tiny-embedder") as traffic:
+        _until(lambda: len(traffic.answered) >= 10, "answers")
+        back = _cli(["rollback", str(rel["spec"]), "--reason", "operator test"], rel["home"])
+        after = len(traffic.answered)
+        _until(lambda: len(traffic.answered) >= after + 10, "answers after it")
+    assert back.returncode == 0, back.stderr[-3000:]
+    assert json.loads(back.stdout)["champion"] == "1"
+    assert not traffic.failed, traffic.failed[:3]
+    assert "2" in traffic.answered and traffic.answered[-1] == "1"
+    assert serving_versions(triton_client(rel["http"]), "tiny-embedder") == ["1"]
+    client = _mlflow(rel["home"])
+    assert str(client.get_model_version_by_alias("tiny-embedder", "champion").version) == "1"
+    assert client.get_model_version("tiny-embedder", "2").tags["hf2triton.rolled_back"] == \
+        "operator test"
+    shown = _cli(["status", str(rel["spec"])], rel["home"])
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    status = json.loads(shown.stdout)
+    assert status["champion"] == "1" and status["candidate"] == "2"
+    assert list(status["serving"].values()) == [["1"]]
+    assert status["watch"]["rows"][0]["version"] == "2"  # the watch's last figures
+    assert status["restored_from"] == "2"
+
+
+FAULT = '''
+    def execute(self, requests):
+        # Planted by tests/test_watch.py: the serving code crashes on inputs longer than any
+        # validated one, a regression only real traffic shows. Triton counts what an execute
+        # that raises fails as failed requests of this version.
+        for request in requests:
+            text = pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy()
+            if max(len(t[0]) for t in text) > 200:
+                raise RuntimeError("planted fault: input too long")
+        return self.serving.triton_execute(self.model, requests, pb_utils)
+'''
+
+
+def _plant_fault(rel) -> None:
+    from hf2triton.clients.triton import TritonAdmin
+
+    model_py = rel["home"] / "triton" / "models" / "tiny-embedder" / "2" / "model.py"
+    text = model_py.read_text()
+    model_py.write_text(text[:text.index("    def execute")] + FAULT.lstrip("\n"))
+    with TritonAdmin(rel["http"]) as admin:
+        admin.load("tiny-embedder")  # Triton reloads version 2 with its changed file
+
+
+def test_watch_rolls_back_a_regression_within_its_window(home_of):
+    """Version 2 starts failing inputs longer than any validated one under traffic (its smoke
+    probe still passes); the watch sees the failure rate, rolls back to 1 within the window, and
+    version 1 answers every request sent to it throughout."""
+    from flows.release import release_model
+    from flows.watch import watch_release
+    from hf2triton.spec import load_spec
+
+    rel = home_of
+    spec = load_spec(rel["spec"])
+    released = release_model(spec)  # version 2 again (every step reused), promoted over 1
+    assert released["mlflow"]["version"] == "2"
+    assert released["watch"]["breaches"] == []  # it passed its smoke test and first look
+    _plant_fault(rel)
+    with Traffic(rel["http"], "tiny-embedder") as traffic:
+        _until(lambda: len(traffic.failed) >= 10, "failed requests")
+        seen = watch_release(spec, duration_s=60)
+        after = len(traffic.answered)
+        _until(lambda: len(traffic.answered) >= after + 10, "answers after it")
+    breached = next(s for s in seen if s["breaches"])
+    assert breached["champion"] == "2" and breached["in_window"]
+    assert any("failure rate" in b for b in breached["breaches"]), breached["breaches"]
+    assert seen[-1]["champion"] == "1" and not seen[-1]["breaches"]
+    assert all("planted fault" in f for f in traffic.failed), traffic.failed[:3]
+    assert traffic.answered[-1] == "1"
+    assert serving_versions(triton_client(rel["http"]), "tiny-embedder") == ["1"]
+    client = _mlflow(rel["home"])
+    assert str(client.get_model_version_by_alias("tiny-embedder", "champion").version) == "1"
+    why = client.get_model_version("tiny-embedder", "2")
+    assert "failure rate" in why.tags["hf2triton.rolled_back"]
+    assert "Rolled back to version 1" in why.description
+
+
+def test_rendered_rules_pass_promtool_and_prometheus_reads_the_p99(home_of, tmp_path):
+    """The release wrote its scrape config, rules, rule tests and dashboard (and logged them to
+    MLflow); promtool accepts them; a real Prometheus scrapes the tiny Triton with them and the
+    release's p99 record returns a number."""
+    import shutil
+    import time
+    import urllib.parse
+    import urllib.request
+
+    from tests.conftest import wait_http
+    from tests.prefect_fixtures import _start, _stop
+
+    promtool, prometheus = shutil.which("promtool"), shutil.which("prometheus")
+    assert promtool and prometheus, "Debian's prometheus package is needed (infra/setup.sh --test)"
+    rel = home_of
+    written = rel["home"] / "work" / "tiny-embedder" / "monitoring" / "2"
+    files = sorted(p.name for p in written.iterdir())
+    assert files == ["tiny-embedder-grafana.json", "tiny-embedder-prometheus.yml",
+                     "tiny-embedder-rules-test.yml", "tiny-embedder-rules.yml"]
+    logged = _mlflow(rel["home"]).list_artifacts(rel["second"]["mlflow"]["run_id"], "monitoring")
+    assert {Path(a.path).name for a in logged} == set(files)
+    for args in (["check", "rules", "tiny-embedder-rules.yml"],
+                 ["test", "rules", "tiny-embedder-rules-test.yml"],
+                 ["check", "config", "tiny-embedder-prometheus.yml"]):
+        proc = subprocess.run([promtool, *args], cwd=written, capture_output=True, text=True,
+                              check=False)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    dashboard = json.loads((written / "tiny-embedder-grafana.json").read_text())
+    assert [p["title"] for p in dashboard["panels"]] == [
+        "Requests per second", "Failed requests (share)", "Request latency p50 / p99 (ms)",
+        "Queue time per request (ms)"]
+
+    shutil.copy(written / "tiny-embedder-rules.yml", tmp_path)
+    shutil.copy(written / "tiny-embedder-prometheus.yml", tmp_path)
+    port = free_port()
+    server = _start([prometheus, f"--config.file={tmp_path / 'tiny-embedder-prometheus.yml'}",
+                     f"--storage.tsdb.path={tmp_path / 'data'}",
+                     f"--web.listen-address=127.0.0.1:{port}"], os.environ.copy(),
+                    tmp_path / "prometheus.log")
+    try:
+        wait_http(f"http://127.0.0.1:{port}/-/ready", timeout=120, proc=server)
+        query = urllib.parse.quote('hf2triton:request_p99_ms{model="tiny-embedder"}')
+        with Traffic(rel["http"], "tiny-embedder"):
+            deadline = time.monotonic() + 120
+            while True:
+                with urllib.request.urlopen(
+                        f"http://127.0.0.1:{port}/api/v1/query?query={query}") as r:
+                    found = json.load(r)["data"]["result"]
+                if found or time.monotonic() > deadline:
+                    break
+                time.sleep(1)
+    finally:
+        _stop(server)
+    assert found, (tmp_path / "prometheus.log").read_text()[-2000:]
+    p99 = float(found[0]["value"][1])
+    assert found[0]["metric"]["version"] in ("1", "2") and not math.isnan(p99) and p99 > 0
+
+
+def test_prefect_yaml_declares_the_watch_and_the_rollback_automation():
+    everything = yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]
+    mine = {d["entrypoint"]: d for d in everything if d["name"] == "minilm-embedder"}
+    watch = mine["flows/watch.py:watch_release"]
+    assert watch["schedules"][0]["cron"] == "*/15 * * * *"
+    assert watch["parameters"]["act"] == "event"
+    trigger = mine["flows/watch.py:rollback_release"]["triggers"][0]
+    assert trigger["expect"] == ["hf2triton.watch.breach"]
+    assert trigger["match"] == {"prefect.resource.id": "hf2triton.release.minilm-embedder",
+                                "hf2triton.in-window": "true"}
+    assert trigger["parameters"]["only_if_champion"] == \
+        "{{ event.resource['hf2triton.version'] }}"
+    assert "flows/watch.py:release_status" in mine
+
+
+def test_prefect_server_runs_the_watch_and_its_automation_rolls_back(home_of, prefect_server,
+                                                                      tmp_path):
+    """On a real Prefect server and process worker: the watch deployment sees version 2 fail
+    under traffic and emits its breach event; the automation prefect.yaml declares for that
+    event starts the rollback deployment, which puts version 1 back. The UI's artifact page
+    shows the watch's table (HF2TRITON_SCREENSHOT_TO=path keeps the screenshot)."""
+    import shutil
+
+    from flows.release import release_model
+    from hf2triton.deployments import render
+    from hf2triton.spec import load_spec
+    from tests.prefect_fixtures import BIN, _run, _start, _stop, _with_api, screenshot
+
+    rel = home_of
+    env = {**prefect_server["env"], "HF2TRITON_HOME": str(rel["home"]), "PYTHONPATH": str(ROOT)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    prefect_file = tmp_path / "prefect.yaml"
+    prefect_file.write_text(render([rel["spec"]]))
+    _run([str(BIN / "prefect"), "--no-prompt", "deploy", "--all", "--prefect-file",
+          str(prefect_file)], env)
+    assert release_model(load_spec(rel["spec"]))["mlflow"]["version"] == "2"
+    _plant_fault(rel)
+    client = _mlflow(rel["home"])
+    worker = _start([str(BIN / "prefect"), "worker", "start", "--pool", "hf2triton-process"],
+                    env, tmp_path / "worker.log")
+    try:
+        with Traffic(rel["http"], "tiny-embedder") as traffic:
+            _until(lambda: len(traffic.failed) >= 10, "failed requests")
+            watch = _run([str(BIN / "prefect"), "deployment", "run",
+                          "watch-release/tiny-embedder", "--watch", "--watch-timeout", "400"],
+                         env, timeout=450)
+            assert "Completed" in watch.stdout + watch.stderr
+            _until(lambda: str(client.get_model_version_by_alias(
+                "tiny-embedder", "champion").version) == "1", "the automation's rollback", 400)
+            after = len(traffic.answered)
+            _until(lambda: len(traffic.answered) >= after + 10, "answers after it")
+    finally:
+        _stop(worker)
+    assert all("planted fault" in f for f in traffic.failed), traffic.failed[:3]
+    assert traffic.answered[-1] == "1"
+    assert serving_versions(triton_client(rel["http"]), "tiny-embedder") == ["1"]
+    why = client.get_model_version("tiny-embedder", "2").tags["hf2triton.rolled_back"]
+    assert why.startswith("watch: ") and "failure rate" in why
+    # The rollback deployment's own run did it (started by the automation: nothing else runs it).
+    async def rollback_runs():
+        from prefect.client.orchestration import get_client
+        from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+
+        async with get_client() as api:
+            return await api.read_flow_runs(
+                flow_filter=FlowFilter(name=FlowFilterName(any_=["rollback-release"])))
+
+    done = [r for r in _with_api(env, rollback_runs) if r.state.type.value == "COMPLETED"]
+    assert done, (tmp_path / "worker.log").read_text()[-3000:]
+
+    shot = screenshot(f"{prefect_server['ui']}/artifacts/key/tiny-embedder-watch",
+                      tmp_path / "watch.png", tmp_path, size="1400,1000")
+    assert shot.is_file() and shot.stat().st_size > 20_000
+    if os.environ.get("HF2TRITON_SCREENSHOT_TO"):
+        shutil.copy(shot, os.environ["HF2TRITON_SCREENSHOT_TO"])
