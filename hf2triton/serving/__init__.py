@@ -41,7 +41,10 @@ def load(directory: str, settings: dict[str, Any] | None = None,
 
 def triton_execute(model: Any, requests: list, pb_utils: Any) -> list:
     """One dynamic batch of Triton requests through `model.answer`; a bad request gets its own
-    INVALID_ARG error (HTTP 400) while the others are answered."""
+    INVALID_ARG error (HTTP 400) while the others are answered. A decoupled model (text
+    generation) answers through each request's response sender itself, later: None."""
+    if getattr(model, "decoupled", False):
+        return model.triton_execute(requests, pb_utils)
     arrays = []
     for request in requests:
         found = {}
