@@ -233,9 +233,10 @@ def _save_causal(out: Path, model, tok, max_positions: int, eos_boost: float) ->
     return out
 
 
-def build_tiny_llama(out: Path, seed: int = 0, max_positions: int = 128) -> Path:
-    """Save a 2-layer Llama (hidden 32, grouped-query attention) with a byte-level BPE
-    tokenizer and a chat template to `out`."""
+def build_tiny_llama(out: Path, seed: int = 0, max_positions: int = 128, hidden: int = 32,
+                     layers: int = 2) -> Path:
+    """Save a 2-layer Llama (hidden 32, grouped-query attention; the benchmark asks for a
+    larger one) with a byte-level BPE tokenizer and a chat template to `out`."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -244,8 +245,8 @@ def build_tiny_llama(out: Path, seed: int = 0, max_positions: int = 128) -> Path
     eos = tok.token_to_id("<|endoftext|>")
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=tok.get_vocab_size(), hidden_size=hidden, intermediate_size=2 * hidden,
+        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
         max_position_embeddings=max_positions, bos_token_id=eos, eos_token_id=eos,
         pad_token_id=eos, tie_word_embeddings=False, initializer_range=0.2,
     )

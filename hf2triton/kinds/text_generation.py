@@ -249,7 +249,12 @@ class TextGenerationKind(ModelKind):
                     raise UnsupportedModelError(
                         "the served chat template renders a chat other than transformers' "
                         "apply_chat_template; set text_generation.chat_template: none")
-            served = self.extract(model.answer(self.requests(inputs)))
+            answers = model.answer(self.requests(inputs))
+            refused = [(t, a) for t, a in zip(inputs, answers) if isinstance(a, str)]
+            if refused:
+                raise SpecError(f"validation prompt {refused[0][0][:40]!r} cannot be served: "
+                                f"{refused[0][1]}; every line of validation.sentences must fit")
+            served = self.extract(answers)
             want = [reference.continuation(t) for t in inputs]
         finally:
             model.close()

@@ -118,7 +118,7 @@ class Generator(ServedModel):
     def sampling(self, v: dict[str, Any], stop: tuple[str, ...] | None) -> causal.Sampling:
         changes: dict[str, Any] = {}
         if v["max_tokens"] is not None:
-            if not 1 <= int(v["max_tokens"]) <= self.max_context:
+            if not 1 <= int(v["max_tokens"]) < self.max_context:
                 raise ValueError(f"max_tokens {v['max_tokens']} is outside 1.."
                                  f"{self.max_context - 1}")
             changes["max_new_tokens"] = int(v["max_tokens"])
