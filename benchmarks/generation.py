@@ -12,7 +12,8 @@ last stream ended, greedy, `--max-new` tokens each. The model is the fp32 ONNX e
 weight Llama (hidden 256, 4 layers; `--model DIR` for another model directory); the served numbers are in-process (the decode loop and its streams, without Triton's
 gRPC in front), the ratios are what this compares.
 
-    .venv/bin/python benchmarks/generation.py [--requests 64] [--max-new 32] [--model DIR]
+    .venv/bin/python benchmarks/generation.py [--requests 64] [--max-new 32] [--threads 1]
+        [--model DIR]
 
 Writes benchmarks/results/generation-<UTC time>.{json,md}.
 """
@@ -175,6 +176,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=64, help="requests per level")
     parser.add_argument("--max-new", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=1, help="ONNX Runtime's and PyTorch's "
+                        "threads (1: steady figures on a shared machine)")
     parser.add_argument("--model", type=Path, help="a causal LM directory (default: random "
                         "Llama, hidden 256, 4 layers)")
     args = parser.parse_args()
@@ -184,7 +187,11 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="generation-bench-"))
     model_dir = args.model or build_tiny_llama(work / "llama", hidden=256, layers=4,
                                                max_positions=512)
-    settings = export(model_dir, work / "onnx", args.max_new)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    settings = {**export(model_dir, work / "onnx", args.max_new),
+                "intra_op_threads": args.threads}
     prompts = prompts_of_every_length(args.requests)
     results: dict = {}
     for name, make in (("in-flight", lambda: Served(settings, "in-flight")),
@@ -207,6 +214,7 @@ def main() -> None:
     record = {"when": stamp, "machine": platform.processor() or platform.machine(),
               "cpu": cpu_features(), "model": str(args.model or "random Llama h256 l4"),
               "max_new_tokens": args.max_new, "requests_per_level": args.requests,
+              "threads": args.threads,
               "results": results, "ratios": ratios}
     out = ROOT / "benchmarks" / "results"
     out.mkdir(parents=True, exist_ok=True)

@@ -16,19 +16,8 @@ from typing import Any
 import numpy as np
 
 from . import causal
-from .base import ServedModel, Tensor, column, texts
+from .base import ServedModel, Tensor, column, texts, value_column
 from .decoding import DecodeSettings
-
-
-def _one(arrays: dict[str, np.ndarray], name: str, rows: int) -> list[Any]:
-    """One value per row of an optional [rows, 1] input (None where it is left out)."""
-    arr = column(arrays, name, required=False)
-    if arr is None:
-        return [None] * rows
-    if arr.shape != (rows, 1):
-        raise ValueError(f"{name} needs one value per prompt: shape [{rows}, 1], got "
-                         f"{list(arr.shape)}")
-    return [v.item() if hasattr(v, "item") else v for v in arr[:, 0]]
 
 
 class Generator(ServedModel):
@@ -86,7 +75,7 @@ class Generator(ServedModel):
         else:
             raise ValueError("the request has neither text_input nor messages: send one")
         n = len(prompts)
-        stream = [bool(v) for v in _one(arrays, "stream", n) if v is not None]
+        stream = [bool(v) for v in value_column(arrays, "stream", n) if v is not None]
         if any(stream) and n > 1:
             raise ValueError("a streaming request carries one prompt: send the others as "
                              "requests of their own")
@@ -95,7 +84,7 @@ class Generator(ServedModel):
             if stops is not None else [None] * n
         if len(stop_rows) != n:
             raise ValueError(f"stop_words needs one row per prompt: {n}, got {len(stop_rows)}")
-        columns = {name: _one(arrays, name, n) for name in (
+        columns = {name: value_column(arrays, name, n) for name in (
             "max_tokens", "temperature", "top_p", "top_k", "repetition_penalty", "seed",
             "return_prompt_logprob")}
         rows = []
@@ -144,25 +133,19 @@ class Generator(ServedModel):
     def answer(self, requests: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray] | str]:
         """Each request's complete answer (streaming ignored), every prompt in the in-flight
         batch together; a bad request gets its error message."""
-        answers: list[Any] = [None] * len(requests)
-        pending: list[tuple[int, list[causal.Sequence]]] = []
+        answers, rows, owners = self.parse_all(requests)
         done = threading.Semaphore(0)
-        total = 0
-        for r, arrays in enumerate(requests):
-            try:
-                rows = self.parse(arrays)
-            except ValueError as exc:
-                answers[r] = str(exc)
-                continue
-            seqs = [self._sequence(row, _collect(done), stream=False) for row in rows]
-            pending.append((r, seqs))
-            total += len(seqs)
-        self.engine.submit([s for _, seqs in pending for s in seqs])
-        for _ in range(total):
+        seqs = [self._sequence(row, _collect(done), stream=False) for row in rows]
+        if seqs:
+            self.engine.submit(seqs)
+        for _ in seqs:
             done.acquire()
-        for r, seqs in pending:
-            failed = [s for s in seqs if s.finish == "error"]
-            answers[r] = failed[0].text if failed else outputs(seqs)
+        pending: dict[int, list[causal.Sequence]] = {}
+        for r, seq in zip(owners, seqs):
+            pending.setdefault(r, []).append(seq)
+        for r, mine in pending.items():
+            failed = [s for s in mine if s.finish == "error"]
+            answers[r] = failed[0].text if failed else outputs(mine)
         return answers
 
     def _sequence(self, row: dict[str, Any], emit: Any, stream: bool,
