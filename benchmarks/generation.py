@@ -9,7 +9,8 @@ streams, on prompts of every length, for three ways of serving one causal LM in 
   streamer so the first token is timed when it exists.
 Each concurrency level is a closed loop: N client threads, each sending its next prompt when its
 last stream ended, greedy, `--max-new` tokens each. The model is the fp32 ONNX export of a random-
-weight Llama (hidden 256, 4 layers; `--model DIR` for another model directory); the served numbers are in-process (the decode loop and its streams, without Triton's
+weight Llama (hidden 512, 6 layers, 14M parameters: big enough that a decode step reads more
+weights than it computes, as real LMs' do; `--model DIR` for another model directory); the served numbers are in-process (the decode loop and its streams, without Triton's
 gRPC in front), the ratios are what this compares.
 
     .venv/bin/python benchmarks/generation.py [--requests 64] [--max-new 32] [--threads 1]
@@ -176,6 +177,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=64, help="requests per level")
     parser.add_argument("--max-new", type=int, default=32)
+    parser.add_argument("--hidden", type=int, default=512, help="the random Llama's width")
+    parser.add_argument("--layers", type=int, default=6, help="the random Llama's layers")
     parser.add_argument("--threads", type=int, default=1, help="ONNX Runtime's and PyTorch's "
                         "threads (1: steady figures on a shared machine)")
     parser.add_argument("--model", type=Path, help="a causal LM directory (default: random "
@@ -185,8 +188,8 @@ def main() -> None:
     from hf2triton.tiny_models import build_tiny_llama
 
     work = Path(tempfile.mkdtemp(prefix="generation-bench-"))
-    model_dir = args.model or build_tiny_llama(work / "llama", hidden=256, layers=4,
-                                               max_positions=512)
+    model_dir = args.model or build_tiny_llama(work / "llama", hidden=args.hidden,
+                                               layers=args.layers, max_positions=512)
     import torch
 
     torch.set_num_threads(args.threads)
@@ -212,7 +215,7 @@ def main() -> None:
     }
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     record = {"when": stamp, "machine": platform.processor() or platform.machine(),
-              "cpu": cpu_features(), "model": str(args.model or "random Llama h256 l4"),
+              "cpu": cpu_features(), "model": str(args.model or f"random Llama h{args.hidden} l{args.layers}"),
               "max_new_tokens": args.max_new, "requests_per_level": args.requests,
               "threads": args.threads,
               "results": results, "ratios": ratios}

@@ -194,8 +194,10 @@ def test_int8_and_int4_blockwise_candidates_are_scored_by_the_gate_metrics(expor
         finally:
             model.close()
         scores[method], _ = kind.score(reference, outputs, data, cfg)
-    assert scores["none"]["token_match"] == 1.0 and scores["none"]["perplexity_increase"] < 1e-4
+    print(scores)
+    assert scores["none"]["token_match"] == 1.0
+    assert abs(scores["none"]["perplexity_increase"]) < 1e-5
     # Fewer bits, further from PyTorch: each figure is measured, none is a copy of fp32's.
-    assert scores["int4-blockwise"]["perplexity_increase"] > \
-        scores["int8-blockwise"]["perplexity_increase"] > 0.0
+    assert abs(scores["int4-blockwise"]["perplexity_increase"]) > \
+        abs(scores["int8-blockwise"]["perplexity_increase"]) > 0.0
     assert scores["int4-blockwise"]["token_match"] < 1.0

@@ -310,7 +310,7 @@ class TextGenerationKind(ModelKind):
         ppl = math.exp(-sum(o["logprob"] for o in outputs) / tokens)
         metrics = {"token_match": matched / total if total else 1.0,
                    "exact_match": sum(same) / max(1, len(same)),
-                   "perplexity": ppl, "perplexity_increase": max(0.0, ppl / ppl_ref - 1.0)}
+                   "perplexity": ppl, "perplexity_increase": ppl / ppl_ref - 1.0}
         return metrics, {"differ": [
             {"text": str(data.items[i])[:200], "pytorch": reference[i]["text"][:200],
              "candidate": outputs[i]["text"][:200]} for i in range(len(same)) if not same[i]][:10]}
