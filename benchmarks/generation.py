@@ -196,15 +196,20 @@ def main() -> None:
     settings = {**export(model_dir, work / "onnx", args.max_new),
                 "intra_op_threads": args.threads}
     prompts = prompts_of_every_length(args.requests)
-    results: dict = {}
-    for name, make in (("in-flight", lambda: Served(settings, "in-flight")),
-                       ("request-level", lambda: Served(settings, "request")),
-                       ("pytorch", lambda: Torch(model_dir, args.max_new))):
-        way = make()
+    ways = {"in-flight": Served(settings, "in-flight"),
+            "request-level": Served(settings, "request"),
+            "pytorch": Torch(model_dir, args.max_new)}
+    results: dict = {name: {} for name in ways}
+    for way in ways.values():
         way.stream(prompts[0])  # warm
-        results[name] = {str(c): closed_loop(way, prompts, c) for c in LEVELS}
+    # Level by level, the three ways one after the other: each ratio is of figures taken
+    # minutes apart at most, on a machine others may share.
+    for c in LEVELS:
+        for name, way in ways.items():
+            results[name][str(c)] = closed_loop(way, prompts, c)
+            print(name, c, json.dumps(results[name][str(c)]), flush=True)
+    for way in ways.values():
         way.close()
-        print(name, json.dumps(results[name]), flush=True)
     ratios = {
         "in-flight_32_over_1": round(results["in-flight"]["32"]["tokens_per_s"]
                                      / results["in-flight"]["1"]["tokens_per_s"], 2),
