@@ -56,9 +56,12 @@ def export(model_dir: Path, out: Path, max_new: int) -> dict:
     """The fp32 export and the serving.json the release would write for it."""
     from hf2triton.export import optimum_export
     from hf2triton.gate import serving_settings
-    from hf2triton.kinds.text_generation import TextGenerationKind, resolve_text_generation
-    from hf2triton.kinds.text_generation import TextGenerationSpec
     from hf2triton.kinds.base import save_fast_tokenizer
+    from hf2triton.kinds.text_generation import (
+        TextGenerationKind,
+        TextGenerationSpec,
+        resolve_text_generation,
+    )
 
     optimum_export(str(model_dir), out, "text-generation-with-past", 17, "model.onnx")
     save_fast_tokenizer(str(model_dir), out)
@@ -218,7 +221,7 @@ def main() -> None:
             / results[other][str(c)]["tokens_per_s"], 2)
            for other in ("request-level", "pytorch") for c in LEVELS},
     }
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     record = {"when": stamp, "machine": platform.processor() or platform.machine(),
               "cpu": cpu_features(), "model": str(args.model or f"random Llama h{args.hidden} l{args.layers}"),
               "max_new_tokens": args.max_new, "requests_per_level": args.requests,

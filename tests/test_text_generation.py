@@ -52,9 +52,9 @@ def _release(tmp: Path, model_dir: Path, name: str, ports: dict, runtimes: list,
 @pytest.fixture(scope="module")
 def released(tmp_path_factory):
     """Both tiny models released to one home; the second release's Triton serves both."""
-    from hf2triton import triton_local
-
     import torch
+
+    from hf2triton import triton_local
 
     tmp = tmp_path_factory.mktemp("text-generation")
     # Tiny models: one thread each. Two threads spinning for each other on a loaded 2-core

@@ -17,7 +17,13 @@ from pydantic import Field
 
 from hf2triton.errors import ExportError, SpecError, UnsupportedModelError
 from hf2triton.kinds import KINDS
-from hf2triton.kinds.base import Data, Limits, ModelKind, read_lines, save_fast_tokenizer
+from hf2triton.kinds.base import (
+    Data,
+    Limits,
+    ModelKind,
+    read_lines,
+    save_fast_tokenizer,
+)
 from hf2triton.kinds.generation_config import UNSUPPORTED
 from hf2triton.serving.decoding import DecodeSettings, stop_at
 from hf2triton.specbase import Strict

@@ -136,7 +136,7 @@ class Sequence:
 
     prompt: list[int]
     sampling: Sampling
-    emit: Callable[[str, list[int], bool, "Sequence"], None]
+    emit: Callable[[str, list[int], bool, Sequence], None]
     stream: bool = False
     gone: Callable[[], bool] = lambda: False
     want_logprob: bool = False
@@ -260,15 +260,22 @@ class Engine:
             self.running, self.past, self.mask = list(joining), present, mask
             return
         width = max(self.mask.shape[1], mask.shape[1])
+        rows = len(self.running)
 
-        def left_pad(a: np.ndarray, axis: int) -> np.ndarray:
-            pad = [(0, 0)] * a.ndim
-            pad[axis] = (width - a.shape[axis], 0)
-            return np.pad(a, pad)
+        def placed(old: np.ndarray, new: np.ndarray, axis: int) -> np.ndarray:
+            shape = list(old.shape)
+            shape[0], shape[axis] = rows + len(new), width
+            out = np.zeros(shape, old.dtype)
+            index_old = [slice(0, rows)] + [slice(None)] * (old.ndim - 1)
+            index_old[axis] = slice(width - old.shape[axis], width)
+            out[tuple(index_old)] = old
+            index_new = [slice(rows, None)] + [slice(None)] * (old.ndim - 1)
+            index_new[axis] = slice(width - new.shape[axis], width)
+            out[tuple(index_new)] = new
+            return out
 
-        self.past = {n: np.concatenate([left_pad(self.past[n], 2), left_pad(present[n], 2)])
-                     for n in self.past}
-        self.mask = np.concatenate([left_pad(self.mask, 1), left_pad(mask, 1)])
+        self.past = {n: placed(self.past[n], present[n], 2) for n in self.past}
+        self.mask = placed(self.mask, mask, 1)
         self.running = self.running + list(joining)
 
     def _advance(self, rows: list[Sequence], logits: np.ndarray) -> None:

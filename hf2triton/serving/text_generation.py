@@ -116,7 +116,7 @@ class Generator(ServedModel):
         for name, (low, high) in checks.items():
             if v[name] is not None:
                 value = float(v[name])
-                if not low <= value <= high or value != value:
+                if not low <= value <= high:  # False for NaN too
                     raise ValueError(f"{name} {value} is outside {low:g}..{high:g}")
                 changes[name] = value
         if v["top_k"] is not None:
@@ -176,7 +176,6 @@ class Generator(ServedModel):
             seqs.extend(TritonReply(sender, request, rows, pb_utils, self).sequences)
         if seqs:
             self.engine.submit(seqs)
-        return None
 
 
 def _collect(done: threading.Semaphore):
