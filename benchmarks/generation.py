@@ -8,12 +8,13 @@ streams, on prompts of every length, for three ways of serving one causal LM in 
 - pytorch: transformers `generate`, one request at a time (a lock), streaming through a
   streamer so the first token is timed when it exists.
 Each concurrency level is a closed loop: N client threads, each sending its next prompt when its
-last stream ended, greedy, `--max-new` tokens each. The model is the fp32 ONNX export of a random-
-weight Llama (hidden 512, 6 layers, 14M parameters: big enough that a decode step reads more
-weights than it computes, as real LMs' do; `--model DIR` for another model directory); the served numbers are in-process (the decode loop and its streams, without Triton's
-gRPC in front), the ratios are what this compares.
+last stream ended, greedy, `--max-new` tokens each (the model never ends a text early). The model
+is the fp32 ONNX export of a random-weight Llama (hidden 512, 6 layers, 14M parameters; `--model
+DIR` for another model directory). The served numbers are in-process (the decode loop and its
+streams as Triton's Python backend runs them, without gRPC in front); the ratios are what this
+compares.
 
-    .venv/bin/python benchmarks/generation.py [--requests 64] [--max-new 32] [--threads 1]
+    .venv/bin/python benchmarks/generation.py [--requests 64] [--max-new 128] [--threads 1]
         [--model DIR]
 
 Writes benchmarks/results/generation-<UTC time>.{json,md}.
@@ -179,7 +180,7 @@ def closed_loop(way, prompts: list[str], clients: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=64, help="requests per level")
-    parser.add_argument("--max-new", type=int, default=32)
+    parser.add_argument("--max-new", type=int, default=128)
     parser.add_argument("--hidden", type=int, default=512, help="the random Llama's width")
     parser.add_argument("--layers", type=int, default=6, help="the random Llama's layers")
     parser.add_argument("--threads", type=int, default=1, help="ONNX Runtime's and PyTorch's "
@@ -192,7 +193,8 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="generation-bench-"))
     model_dir = args.model or build_tiny_llama(work / "llama", hidden=args.hidden,
-                                               layers=args.layers, max_positions=512)
+                                               layers=args.layers, max_positions=512,
+                                               eos_boost=0.0)
     import torch
 
     torch.set_num_threads(args.threads)

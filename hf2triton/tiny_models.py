@@ -234,9 +234,10 @@ def _save_causal(out: Path, model, tok, max_positions: int, eos_boost: float) ->
 
 
 def build_tiny_llama(out: Path, seed: int = 0, max_positions: int = 128, hidden: int = 32,
-                     layers: int = 2) -> Path:
+                     layers: int = 2, eos_boost: float = 1.5) -> Path:
     """Save a 2-layer Llama (hidden 32, grouped-query attention; the benchmark asks for a
-    larger one) with a byte-level BPE tokenizer and a chat template to `out`."""
+    larger one, that never ends early: `eos_boost` 0) with a byte-level BPE tokenizer and a chat
+    template to `out`."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -250,7 +251,7 @@ def build_tiny_llama(out: Path, seed: int = 0, max_positions: int = 128, hidden:
         max_position_embeddings=max_positions, bos_token_id=eos, eos_token_id=eos,
         pad_token_id=eos, tie_word_embeddings=False, initializer_range=0.2,
     )
-    return _save_causal(out, LlamaForCausalLM(config), tok, max_positions, eos_boost=1.5)
+    return _save_causal(out, LlamaForCausalLM(config), tok, max_positions, eos_boost)
 
 
 def build_tiny_gpt2(out: Path, seed: int = 0, max_positions: int = 128) -> Path:

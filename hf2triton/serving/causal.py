@@ -21,6 +21,11 @@ import numpy as np
 from . import runtimes
 from .decoding import DecodeSettings, pick, process_scores, stop_at, unsure_tail, warp
 from .seq2seq import clean_up_tokenization
+from .text import plan_sub_batches
+
+# Padded prompt tokens one prefill run may hold (measured on a 14M-parameter Llama, 1 CPU
+# thread: joining prompts padded to the longest tripled the prefill time at 32 streams).
+PREFILL_GROUP_TOKENS = 64
 
 # --- tokenizer and chat template ----------------------------------------------------------------
 
@@ -230,6 +235,11 @@ class Engine:
 
     # steps --------------------------------------------------------------------------------------
     def _prefill(self, joining: list[Sequence]) -> None:
+        # Prompts of like length together (padding is compute on a CPU): a long prompt alone.
+        for group in plan_sub_batches([len(s.prompt) for s in joining], PREFILL_GROUP_TOKENS):
+            self._prefill_group([joining[i] for i in group])
+
+    def _prefill_group(self, joining: list[Sequence]) -> None:
         width = max(len(s.prompt) for s in joining)
         ids = np.zeros((len(joining), width), np.int64)
         mask = np.zeros((len(joining), width), np.int64)
