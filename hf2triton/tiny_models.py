@@ -1,6 +1,7 @@
 """Tiny real-architecture models with random weights, for the tests (built once per session) and
 the benchmarks: a BERT encoder with a WordPiece tokenizer trained on a few dozen lines
-(ENVIRONMENT.md's recipe), a classifier, a cross-encoder and an M2M100 translator."""
+(ENVIRONMENT.md's recipe), a classifier, a cross-encoder, an M2M100 translator, and Llama and
+GPT-2 causal LMs with a byte-level BPE tokenizer and a chat template."""
 
 from __future__ import annotations
 
