@@ -75,8 +75,11 @@ def io_config(served: type, values: dict[str, Any]) -> str:
         lines += ["optional: true"] * t.optional + ["allow_ragged_batch: true"] * t.ragged
         return "  {\n" + "".join(f"    {line}\n" for line in lines) + "  }"
 
-    return "\n".join(f"{side} [\n" + ",\n".join(block(t) for t in tensors) + "\n]"
-                     for side, tensors in (("input", served.inputs), ("output", served.outputs)))
+    io = "\n".join(f"{side} [\n" + ",\n".join(block(t) for t in tensors) + "\n]"
+                   for side, tensors in (("input", served.inputs), ("output", served.outputs)))
+    # A decoupled model (text generation) sends any number of responses per request.
+    return io + "\nmodel_transaction_policy { decoupled: true }" * bool(
+        getattr(served, "decoupled", False))
 
 
 def instance_group(knobs: dict[str, Any]) -> str:
@@ -144,7 +147,9 @@ def build_repository(kind: ModelKind, model_name: str, candidate: str, export_di
             (version_dir / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, version_dir / name)
         (version_dir / serving.SERVING_FILE).write_text(json.dumps(settings, indent=1) + "\n")
-        blocks = warmup(kind.requests(warmup_items), model_dir / "warmup")
+        # Triton warms a model up with requests that get one response each: not a decoupled one.
+        blocks = "" if getattr(kind.served, "decoupled", False) else \
+            warmup(kind.requests(warmup_items), model_dir / "warmup")
         (model_dir / "config.pbtxt").write_text(
             render_config(kind, model_name, cfg, info, serving_knobs, blocks))
         return {}

@@ -1,6 +1,7 @@
 """Tiny real-architecture models with random weights, for the tests (built once per session) and
 the benchmarks: a BERT encoder with a WordPiece tokenizer trained on a few dozen lines
-(ENVIRONMENT.md's recipe), a classifier, a cross-encoder and an M2M100 translator."""
+(ENVIRONMENT.md's recipe), a classifier, a cross-encoder, an M2M100 translator, and Llama and
+GPT-2 causal LMs with a byte-level BPE tokenizer and a chat template."""
 
 from __future__ import annotations
 
@@ -189,3 +190,84 @@ def rerank_pairs() -> list[tuple[str, str]]:
             passage = lines[(i * 3 + k * 5 + 1) % len(lines)]
             pairs.append((query, passage if k != 2 else " ".join([passage] * 6)))
     return pairs
+
+
+# A chat template of the usual shape (role headers, the generation prompt at the end), so the
+# served chat path renders what transformers' apply_chat_template renders.
+TINY_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _byte_level_tokenizer(vocab_size: int = 300):
+    """A GPT-2-style byte-level BPE trained on CORPUS, with <|endoftext|> and chat markers."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tok.train_from_iterator(CORPUS + SEQ2SEQ_CORPUS, trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return tok
+
+
+def _save_causal(out: Path, model, tok, max_positions: int, eos_boost: float) -> Path:
+    import torch
+    from transformers import PreTrainedTokenizerFast
+
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
+        unk_token="<|endoftext|>", model_max_length=max_positions,
+        chat_template=TINY_CHAT_TEMPLATE, model_input_names=["input_ids", "attention_mask"])
+    fast.save_pretrained(out)
+    with torch.no_grad():
+        # Random weights: spread the output distribution so greedy text depends on the prompt,
+        # and lift the end-of-text row a little so some continuations stop early.
+        head = model.get_output_embeddings().weight
+        head.mul_(3.0)
+        head[tok.token_to_id("<|endoftext|>")] *= eos_boost
+    model.generation_config.pad_token_id = tok.token_to_id("<|endoftext|>")
+    model.eval().save_pretrained(out)
+    return out
+
+
+def build_tiny_llama(out: Path, seed: int = 0, max_positions: int = 128, hidden: int = 32,
+                     layers: int = 2, eos_boost: float = 1.5) -> Path:
+    """Save a 2-layer Llama (hidden 32, grouped-query attention; the benchmark asks for a
+    larger one, that never ends early: `eos_boost` 0) with a byte-level BPE tokenizer and a chat
+    template to `out`."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    out.mkdir(parents=True, exist_ok=True)
+    tok = _byte_level_tokenizer()
+    eos = tok.token_to_id("<|endoftext|>")
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=tok.get_vocab_size(), hidden_size=hidden, intermediate_size=2 * hidden,
+        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=max_positions, bos_token_id=eos, eos_token_id=eos,
+        pad_token_id=eos, tie_word_embeddings=False, initializer_range=0.2,
+    )
+    return _save_causal(out, LlamaForCausalLM(config), tok, max_positions, eos_boost)
+
+
+def build_tiny_gpt2(out: Path, seed: int = 0, max_positions: int = 128) -> Path:
+    """Save a 2-layer GPT-2 (hidden 32) with a byte-level BPE tokenizer to `out`."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    out.mkdir(parents=True, exist_ok=True)
+    tok = _byte_level_tokenizer()
+    eos = tok.token_to_id("<|endoftext|>")
+    torch.manual_seed(seed)
+    config = GPT2Config(
+        vocab_size=tok.get_vocab_size(), n_embd=32, n_layer=2, n_head=2,
+        n_positions=max_positions, bos_token_id=eos, eos_token_id=eos,
+        initializer_range=0.2, tie_word_embeddings=False,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+    )
+    return _save_causal(out, GPT2LMHeadModel(config), tok, max_positions, eos_boost=1.5)

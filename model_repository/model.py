@@ -22,3 +22,7 @@ class TritonPythonModel:
 
     def execute(self, requests):
         return self.serving.triton_execute(self.model, requests, pb_utils)
+
+    def finalize(self):
+        # A model with a background decode loop (text generation) stops it.
+        getattr(self.model, "close", lambda: None)()

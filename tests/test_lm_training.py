@@ -13,14 +13,13 @@ import pytest
 import yaml
 
 from hf2triton.errors import SpecError
-from hf2triton.kinds import KINDS
 from hf2triton.lm_training import generate, train_lm
 from hf2triton.spec import SourceSpec, TrainSourceSpec, parse_spec
 from hf2triton.workspace import hash_files
 from tests.conftest import ROOT
 
 TEXT = ROOT / "releases" / "data" / "kjv-pentateuch.txt"
-PENDING_SPEC = ROOT / "releases" / "pending" / "kjv-lm.yaml"
+SPEC = ROOT / "releases" / "kjv-lm.yaml"
 TINY = {"text": str(TEXT), "vocab_size": 512, "layers": 1, "hidden": 64, "heads": 2,
         "context": 32, "max_positions": 128, "steps": 40, "batch_size": 8,
         "learning_rate": 0.01, "seed": 3}
@@ -109,14 +108,11 @@ def test_the_shipped_text_names_its_source_and_licence_and_is_small():
 
 
 def test_the_release_spec_trains_from_the_shipped_text():
-    source = yaml.safe_load(PENDING_SPEC.read_text())["source"]
+    source = yaml.safe_load(SPEC.read_text())["source"]
     spec = SourceSpec.model_validate(source, context={"base_dir": ROOT / "releases"})
     assert spec.train is not None and spec.train.text == str(TEXT)
 
 
-@pytest.mark.skipif("text-generation" not in {k.replace("_", "-") for k in KINDS},
-                    reason="lead: enable once the text-generation kind (helper gen) is merged, "
-                    "and move releases/pending/kjv-lm.yaml to releases/")
 def test_the_embedded_llm_release_spec_validates():
-    spec = parse_spec(yaml.safe_load(PENDING_SPEC.read_text()), ROOT / "releases")
+    spec = parse_spec(yaml.safe_load(SPEC.read_text()), ROOT / "releases")
     assert spec.task == "text-generation" and spec.source.train is not None

@@ -19,7 +19,8 @@ from hf2triton.waiting import wait_until
 TRANSIENT_GRPC = ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED",
                   "StatusCode.RESOURCE_EXHAUSTED", "StatusCode.CANCELLED")
 DTYPES = {np.dtype(np.object_): "BYTES", np.dtype(np.int32): "INT32",
-          np.dtype(np.int64): "INT64", np.dtype(np.float32): "FP32", np.dtype(np.bool_): "BOOL"}
+          np.dtype(np.int64): "INT64", np.dtype(np.float32): "FP32", np.dtype(np.bool_): "BOOL",
+          np.dtype(np.uint64): "UINT64"}
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -106,6 +107,13 @@ def _module(protocol: str) -> Any:
     return module
 
 
+def joined(pieces: list[np.ndarray]) -> np.ndarray:
+    """An output sent piece by piece (a stream's text or ids), whole again: [1, ...] rows."""
+    if pieces[0].dtype == np.object_:
+        return np.array([[b"".join(p.reshape(-1)[0] for p in pieces)]], dtype=np.object_)
+    return np.concatenate(pieces, axis=1)
+
+
 def infer_inputs(module: Any, arrays: dict[str, np.ndarray]) -> list[Any]:
     inputs = []
     for name, arr in arrays.items():
@@ -125,6 +133,7 @@ class Inference:
         self.outputs = outputs
         self.client = self.module.InferenceServerClient(url=url)
         self.latencies_ms: list[float] = []
+        self.decoupled: bool | None = None  # known at the first request
 
     def wait_ready(self, timeout_s: float = 60) -> None:
         if not wait_until(lambda: self.client.is_model_ready(self.model, self.version),
@@ -134,11 +143,78 @@ class Inference:
                 f"({self.protocol}) after {timeout_s:.0f}s")
 
     def __call__(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self.decoupled is None:
+            cfg = self.client.get_model_config(self.model, self.version)
+            policy = cfg.config.model_transaction_policy.decoupled if self.protocol == "grpc" \
+                else cfg.get("model_transaction_policy", {}).get("decoupled", False)
+            self.decoupled = bool(policy)
         started = time.perf_counter()
-        res = self.client.infer(self.model, infer_inputs(self.module, arrays),
-                                model_version=self.version)
+        if self.decoupled:  # Triton answers a decoupled model over a gRPC stream or `generate`
+            out = self._stream(arrays) if self.protocol == "grpc" else self._generate(arrays)
+        else:
+            res = self.client.infer(self.model, infer_inputs(self.module, arrays),
+                                    model_version=self.version)
+            out = {name: res.as_numpy(name) for name in self.outputs}
         self.latencies_ms.append((time.perf_counter() - started) * 1000)
-        return {name: res.as_numpy(name) for name in self.outputs}
+        return out
+
+    def _stream(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Every response of one request over a gRPC stream: string and id outputs joined
+        piece by piece, the others as the final response has them."""
+        import queue
+
+        got: queue.Queue = queue.Queue()
+        self.client.start_stream(callback=lambda result, error: got.put((result, error)))
+        try:
+            self.client.async_stream_infer(self.model, infer_inputs(self.module, arrays),
+                                           model_version=self.version,
+                                           enable_empty_final_response=True)
+            parts: dict[str, list[np.ndarray]] = {}
+            while True:
+                result, error = got.get(timeout=600)
+                if error is not None:
+                    raise error
+                for name in self.outputs:
+                    value = result.as_numpy(name)
+                    if value is not None:
+                        parts.setdefault(name, []).append(value)
+                params = result.get_response().parameters
+                if params["triton_final_response"].bool_param:
+                    break
+        finally:
+            self.client.stop_stream()
+        return {name: v[0] if len(v) == 1 else joined(v) for name, v in parts.items()}
+
+    def _generate(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One request (one row) through HTTP `generate`: its JSON answer as [1, n] arrays."""
+        import json
+        import urllib.error
+        import urllib.request
+
+        from tritonclient.utils import InferenceServerException
+
+        body = {k: (v.reshape(-1)[0].decode("utf-8") if v.dtype == np.object_ else
+                    v.reshape(-1)[0].item()) for k, v in arrays.items()}
+        version = f"/versions/{self.version}" if self.version else ""
+        req = urllib.request.Request(
+            f"http://{self.url}/v2/models/{self.model}{version}/generate",
+            data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=600) as resp:
+                answer = json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            raise InferenceServerException(exc.read().decode(errors="replace"),
+                                           status=str(exc.code)) from None
+        out = {}
+        for name in self.outputs:
+            value = answer.get(name)
+            if value is not None:
+                out[name] = np.array([value if isinstance(value, list) else [value]],
+                                     dtype=np.object_ if isinstance(value, str) else None)
+        if "text_output" in out:
+            out["text_output"] = np.array([[answer["text_output"].encode("utf-8")]],
+                                          dtype=np.object_)
+        return out
 
     def close(self) -> None:
         self.client.close()

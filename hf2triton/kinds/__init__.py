@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 # spec `task:` -> the kind's class; each kind's module registers it (`@KINDS.register`).
 KINDS = plugins.Registry(lambda cls: cls.task, default="feature-extraction")
-from hf2triton.kinds import classification, embedding, reranking, translation  # noqa: E402,F401,I001
+from hf2triton.kinds import classification, embedding, reranking, text_generation, translation  # noqa: E402,F401,I001
 
 DEFAULT_TASK = KINDS.default
 kind_class, kind_classes = KINDS.load, KINDS.classes

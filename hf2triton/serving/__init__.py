@@ -3,8 +3,8 @@ in-process on each candidate, so that what is validated is what serves.
 
 The package is copied into every Triton version directory (as `hf2triton_serving/`, beside the
 one shared `model.py`) and its files are hashed with the version. It imports numpy,
-tokenizers, sentencepiece and the libraries of the runtime it runs (onnxruntime, openvino: see
-runtimes.py) only, never torch, transformers or the rest of hf2triton, and works with numpy 1
+tokenizers, sentencepiece, jinja2 (chat templates of text generation) and the libraries of the
+runtime it runs (onnxruntime, openvino: see runtimes.py) only, never torch, transformers or the rest of hf2triton, and works with numpy 1
 (Triton's Python backend) and numpy 2 (the pipeline).
 
 A version directory's `serving.json` names the module and class that serve it
@@ -41,7 +41,10 @@ def load(directory: str, settings: dict[str, Any] | None = None,
 
 def triton_execute(model: Any, requests: list, pb_utils: Any) -> list:
     """One dynamic batch of Triton requests through `model.answer`; a bad request gets its own
-    INVALID_ARG error (HTTP 400) while the others are answered."""
+    INVALID_ARG error (HTTP 400) while the others are answered. A decoupled model (text
+    generation) answers through each request's response sender itself, later: None."""
+    if getattr(model, "decoupled", False):
+        return model.triton_execute(requests, pb_utils)
     arrays = []
     for request in requests:
         found = {}

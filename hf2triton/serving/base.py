@@ -49,8 +49,10 @@ class ServedModel:
         """Every output for every row, rows in the order given."""
         raise NotImplementedError
 
-    def answer(self, requests: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray] | str]:
-        """Each request's outputs (arrays with one row per input row), or its error message."""
+    def parse_all(self, requests: list[dict[str, np.ndarray]]
+                  ) -> tuple[list[Any], list[Any], list[int]]:
+        """(answers: a bad request's error message, None for the others; every good request's
+        rows; the request each row came from)."""
         answers: list[Any] = [None] * len(requests)
         rows: list[Any] = []
         owners: list[int] = []
@@ -62,6 +64,11 @@ class ServedModel:
                 continue
             rows.extend(parsed)
             owners.extend([r] * len(parsed))
+        return answers, rows, owners
+
+    def answer(self, requests: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray] | str]:
+        """Each request's outputs (arrays with one row per input row), or its error message."""
+        answers, rows, owners = self.parse_all(requests)
         if not rows:
             return answers
         outputs = self.run(rows)
@@ -109,12 +116,18 @@ def text_column(arrays: dict[str, np.ndarray], name: str = "TEXT") -> list[str]:
     return [row[0] for row in texts(arr, name)]
 
 
-def int_column(arrays: dict[str, np.ndarray], name: str, rows: int) -> list[int | None]:
-    """One integer per row of an optional [batch, 1] input (None when the request leaves it out)."""
+def value_column(arrays: dict[str, np.ndarray], name: str, rows: int) -> list[Any]:
+    """One value per row of an optional [batch, 1] input, as a Python scalar (None for each
+    row when the request leaves it out)."""
     arr = column(arrays, name, required=False)
     if arr is None:
         return [None] * rows
     if arr.shape != (rows, 1):
         raise ValueError(f"{name} needs one value per text: shape [{rows}, 1], got "
                          f"{list(arr.shape)}")
-    return [int(v) for v in arr[:, 0]]
+    return [v.item() if hasattr(v, "item") else v for v in arr[:, 0]]
+
+
+def int_column(arrays: dict[str, np.ndarray], name: str, rows: int) -> list[int | None]:
+    """One integer per row of an optional [batch, 1] input (None when the request leaves it out)."""
+    return [None if v is None else int(v) for v in value_column(arrays, name, rows)]

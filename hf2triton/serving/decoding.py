@@ -1,6 +1,8 @@
-"""Decoding of an encoder-decoder model, ported from transformers' `generate` with numpy only:
-the settings (GenerationConfig's fields the served model implements), the logits processors, and
-greedy and beam search over any decoder step function (seq2seq.py's model supplies it).
+"""Decoding, ported from transformers' `generate` with numpy only: the settings (GenerationConfig's
+fields the served model implements), the logits processors, sampling (temperature, top-k, top-p)
+and stop strings, and greedy and beam search over any decoder step function. Translation
+(seq2seq.py) and text generation (causal.py, one row at a time in its in-flight batch) both pick
+their next tokens here.
 """
 
 from __future__ import annotations
@@ -94,6 +96,57 @@ def process_scores(scores: np.ndarray, input_ids: np.ndarray, s: DecodeSettings)
     return scores
 
 
+def warp(scores: np.ndarray, temperature: float, top_k: int, top_p: float) -> np.ndarray:
+    """transformers' sampling warpers in its order (temperature, top-k, top-p) on scores [N, V]:
+    tokens outside the kept set get -inf."""
+    if temperature != 1.0:
+        scores = scores / np.float32(temperature)
+    if 0 < top_k < scores.shape[-1]:
+        kth = -np.partition(-scores, top_k - 1, axis=-1)[:, top_k - 1:top_k]
+        scores = np.where(scores < kth, NEG_INF, scores)
+    if top_p < 1.0:
+        order = np.argsort(scores, axis=-1, kind="stable")  # ascending, as transformers sorts
+        ranked = np.take_along_axis(scores, order, axis=-1)
+        probs = np.exp(ranked - ranked.max(axis=-1, keepdims=True))
+        cumulative = np.cumsum(probs / probs.sum(axis=-1, keepdims=True), axis=-1)
+        drop = cumulative <= (1 - top_p)
+        drop[:, -1] = False  # the most likely token always stays
+        dropped = np.zeros_like(drop)
+        np.put_along_axis(dropped, order, drop, axis=-1)
+        scores = np.where(dropped, NEG_INF, scores)
+    return scores.astype(np.float32, copy=False)
+
+
+def pick(scores: np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
+    """The next token of each row: the best (greedy, `rng` None) or drawn from the softmax of
+    the (warped) scores."""
+    if rng is None:
+        return scores.argmax(axis=-1).astype(np.int64)
+    probs = np.exp(scores - scores.max(axis=-1, keepdims=True)).astype(np.float64)
+    probs /= probs.sum(axis=-1, keepdims=True)
+    return np.array([rng.choice(len(p), p=p) for p in probs], dtype=np.int64)
+
+
+def stop_at(text: str, stops: list[str]) -> int:
+    """Where the first stop string begins in `text` (-1: none does): the text ends there."""
+    found = [i for i in (text.find(s) for s in stops if s) if i >= 0]
+    return min(found) if found else -1
+
+
+def unsure_tail(text: str, stops: list[str]) -> int:
+    """How many trailing characters of `text` may still become a stop string (or are an
+    unfinished UTF-8 character, decoded as U+FFFD): a stream holds them back."""
+    keep = 0
+    for s in stops:
+        for n in range(min(len(s) - 1, len(text)), keep, -1):
+            if text.endswith(s[:n]):
+                keep = n
+                break
+    while keep < len(text) and text[len(text) - keep - 1] == "\ufffd":
+        keep += 1
+    return keep
+
+
 def _log_softmax(x: np.ndarray) -> np.ndarray:
     m = x.max(axis=-1, keepdims=True)
     shifted = x - m
@@ -119,7 +172,7 @@ def greedy(step: Step, hidden: np.ndarray, mask: np.ndarray, s: DecodeSettings
     while True:
         logits, past = step(seqs[:, -1:], hidden, mask, past)
         scores = process_scores(logits.astype(np.float32, copy=True), seqs, s)
-        nxt = scores.argmax(axis=-1).astype(np.int64)
+        nxt = pick(scores)
         nxt = np.where(unfinished, nxt, s.pad_token_id)
         seqs = np.concatenate([seqs, nxt[:, None]], axis=1)
         unfinished &= ~np.isin(nxt, eos)

@@ -1,0 +1,332 @@
+"""Kind `text_generation` (`task: text-generation`): decoder-only language models (GPT-2, Llama,
+Qwen2, ...) exported by optimum as text-generation-with-past (one model.onnx with past key
+values), served streaming with in-flight batching (hf2triton.serving.causal). The gate compares
+greedy continuations of the validation prompts with PyTorch `generate` token for token, and the
+perplexity each candidate gives the prompts themselves with PyTorch's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field
+
+from hf2triton.errors import ExportError, SpecError, UnsupportedModelError
+from hf2triton.kinds import KINDS
+from hf2triton.kinds.base import (
+    Data,
+    Limits,
+    ModelKind,
+    read_lines,
+    save_fast_tokenizer,
+)
+from hf2triton.kinds.generation_config import UNSUPPORTED
+from hf2triton.serving.decoding import DecodeSettings, stop_at
+from hf2triton.specbase import Strict
+
+
+class TextGenerationThresholds(Strict):
+    """Limits on a candidate's greedy continuations and perplexity against PyTorch's (fp32
+    exports must match PyTorch exactly: the export step refuses one that does not)."""
+
+    min_token_match: float = Field(
+        0.9, ge=0.0, le=1.0, description="share of PyTorch's greedy tokens the candidate "
+        "generates at the same place before its continuation first differs")
+    max_perplexity_increase: float = Field(
+        0.05, ge=0.0, description="relative increase of the perplexity of the validation "
+        "prompts over PyTorch's (0.05: 5% higher)")
+
+
+class TextGenerationSpec(Strict):
+    """`task: text-generation`: the defaults of every request, the chat template, the batching
+    of the decode loop, and the gate's limits."""
+
+    max_new_tokens: int | None = Field(
+        None, ge=1, le=8192, description="default max_tokens of a request; default: the "
+        "model's generation_config max_new_tokens, else 64")
+    temperature: float = Field(0.0, ge=0.0, le=100.0,
+                               description="default sampling temperature; 0: greedy")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="default nucleus sampling mass")
+    top_k: int = Field(0, ge=0, description="default top-k sampling; 0: off")
+    repetition_penalty: float | None = Field(
+        None, gt=0.0, le=100.0, description="default: the model's generation_config's (1.0)")
+    stop: list[str] = Field([], description="default stop strings: the text ends before the "
+                            "first one generated")
+    seed: int | None = Field(None, ge=0, description="default sampling seed; none: random")
+    chat_template: Literal["model", "none"] = Field(
+        "model", description="'model': requests may send `messages`, rendered with the "
+        "tokenizer's own chat template; 'none': they may not")
+    max_context: int | None = Field(
+        None, ge=8, description="prompt plus generated tokens a request may reach; default "
+        "and most: the model's max_position_embeddings")
+    batching: Literal["in-flight", "request"] = Field(
+        "in-flight", description="'in-flight': requests join and leave the running batch "
+        "between decode steps; 'request': a batch runs until all its requests finish")
+    max_rows: int = Field(32, ge=1, le=1024, description="sequences decoded together at most")
+    step_tokens: int = Field(512, ge=1, description="prompt tokens that may join in one step")
+    thresholds: TextGenerationThresholds = TextGenerationThresholds()
+
+
+@dataclass(frozen=True)
+class TextGenerationConfig:
+    """Everything the served generator needs besides its ONNX file; goes into serving.json."""
+
+    defaults: dict[str, Any]  # hf2triton.serving.causal.Sampling
+    eos_token_ids: list[int]
+    pad_token_id: int
+    processors: dict[str, Any]  # DecodeSettings of the model's own logits processors
+    max_context: int
+    tokenizer: dict[str, Any]  # the serving tokenizer's plan (chat template, special tokens)
+    batching: str
+    max_rows: int
+    step_tokens: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def resolve_text_generation(model_dir: str | Path, spec: TextGenerationSpec
+                            ) -> TextGenerationConfig:
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    config = AutoConfig.from_pretrained(str(model_dir))
+    if getattr(config, "is_encoder_decoder", False):
+        raise UnsupportedModelError(
+            f"{model_dir} ({config.model_type}) is an encoder-decoder model: serve it with "
+            "task 'translation'; 'text-generation' serves decoder-only models")
+    try:
+        gen = GenerationConfig.from_pretrained(str(model_dir))
+    except OSError:
+        gen = GenerationConfig.from_model_config(config)
+    default = GenerationConfig()
+    odd = [k for k in UNSUPPORTED if k != "stop_strings"
+           and getattr(gen, k, None) != getattr(default, k, None)]
+    if odd or gen.forced_eos_token_id is not None or gen.forced_bos_token_id is not None:
+        raise UnsupportedModelError(
+            f"the model's generation config sets {odd or 'forced_bos/eos_token_id'}, which the "
+            "served decoder does not implement; its text would differ from PyTorch's")
+    eos = gen.eos_token_id if gen.eos_token_id is not None else config.eos_token_id
+    eos_ids = [int(e) for e in (eos if isinstance(eos, list) else [eos]) if e is not None]
+    pad = gen.pad_token_id if gen.pad_token_id is not None else config.pad_token_id
+    pad = int(pad if pad is not None else (eos_ids or [0])[0])
+    positions = int(getattr(config, "max_position_embeddings", 0) or 2048)
+    context = spec.max_context or positions
+    if context > positions:
+        raise SpecError(f"text_generation.max_context {context} is more than this model can "
+                        f"position ({positions}); lower it")
+    max_new = spec.max_new_tokens or int(gen.max_new_tokens or 64)
+    if max_new >= context:
+        raise SpecError(f"text_generation.max_new_tokens {max_new} leaves no room for a prompt "
+                        f"in the model's context ({context}); lower it")
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    template = tok.chat_template if spec.chat_template == "model" else None
+    if isinstance(template, dict):
+        template = template.get("default")
+    repetition = spec.repetition_penalty or float(gen.repetition_penalty or 1.0)
+    processors = DecodeSettings(
+        decoder_start_token_id=pad, eos_token_ids=eos_ids, pad_token_id=pad,
+        max_new_tokens=max_new, min_length=int(gen.min_length or 0),
+        no_repeat_ngram_size=int(gen.no_repeat_ngram_size or 0),
+        repetition_penalty=repetition,
+        bad_words_ids=[list(map(int, b)) for b in (gen.bad_words_ids or [])])
+    return TextGenerationConfig(
+        defaults={"max_new_tokens": max_new, "temperature": spec.temperature,
+                  "top_p": spec.top_p, "top_k": spec.top_k, "repetition_penalty": repetition,
+                  "stop": list(spec.stop), "seed": spec.seed},
+        eos_token_ids=eos_ids, pad_token_id=pad, processors=processors.to_dict(),
+        max_context=int(context),
+        tokenizer={"clean_up_tokenization_spaces": bool(getattr(
+                       tok, "clean_up_tokenization_spaces", False)),
+                   "chat_template": template,
+                   "special_tokens": {k: v for k, v in tok.special_tokens_map.items()
+                                      if isinstance(v, str)}},
+        batching=spec.batching, max_rows=spec.max_rows, step_tokens=spec.step_tokens)
+
+
+class TorchGenerator:
+    """The original PyTorch model: greedy `generate`, one prompt at a time, and the
+    log-probability it gives each prompt."""
+
+    def __init__(self, model_dir: str | Path, cfg: TextGenerationConfig):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self._torch, self.cfg = torch, cfg
+        self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
+
+    def continuation(self, prompt: str, max_new_tokens: int | None = None) -> dict[str, Any]:
+        """Greedy ids after the prompt and their text, cut at a stop string as served."""
+        torch, cfg = self._torch, self.cfg
+        d = cfg.defaults
+        ids = self.tokenizer(prompt, return_tensors="pt")["input_ids"]
+        p = cfg.processors
+        with torch.inference_mode():
+            out = self.model.generate(
+                input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                max_new_tokens=max_new_tokens or d["max_new_tokens"],
+                repetition_penalty=d["repetition_penalty"], eos_token_id=cfg.eos_token_ids,
+                pad_token_id=cfg.pad_token_id, no_repeat_ngram_size=p["no_repeat_ngram_size"],
+                min_length=p["min_length"], bad_words_ids=p["bad_words_ids"] or None,
+                num_beams=1, top_k=None, top_p=None, temperature=None)
+            logits = self.model(input_ids=ids).logits[0].float()
+        generated = out[0, ids.shape[1]:].tolist()
+        generated, text = self.cut(generated)
+        logp = torch.log_softmax(logits[:-1].double(), dim=-1)
+        logprob = float(logp[torch.arange(ids.shape[1] - 1), ids[0, 1:]].sum())
+        return {"ids": generated, "text": text, "logprob": logprob, "tokens": int(ids.shape[1])}
+
+    def cut(self, generated: list[int]) -> tuple[list[int], str]:
+        """The served rule for stop strings: generation stops at the token that completes one,
+        and the text ends before it."""
+        stops = self.cfg.defaults["stop"]
+        for n in range(1, len(generated) + 1):
+            text = self.tokenizer.decode(generated[:n], skip_special_tokens=True)
+            cut = stop_at(text, stops) if stops else -1
+            if cut >= 0:
+                return generated[:n], text[:cut]
+        return generated, self.tokenizer.decode(generated, skip_special_tokens=True)
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+@KINDS.register
+class TextGenerationKind(ModelKind):
+    name = "text_generation"
+    task = "text-generation"
+    section = "text_generation"  # `generation` is translation's
+    Options = TextGenerationSpec
+    onnx_task = "text-generation-with-past"  # one model.onnx, past key values in and out
+    serving_class = "Generator"
+    tunable = False  # streams are another kind of traffic than the search's
+    item_word = "prompts"
+
+    def resolve(self, model_dir: str) -> TextGenerationConfig:
+        return resolve_text_generation(model_dir, self.options)
+
+    def read_data(self) -> Data:
+        return Data(read_lines(self.spec.validation.sentences, "validation.sentences",
+                               "prompts"))
+
+    def calibration(self, data: Data) -> list[Any] | None:
+        return None  # OpenVINO's int8 calibration feeds encoder inputs, not a decoder's
+
+    def export_inputs(self, data: Data) -> list[str]:
+        longest = sorted(data.items, key=len, reverse=True)[:2]
+        return list(dict.fromkeys([*data.items[:8], *longest]))
+
+    def prepare_export(self, model_dir: str, out: Path, cfg: TextGenerationConfig) -> None:
+        save_fast_tokenizer(model_dir, out)
+
+    def check_export(self, model_dir: str, out: Path, cfg: TextGenerationConfig,
+                     inputs: list[str]) -> dict[str, float]:
+        """The served tokenizer and chat template must give transformers' ids, and greedy
+        generation through the serving core on the fp32 export PyTorch's tokens exactly."""
+        from hf2triton.gate import load_candidate, serving_settings
+
+        reference = TorchGenerator(model_dir, cfg)
+        model = load_candidate(self, str(out / "model.onnx"), str(out),
+                               serving_settings(self, cfg, str(out)))
+        try:
+            tok = reference.tokenizer
+            for text in inputs:
+                want = tok(text)["input_ids"]
+                got = model.tokenizer.encode(text)
+                if list(want) != got:
+                    raise UnsupportedModelError(
+                        f"the served tokenizer encodes {text[:40]!r} as {got[:12]}... but "
+                        f"transformers as {list(want)[:12]}...; it cannot be served faithfully")
+            if cfg.tokenizer["chat_template"]:
+                chat = [{"role": "user", "content": inputs[0]}]
+                want = tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
+                got = model.tokenizer.encode(model.tokenizer.render(chat), special=False)
+                if list(want) != got:
+                    raise UnsupportedModelError(
+                        "the served chat template renders a chat other than transformers' "
+                        "apply_chat_template; set text_generation.chat_template: none")
+            answers = model.answer(self.requests(inputs))
+            refused = [(t, a) for t, a in zip(inputs, answers) if isinstance(a, str)]
+            if refused:
+                raise SpecError(f"validation prompt {refused[0][0][:40]!r} cannot be served: "
+                                f"{refused[0][1]}; every line of validation.sentences must fit")
+            served = self.extract(answers)
+            want = [reference.continuation(t) for t in inputs]
+        finally:
+            model.close()
+        differ = [t for t, a, b in zip(inputs, served, want) if a["ids"] != b["ids"]]
+        if differ:
+            raise ExportError(
+                f"greedy generation with the fp32 ONNX export differs from PyTorch generate on "
+                f"{len(differ)} of {len(inputs)} prompts (first: {differ[0][:40]!r}); try "
+                "another export.opset or report the model")
+        worst = max(abs(a["logprob"] - b["logprob"]) / max(1, b["tokens"])
+                    for a, b in zip(served, want))
+        return {"max_abs_diff": worst}
+
+    def settings(self, cfg: TextGenerationConfig, export_dir: str) -> dict[str, Any]:
+        return cfg.to_dict()
+
+    def file_settings(self, files: dict[str, str]) -> dict[str, Any]:
+        return {"onnx": files.get("model.xml") or files["model.onnx"],
+                "tokenizer_file": files["tokenizer.json"]}
+
+    def requests(self, items: list[Any]) -> list[dict[str, np.ndarray]]:
+        """Greedy, at the release's default length, with the prompt's log-probability."""
+        return [{"text_input": np.array([[str(t).encode("utf-8")]], dtype=np.object_),
+                 "temperature": np.zeros((1, 1), np.float32),
+                 "return_prompt_logprob": np.ones((1, 1), bool)} for t in items]
+
+    def extract(self, answers: list[dict[str, np.ndarray]]) -> list[dict[str, Any]]:
+        out = []
+        for a in answers:
+            for r in range(len(a["text_output"])):
+                raw = a["text_output"][r, 0]
+                out.append({"ids": [int(i) for i in a["output_ids"][r] if i >= 0],
+                            "text": raw.decode("utf-8") if isinstance(raw, bytes) else str(raw),
+                            "logprob": float(a["prompt_logprob"][r, 0]),
+                            "tokens": int(a["prompt_tokens"][r, 0])})
+        return out
+
+    def reference(self, model_dir: str, cfg: TextGenerationConfig, data: Data
+                  ) -> list[dict[str, Any]]:
+        model = TorchGenerator(model_dir, cfg)
+        return [model.continuation(str(t)) for t in data.items]
+
+    def config_from_dict(self, data: dict[str, Any]) -> TextGenerationConfig:
+        return TextGenerationConfig(**data)
+
+    def score(self, reference: list[dict[str, Any]], outputs: list[dict[str, Any]], data: Data,
+              cfg: TextGenerationConfig) -> tuple[dict[str, float], dict]:
+        matched = sum(common_prefix(o["ids"], r["ids"]) for o, r in zip(outputs, reference))
+        total = sum(max(len(o["ids"]), len(r["ids"])) for o, r in zip(outputs, reference))
+        same = [o["ids"] == r["ids"] for o, r in zip(outputs, reference)]
+        tokens = sum(max(0, r["tokens"] - 1) for r in reference) or 1
+        ppl_ref = math.exp(-sum(r["logprob"] for r in reference) / tokens)
+        ppl = math.exp(-sum(o["logprob"] for o in outputs) / tokens)
+        metrics = {"token_match": matched / total if total else 1.0,
+                   "exact_match": sum(same) / max(1, len(same)),
+                   "perplexity": ppl, "perplexity_increase": ppl / ppl_ref - 1.0}
+        return metrics, {"differ": [
+            {"text": str(data.items[i])[:200], "pytorch": reference[i]["text"][:200],
+             "candidate": outputs[i]["text"][:200]} for i in range(len(same)) if not same[i]][:10]}
+
+    def limits(self) -> Limits:
+        t = self.options.thresholds
+        return {"token_match": (">=", t.min_token_match),
+                "perplexity_increase": ("<=", t.max_perplexity_increase)}
+
+    def example(self, details: dict[str, Any]) -> str:
+        first = (details.get("differ") or [None])[0]
+        return (f"e.g. {first['text'][:40]!r} -> {first['candidate'][:40]!r}, PyTorch "
+                f"{first['pytorch'][:40]!r}") if first else ""

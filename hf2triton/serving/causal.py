@@ -1,0 +1,382 @@
+"""Decoder-only language models (GPT-2, Llama, Qwen2, ...) served with a KV cache and in-flight
+batching: the tokenizer (and chat template), the exported decoder on a runtime (runtimes.py),
+and the engine whose background loop runs one decode step at a time for every running sequence,
+letting new requests join between steps and finished ones leave. Logits processing, sampling
+and stop strings are decoding.py's, shared with translation.
+
+Part of the serving core: numpy, a runtime's library, tokenizers and jinja2 (chat templates).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from . import runtimes
+from .decoding import DecodeSettings, pick, process_scores, stop_at, unsure_tail, warp
+from .seq2seq import clean_up_tokenization
+from .text import plan_sub_batches
+
+# Padded prompt tokens one prefill run may hold (measured on a 14M-parameter Llama, 1 CPU
+# thread: joining prompts padded to the longest tripled the prefill time at 32 streams).
+PREFILL_GROUP_TOKENS = 64
+
+# --- tokenizer and chat template ----------------------------------------------------------------
+
+
+class ChatTokenizer:
+    """Prompts to ids and generated ids to text, as transformers' fast tokenizer does (special
+    tokens added to a plain prompt, none to a rendered chat, skipped when decoding), and
+    messages rendered with the model's own chat template (as `apply_chat_template` renders it).
+
+    `plan` (serving.json's `tokenizer`): `clean_up_tokenization_spaces`, `chat_template` (None:
+    the model has none) and `special_tokens` (bos_token, eos_token, ... the template may use)."""
+
+    def __init__(self, path: str, plan: dict[str, Any]):
+        from tokenizers import Tokenizer
+
+        self.fast = Tokenizer.from_file(path)
+        self.fast.no_padding()
+        self.fast.no_truncation()
+        self.clean_up = bool(plan.get("clean_up_tokenization_spaces", False))
+        self.special = dict(plan.get("special_tokens") or {})
+        self.template = None
+        if plan.get("chat_template"):
+            from jinja2.exceptions import TemplateError
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+            def raise_exception(message: str) -> None:
+                raise TemplateError(message)
+
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env.globals["raise_exception"] = raise_exception
+            self.template = env.from_string(plan["chat_template"])
+
+    def encode(self, text: str, special: bool = True) -> list[int]:
+        return self.fast.encode(text, add_special_tokens=special).ids
+
+    def decode(self, ids: list[int]) -> str:
+        text = self.fast.decode(ids, skip_special_tokens=True)
+        return clean_up_tokenization(text) if self.clean_up else text
+
+    def render(self, messages: Any) -> str:
+        """The prompt of a chat: `messages` a list of {"role", "content"} objects."""
+        if self.template is None:
+            raise ValueError("this model has no chat template: send text_input, not messages")
+        if not (isinstance(messages, list) and messages and all(
+                isinstance(m, dict) and isinstance(m.get("role"), str)
+                and isinstance(m.get("content"), str) for m in messages)):
+            raise ValueError('messages must be a JSON list of {"role": ..., "content": ...} '
+                             "objects with string values")
+        from jinja2.exceptions import TemplateError
+
+        try:
+            return self.template.render(messages=messages, add_generation_prompt=True,
+                                        **self.special)
+        except TemplateError as exc:
+            raise ValueError(f"the model's chat template refused these messages: {exc}") from None
+
+
+# --- the model ----------------------------------------------------------------------------------
+
+
+class CausalLM:
+    """The exported decoder (optimum's text-generation-with-past model.onnx: input_ids,
+    attention_mask, position_ids where the model takes them, and past_key_values.* in; logits
+    and present.* out) opened by a runtime."""
+
+    def __init__(self, path: str, runtime: runtimes.RuntimeSettings | None = None):
+        self.session = runtimes.open_model(path, runtime or runtimes.RuntimeSettings())
+        inputs = self.session.inputs
+        self.past_names = [n for n in inputs if n.startswith("past_key_values.")]
+        self.positions = "position_ids" in inputs
+        # [batch, heads, past, head_dim]: heads and head_dim are fixed by the export
+        self.kv_shape = {n: tuple(int(d) for d in (inputs[n].shape[1], inputs[n].shape[3]))
+                         for n in self.past_names}
+        self.outputs = list(self.session.outputs)
+
+    def empty_past(self, rows: int) -> dict[str, np.ndarray]:
+        return {n: np.zeros((rows, h, 0, d), np.float32) for n, (h, d) in self.kv_shape.items()}
+
+    def forward(self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray,
+                past: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Logits [N, T, V] of `ids` [N, T] after `past`, and the cache with them appended."""
+        feeds = {"input_ids": ids, "attention_mask": mask, **past}
+        if self.positions:
+            feeds["position_ids"] = positions
+        out = dict(zip(self.outputs, self.session.run(None, feeds)))
+        present = {n: out[n.replace("past_key_values.", "present.")] for n in self.past_names}
+        return out["logits"], present
+
+
+# --- one sequence ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """One request's generation settings (the release's defaults, overridden per request)."""
+
+    max_new_tokens: int
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    top_k: int = 0
+    repetition_penalty: float = 1.0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "stop": list(self.stop)}
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One prompt being generated, and where its text goes (`emit(text, ids, final)`); `gone()`
+    says whether its client left (then it leaves the batch)."""
+
+    prompt: list[int]
+    sampling: Sampling
+    emit: Callable[[str, list[int], bool, Sequence], None]
+    stream: bool = False
+    gone: Callable[[], bool] = lambda: False
+    want_logprob: bool = False
+    generated: list[int] = field(default_factory=list)
+    text: str = ""  # what was sent so far (or, for a failed sequence, why)
+    sent_chars: int = 0
+    sent_ids: int = 0
+    prompt_logprob: float = 0.0
+    finish: str | None = None  # "stop", "length", "cancelled"
+    rng: Any = None
+
+
+class Engine:
+    """In-flight batching: a background loop runs one step at a time for the running batch (a
+    decode step for every running sequence, or the prompts of sequences that join); a new
+    sequence joins between steps while there are free rows and the step's token budget allows,
+    a finished one leaves at once. `request_level`: new sequences join only an empty batch
+    (request-level batching, kept to measure against).
+
+    The running batch's cache is one array per layer, [rows, heads, length, head_dim], left
+    padded (attention mask 0) where a row's sequence is shorter than the longest."""
+
+    def __init__(self, model: CausalLM, tokenizer: ChatTokenizer, eos: list[int],
+                 processors: DecodeSettings, max_rows: int = 32, step_tokens: int = 512,
+                 request_level: bool = False):
+        self.model, self.tokenizer, self.eos = model, tokenizer, set(eos)
+        self.processors = processors
+        self.max_rows, self.step_tokens = max(1, max_rows), max(1, step_tokens)
+        self.request_level = request_level
+        self.waiting: collections.deque[Sequence] = collections.deque()
+        self.wake = threading.Condition()
+        self.running: list[Sequence] = []
+        self.past: dict[str, np.ndarray] = {}
+        self.mask = np.zeros((0, 0), np.int64)
+        self.stopped = False
+        self.thread: threading.Thread | None = None
+
+    # the loop ---------------------------------------------------------------------------------
+    def submit(self, seqs: list[Sequence]) -> None:
+        with self.wake:
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._loop, name="decode-loop",
+                                               daemon=True)
+                self.thread.start()
+            self.waiting.extend(seqs)
+            self.wake.notify()
+
+    def close(self) -> None:
+        with self.wake:
+            self.stopped = True
+            self.wake.notify()
+        if self.thread is not None:
+            self.thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        while True:
+            with self.wake:
+                while not self.stopped and not self.waiting and not self.running:
+                    self.wake.wait()
+                if self.stopped:
+                    return
+                joining = self._admit()
+            try:
+                if joining:
+                    self._prefill(joining)
+                else:
+                    self._decode()
+            except Exception as exc:  # a failed step fails its sequences, not the server
+                for seq in dict.fromkeys([*joining, *self.running]):
+                    if seq.finish is None:
+                        self._fail(seq, f"generation failed: {type(exc).__name__}: {exc}")
+                self.running, self.past, self.mask = [], {}, np.zeros((0, 0), np.int64)
+
+    def _admit(self) -> list[Sequence]:
+        """The waiting sequences that join now (their prompts fit this step's token budget)."""
+        if self.request_level and self.running:
+            return []
+        joining: list[Sequence] = []
+        budget = self.step_tokens
+        while self.waiting and len(self.running) + len(joining) < self.max_rows:
+            seq = self.waiting[0]
+            if seq.gone():
+                self.waiting.popleft()
+                self._finish(seq, "cancelled")
+                continue
+            if joining and len(seq.prompt) > budget:
+                break
+            budget -= len(seq.prompt)
+            joining.append(self.waiting.popleft())
+        return joining
+
+    # steps --------------------------------------------------------------------------------------
+    def _prefill(self, joining: list[Sequence]) -> None:
+        # Prompts of like length together (padding is compute on a CPU): a long prompt alone.
+        for group in plan_sub_batches([len(s.prompt) for s in joining], PREFILL_GROUP_TOKENS):
+            self._prefill_group([joining[i] for i in group])
+
+    def _prefill_group(self, joining: list[Sequence]) -> None:
+        width = max(len(s.prompt) for s in joining)
+        ids = np.zeros((len(joining), width), np.int64)
+        mask = np.zeros((len(joining), width), np.int64)
+        for r, s in enumerate(joining):  # left padding: every row's last token is the last
+            ids[r, width - len(s.prompt):] = s.prompt
+            mask[r, width - len(s.prompt):] = 1
+        positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+        logits, present = self.model.forward(ids, mask, positions,
+                                             self.model.empty_past(len(joining)))
+        for r, s in enumerate(joining):
+            if s.want_logprob:
+                s.prompt_logprob = prompt_logprob(logits[r], ids[r], mask[r])
+        self._join(joining, present, mask)
+        self._advance(joining, logits[:, -1, :])
+
+    def _decode(self) -> None:
+        rows = self.running
+        last = np.array([[s.generated[-1]] for s in rows], np.int64)
+        mask = np.concatenate([self.mask, np.ones((len(rows), 1), np.int64)], axis=1)
+        positions = np.array([[len(s.prompt) + len(s.generated) - 1] for s in rows], np.int64)
+        logits, self.past = self.model.forward(last, mask, positions, self.past)
+        self.mask = mask
+        self._advance(rows, logits[:, -1, :])
+
+    def _join(self, joining: list[Sequence], present: dict[str, np.ndarray],
+              mask: np.ndarray) -> None:
+        if not self.running:
+            self.running, self.past, self.mask = list(joining), present, mask
+            return
+        width = max(self.mask.shape[1], mask.shape[1])
+        rows = len(self.running)
+
+        def placed(old: np.ndarray, new: np.ndarray, axis: int) -> np.ndarray:
+            shape = list(old.shape)
+            shape[0], shape[axis] = rows + len(new), width
+            out = np.zeros(shape, old.dtype)
+            index_old = [slice(0, rows)] + [slice(None)] * (old.ndim - 1)
+            index_old[axis] = slice(width - old.shape[axis], width)
+            out[tuple(index_old)] = old
+            index_new = [slice(rows, None)] + [slice(None)] * (old.ndim - 1)
+            index_new[axis] = slice(width - new.shape[axis], width)
+            out[tuple(index_new)] = new
+            return out
+
+        self.past = {n: placed(self.past[n], present[n], 2) for n in self.past}
+        self.mask = placed(self.mask, mask, 1)
+        self.running = self.running + list(joining)
+
+    def _advance(self, rows: list[Sequence], logits: np.ndarray) -> None:
+        """Each row's next token from its logits; finished rows leave the batch."""
+        nxt = next_tokens(logits, rows, self.processors)
+        for s, token in zip(rows, nxt.tolist()):
+            s.generated.append(int(token))
+            if s.gone():
+                self._finish(s, "cancelled")
+            elif token in self.eos:
+                self._finish(s, "stop")
+            elif len(s.generated) >= s.sampling.max_new_tokens:
+                self._finish(s, "length")
+            else:
+                self._stream(s)
+        if any(s.finish for s in rows):
+            self._leave([i for i, s in enumerate(self.running) if s.finish is None])
+
+    def _leave(self, keep: list[int]) -> None:
+        self.running = [self.running[i] for i in keep]
+        if not keep:
+            self.past, self.mask = {}, np.zeros((0, 0), np.int64)
+            return
+        mask = self.mask[keep]
+        start = int(np.argmax(mask.any(axis=0)))  # columns no remaining row attends to go
+        self.mask = mask[:, start:]
+        self.past = {n: v[keep, :, start:] for n, v in self.past.items()}
+
+    # text out -----------------------------------------------------------------------------------
+    def _stream(self, s: Sequence) -> None:
+        text = self.tokenizer.decode(s.generated)
+        cut = stop_at(text, list(s.sampling.stop))
+        if cut >= 0:
+            self._finish(s, "stop", text[:cut])
+            return
+        if s.stream:
+            ready = len(text) - unsure_tail(text, list(s.sampling.stop))
+            if ready > s.sent_chars:
+                piece, s.sent_chars = text[s.sent_chars:ready], ready
+                ids, s.sent_ids = s.generated[s.sent_ids:], len(s.generated)
+                s.emit(piece, ids, False, s)
+
+    def _finish(self, s: Sequence, why: str, text: str | None = None) -> None:
+        s.finish = why
+        if text is None:
+            text = self.tokenizer.decode(s.generated)
+            cut = stop_at(text, list(s.sampling.stop))
+            text = text if cut < 0 else text[:cut]
+        s.emit(text[s.sent_chars:], s.generated[s.sent_ids:], True, s)
+
+    def _fail(self, s: Sequence, message: str) -> None:
+        s.finish = "error"
+        s.emit(message, [], True, s)
+
+
+def prompt_logprob(logits: np.ndarray, ids: np.ndarray, mask: np.ndarray) -> float:
+    """Sum of log p(token | tokens before) over a prompt's real tokens after its first."""
+    real = np.flatnonzero(mask)
+    if len(real) < 2:
+        return 0.0
+    x = logits[real[:-1]].astype(np.float64)
+    x = x - x.max(axis=-1, keepdims=True)
+    logp = x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+    return float(logp[np.arange(len(real) - 1), ids[real[1:]]].sum())
+
+
+def next_tokens(logits: np.ndarray, rows: list[Sequence], processors: DecodeSettings
+                ) -> np.ndarray:
+    """Each row's next token: transformers' logits processors (decoding.process_scores) over
+    its prompt and what it generated, then greedy or sampling with its own settings."""
+    scores = logits.astype(np.float32, copy=True)
+    out = pick(scores)  # greedy rows without processors: one argmax for all
+    for r, s in enumerate(rows):
+        p = s.sampling
+        if p.repetition_penalty == 1.0 and processors.no_repeat_ngram_size == 0 \
+                and not processors.bad_words_ids and processors.min_length == 0 \
+                and p.temperature <= 0:
+            continue
+        row = process_scores(scores[r:r + 1], np.array([s.prompt + s.generated], np.int64),
+                             replace(processors, repetition_penalty=p.repetition_penalty))
+        if p.temperature > 0:
+            if s.rng is None:
+                s.rng = np.random.default_rng(p.seed)
+            out[r] = pick(warp(row, p.temperature, p.top_k, p.top_p), s.rng)[0]
+        else:
+            out[r] = pick(row)[0]
+    return out
+
+
+def load_serving(directory: str, cfg: dict[str, Any]) -> tuple[ChatTokenizer, CausalLM]:
+    """The tokenizer and model a served `serving.json` names (paths relative to `directory`)."""
+    tokenizer = ChatTokenizer(os.path.join(directory, cfg["tokenizer_file"]), cfg["tokenizer"])
+    runtime = runtimes.settings_of(cfg)
+    return tokenizer, CausalLM(os.path.join(directory, cfg["onnx"]), runtime)

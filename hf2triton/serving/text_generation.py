@@ -1,0 +1,258 @@
+"""Served text generation, named as Triton's OpenAI-compatible frontend names a non-vLLM model's
+tensors: `text_input` (or `messages`, a JSON chat rendered with the model's chat template) and
+optional `max_tokens`, `stream`, `temperature`, `top_p`, `top_k`, `repetition_penalty`, `seed`,
+`stop_words`, `return_prompt_logprob` in; `text_output` out, with `output_ids`, `finish_reason`
+and, when asked, `prompt_logprob`/`prompt_tokens`. Decoupled: a streaming request gets one
+response per new piece of text and a final one; a non-streaming one a single response. Every
+request joins causal.py's in-flight batch.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import numpy as np
+
+from . import causal
+from .base import ServedModel, Tensor, column, texts, value_column
+from .decoding import DecodeSettings
+
+
+class Generator(ServedModel):
+    decoupled = True  # config.pbtxt: model_transaction_policy { decoupled: true }
+    inputs = (Tensor("text_input", "STRING", optional=True),
+              Tensor("messages", "STRING", optional=True),
+              Tensor("max_tokens", "INT32", optional=True),
+              Tensor("stream", "BOOL", optional=True),
+              Tensor("temperature", "FP32", optional=True),
+              Tensor("top_p", "FP32", optional=True),
+              Tensor("top_k", "INT32", optional=True),
+              Tensor("repetition_penalty", "FP32", optional=True),
+              Tensor("seed", "UINT64", optional=True),
+              Tensor("stop_words", "STRING", dims=(-1,), optional=True),
+              Tensor("return_prompt_logprob", "BOOL", optional=True))
+    outputs = (Tensor("text_output", "STRING"), Tensor("output_ids", "INT32", dims=(-1,)),
+               Tensor("finish_reason", "STRING"), Tensor("prompt_logprob", "FP32"),
+               Tensor("prompt_tokens", "INT32"))
+
+    def __init__(self, directory: str, settings: dict[str, Any]):
+        self.tokenizer, model = causal.load_serving(directory, settings)
+        d = dict(settings["defaults"])
+        self.defaults = causal.Sampling(**{**d, "stop": tuple(d.get("stop") or ())})
+        self.max_context = int(settings["max_context"])
+        self.engine = causal.Engine(
+            model, self.tokenizer, [int(e) for e in settings["eos_token_ids"]],
+            DecodeSettings.from_dict(settings["processors"]),
+            max_rows=int(settings.get("max_rows", 32)),
+            step_tokens=int(settings.get("step_tokens", 512)),
+            request_level=settings.get("batching", "in-flight") == "request")
+
+    @classmethod
+    def from_directory(cls, directory: str, settings: dict[str, Any]) -> Generator:
+        return cls(directory, settings)
+
+    def close(self) -> None:
+        self.engine.close()
+
+    # requests -----------------------------------------------------------------------------------
+    def parse(self, arrays: dict[str, np.ndarray]) -> list[dict[str, Any]]:
+        """One row per prompt: its ids, settings and whether it streams; ValueError for the
+        client when a value is bad."""
+        prompts: list[tuple[str, bool]]
+        if "text_input" in arrays:
+            arr = column(arrays, "text_input")
+            prompts = [(row[0], True) for row in texts(arr, "text_input")]
+        elif "messages" in arrays:
+            prompts = []
+            for row in texts(column(arrays, "messages"), "messages"):
+                try:
+                    chat = json.loads(row[0])
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"messages is not JSON: {exc}") from None
+                prompts.append((self.tokenizer.render(chat), False))
+        else:
+            raise ValueError("the request has neither text_input nor messages: send one")
+        n = len(prompts)
+        stream = [bool(v) for v in value_column(arrays, "stream", n) if v is not None]
+        if any(stream) and n > 1:
+            raise ValueError("a streaming request carries one prompt: send the others as "
+                             "requests of their own")
+        stops = column(arrays, "stop_words", required=False)
+        stop_rows = [tuple(s for s in row if s) for row in texts(stops, "stop_words")] \
+            if stops is not None else [None] * n
+        if len(stop_rows) != n:
+            raise ValueError(f"stop_words needs one row per prompt: {n}, got {len(stop_rows)}")
+        columns = {name: value_column(arrays, name, n) for name in (
+            "max_tokens", "temperature", "top_p", "top_k", "repetition_penalty", "seed",
+            "return_prompt_logprob")}
+        rows = []
+        for i, (text, special) in enumerate(prompts):
+            values = {k: v[i] for k, v in columns.items()}
+            sampling = self.sampling(values, stop_rows[i])
+            ids = self.tokenizer.encode(text, special)
+            if not ids:
+                raise ValueError("the prompt is empty: send some text")
+            if len(ids) + sampling.max_new_tokens > self.max_context:
+                raise ValueError(
+                    f"the prompt is {len(ids)} tokens and max_tokens "
+                    f"{sampling.max_new_tokens}: {len(ids) + sampling.max_new_tokens} is over "
+                    f"this model's context length {self.max_context}; shorten the prompt or "
+                    "lower max_tokens")
+            rows.append({"ids": ids, "sampling": sampling, "stream": bool(stream and stream[0]),
+                         "logprob": bool(values["return_prompt_logprob"])})
+        return rows
+
+    def sampling(self, v: dict[str, Any], stop: tuple[str, ...] | None) -> causal.Sampling:
+        changes: dict[str, Any] = {}
+        if v["max_tokens"] is not None:
+            if not 1 <= int(v["max_tokens"]) < self.max_context:
+                raise ValueError(f"max_tokens {v['max_tokens']} is outside 1.."
+                                 f"{self.max_context - 1}")
+            changes["max_new_tokens"] = int(v["max_tokens"])
+        checks = {"temperature": (0.0, 100.0), "top_p": (1e-6, 1.0),
+                  "repetition_penalty": (1e-3, 100.0)}
+        for name, (low, high) in checks.items():
+            if v[name] is not None:
+                value = float(v[name])
+                if not low <= value <= high:  # False for NaN too
+                    raise ValueError(f"{name} {value} is outside {low:g}..{high:g}")
+                changes[name] = value
+        if v["top_k"] is not None:
+            if int(v["top_k"]) < 0:
+                raise ValueError(f"top_k {v['top_k']} is negative: 0 turns it off")
+            changes["top_k"] = int(v["top_k"])
+        if v["seed"] is not None:
+            changes["seed"] = int(v["seed"])
+        if stop is not None:
+            changes["stop"] = stop
+        return causal.Sampling(**{**self.defaults.__dict__, **changes})
+
+    # the gate's and the benchmark's way in: whole answers ------------------------------------------
+    def answer(self, requests: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray] | str]:
+        """Each request's complete answer (streaming ignored), every prompt in the in-flight
+        batch together; a bad request gets its error message."""
+        answers, rows, owners = self.parse_all(requests)
+        done = threading.Semaphore(0)
+        seqs = [self._sequence(row, _collect(done), stream=False) for row in rows]
+        if seqs:
+            self.engine.submit(seqs)
+        for _ in seqs:
+            done.acquire()
+        pending: dict[int, list[causal.Sequence]] = {}
+        for r, seq in zip(owners, seqs):
+            pending.setdefault(r, []).append(seq)
+        for r, mine in pending.items():
+            failed = [s for s in mine if s.finish == "error"]
+            answers[r] = failed[0].text if failed else outputs(mine)
+        return answers
+
+    def _sequence(self, row: dict[str, Any], emit: Any, stream: bool,
+                  gone: Any = lambda: False) -> causal.Sequence:
+        return causal.Sequence(prompt=row["ids"], sampling=row["sampling"], emit=emit,
+                               stream=stream, gone=gone, want_logprob=row["logprob"])
+
+    # Triton's decoupled way in ------------------------------------------------------------------------
+    def triton_execute(self, requests: list, pb_utils: Any) -> None:
+        """Hand every request to the decode loop and return at once: the loop answers each
+        through its response sender (pieces, then the final response)."""
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        seqs = []
+        for request in requests:
+            sender = request.get_response_sender()
+            arrays = {}
+            for spec in self.inputs:
+                tensor = pb_utils.get_input_tensor_by_name(request, spec.name)
+                if tensor is not None:
+                    arrays[spec.name] = tensor.as_numpy()
+            try:
+                rows = self.parse(arrays)
+            except ValueError as exc:
+                error = pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)
+                sender.send(pb_utils.InferenceResponse(output_tensors=[], error=error),
+                            flags=final)
+                continue
+            seqs.extend(TritonReply(sender, request, rows, pb_utils, self).sequences)
+        if seqs:
+            self.engine.submit(seqs)
+
+
+def _collect(done: threading.Semaphore):
+    def emit(text: str, ids: list[int], last: bool, seq: causal.Sequence) -> None:
+        seq.text = text if seq.finish == "error" else seq.text + text
+        if last:
+            done.release()
+    return emit
+
+
+def outputs(seqs: list[causal.Sequence]) -> dict[str, np.ndarray]:
+    """The complete answer of one request's prompts (output_ids padded with -1)."""
+    width = max(len(s.generated) for s in seqs)
+    ids = np.full((len(seqs), width), -1, np.int32)
+    for r, s in enumerate(seqs):
+        ids[r, :len(s.generated)] = s.generated
+    return {"text_output": np.array([[s.text.encode("utf-8")] for s in seqs],
+                                    dtype=np.object_),
+            "output_ids": ids,
+            "finish_reason": np.array([[str(s.finish).encode()] for s in seqs],
+                                      dtype=np.object_),
+            "prompt_logprob": np.array([[s.prompt_logprob] for s in seqs], np.float32),
+            "prompt_tokens": np.array([[len(s.prompt)] for s in seqs], np.int32)}
+
+
+class TritonReply:
+    """How one Triton request is answered: a streaming prompt piece by piece, non-streaming
+    prompts together once all have finished; a client that went away ends its sequences."""
+
+    def __init__(self, sender: Any, request: Any, rows: list[dict[str, Any]], pb_utils: Any,
+                 model: Generator):
+        self.sender, self.pb = sender, pb_utils
+        self.left = len(rows)
+        self.lost = False
+        self.lock = threading.Lock()
+        cancelled = getattr(sender, "is_cancelled", None) or getattr(request, "is_cancelled",
+                                                                   None)
+        self.cancelled = cancelled or (lambda: False)
+        self.sequences = [model._sequence(row, self.emit, stream=row["stream"], gone=self.gone)
+                          for row in rows]
+
+    def gone(self) -> bool:
+        return self.lost or bool(self.cancelled())
+
+    def emit(self, text: str, ids: list[int], last: bool, seq: causal.Sequence) -> None:
+        pb = self.pb
+        final = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        try:
+            if seq.finish == "error":
+                error = pb.TritonError(text, pb.TritonError.INTERNAL)
+                self.sender.send(pb.InferenceResponse(output_tensors=[], error=error),
+                                 flags=final)
+                return
+            if seq.finish == "cancelled":
+                self.sender.send(flags=final)
+                return
+            if seq.stream:
+                tensors = {"text_output": np.array([[text.encode("utf-8")]], dtype=np.object_),
+                           "output_ids": np.array([ids], np.int32)}
+                if last:
+                    every = outputs([seq])
+                    every["text_output"], every["output_ids"] = tensors["text_output"], \
+                        tensors["output_ids"]
+                    tensors = every
+                self.sender.send(pb.InferenceResponse(
+                    output_tensors=[pb.Tensor(k, v) for k, v in tensors.items()]),
+                    flags=final if last else 0)
+                return
+            seq.text = seq.text + text
+            if not last:
+                return
+            with self.lock:
+                self.left -= 1
+                if self.left:
+                    return
+            every = outputs(self.sequences)
+            self.sender.send(pb.InferenceResponse(
+                output_tensors=[pb.Tensor(k, v) for k, v in every.items()]), flags=final)
+        except Exception:  # the client is gone: its sequences leave the batch
+            self.lost = True

@@ -1,0 +1,203 @@
+"""The text-generation serving core in-process, on the fp32 export of a tiny random Llama: the
+in-flight batch gives every prompt what it gets alone (whenever it joins), stop strings, sampling
+settings, a client that leaves, request-level batching, and the quantized candidates the gate
+measures (int8 and int4 block-wise)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from hf2triton.tiny_models import CORPUS, build_tiny_llama
+
+PROMPTS = list(dict.fromkeys(CORPUS))
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    import torch
+
+    from hf2triton.export import optimum_export
+    from hf2triton.gate import serving_settings
+    from hf2triton.kinds.base import save_fast_tokenizer
+    from hf2triton.kinds.text_generation import (
+        TextGenerationKind,
+        TextGenerationSpec,
+        resolve_text_generation,
+    )
+
+    torch.set_num_threads(1)  # tiny model on a shared 2-core machine (see test_text_generation)
+    tmp = tmp_path_factory.mktemp("generation-core")
+    model_dir = build_tiny_llama(tmp / "llama")
+    out = tmp / "onnx"
+    optimum_export(str(model_dir), out, "text-generation-with-past", 17, "model.onnx")
+    save_fast_tokenizer(str(model_dir), out)
+    cfg = resolve_text_generation(model_dir, TextGenerationSpec(max_new_tokens=20))
+    kind = TextGenerationKind.__new__(TextGenerationKind)
+    settings = {**serving_settings(kind, cfg, str(out), threads=1),
+                "onnx": str(out / "model.onnx"), "tokenizer_file": str(out / "tokenizer.json")}
+    return {"model_dir": model_dir, "out": out, "cfg": cfg, "settings": settings}
+
+
+def _load(settings, **changes):
+    from hf2triton import serving
+
+    return serving.load("", {**settings, **changes})
+
+
+def _request(prompt: str, **params) -> dict[str, np.ndarray]:
+    arrays = {"text_input": np.array([[prompt.encode()]], dtype=object)}
+    for name, value in params.items():
+        if isinstance(value, list):
+            arrays[name] = np.array([[v.encode() for v in value]], dtype=object)
+        elif isinstance(value, float):
+            arrays[name] = np.array([[value]], np.float32)
+        else:
+            arrays[name] = np.array([[value]], np.int32 if name != "seed" else np.uint64)
+    return arrays
+
+
+def _text(answer) -> str:
+    return answer["text_output"][0, 0].decode()
+
+
+def test_prompts_that_join_a_running_batch_get_what_they_get_alone(exported):
+    from hf2triton.serving import causal
+
+    model = _load(exported["settings"])
+    try:
+        alone = [_text(model.answer([_request(p)])[0]) for p in PROMPTS]
+        # Streams start at staggered times: each joins while others are mid-way.
+        got: dict[int, str] = {}
+        done = threading.Semaphore(0)
+
+        def emit_for(i):
+            def emit(text, ids, last, seq):
+                got[i] = got.get(i, "") + text
+                if last:
+                    done.release()
+            return emit
+
+        rows = [model.parse(_request(p, stream=True))[0] for p in PROMPTS]
+        for i, row in enumerate(rows):
+            model.engine.submit([causal.Sequence(prompt=row["ids"], sampling=row["sampling"],
+                                                 emit=emit_for(i), stream=True)])
+            time.sleep(0.002 * (i % 3))
+        for _ in rows:
+            done.acquire()
+        assert [got[i] for i in range(len(rows))] == alone
+        assert not model.engine.running  # every finished sequence left the batch
+    finally:
+        model.close()
+
+
+def test_stop_strings_end_the_text_before_them(exported):
+    model = _load(exported["settings"])
+    try:
+        full = _text(model.answer([_request(PROMPTS[1])])[0])
+        stop = full[5:8]
+        assert stop and full.find(stop) >= 0
+        cut = model.answer([_request(PROMPTS[1], stop_words=[stop])])[0]
+        assert _text(cut) == full[:full.find(stop)]
+        assert cut["finish_reason"][0, 0] == b"stop"
+    finally:
+        model.close()
+
+
+def test_bad_parameters_and_long_prompts_are_refused(exported):
+    model = _load(exported["settings"])
+    try:
+        answers = model.answer([_request("hello", max_tokens=0),
+                                _request("hello", top_p=1.5),
+                                _request("the quick brown fox " * 40),
+                                _request("hello")])
+        assert answers[0] == "max_tokens 0 is outside 1..127"
+        assert answers[1].startswith("top_p 1.5 is outside")
+        assert "over this model's context length 128" in answers[2]
+        assert isinstance(answers[3], dict)  # the good one is answered
+    finally:
+        model.close()
+
+
+def test_seeded_sampling_repeats_and_differs_from_greedy(exported):
+    model = _load(exported["settings"])
+    try:
+        def ids(**params):
+            return model.answer([_request(PROMPTS[0], **params)])[0]["output_ids"][0].tolist()
+
+        sampled = [ids(temperature=1.0, top_k=20, seed=3) for _ in range(2)]
+        assert sampled[0] == sampled[1] != ids()
+        assert ids(temperature=1.0, top_k=20, seed=4) != sampled[0]
+    finally:
+        model.close()
+
+
+def test_a_client_that_leaves_frees_its_row(exported):
+    from hf2triton.serving import causal
+
+    model = _load(exported["settings"])
+    try:
+        row = model.parse(_request(PROMPTS[0], stream=True, max_tokens=90))[0]
+        left = threading.Event()
+        finished = threading.Event()
+        seen = []
+
+        def emit(text, ids, last, seq):
+            seen.append(ids)
+            if len(seen) == 2:
+                left.set()
+            if last:
+                finished.set()
+
+        seq = causal.Sequence(prompt=row["ids"], sampling=row["sampling"], emit=emit,
+                              stream=True, gone=left.is_set)
+        model.engine.submit([seq])
+        assert finished.wait(60)
+        assert seq.finish == "cancelled" and len(seq.generated) < 90
+        assert not model.engine.running
+    finally:
+        model.close()
+
+
+def test_request_level_batching_serves_the_same_text(exported):
+    inflight, request_level = _load(exported["settings"]), _load(exported["settings"],
+                                                                 batching="request")
+    try:
+        reqs = [_request(p) for p in PROMPTS[:8]]
+        assert [_text(a) for a in inflight.answer(reqs)] == \
+            [_text(a) for a in request_level.answer(reqs)]
+    finally:
+        inflight.close()
+        request_level.close()
+
+
+def test_int8_and_int4_blockwise_candidates_are_scored_by_the_gate_metrics(exported, tmp_path):
+    from hf2triton.kinds.base import Data
+    from hf2triton.kinds.text_generation import TextGenerationKind
+    from hf2triton.quantization import quantize_onnx
+    from hf2triton.spec import QuantizationSpec
+
+    kind = TextGenerationKind.__new__(TextGenerationKind)
+    cfg = exported["cfg"]
+    data = Data(PROMPTS)
+    reference = kind.reference(str(exported["model_dir"]), cfg, data)
+    scores = {}
+    for method in ("none", "int8-blockwise", "int4-blockwise"):
+        variant = quantize_onnx(str(exported["out"] / "model.onnx"),
+                                QuantizationSpec(method=method, block_size=16), str(tmp_path))
+        model = _load(exported["settings"], onnx=variant["onnx_path"])
+        try:
+            outputs = kind.extract(model.answer(kind.requests(PROMPTS)))
+        finally:
+            model.close()
+        scores[method], _ = kind.score(reference, outputs, data, cfg)
+    print(scores)
+    assert scores["none"]["token_match"] == 1.0
+    assert abs(scores["none"]["perplexity_increase"]) < 1e-5
+    # Fewer bits, further from PyTorch: each figure is measured, none is a copy of fp32's.
+    assert abs(scores["int4-blockwise"]["perplexity_increase"]) > \
+        abs(scores["int8-blockwise"]["perplexity_increase"]) > 0.0
+    assert scores["int4-blockwise"]["token_match"] < 1.0

@@ -1,0 +1,259 @@
+"""text-generation releases end to end on tiny random-weight causal LMs (a Llama and a GPT-2, built
+once per module): real export, quantization, gate, MLflow (SQLite) and a real Triton server on
+free ports. Served greedy text must equal PyTorch `generate` token for token, a gRPC stream must
+deliver pieces before the last token is generated, and concurrent streams must each get what
+they get alone."""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from hf2triton.tiny_models import CORPUS, build_tiny_gpt2, build_tiny_llama
+from tests.conftest import free_port, tiny_spec
+
+PROMPTS = list(dict.fromkeys(CORPUS)) + ["a", "ok then", "prices rose 12.5% to $43,210!",
+                                          "ÄÖÜ ß straße 😀", "word " * 20]
+MAX_NEW = 24
+
+
+def _release(tmp: Path, model_dir: Path, name: str, ports: dict, runtimes: list,
+             quantization: str):
+    import yaml
+
+    from flows.release import release_model
+    from hf2triton.spec import load_spec
+
+    spec_path = tiny_spec(
+        tmp / f"{name}.yaml", model_dir, ports, name=name, task="text-generation",
+        embedding=None, registry__model_name=name, source__model_id=f"fixtures/{name}",
+        text_generation={"max_new_tokens": MAX_NEW}, runtime__candidates=runtimes,
+        quantization__method=quantization, deploy__intra_op_threads=1)
+    prompts = tmp / f"{name}-prompts.txt"
+    prompts.write_text("\n".join(PROMPTS) + "\n", encoding="utf-8")
+    data = yaml.safe_load(spec_path.read_text())
+    data["validation"]["sentences"] = str(prompts)
+    data["validation"]["smoke_sentences"] = 6
+    spec_path.write_text(yaml.safe_dump(data, sort_keys=False))
+    spec = load_spec(spec_path)
+    return {"spec": spec, "ports": ports, "summary": release_model(spec), "model_dir": model_dir,
+            "name": name, "grpc": f"127.0.0.1:{ports['grpc_port']}",
+            "http": f"127.0.0.1:{ports['http_port']}"}
+
+
+@pytest.fixture(scope="module")
+def released(tmp_path_factory):
+    """Both tiny models released to one home; the second release's Triton serves both."""
+    import torch
+
+    from hf2triton import triton_local
+
+    tmp = tmp_path_factory.mktemp("text-generation")
+    # Tiny models: one thread each. Two threads spinning for each other on a loaded 2-core
+    # machine made PyTorch's generate 400x slower here.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF2TRITON_HOME", str(tmp / "home"))
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        ports = {"http_port": free_port(), "grpc_port": free_port(),
+                 "metrics_port": free_port()}
+        ort = {"name": "onnxruntime", "precision": "fp32"}
+        try:
+            # The Llama: a quantized candidate and OpenVINO too; the GPT-2 fp32 on ONNX
+            # Runtime alone (the gate's time is CI's).
+            llama = _release(tmp, build_tiny_llama(tmp / "tiny-llama"), "tiny-llama", ports,
+                             [ort, {"name": "openvino", "precision": "fp32"}], "dynamic-int8")
+            gpt2 = _release(tmp, build_tiny_gpt2(tmp / "tiny-gpt2"), "tiny-gpt2", ports, [ort],
+                            "none")
+            yield {"llama": llama, "gpt2": gpt2}
+        finally:
+            triton_local.stop_server()
+            torch.set_num_threads(threads)
+
+
+def _torch(rel, prompts, max_new=MAX_NEW):
+    from hf2triton.kinds import kind_for
+    from hf2triton.kinds.text_generation import TorchGenerator
+
+    cfg = kind_for(rel["spec"]).resolve(str(rel["model_dir"]))
+    ref = TorchGenerator(rel["model_dir"], cfg)
+    return [ref.continuation(p, max_new) for p in prompts]
+
+
+def _inputs(prompt: str, stream: bool, **params) -> list:
+    arrays = {"text_input": np.array([[prompt.encode()]], dtype=np.object_),
+              "stream": np.array([[stream]], dtype=bool)}
+    for name, value in params.items():
+        if name == "seed":
+            arrays[name] = np.array([[value]], dtype=np.uint64)
+        elif isinstance(value, float):
+            arrays[name] = np.array([[value]], dtype=np.float32)
+        elif isinstance(value, list):
+            arrays[name] = np.array([[v.encode() for v in value]], dtype=np.object_)
+        else:
+            arrays[name] = np.array([[value]], dtype=np.int32)
+    out = []
+    for name, arr in arrays.items():
+        kind = {"O": "BYTES", "b": "BOOL", "f": "FP32", "i": "INT32", "u": "UINT64"}[arr.dtype.kind]
+        x = grpcclient.InferInput(name, list(arr.shape), kind)
+        x.set_data_from_numpy(arr)
+        out.append(x)
+    return out
+
+
+def _stream(url: str, model: str, prompt: str, stream: bool = True, **params):
+    """Every response of one request over a gRPC stream: [(text, ids, final)], or the error."""
+    client = grpcclient.InferenceServerClient(url=url)
+    got: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    responses = []
+    try:
+        client.async_stream_infer(model, _inputs(prompt, stream, **params),
+                                  enable_empty_final_response=True)
+        while True:
+            result, error = got.get(timeout=120)
+            if error is not None:
+                return error
+            final = result.get_response().parameters["triton_final_response"].bool_param
+            text = result.as_numpy("text_output")
+            ids = result.as_numpy("output_ids")
+            responses.append((text[0, 0].decode() if text is not None else "",
+                              ids[0].tolist() if ids is not None else [], final))
+            if final:
+                return responses
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+@pytest.mark.parametrize("which", ["llama", "gpt2"])
+def test_served_greedy_text_is_pytorch_generate_token_for_token(released, which):
+    rel = released[which]
+    print(which, json.dumps(rel["summary"]["metrics"]))
+    want = _torch(rel, PROMPTS)
+    assert len({w["text"] for w in want}) > len(PROMPTS) // 2  # text depends on the prompt
+    for prompt, ref in zip(PROMPTS, want):
+        responses = _stream(rel["grpc"], rel["name"], prompt, stream=False)
+        assert isinstance(responses, list), responses
+        assert len(responses) == 1 and responses[0][2]
+        text, ids, _ = responses[0]
+        assert ids == ref["ids"], prompt
+        assert text == ref["text"]
+
+
+def test_a_grpc_stream_delivers_pieces_before_the_last_token(released):
+    rel = released["llama"]
+    prompt = PROMPTS[0]
+    responses = _stream(rel["grpc"], rel["name"], prompt)
+    assert isinstance(responses, list), responses
+    ref = _torch(rel, [prompt])[0]
+    # Several responses, each after one more token: the first arrives with a few of the
+    # tokens, long before the last one exists.
+    assert len(responses) >= 3
+    assert responses[-1][2] and not any(final for *_, final in responses[:-1])
+    first_ids = responses[0][1]
+    assert 0 < len(first_ids) < len(ref["ids"])
+    assert "".join(t for t, _, _ in responses) == ref["text"]
+    assert [i for _, ids, _ in responses for i in ids] == ref["ids"]
+
+
+def test_http_generate_and_generate_stream(released):
+    rel = released["gpt2"]
+    prompt = PROMPTS[3]
+    ref = _torch(rel, [prompt])[0]
+    url = f"http://{rel['http']}/v2/models/{rel['name']}"
+    body = json.dumps({"text_input": prompt, "temperature": 0.0}).encode()
+    with urllib.request.urlopen(urllib.request.Request(f"{url}/generate", data=body)) as r:
+        answer = json.loads(r.read())
+    assert answer["text_output"] == ref["text"] and answer["output_ids"] == ref["ids"]
+    body = json.dumps({"text_input": prompt, "stream": True}).encode()
+    with urllib.request.urlopen(urllib.request.Request(f"{url}/generate_stream",
+                                                       data=body)) as r:
+        events = [json.loads(line[5:]) for line in r.read().decode().splitlines()
+                  if line.startswith("data:")]
+    assert len(events) > 1
+    assert "".join(e["text_output"] for e in events) == ref["text"]
+
+
+def test_32_concurrent_streams_each_get_what_they_get_alone(released):
+    rel = released["llama"]
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(32)]
+    alone = {p: "".join(t for t, _, _ in _stream(rel["grpc"], rel["name"], p))
+             for p in dict.fromkeys(prompts)}
+    results: list = [None] * 32
+
+    def worker(i: int) -> None:
+        results[i] = _stream(rel["grpc"], rel["name"], prompts[i])
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    failed = [r for r in results if not isinstance(r, list)]
+    assert not failed, failed[:1]
+    assert ["".join(t for t, _, _ in r) for r in results] == [alone[p] for p in prompts]
+
+
+def test_chat_messages_are_rendered_with_the_model_template(released):
+    from transformers import AutoTokenizer
+
+    rel = released["llama"]
+    chat = [{"role": "user", "content": "how do i reset my password"}]
+    tok = AutoTokenizer.from_pretrained(rel["model_dir"])
+    rendered = tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    url = f"http://{rel['http']}/v2/models/{rel['name']}/generate"
+    body = json.dumps({"messages": json.dumps(chat), "max_tokens": 8}).encode()
+    with urllib.request.urlopen(urllib.request.Request(url, data=body)) as r:
+        answer = json.loads(r.read())
+    import torch
+
+    ids = tok(rendered, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(rel["model_dir"]).eval()
+    with torch.inference_mode():
+        want = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                              do_sample=False, max_new_tokens=8)[0, ids.shape[1]:].tolist()
+    assert answer["output_ids"] == want
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"max_tokens": 0}, "max_tokens 0 is outside"),
+    ({"temperature": -1.0}, "temperature -1.0 is outside 0..100"),
+    ({"top_p": 0.0}, "top_p 0.0 is outside"),
+])
+def test_bad_parameters_get_a_clear_error(released, params, message):
+    rel = released["gpt2"]
+    error = _stream(rel["grpc"], rel["name"], "hello", **params)
+    assert not isinstance(error, list) and message in str(error)
+
+
+def test_a_prompt_over_the_context_length_gets_a_clear_error(released):
+    rel = released["gpt2"]
+    url = f"http://{rel['http']}/v2/models/{rel['name']}/generate"
+    body = json.dumps({"text_input": "the quick brown fox " * 60}).encode()
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        urllib.request.urlopen(urllib.request.Request(url, data=body))
+    text = exc.value.read().decode()
+    assert exc.value.code == 400 and "over this model's context length 128" in text
+    # ... and the server still answers the next one.
+    assert isinstance(_stream(rel["grpc"], rel["name"], "hello"), list)
+
+
+def test_sampling_with_a_seed_is_repeatable(released):
+    rel = released["llama"]
+    runs = [_stream(rel["grpc"], rel["name"], "the bank", stream=False, temperature=1.0,
+                    top_p=0.9, seed=7) for _ in range(2)]
+    assert runs[0] == runs[1]
+    greedy = _stream(rel["grpc"], rel["name"], "the bank", stream=False)
+    assert runs[0][0][1] != greedy[0][1]
