@@ -175,8 +175,13 @@ def trained_model_dir(train: TrainSourceSpec) -> Path:
     from hf2triton.runs import step_logger
 
     log = step_logger()
-    trained = train_lm(train, home() / "sources" / "trained", lambda step, loss: log.info(
-        "fetch: training the language model, step %d of %d, loss %.3f", step, train.steps, loss))
+
+    def progress(step: int, loss: float) -> None:  # a line per 100 steps, and the last
+        if step % 100 == 0 or step == train.steps:
+            log.info("fetch: training the language model, step %d of %d, loss %.3f", step,
+                     train.steps, loss)
+
+    trained = train_lm(train, home() / "sources" / "trained", progress)
     if not trained["reused"]:
         log.info("fetch: trained the language model on %d tokens of %s in %.0f s",
                  trained["tokens"], Path(train.text).name, trained["seconds"])
