@@ -56,6 +56,10 @@ def _release_spec(tmp: Path, ports: dict[str, int]) -> Path:
     spec["validation"].update(sentences=str(sentences), smoke_sentences=8)
     spec["deploy"].update(ports)
     spec["image"] = {"build": False}
+    # Each release starts its watch deployment for the rollback window, and that run holds a
+    # slot of the one worker (limit 1) meanwhile: a short window lets the next training and
+    # release run (docs/watch.md says to give a worker two slots or more).
+    spec["watch"] = {"window_s": 15, "interval_s": 5}
     path = tmp / f"{RELEASED}.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
