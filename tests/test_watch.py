@@ -339,10 +339,15 @@ def test_prefect_server_runs_the_watch_and_its_automation_rolls_back(home_of, pr
     env = {**prefect_server["env"], "HF2TRITON_HOME": str(rel["home"]), "PYTHONPATH": str(ROOT)}
     env.pop("MLFLOW_TRACKING_URI", None)
     prefect_file = tmp_path / "prefect.yaml"
-    prefect_file.write_text(render([rel["spec"]]))
+    # The watch deployment allows one run at a time (CANCEL_NEW): its quarter-hourly schedule is
+    # paused here and the release runs before the deployments exist (so it watches in-process
+    # instead of starting a 600 s run), or either would take the slot and cancel this test's run.
+    text = render([rel["spec"]])
+    assert "active: true" in text
+    prefect_file.write_text(text.replace("active: true", "active: false"))
+    assert release_model(load_spec(rel["spec"]))["mlflow"]["version"] == "2"
     _run([str(BIN / "prefect"), "--no-prompt", "deploy", "--all", "--prefect-file",
           str(prefect_file)], env)
-    assert release_model(load_spec(rel["spec"]))["mlflow"]["version"] == "2"
     _plant_fault(rel)
     client = _mlflow(rel["home"])
     worker = _start([str(BIN / "prefect"), "worker", "start", "--pool", "hf2triton-process"],
