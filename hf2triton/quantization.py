@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import logging
 import shutil
 import sys
@@ -348,6 +349,11 @@ def openvino_int8(onnx_path: str, tokenizer_path: str, max_length: int, texts: l
     """NNCF post-training int8 of the graph as OpenVINO IR (model.xml + model.bin), calibrated
     on `texts` (the validation texts), the MatMuls after an activation kept in higher precision
     (`after_activation`). OpenVINO runs it; the gate decides whether it is accurate enough."""
+    # NNCF's telemetry (openvino_telemetry) sends each call from a forked process started in a
+    # thread: the child can deadlock in ssl set-up and the release waits on it for ever (seen:
+    # releases hung past 600 s under load). NNCF reads this variable when it is first imported
+    # and then uses its no-op telemetry; nothing of a release is sent anywhere.
+    os.environ.setdefault("NNCF_CI", "1")
     import nncf
     import openvino as ov
 
