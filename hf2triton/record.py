@@ -15,8 +15,15 @@ from hf2triton.workspace import digest, redact_uri
 
 LIBRARIES = ("torch", "transformers", "optimum", "optimum-onnx", "onnx", "onnxruntime", "mlflow",
              "prefect")
-# Served files whose sha256 the MLflow version carries as tags (all are in the artifacts).
-TAGGED_FILES = ("model.onnx", "tokenizer.json", "config.pbtxt", "serving.json", "model.py")
+
+def tagged(name: str) -> bool:
+    """Files of the Triton repository whose sha256 is a version tag: the model's config.pbtxt and
+    every file directly in its version directory (the graph and its weights, whatever the runtime
+    reads: model.onnx and its external data, OpenVINO's model.xml and model.bin, a translator's
+    encoder and decoder; the tokenizer; serving.json; model.py). The serving core's modules and
+    the warmup samples are in the repository's content hash."""
+    parts = name.split("/")
+    return parts[-1] == "config.pbtxt" and len(parts) == 2 or len(parts) == 3 and parts[1] == "1"
 
 
 class Record(TypedDict):
@@ -53,7 +60,7 @@ def release_record(spec: ReleaseSpec, src: dict[str, Any], exp: dict[str, Any],
            for k, v in (src.get("registry") or {}).items() if v},
         **{f"sha256.{name}": sha for name, sha in src["files"].items()},
         **{f"sha256.triton.{name}": sha for name, sha in repo["files"].items()
-           if name.rsplit("/", 1)[-1] in TAGGED_FILES},
+           if tagged(name)},
     }
     champion = val.get("champion") or {}
     if champion:  # the comparison with the serving champion, in the version's own record

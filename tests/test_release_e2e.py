@@ -129,6 +129,14 @@ def test_release_record_in_mlflow(release):
     [served] = release.home.glob(f"triton/models/{MODEL}/*/serving.json")
     assert f"triton_repository/{MODEL}/1/{graph_file(served.parent)}" in repo
     assert f"triton_repository/{MODEL}/1/tokenizer.json" in repo
+    # Every file Triton serves from the version directory, whichever runtime's graph shipped
+    # (model.onnx, or OpenVINO's model.xml and model.bin), has its sha256 in the version's tags.
+    from hf2triton.workspace import sha256_file
+
+    served_files = [p for p in served.parent.iterdir() if p.is_file()]
+    assert graph_file(served.parent) in {p.name for p in served_files}
+    for path in served_files:
+        assert tags[f"sha256.triton.{MODEL}/1/{path.name}"] == sha256_file(path), path.name
 
 
 def test_second_run_reuses_steps_and_keeps_one_version(release):
