@@ -80,6 +80,30 @@ async def _flow_runs(api_env: dict, **filters):
         return deployments[0], runs
 
 
+async def _cancel_open_runs() -> list[str]:
+    """Cancel every flow run on the server that has not ended (scheduled, late, pending, running,
+    paused): what one module's release left queued (its watch run, a schedule's next run) must not
+    take a later module's worker slot, or the one-at-a-time slot of a deployment."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, \
+        FlowRunFilterStateType
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import Cancelled
+
+    open_types = [StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING, StateType.PAUSED,
+                  StateType.CANCELLING]
+    async with get_client() as client:
+        runs = await client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            state=FlowRunFilterState(type=FlowRunFilterStateType(any_=open_types))))
+        for run in runs:
+            await client.set_flow_run_state(run.id, Cancelled(message="test clean-up"), force=True)
+    return [run.name for run in runs]
+
+
+def cancel_open_runs(env: dict) -> list[str]:
+    return _with_api(env, _cancel_open_runs)
+
+
 def _with_api(env: dict, coro_fn, *args, **kwargs):
     from prefect.settings import PREFECT_API_URL, temporary_settings
 

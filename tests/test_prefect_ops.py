@@ -20,6 +20,7 @@ from tests.prefect_fixtures import (
     _start,
     _stop,
     _with_api,
+    cancel_open_runs,
     screenshot,
 )
 
@@ -80,6 +81,7 @@ def deployed_run(prefect_server, tiny_bert):
         yield {"proc": run, "home": home, "ports": ports, **prefect_server}
     finally:
         _stop(worker)
+        cancel_open_runs(env)  # the release's watch run and the schedules' next runs
         subprocess.run([str(BIN / "hf2triton"), "server", "stop"],
                        env={**env, "HF2TRITON_HOME": str(home)}, capture_output=True)
 

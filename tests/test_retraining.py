@@ -24,7 +24,7 @@ import yaml
 
 from hf2triton.deployments import render
 from tests.conftest import ROOT, free_port, run_mlflow_server
-from tests.prefect_fixtures import BIN, _run, _start, _stop, _with_api
+from tests.prefect_fixtures import BIN, _run, _start, _stop, _with_api, cancel_open_runs
 
 TRAINED = "test-sentiment-trained"  # the training registry model (not the project's own)
 RELEASED = "test-sentiment"
@@ -99,6 +99,7 @@ def operated(prefect_server, mlflow_uri, tmp_path_factory):
                "worker_log": tmp / "worker.log"}
     finally:
         _stop(worker)
+        cancel_open_runs(env)  # the releases' watch runs and the schedules' next runs
         subprocess.run([str(BIN / "hf2triton"), "server", "stop"],
                        env={**env, "HF2TRITON_HOME": str(home)}, capture_output=True)
 

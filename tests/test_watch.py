@@ -333,7 +333,8 @@ def test_prefect_server_runs_the_watch_and_its_automation_rolls_back(home_of, pr
     from flows.release import release_model
     from hf2triton.deployments import render
     from hf2triton.spec import load_spec
-    from tests.prefect_fixtures import BIN, _run, _start, _stop, _with_api, screenshot
+    from tests.prefect_fixtures import BIN, _run, _start, _stop, _with_api, cancel_open_runs, \
+        screenshot
 
     rel = home_of
     env = {**prefect_server["env"], "HF2TRITON_HOME": str(rel["home"]), "PYTHONPATH": str(ROOT)}
@@ -348,6 +349,9 @@ def test_prefect_server_runs_the_watch_and_its_automation_rolls_back(home_of, pr
     assert release_model(load_spec(rel["spec"]))["mlflow"]["version"] == "2"
     _run([str(BIN / "prefect"), "--no-prompt", "deploy", "--all", "--prefect-file",
           str(prefect_file)], env)
+    # Runs other modules left open on this session's server (a release's watch run, a schedule's
+    # next run) would take this worker first and the watch deployment's one slot.
+    cancel_open_runs(env)
     _plant_fault(rel)
     client = _mlflow(rel["home"])
     worker = _start([str(BIN / "prefect"), "worker", "start", "--pool", "hf2triton-process"],
