@@ -344,17 +344,24 @@ def calibration_feeds(onnx_path: str, tokenizer_path: str, max_length: int,
             for group in plan_sub_batches(lengths, max_batch_tokens)]
 
 
+def import_nncf():
+    """NNCF, with its telemetry off. NNCF's telemetry (openvino_telemetry) sends each call from
+    a process forked in a thread: the child can deadlock in its ssl set-up and the release waits
+    on it for ever (seen: releases hung past 600 s under load). NNCF reads NNCF_CI when it is
+    first imported and then uses its no-op telemetry; nothing of a release is sent anywhere.
+    Every use of NNCF imports it through here."""
+    os.environ.setdefault("NNCF_CI", "1")
+    import nncf
+
+    return nncf
+
+
 def openvino_int8(onnx_path: str, tokenizer_path: str, max_length: int, texts: list[str],
                   work_root: str) -> QuantizeResult:
     """NNCF post-training int8 of the graph as OpenVINO IR (model.xml + model.bin), calibrated
     on `texts` (the validation texts), the MatMuls after an activation kept in higher precision
     (`after_activation`). OpenVINO runs it; the gate decides whether it is accurate enough."""
-    # NNCF's telemetry (openvino_telemetry) sends each call from a forked process started in a
-    # thread: the child can deadlock in ssl set-up and the release waits on it for ever (seen:
-    # releases hung past 600 s under load). NNCF reads this variable when it is first imported
-    # and then uses its no-op telemetry; nothing of a release is sent anywhere.
-    os.environ.setdefault("NNCF_CI", "1")
-    import nncf
+    nncf = import_nncf()
     import openvino as ov
 
     src = Path(onnx_path)
