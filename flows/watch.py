@@ -12,12 +12,12 @@ from typing import Any, Literal
 from prefect import flow, task
 
 from hf2triton.clients.mlflow import Registry
-from hf2triton.runs import step_logger
+from hf2triton.runs import NO_PREFECT_CACHE, step_logger
 from hf2triton.spec import ReleaseSpec, parse_spec
 from hf2triton.watch import observe, publish, rollback, status
 
 
-@task(name="watch-look", task_run_name="watch {spec.name}")
+@task(name="watch-look", task_run_name="watch {spec.name}", **NO_PREFECT_CACHE)
 def look(spec: ReleaseSpec) -> observe.Look:
     """Read and probe every endpoint, judge the figures, publish the table."""
     seen = observe.look(spec)
@@ -28,7 +28,8 @@ def look(spec: ReleaseSpec) -> observe.Look:
     return seen
 
 
-@task(name="watch-breach", task_run_name="breach {seen[release]} v{seen[champion]}")
+@task(name="watch-breach", task_run_name="breach {seen[release]} v{seen[champion]}",
+      **NO_PREFECT_CACHE)
 def breach(spec: ReleaseSpec, seen: observe.Look, act: str) -> dict[str, Any] | None:
     """Say so (a Prefect event); in the window, with act `rollback`, roll back here too."""
     publish.emit_breach(seen)
@@ -43,7 +44,8 @@ def breach(spec: ReleaseSpec, seen: observe.Look, act: str) -> dict[str, Any] | 
 @flow(name="watch-release", log_prints=False, validate_parameters=False)
 def watch_release(spec: ReleaseSpec | dict[str, Any], duration_s: float = 0,
                   act: Literal["rollback", "event"] = "rollback") -> list[observe.Look]:
-    """Look every `watch.interval_s` for `duration_s` (at least once). A breach emits
+    """Look every `watch.interval_s` for `duration_s` (at least once, and on until a breach is
+    confirmed or gone). A breach seen `watch.confirm_looks` looks in a row emits
     `hf2triton.watch.breach`; in the window, `act: rollback` rolls back here (a local release),
     `act: event` leaves it to the automation that answers the event (prefect.yaml)."""
     spec = parse_spec(spec)
@@ -51,13 +53,20 @@ def watch_release(spec: ReleaseSpec | dict[str, Any], duration_s: float = 0,
     seen = []
     while True:
         seen.append(look(spec))
-        if seen[-1]["breaches"]:
-            done = breach(spec, seen[-1], act)
+        now = seen[-1]
+        if now["confirmed"]:
+            done = breach(spec, now, act)
             if done and done.get("rolled_back"):
                 seen.append(look(spec))  # the table shows what serves now
                 break
-        if time.monotonic() + spec.watch.interval_s > end:
+        # A breach not yet confirmed is looked at again, whatever the duration.
+        unsure = bool(now["breaches"]) and not now["confirmed"]
+        if not unsure and time.monotonic() + spec.watch.interval_s > end:
             break
+        if unsure:
+            step_logger().info("watch: %s breach %d of %d looks in a row needed to act; "
+                               "looking again in %.0f s", spec.name, now["streak"],
+                               spec.watch.confirm_looks, spec.watch.interval_s)
         time.sleep(spec.watch.interval_s)
     return seen
 

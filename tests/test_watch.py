@@ -237,6 +237,10 @@ def test_watch_rolls_back_a_regression_within_its_window(home_of):
         _until(lambda: len(traffic.answered) >= after + 10, "answers after it")
     breached = next(s for s in seen if s["breaches"])
     assert breached["champion"] == "2" and breached["in_window"]
+    # The first breaching look does not act; the watch looks again and acts on the second.
+    acted = next(s for s in seen if s["confirmed"])
+    assert (breached["streak"], breached["confirmed"]) == (1, False)
+    assert acted["streak"] == spec.watch.confirm_looks == 2 and acted["champion"] == "2"
     assert any("failure rate" in b for b in breached["breaches"]), breached["breaches"]
     assert seen[-1]["champion"] == "1" and not seen[-1]["breaches"]
     assert all("planted fault" in f for f in traffic.failed), traffic.failed[:3]
@@ -352,6 +356,9 @@ def test_prefect_server_runs_the_watch_and_its_automation_rolls_back(home_of, pr
     # Runs other modules left open on this session's server (a release's watch run, a schedule's
     # next run) would take this worker first and the watch deployment's one slot.
     cancel_open_runs(env)
+    import datetime as dt
+
+    began = dt.datetime.now(dt.timezone.utc)
     _plant_fault(rel)
     client = _mlflow(rel["home"])
     worker = _start([str(BIN / "prefect"), "worker", "start", "--pool", "hf2triton-process"],
@@ -383,7 +390,10 @@ def test_prefect_server_runs_the_watch_and_its_automation_rolls_back(home_of, pr
             return await api.read_flow_runs(
                 flow_filter=FlowFilter(name=FlowFilterName(any_=["rollback-release"])))
 
-    done = [r for r in _with_api(env, rollback_runs) if r.state.type.value == "COMPLETED"]
+    # This test's: started after it began, by the automation (its parameters from the event).
+    done = [r for r in _with_api(env, rollback_runs) if r.state.type.value == "COMPLETED"
+            and r.start_time and r.start_time >= began
+            and str(r.parameters.get("only_if_champion")) == "2"]
     assert done, (tmp_path / "worker.log").read_text()[-3000:]
 
     shot = screenshot(f"{prefect_server['ui']}/artifacts/key/tiny-embedder-watch",

@@ -30,6 +30,8 @@ class Look(TypedDict):
     previous: str | None
     at: float
     in_window: bool  # a breach now rolls back
+    streak: int  # looks in a row at this champion with a breach, this one included
+    confirmed: bool  # the streak reached watch.confirm_looks: the watch acts on the breach
     rows: list[dict[str, Any]]  # one per endpoint: the table the UI shows
     breaches: list[str]
 
@@ -132,9 +134,16 @@ def look(spec: Any, points: list[WatchPoint] | None = None, probe: bool = True) 
     # A version a rollback put back is not rolled back further on its own: a person decides.
     in_window = bool(now["promoted_at"] and at - now["promoted_at"] <= budget.window_s
                      and now["restored_at"] is None)
+    # One slow look (a burst, a version's first requests) is not a regression: the watch acts
+    # when `confirm_looks` looks in a row at the same champion breach.
+    last = state.get("last") or {}
+    streak = (int(last.get("streak") or 0) if last.get("champion") == champion else 0) + 1 \
+        if breaches else 0
     result = Look(release=spec.name, model=model, champion=champion,
                   candidate=now["candidate"], previous=now["previous"], at=at,
-                  in_window=in_window, rows=rows, breaches=breaches)
+                  in_window=in_window, streak=streak,
+                  confirmed=bool(breaches) and streak >= budget.confirm_looks, rows=rows,
+                  breaches=breaches)
     judged = [r for r in rows if r["requests"] >= budget.min_requests]
     versions = state.get("versions", {})
     if champion and judged:  # what the next champion is compared with

@@ -32,6 +32,10 @@ class WatchSpec(Strict):
     window_s: float = Field(600, gt=0, description="seconds after promotion during which a "
                             "breach rolls back to the previous champion (after it: an alert)")
     interval_s: float = Field(30, gt=0, le=3600, description="seconds between two looks")
+    confirm_looks: int = Field(
+        2, ge=1, le=20, description="looks in a row that must breach before the watch acts "
+        "(the breach event, the rollback in the window): after a breaching look the watch looks "
+        "again every interval_s until the breach is confirmed or gone; 1: act on the first")
     after_release_s: float = Field(
         0, ge=0, description="how long `hf2triton release` watches in-process after promotion "
         "(0: one probe and one table; a release run on a Prefect server starts the watch "
