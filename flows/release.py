@@ -51,12 +51,14 @@ def release_model(spec: ReleaseSpec | dict[str, Any]) -> dict[str, Any]:
     record = release_record(spec, src, exp, variants, val, tuned, repo)
     reg = register(spec.registry, record)
     image = release_image(spec, repo, reg, record)
+    # The watch's Prometheus rules and dashboard, before anything serves the version: a failure
+    # here fails the release while the old version still serves, never after its promotion.
+    monitoring(spec, target, reg)
     with transaction():  # a failure in here rolls the target back; the old version serves on
         dep = deploy(target, kind, repo, reg["version"], image, val)
         figures = smoke(kind, dep, val)
         dep = promote(target, dep, reg, figures)
     retire(target, dep)
-    monitoring(spec, target, reg)
 
     result = summary(spec, src, val, reg, image, target.summary(dep), figures,
                      reused_steps(exp=exp, quantize=variants[0], validate=val,

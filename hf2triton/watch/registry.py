@@ -70,9 +70,10 @@ def smoke_reference(client: Registry, model: str, version: str) -> dict[str, Any
     version released before they were recorded)."""
     from mlflow.exceptions import MlflowException
 
-    cache = home() / "watch" / "references" / model / f"{version}.json"
+    # Keyed by the version's run too: a registry made anew numbers its versions from 1 again.
+    run_id = client.version(model, version).run_id
+    cache = home() / "watch" / "references" / model / f"{version}-{run_id}.json"
     if not cache.is_file():
-        run_id = client.version(model, version).run_id
         try:
             got = client.call("download the smoke reference", client.client.download_artifacts,
                               run_id, "reference.json", str(cache.parent / f".{version}"))
