@@ -14,6 +14,7 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact, cr
 
 from hf2triton.cpu import describe as describe_cpu
 from hf2triton.kinds.base import ModelKind
+from hf2triton.workspace import redact_uri
 
 
 def artifact_key(name: str, suffix: str) -> str:
@@ -67,7 +68,7 @@ def mlflow_links(uri: str, run_id: str, experiment_id: str | None, model: str,
                  version: str) -> dict[str, str]:
     if not uri.startswith(("http://", "https://")):
         return {}  # a SQLite store has no UI address to link to
-    base = uri.rstrip("/")
+    base = redact_uri(uri).rstrip("/")  # a user:password in the URI never reaches an artifact
     run = f"{base}/#/experiments/{experiment_id}/runs/{run_id}" if experiment_id else \
         f"{base}/#/runs/{run_id}"
     return {"run": run, "version": f"{base}/#/models/{model}/versions/{version}"}

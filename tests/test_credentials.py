@@ -168,3 +168,13 @@ def test_failures_in_the_child_keep_their_type_and_retryability():
     with pytest.raises(Hf2TritonError, match="ValueError: something else") as other:
         call_with_credentials(None, raise_in_child, "other")
     assert not is_retryable(other.value)
+
+
+def test_links_to_mlflow_in_the_prefect_ui_carry_no_password():
+    """The release report's and the watch's links to the MLflow run and version are artifacts
+    stored by Prefect and shown in its UI: a tracking URI's user:password stays out of them."""
+    from hf2triton.report import mlflow_links
+
+    links = mlflow_links("https://alice:s3cret@mlflow.example:5443/", "abc", "7", "m", "3")
+    assert links == {"run": "https://mlflow.example:5443/#/experiments/7/runs/abc",
+                     "version": "https://mlflow.example:5443/#/models/m/versions/3"}
