@@ -81,6 +81,15 @@ def test_prompts_that_join_a_running_batch_get_what_they_get_alone(exported):
                     done.release()
             return emit
 
+        # Count the prompts that joined a batch that was already decoding others.
+        joined_running = []
+        join = model.engine._join
+
+        def counting_join(joining, present, mask):
+            joined_running.append(len(joining) if model.engine.running else 0)
+            return join(joining, present, mask)
+
+        model.engine._join = counting_join
         rows = [model.parse(_request(p, stream=True))[0] for p in PROMPTS]
         for i, row in enumerate(rows):
             model.engine.submit([causal.Sequence(prompt=row["ids"], sampling=row["sampling"],
@@ -89,6 +98,7 @@ def test_prompts_that_join_a_running_batch_get_what_they_get_alone(exported):
         for _ in rows:
             done.acquire()
         assert [got[i] for i in range(len(rows))] == alone
+        assert sum(joined_running) > 0, joined_running  # some joined mid-way, as meant
         assert not model.engine.running  # every finished sequence left the batch
     finally:
         model.close()
@@ -201,3 +211,24 @@ def test_int8_and_int4_blockwise_candidates_are_scored_by_the_gate_metrics(expor
     assert abs(scores["int4-blockwise"]["perplexity_increase"]) > \
         abs(scores["int8-blockwise"]["perplexity_increase"]) > 0.0
     assert scores["int4-blockwise"]["token_match"] < 1.0
+
+
+def test_a_stream_with_clean_up_spaces_holds_back_what_a_later_token_rewrites():
+    """Tokenizers that clean up spaces (" 's" -> "'s", " ." -> ".") rewrite the end of the text
+    when the next token comes: what a stream already sent must stay a prefix of the whole text,
+    and the pieces join to it."""
+    from hf2triton.serving.seq2seq import clean_up_tail, clean_up_tokenization
+
+    for tokens in (["It", " '", "s", " fine", " ."], ["I", " do", " n", "'t", " know", " !"],
+                   ["he", " said", " '", " yes", " '", " ,", " then"], ["a", " ", "b", " 've"]):
+        raw, sent, pieces = "", 0, []
+        for token in tokens:
+            raw += token
+            text = clean_up_tokenization(raw)
+            ready = len(text) - clean_up_tail(text)
+            if ready > sent:
+                pieces.append(text[sent:ready])
+                sent = ready
+        whole = clean_up_tokenization(raw)
+        pieces.append(whole[sent:])
+        assert "".join(pieces) == whole, (tokens, pieces)

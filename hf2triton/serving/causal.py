@@ -19,8 +19,16 @@ from typing import Any
 import numpy as np
 
 from . import runtimes
-from .decoding import DecodeSettings, pick, process_scores, stop_at, unsure_tail, warp
-from .seq2seq import clean_up_tokenization
+from .decoding import (
+    DecodeSettings,
+    log_softmax,
+    pick,
+    process_scores,
+    stop_at,
+    unsure_tail,
+    warp,
+)
+from .seq2seq import clean_up_tail, clean_up_tokenization
 from .text import plan_sub_batches
 
 # Padded prompt tokens one prefill run may hold (measured on a 14M-parameter Llama, 1 CPU
@@ -203,11 +211,13 @@ class Engine:
                     self.wake.wait()
                 if self.stopped:
                     return
-                joining = self._admit()
-            try:
+            joining: list[Sequence] = []
+            try:  # nothing a step raises ends the loop: every later request would hang
+                with self.wake:
+                    joining = self._admit()
                 if joining:
                     self._prefill(joining)
-                else:
+                elif self.running:
                     self._decode()
             except Exception as exc:  # a failed step fails its sequences, not the server
                 for seq in dict.fromkeys([*joining, *self.running]):
@@ -223,14 +233,14 @@ class Engine:
         budget = self.step_tokens
         while self.waiting and len(self.running) + len(joining) < self.max_rows:
             seq = self.waiting[0]
-            if seq.gone():
-                self.waiting.popleft()
-                self._finish(seq, "cancelled")
-                continue
             if joining and len(seq.prompt) > budget:
                 break
+            self.waiting.popleft()  # out of the queue first: whatever gone() does, it moves on
+            if seq.gone():
+                self._finish(seq, "cancelled")
+                continue
             budget -= len(seq.prompt)
-            joining.append(self.waiting.popleft())
+            joining.append(seq)
         return joining
 
     # steps --------------------------------------------------------------------------------------
@@ -322,7 +332,10 @@ class Engine:
             self._finish(s, "stop", text[:cut])
             return
         if s.stream:
-            ready = len(text) - unsure_tail(text, list(s.sampling.stop))
+            held = unsure_tail(text, list(s.sampling.stop))
+            if self.tokenizer.clean_up:
+                held = max(held, clean_up_tail(text))
+            ready = len(text) - held
             if ready > s.sent_chars:
                 piece, s.sent_chars = text[s.sent_chars:ready], ready
                 ids, s.sent_ids = s.generated[s.sent_ids:], len(s.generated)
@@ -346,9 +359,7 @@ def prompt_logprob(logits: np.ndarray, ids: np.ndarray, mask: np.ndarray) -> flo
     real = np.flatnonzero(mask)
     if len(real) < 2:
         return 0.0
-    x = logits[real[:-1]].astype(np.float64)
-    x = x - x.max(axis=-1, keepdims=True)
-    logp = x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+    logp = log_softmax(logits[real[:-1]].astype(np.float64))
     return float(logp[np.arange(len(real) - 1), ids[real[1:]]].sum())
 
 
@@ -360,12 +371,11 @@ def next_tokens(logits: np.ndarray, rows: list[Sequence], processors: DecodeSett
     out = pick(scores)  # greedy rows without processors: one argmax for all
     for r, s in enumerate(rows):
         p = s.sampling
-        if p.repetition_penalty == 1.0 and processors.no_repeat_ngram_size == 0 \
-                and not processors.bad_words_ids and processors.min_length == 0 \
-                and p.temperature <= 0:
+        mine = replace(processors, repetition_penalty=p.repetition_penalty)
+        if not mine.changes_scores() and p.temperature <= 0:
             continue
         row = process_scores(scores[r:r + 1], np.array([s.prompt + s.generated], np.int64),
-                             replace(processors, repetition_penalty=p.repetition_penalty))
+                             mine)
         if p.temperature > 0:
             if s.rng is None:
                 s.rng = np.random.default_rng(p.seed)

@@ -59,6 +59,12 @@ class DecodeSettings:
             changes["forced_bos_token_id"] = int(forced_bos_token_id)
         return replace(self, **changes) if changes else self
 
+    def changes_scores(self) -> bool:
+        """Whether process_scores would change any score (else greedy is a plain argmax)."""
+        return (self.repetition_penalty != 1.0 or self.no_repeat_ngram_size > 0
+                or bool(self.bad_words_ids) or self.min_length > 0
+                or self.forced_bos_token_id is not None or self.forced_eos_token_id is not None)
+
     @property
     def max_length(self) -> int:
         return self.max_new_tokens + 1  # the decoder prompt is the start token alone
@@ -147,10 +153,11 @@ def unsure_tail(text: str, stops: list[str]) -> int:
     return keep
 
 
-def _log_softmax(x: np.ndarray) -> np.ndarray:
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    """log softmax over the last axis, in x's own float type."""
     m = x.max(axis=-1, keepdims=True)
     shifted = x - m
-    return (shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))).astype(np.float32)
+    return (shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))).astype(x.dtype)
 
 
 def _topk(x: np.ndarray, k: int) -> np.ndarray:
@@ -208,7 +215,7 @@ def beam(step: Step, hidden: np.ndarray, mask: np.ndarray, s: DecodeSettings
     while True:
         flat = running[:, :, :cur].reshape(batch * beams, cur)
         logits, past = step(flat[:, -1:], hidden, mask, past)
-        logp = _log_softmax(logits.astype(np.float32))
+        logp = log_softmax(logits.astype(np.float32))
         logp = process_scores(logp, flat, s)
         vocab = logp.shape[-1]
         acc = (logp.reshape(batch, beams, vocab) + running_scores[:, :, None]).reshape(

@@ -38,6 +38,20 @@ def clean_up_tokenization(text: str) -> str:
     )
 
 
+CLEAN_UP = (" .", " ?", " !", " ,", " ' ", " n't", " 'm", " 's", " 've", " 're")
+
+
+def clean_up_tail(text: str) -> int:
+    """How many trailing characters of a cleaned-up text a later token may still rewrite (a
+    proper start of one of clean_up_tokenization's patterns, e.g. " '" before "s"): a stream
+    holds them back, so the pieces it sent join to the whole text."""
+    for n in range(min(4, len(text)), 0, -1):
+        tail = text[-n:]
+        if any(len(p) > n and p.startswith(tail) for p in CLEAN_UP):
+            return n
+    return 0
+
+
 class Seq2SeqTokenizer:
     """Encode source texts to ids and decode generated ids, as transformers' tokenizer does.
 

@@ -168,12 +168,16 @@ class Generator(ServedModel):
                     arrays[spec.name] = tensor.as_numpy()
             try:
                 rows = self.parse(arrays)
-            except ValueError as exc:
-                error = pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)
+                reply = TritonReply(sender, request, rows, pb_utils, self)
+            except Exception as exc:  # noqa: BLE001 - a bad request is answered, the rest run
+                message = str(exc) if isinstance(exc, ValueError) else \
+                    f"the request could not be read ({type(exc).__name__}: {exc}); send " \
+                    "text_input (or messages) as a [n, 1] BYTES tensor"
+                error = pb_utils.TritonError(message, pb_utils.TritonError.INVALID_ARG)
                 sender.send(pb_utils.InferenceResponse(output_tensors=[], error=error),
                             flags=final)
                 continue
-            seqs.extend(TritonReply(sender, request, rows, pb_utils, self).sequences)
+            seqs.extend(reply.sequences)
         if seqs:
             self.engine.submit(seqs)
 
@@ -209,7 +213,7 @@ class TritonReply:
                  model: Generator):
         self.sender, self.pb = sender, pb_utils
         self.left = len(rows)
-        self.lost = False
+        self.lost = False  # the client is gone, or its final response was sent
         self.lock = threading.Lock()
         cancelled = getattr(sender, "is_cancelled", None) or getattr(request, "is_cancelled",
                                                                    None)
@@ -223,14 +227,18 @@ class TritonReply:
     def emit(self, text: str, ids: list[int], last: bool, seq: causal.Sequence) -> None:
         pb = self.pb
         final = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        if self.lost:  # one final response per request: its other prompts end unanswered
+            return
         try:
-            if seq.finish == "error":
-                error = pb.TritonError(text, pb.TritonError.INTERNAL)
-                self.sender.send(pb.InferenceResponse(output_tensors=[], error=error),
-                                 flags=final)
-                return
-            if seq.finish == "cancelled":
-                self.sender.send(flags=final)
+            if seq.finish in ("error", "cancelled"):
+                # The request ends here; its other prompts leave the batch (gone()).
+                self.lost = True
+                if seq.finish == "error":
+                    error = pb.TritonError(text, pb.TritonError.INTERNAL)
+                    self.sender.send(pb.InferenceResponse(output_tensors=[], error=error),
+                                     flags=final)
+                else:
+                    self.sender.send(flags=final)
                 return
             if seq.stream:
                 tensors = {"text_output": np.array([[text.encode("utf-8")]], dtype=np.object_),
