@@ -42,6 +42,38 @@ class TranslationConfig:
         return DecodeSettings.from_dict(self.decode)
 
 
+def model_generation_config(model_dir: str | Path, config: Any, what: str,
+                            also_refused: tuple[str, ...] = (), allowed: tuple[str, ...] = ()
+                            ) -> Any:
+    """The model's GenerationConfig (from its config where it has none), refused when it sets
+    a field the served decoder does not implement (UNSUPPORTED but `allowed`, and
+    `also_refused`): its `what` would differ from PyTorch's. Shared by translation and text
+    generation."""
+    from transformers import GenerationConfig
+
+    try:
+        gen = GenerationConfig.from_pretrained(str(model_dir))
+    except OSError:
+        gen = GenerationConfig.from_model_config(config)
+    default = GenerationConfig()
+    odd = [k for k in (*UNSUPPORTED, *also_refused)
+           if k not in allowed and getattr(gen, k, None) != getattr(default, k, None)]
+    if odd:
+        raise UnsupportedModelError(
+            f"the model's generation config sets {odd}, which the served decoder does not "
+            f"implement; its {what} would differ from PyTorch's")
+    return gen
+
+
+def eos_and_pad(gen: Any, config: Any) -> tuple[list[int], int]:
+    """End-of-sequence ids and the pad id, from the generation config, else the model config
+    (pad: the first eos where the model has none)."""
+    eos = gen.eos_token_id if gen.eos_token_id is not None else config.eos_token_id
+    eos_ids = [int(e) for e in (eos if isinstance(eos, list) else [eos]) if e is not None]
+    pad = gen.pad_token_id if gen.pad_token_id is not None else config.pad_token_id
+    return eos_ids, int(pad if pad is not None else (eos_ids or [0])[0])
+
+
 def load_tokenizer(model_dir: str | Path, source_lang: str | None = None):
     from transformers import AutoTokenizer
 
@@ -72,7 +104,7 @@ def _language_ids(tok) -> dict[str, int]:
 def resolve_translation_config(model_dir: str | Path, spec: Any) -> TranslationConfig:
     """Decoding settings from the model's generation config, overridden by the spec's
     `generation:` section; refuses settings the served decoder does not implement."""
-    from transformers import AutoConfig, GenerationConfig
+    from transformers import AutoConfig
 
     model_dir = Path(model_dir)
     config = AutoConfig.from_pretrained(str(model_dir))
@@ -81,17 +113,7 @@ def resolve_translation_config(model_dir: str | Path, spec: Any) -> TranslationC
             f"{model_dir} ({config.model_type}) is not an encoder-decoder model: task "
             "'translation' serves text2text-generation models such as M2M100 or Marian"
         )
-    try:
-        gen = GenerationConfig.from_pretrained(str(model_dir))
-    except OSError:
-        gen = GenerationConfig.from_model_config(config)
-    default = GenerationConfig()
-    odd = [k for k in UNSUPPORTED if getattr(gen, k, None) != getattr(default, k, None)]
-    if odd:
-        raise UnsupportedModelError(
-            f"the model's generation config sets {odd}, which the served decoder does not "
-            "implement; its translations would differ from PyTorch's"
-        )
+    gen = model_generation_config(model_dir, config, "translations")
     tok = load_tokenizer(model_dir, spec.source_lang)
     langs = _language_ids(tok)
     forced_bos = gen.forced_bos_token_id
@@ -108,9 +130,7 @@ def resolve_translation_config(model_dir: str | Path, spec: Any) -> TranslationC
             f"generation.target_lang is required: {model_dir.name} translates into "
             f"{len(langs)} languages (e.g. {', '.join(sorted(langs)[:6])})"
         )
-    eos = gen.eos_token_id if gen.eos_token_id is not None else config.eos_token_id
-    eos_ids = [int(e) for e in (eos if isinstance(eos, list) else [eos])]
-    pad = gen.pad_token_id if gen.pad_token_id is not None else config.pad_token_id
+    eos_ids, pad = eos_and_pad(gen, config)
     start = gen.decoder_start_token_id
     if start is None:
         start = config.decoder_start_token_id
@@ -131,7 +151,7 @@ def resolve_translation_config(model_dir: str | Path, spec: Any) -> TranslationC
         forced_eos = [forced_eos]
     settings = DecodeSettings(
         decoder_start_token_id=int(start), eos_token_ids=eos_ids,
-        pad_token_id=int(pad if pad is not None else eos_ids[0]), max_new_tokens=int(max_new),
+        pad_token_id=pad, max_new_tokens=int(max_new),
         num_beams=int(spec.num_beams or gen.num_beams or 1),
         forced_bos_token_id=None if forced_bos is None else int(forced_bos),
         forced_eos_token_id=forced_eos, min_length=int(gen.min_length or 0),

@@ -24,7 +24,7 @@ from hf2triton.kinds.base import (
     read_lines,
     save_fast_tokenizer,
 )
-from hf2triton.kinds.generation_config import UNSUPPORTED
+from hf2triton.kinds.generation_config import eos_and_pad, model_generation_config
 from hf2triton.serving.decoding import DecodeSettings, stop_at
 from hf2triton.specbase import Strict
 
@@ -91,28 +91,17 @@ class TextGenerationConfig:
 
 def resolve_text_generation(model_dir: str | Path, spec: TextGenerationSpec
                             ) -> TextGenerationConfig:
-    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+    from transformers import AutoConfig, AutoTokenizer
 
     config = AutoConfig.from_pretrained(str(model_dir))
     if getattr(config, "is_encoder_decoder", False):
         raise UnsupportedModelError(
             f"{model_dir} ({config.model_type}) is an encoder-decoder model: serve it with "
             "task 'translation'; 'text-generation' serves decoder-only models")
-    try:
-        gen = GenerationConfig.from_pretrained(str(model_dir))
-    except OSError:
-        gen = GenerationConfig.from_model_config(config)
-    default = GenerationConfig()
-    odd = [k for k in UNSUPPORTED if k != "stop_strings"
-           and getattr(gen, k, None) != getattr(default, k, None)]
-    if odd or gen.forced_eos_token_id is not None or gen.forced_bos_token_id is not None:
-        raise UnsupportedModelError(
-            f"the model's generation config sets {odd or 'forced_bos/eos_token_id'}, which the "
-            "served decoder does not implement; its text would differ from PyTorch's")
-    eos = gen.eos_token_id if gen.eos_token_id is not None else config.eos_token_id
-    eos_ids = [int(e) for e in (eos if isinstance(eos, list) else [eos]) if e is not None]
-    pad = gen.pad_token_id if gen.pad_token_id is not None else config.pad_token_id
-    pad = int(pad if pad is not None else (eos_ids or [0])[0])
+    # Stop strings are the spec's (`stop`); forced BOS/EOS are translation's only.
+    gen = model_generation_config(model_dir, config, "text", allowed=("stop_strings",),
+                                  also_refused=("forced_bos_token_id", "forced_eos_token_id"))
+    eos_ids, pad = eos_and_pad(gen, config)
     positions = int(getattr(config, "max_position_embeddings", 0) or 2048)
     context = spec.max_context or positions
     if context > positions:
