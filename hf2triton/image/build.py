@@ -15,7 +15,7 @@ from hf2triton.clients import docker as engine_client
 from hf2triton.errors import ArtifactError, DockerUnavailableError, ImageBuildError
 from hf2triton.image.dockerfile import DOCKERFILE, render_dockerfile
 from hf2triton.image.target import ImageTarget
-from hf2triton.image.variants import VARIANTS, image_python
+from hf2triton.image.variants import image_python, variant_for
 from hf2triton.image.wheelhouse import ensure_wheelhouse
 from hf2triton.runs import step_logger
 from hf2triton.workspace import hash_files, home
@@ -132,7 +132,7 @@ def build_serving_image(
     """
     logger = step_logger()
     started = time.monotonic()
-    variant = VARIANTS[target.get("device", "cpu")]
+    variant = variant_for(target.get("device"))
     target = ImageTarget(**{**target, "python": target.get("python") or image_python(
         target["base_image"], None, variant)})
     wheelhouse = ensure_wheelhouse(logger, variant, target["python"])

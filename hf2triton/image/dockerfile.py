@@ -9,7 +9,7 @@ import string
 from pathlib import Path
 
 from hf2triton.image.target import ImageTarget
-from hf2triton.image.variants import VARIANTS
+from hf2triton.image.variants import variant_for
 from hf2triton.image.wheelhouse import serving_requirements, write_requirement_lists
 from hf2triton.workspace import PROJECT_ROOT, atomic_write_text
 
@@ -23,7 +23,7 @@ class _Template(string.Template):
 
 def render_dockerfile(target: ImageTarget, template: Path = DOCKERFILE) -> str:
     """The Dockerfile that builds `target`'s image (its variant, base image and Python)."""
-    variant = VARIANTS[target.get("device", "cpu")]
+    variant = variant_for(target.get("device"))
     return _Template(template.read_text()).substitute(
         base_image=target["base_image"], python=target["python"],
         description=variant.description, build_lines=variant.build_lines,
@@ -34,7 +34,7 @@ def render_context(target: ImageTarget, out: Path) -> list[Path]:
     """Write what the image build reads but the wheels and the model: Dockerfile,
     wheelhouse/triton.txt and runtime.txt (what is installed from the wheelhouse), and
     build-args.json (the build arguments the pipeline passes but the release's lineage)."""
-    variant = VARIANTS[target.get("device", "cpu")]
+    variant = variant_for(target.get("device"))
     (out / "wheelhouse").mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "Dockerfile", render_dockerfile(target))
     write_requirement_lists(out / "wheelhouse", *serving_requirements(variant))

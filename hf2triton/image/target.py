@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, NotRequired, TypedDict
 
-from hf2triton.image.variants import VARIANTS, image_python
+from hf2triton.image.variants import image_python, variant_for
 from hf2triton.spec import ImageSpec
 
 if TYPE_CHECKING:
@@ -27,7 +27,7 @@ def image_target(image: ImageSpec, repository: str, version: str, release_key: s
                  device: str = "cpu") -> ImageTarget:
     """Where the image goes and what it is built on; $HF2TRITON_REGISTRY and
     $HF2TRITON_BASE_IMAGE override the spec, and the base defaults to the device variant's."""
-    variant = VARIANTS[device]
+    variant = variant_for(device)
     registry = os.environ.get("HF2TRITON_REGISTRY") or image.registry
     base = os.environ.get("HF2TRITON_BASE_IMAGE") or image.base_image or variant.base_image
     repo = f"{registry}/{repository}"

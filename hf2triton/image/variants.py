@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
 
 
 @dataclass(frozen=True)
@@ -67,9 +66,13 @@ VARIANTS: dict[str, ImageVariant] = {
 PYTHON_TAG = re.compile(r"(?:^|/)python:(3\.\d+)(?:[.\-]|$)")
 
 
-def variant_for(deploy: Any) -> ImageVariant:
-    """The image variant for a spec's deploy section (its `device`)."""
-    return VARIANTS[getattr(deploy, "device", "cpu")]
+def variant_for(device: str | None) -> ImageVariant:
+    """The image variant for a deploy `device` (None: cpu)."""
+    try:
+        return VARIANTS[device or "cpu"]
+    except KeyError:
+        raise ValueError(f"no serving image variant for device {device!r}: one of "
+                         f"{sorted(VARIANTS)}") from None
 
 
 def image_python(base_image: str, python: str | None, variant: ImageVariant) -> str:
