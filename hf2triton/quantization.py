@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from hf2triton import quiet
+from hf2triton.serving import openvino_telemetry_off
 from hf2triton.errors import QuantizationError
 from hf2triton.spec import QuantizationSpec
 from hf2triton.workspace import cached_step, digest, sha256_file, source_digest
@@ -347,9 +348,11 @@ def calibration_feeds(onnx_path: str, tokenizer_path: str, max_length: int,
 def import_nncf():
     """NNCF, with its telemetry off. NNCF's telemetry (openvino_telemetry) sends each call from
     a process forked in a thread: the child can deadlock in its ssl set-up and the release waits
-    on it for ever (seen: releases hung past 600 s under load). NNCF reads NNCF_CI when it is
-    first imported and then uses its no-op telemetry; nothing of a release is sent anywhere.
-    Every use of NNCF imports it through here."""
+    on it for ever (seen: releases hung past 600 s under load). Importing hf2triton already made
+    openvino_telemetry unimportable (hf2triton.serving.openvino_telemetry_off); NNCF_CI is
+    NNCF's own switch to its no-op telemetry as well. Every use of NNCF imports it through
+    here."""
+    openvino_telemetry_off()
     os.environ.setdefault("NNCF_CI", "1")
     import nncf
 

@@ -382,3 +382,32 @@ def test_the_fp16_graph_of_a_gpu_release_passes_a_cpu_numerics_check(exported, t
     got = half_model.embed(TEXTS)
     assert np.isfinite(got).all()
     assert cosine_rows(full, got).min() > 0.999
+
+
+@pytest.mark.parametrize("first", ["hf2triton", "serving"])
+def test_openvino_and_nncf_send_no_telemetry(first):
+    """Importing openvino sends a usage event and NNCF one per call, each from a process forked
+    in a thread; such a child deadlocked and held a release's stderr open for ever. A process that
+    imports hf2triton, or the serving core alone (as Triton's Python backend does), gets both
+    libraries' no-op stubs instead: checked where neither CI nor NNCF_CI is set and pytest is not
+    imported (NNCF turns its telemetry off under pytest by itself)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "NNCF_CI", "NNCF_DEV")}
+    load = {"hf2triton": "import hf2triton\n",
+            # the serving package on its own, by another name, as a version directory holds it
+            "serving": f"import sys\nsys.path.insert(0, {str(ROOT / 'hf2triton')!r})\n"
+                       "import serving\n"}[first]
+    code = load + ("import openvino\n"
+                   "from openvino.tools.ovc import telemetry_utils\n"
+                   "from nncf.telemetry import wrapper\n"
+                   "print(telemetry_utils.tm.__name__,\n"
+                   "      isinstance(wrapper.telemetry, wrapper.NNCFTelemetryStub))\n")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=300, cwd=str(ROOT))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split()[-2:] == ["openvino.tools.ovc.telemetry_stub", "True"], proc.stdout

@@ -18,6 +18,23 @@ import json
 import os
 from typing import Any
 
+
+
+def openvino_telemetry_off() -> None:
+    """No usage telemetry from OpenVINO or NNCF in this process. Importing openvino sends an
+    event (openvino.tools.ovc), and NNCF one per call, each from a process forked in a thread
+    pool; such a child can deadlock in its ssl set-up and live on holding the parent's stdout
+    and stderr (seen: `hf2triton release` under a test harness waited on it for ever), and a
+    release or a server must not reach out to the internet anyway. Both libraries fall back to
+    their no-op stubs when `openvino_telemetry` cannot be imported, which a None in sys.modules
+    makes so. Run before openvino is imported: the serving core and hf2triton call it first."""
+    import sys
+
+    sys.modules.setdefault("openvino_telemetry", None)
+
+
+openvino_telemetry_off()
+
 SERVING_FILE = "serving.json"
 PACKAGE_DIR = "hf2triton_serving"  # the package's name inside a version directory
 
