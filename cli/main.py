@@ -190,7 +190,15 @@ def _watch_command(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import faulthandler
+    import signal
+
     from hf2triton.prefect_api import set_process_defaults
+
+    # `kill -USR1 PID` prints where every thread of a release that seems stuck is, to stderr
+    # (docs/troubleshooting.md); the release goes on.
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
 
     parser = argparse.ArgumentParser(
         prog="hf2triton", description="Release Hugging Face models to Triton Inference Server."

@@ -24,6 +24,39 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 
 
+def run_cli(cmd: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:
+    """subprocess.run(cmd, capture_output, text) for an hf2triton command; one that runs past
+    `timeout` is asked where its threads are (SIGUSR1: cli.main registers faulthandler) and the
+    test fails with that and the end of its output, instead of only the timeout."""
+    import signal
+
+    # Its own process group: whatever it leaves behind holding its output (a forked child) is
+    # killed with it, so reading that output ends.
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, **kwargs)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)
+        try:
+            out, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            out, err = "", ""
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            more_out, more_err = proc.communicate(timeout=10)
+            out, err = out or more_out, err or more_err
+        except subprocess.TimeoutExpired:
+            pass
+        raise AssertionError(f"{' '.join(map(str, cmd))} ran past {timeout} s; where its "
+                             f"threads were, and its last output:\n{(err or '')[-12000:]}"
+                             ) from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def wait_http(url: str, timeout: float = 60, proc: subprocess.Popen | None = None) -> None:
     """Until `url` answers 200; TimeoutError when it does not in time or `proc` exits."""
     wait_for(lambda: http_ok(url), timeout, f"{url} did not answer", proc, error=TimeoutError)

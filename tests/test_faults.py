@@ -19,14 +19,13 @@ import pytest
 import yaml
 
 from hf2triton.workspace import DONE_FILE
-from tests.conftest import ROOT, free_port, tiny_spec, wait_http
+from tests.conftest import ROOT, free_port, run_cli, tiny_spec, wait_http
 
 HF2TRITON = str(Path(sys.executable).parent / "hf2triton")
 
 
 def _cli(args: list[str], env: dict | None = None, timeout: float = 600):
-    return subprocess.run([HF2TRITON, *args], env=env or dict(os.environ), cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
+    return run_cli([HF2TRITON, *args], timeout, env=env or dict(os.environ), cwd=ROOT)
 
 
 def _error_line(proc) -> str:

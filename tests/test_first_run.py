@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, free_port, tiny_spec
+from tests.conftest import ROOT, free_port, run_cli, tiny_spec
 
 HF2TRITON = str(Path(sys.executable).parent / "hf2triton")
 
@@ -35,8 +35,8 @@ def _env(**changes: str | None) -> dict[str, str]:
 
 def _release(spec: Path, cwd: Path, env: dict[str, str], timeout: float = 900,
              prefix: list[str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([*(prefix or []), HF2TRITON, "release", str(spec)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return run_cli([*(prefix or []), HF2TRITON, "release", str(spec)], timeout, cwd=cwd,
+                   env=env)
 
 
 def _one_error_line(proc: subprocess.CompletedProcess) -> str:
