@@ -124,6 +124,18 @@ def test_the_digest_that_runs_is_the_digest_in_mlflow(release, docker_client):
     assert docker_client.api.inspect_distribution(image["tag"])["Descriptor"]["digest"] == \
         image["digest"]
     assert summary["container"]["container_name"] == LIVE
+    # The release's watch looked at the container: its Triton metrics (latency quantiles on)
+    # and a smoke probe on the published ports.
+    import json
+
+    state = release.home / "watch" / f"{MODEL}.json"
+    look = json.loads(state.read_text())["last"] if state.is_file() else None
+    assert summary["watch"]["watch"] == "in-process" and summary["watch"]["breaches"] == []
+    assert look is not None, sorted(p.name for p in (release.home / "watch").iterdir())
+    [row] = look["rows"]
+    assert row["endpoint"].startswith("docker container 127.0.0.1:")
+    assert row["version"] == _live_version(docker_client)
+    assert "probe_error" not in row and row.get("grpc_min_cosine", 0) >= 0.99, row
 
 
 def test_image_size_is_reported_and_under_1_gb(release):

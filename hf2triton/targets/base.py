@@ -124,6 +124,13 @@ class DeploySection(Strict):
         return self
 
 
+class WatchPoint(TypedDict):
+    name: str
+    http: str  # host:port
+    grpc: str  # host:port
+    metrics: str  # http://host:port/metrics
+
+
 class PublishedSection(DeploySection):
     """A target whose Triton listens on ports of this machine."""
 
@@ -132,6 +139,13 @@ class PublishedSection(DeploySection):
     grpc_port: int = Field(8001, ge=1, le=65535, description="Triton's gRPC port")
     metrics_port: int = Field(8002, ge=1, le=65535, description="Triton's Prometheus "
                               "metrics port")
+
+    def watch_point(self, what: str) -> WatchPoint:
+        """Where the watch reads this Triton's metrics and probes it: its published ports."""
+        return WatchPoint(name=f"{what} {self.host}:{self.http_port}",
+                          http=f"{self.host}:{self.http_port}",
+                          grpc=f"{self.host}:{self.grpc_port}",
+                          metrics=f"http://{self.host}:{self.metrics_port}/metrics")
 
     @model_validator(mode="after")
     def _ports_differ(self) -> PublishedSection:
@@ -148,13 +162,6 @@ class Deployment(TypedDict):
     endpoints: list[Endpoint]  # where the smoke test queries the new version
     state: dict[str, Any]  # what rollback and retire need (JSON-able, no credentials)
     reused: bool
-
-
-class WatchPoint(TypedDict):
-    name: str
-    http: str  # host:port
-    grpc: str  # host:port
-    metrics: str  # http://host:port/metrics
 
 
 class DeployTarget:

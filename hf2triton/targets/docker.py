@@ -20,7 +20,13 @@ from hf2triton.errors import DeployError, Hf2TritonError
 from hf2triton.runs import step_logger
 from hf2triton.smoke import Endpoint
 from hf2triton.targets import TARGETS
-from hf2triton.targets.base import Check, Deployment, DeployTarget, PublishedSection
+from hf2triton.targets.base import (
+    Check,
+    Deployment,
+    DeployTarget,
+    PublishedSection,
+    WatchPoint,
+)
 
 LABEL_RELEASE = "io.hf2triton.release"
 LABEL_ROLE = "io.hf2triton.role"
@@ -77,6 +83,9 @@ class DockerDeploy(PublishedSection):
 @TARGETS.register
 class DockerContainers(DeployTarget):
     Spec = DockerDeploy
+
+    def watch_points(self) -> list[WatchPoint]:
+        return [self.spec.watch_point("docker container")]
 
     def _endpoint(self, urls: dict[str, str], version: str, what: str) -> Endpoint:
         return Endpoint(name=what, http=urls["http"], grpc=urls["grpc"], version=version)

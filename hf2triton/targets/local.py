@@ -159,11 +159,7 @@ class LocalTriton(DeployTarget):
         restore_on(deployment["state"], deployment["model_name"], deployment["version"])
 
     def watch_points(self) -> list[WatchPoint]:
-        spec = self.spec
-        return [WatchPoint(name=f"local Triton {spec.host}:{spec.http_port}",
-                           http=f"{spec.host}:{spec.http_port}",
-                           grpc=f"{spec.host}:{spec.grpc_port}",
-                           metrics=f"http://{spec.host}:{spec.metrics_port}/metrics")]
+        return [self.spec.watch_point("local Triton")]
 
     def restore(self, model_name: str, version: str, check: Check) -> list[str]:
         state = triton_local.read_state()
