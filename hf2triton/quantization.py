@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
 import logging
 import shutil
 import sys
@@ -18,7 +17,6 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from hf2triton import quiet
-from hf2triton.serving import openvino_telemetry_off
 from hf2triton.errors import QuantizationError
 from hf2triton.spec import QuantizationSpec
 from hf2triton.workspace import cached_step, digest, sha256_file, source_digest
@@ -345,26 +343,14 @@ def calibration_feeds(onnx_path: str, tokenizer_path: str, max_length: int,
             for group in plan_sub_batches(lengths, max_batch_tokens)]
 
 
-def import_nncf():
-    """NNCF, with its telemetry off. NNCF's telemetry (openvino_telemetry) sends each call from
-    a process forked in a thread: the child can deadlock in its ssl set-up and the release waits
-    on it for ever (seen: releases hung past 600 s under load). Importing hf2triton already made
-    openvino_telemetry unimportable (hf2triton.serving.openvino_telemetry_off); NNCF_CI is
-    NNCF's own switch to its no-op telemetry as well. Every use of NNCF imports it through
-    here."""
-    openvino_telemetry_off()
-    os.environ.setdefault("NNCF_CI", "1")
-    import nncf
-
-    return nncf
-
-
 def openvino_int8(onnx_path: str, tokenizer_path: str, max_length: int, texts: list[str],
                   work_root: str) -> QuantizeResult:
     """NNCF post-training int8 of the graph as OpenVINO IR (model.xml + model.bin), calibrated
     on `texts` (the validation texts), the MatMuls after an activation kept in higher precision
     (`after_activation`). OpenVINO runs it; the gate decides whether it is accurate enough."""
-    nncf = import_nncf()
+    # Its telemetry is off: importing hf2triton made openvino_telemetry unimportable
+    # (hf2triton.serving.openvino_telemetry_off), so NNCF uses its no-op stub.
+    import nncf
     import openvino as ov
 
     src = Path(onnx_path)

@@ -215,20 +215,32 @@ def test_int8_and_int4_blockwise_candidates_are_scored_by_the_gate_metrics(expor
 
 def test_a_stream_with_clean_up_spaces_holds_back_what_a_later_token_rewrites():
     """Tokenizers that clean up spaces (" 's" -> "'s", " ." -> ".") rewrite the end of the text
-    when the next token comes: what a stream already sent must stay a prefix of the whole text,
-    and the pieces join to it."""
-    from hf2triton.serving.seq2seq import clean_up_tail, clean_up_tokenization
+    when the next token comes: the engine's stream must only send what stays, so the pieces
+    join to the whole text. A tokenizer of whole strings stands in for the model's (each id one
+    of `tokens`), driven through the engine's own streaming step."""
+    from hf2triton.serving import causal
+    from hf2triton.serving.seq2seq import clean_up_tokenization
+
+    class Pieces:
+        clean_up = True
+
+        def __init__(self, tokens):
+            self.tokens = tokens
+
+        def decode(self, ids):
+            return clean_up_tokenization("".join(self.tokens[i] for i in ids))
 
     for tokens in (["It", " '", "s", " fine", " ."], ["I", " do", " n", "'t", " know", " !"],
                    ["he", " said", " '", " yes", " '", " ,", " then"], ["a", " ", "b", " 've"]):
-        raw, sent, pieces = "", 0, []
-        for token in tokens:
-            raw += token
-            text = clean_up_tokenization(raw)
-            ready = len(text) - clean_up_tail(text)
-            if ready > sent:
-                pieces.append(text[sent:ready])
-                sent = ready
-        whole = clean_up_tokenization(raw)
-        pieces.append(whole[sent:])
-        assert "".join(pieces) == whole, (tokens, pieces)
+        tok = Pieces(tokens)
+        engine = causal.Engine(None, tok, eos=[], processors=None)
+        sent: list[str] = []
+        seq = causal.Sequence(prompt=[], sampling=causal.Sampling(max_new_tokens=99),
+                              emit=lambda text, ids, last, s: sent.append(text), stream=True)
+        for i in range(len(tokens)):
+            seq.generated.append(i)
+            engine._stream(seq)
+        engine._finish(seq, "length")
+        whole = tok.decode(range(len(tokens)))
+        assert "".join(sent) == whole, (tokens, sent)
+        assert len(sent) > 2, sent  # it streamed, not one piece at the end

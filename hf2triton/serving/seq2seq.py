@@ -29,23 +29,23 @@ ONNX_FILES = {
 # --- tokenization -------------------------------------------------------------------------------
 
 
+# transformers' `clean_up_tokenization`, pattern by pattern, in its order.
+CLEAN_UP = {" .": ".", " ?": "?", " !": "!", " ,": ",", " ' ": "'", " n't": "n't", " 'm": "'m",
+            " 's": "'s", " 've": "'ve", " 're": "'re"}
+
+
 def clean_up_tokenization(text: str) -> str:
     """transformers' `clean_up_tokenization`, applied when the tokenizer asks for it."""
-    return (
-        text.replace(" .", ".").replace(" ?", "?").replace(" !", "!").replace(" ,", ",")
-        .replace(" ' ", "'").replace(" n't", "n't").replace(" 'm", "'m").replace(" 's", "'s")
-        .replace(" 've", "'ve").replace(" 're", "'re")
-    )
-
-
-CLEAN_UP = (" .", " ?", " !", " ,", " ' ", " n't", " 'm", " 's", " 've", " 're")
+    for pattern, replacement in CLEAN_UP.items():
+        text = text.replace(pattern, replacement)
+    return text
 
 
 def clean_up_tail(text: str) -> int:
     """How many trailing characters of a cleaned-up text a later token may still rewrite (a
     proper start of one of clean_up_tokenization's patterns, e.g. " '" before "s"): a stream
     holds them back, so the pieces it sent join to the whole text."""
-    for n in range(min(4, len(text)), 0, -1):
+    for n in range(min(max(map(len, CLEAN_UP)) - 1, len(text)), 0, -1):
         tail = text[-n:]
         if any(len(p) > n and p.startswith(tail) for p in CLEAN_UP):
             return n
