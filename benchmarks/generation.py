@@ -42,7 +42,7 @@ LEVELS = (1, 8, 32)
 
 def prompts_of_every_length(n: int) -> list[str]:
     """Prompts from 1 to about 120 words, drawn from the validation corpus."""
-    from hf2triton.tiny_models import CORPUS
+    from tests.tiny_models import CORPUS
 
     lines = list(dict.fromkeys(CORPUS))
     rng = np.random.default_rng(0)
@@ -189,7 +189,7 @@ def main() -> None:
                         "Llama, hidden 256, 4 layers)")
     args = parser.parse_args()
     from hf2triton.cpu import cpu_features
-    from hf2triton.tiny_models import build_tiny_llama
+    from tests.tiny_models import build_tiny_llama
 
     work = Path(tempfile.mkdtemp(prefix="generation-bench-"))
     model_dir = args.model or build_tiny_llama(work / "llama", hidden=args.hidden,

@@ -347,7 +347,7 @@ def marian_sized(out: Path) -> Path:
     import torch
     from transformers import M2M100Config, M2M100ForConditionalGeneration
 
-    from hf2triton.tiny_models import build_tiny_m2m100
+    from tests.tiny_models import build_tiny_m2m100
 
     build_tiny_m2m100(out)  # the tokenizer, and a tiny model replaced below
     tiny = M2M100Config.from_pretrained(out)

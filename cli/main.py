@@ -43,7 +43,7 @@ def _release(args: argparse.Namespace) -> int:
 
 
 def _run_release(spec) -> int:
-    from flows.release import release_model
+    from hf2triton.flows.release import release_model
     from hf2triton.errors import Hf2TritonError
     from hf2triton.prefect_api import stop_temporary_api
 

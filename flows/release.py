@@ -17,18 +17,18 @@ from hf2triton.record import release_record, reused_steps, summary
 from hf2triton.spec import ReleaseSpec, parse_spec
 from hf2triton.targets import target_for
 from hf2triton.workspace import work_dir
-from flows.watch import after_release
-from tasks.deploy import deploy, retire, smoke
-from tasks.export import export
-from tasks.fetch import fetch
-from tasks.image import release_image
-from tasks.monitoring import monitoring
-from tasks.quantize import quantize
-from tasks.register import promote, register
-from tasks.report import report
-from tasks.repository import repository
-from tasks.tune import tune
-from tasks.validate import validate
+from hf2triton.flows.watch import after_release
+from hf2triton.tasks.deploy import deploy, retire, smoke
+from hf2triton.tasks.export import export
+from hf2triton.tasks.fetch import fetch
+from hf2triton.tasks.image import release_image
+from hf2triton.tasks.monitoring import monitoring
+from hf2triton.tasks.quantize import quantize
+from hf2triton.tasks.register import promote, register
+from hf2triton.tasks.report import report
+from hf2triton.tasks.repository import repository
+from hf2triton.tasks.tune import tune
+from hf2triton.tasks.validate import validate
 
 
 @flow(name="release-model", log_prints=False, validate_parameters=False)

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from hf2triton.errors import DeployError, ServiceUnavailableError
-from hf2triton.workspace import PROJECT_ROOT
+from hf2triton.workspace import resource_dir
 
 if TYPE_CHECKING:
     from hf2triton.targets.kserve import KubernetesSpec
 
-TEMPLATES = PROJECT_ROOT / "infra" / "k8s"
+TEMPLATES = resource_dir("infra") / "k8s"
 MANIFESTS = {  # file -> (kind, the Kubernetes client model that checks it, or None for a CRD)
     "triton-deployment.yaml": ("Deployment", "V1Deployment"),
     "triton-service.yaml": ("Service", "V1Service"),

@@ -11,6 +11,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from hf2triton.errors import DeployError, ServiceUnavailableError
 from hf2triton.waiting import wait_until
-from hf2triton.workspace import PROJECT_ROOT, atomic_write_text, home
+from hf2triton.workspace import CHECKOUT, atomic_write_text, home
 
 
 SERVER_ENV = {"HOME", "LANG", "TZ", "TMPDIR", "USER", "LOGNAME", "OMP_NUM_THREADS"}
@@ -27,8 +28,11 @@ SERVER_ENV_PREFIXES = ("LC_", "OPENBLAS_")
 
 
 def serving_env() -> Path:
-    """The Python environment Triton's Python backend runs models in."""
-    return Path(os.environ.get("HF2TRITON_SERVING_ENV") or PROJECT_ROOT / ".venv-serving")
+    """The Python environment Triton's Python backend runs models in: $HF2TRITON_SERVING_ENV,
+    else the `.venv-serving` that infra/setup.sh makes in the checkout (for an installed
+    package: beside the environment hf2triton runs in)."""
+    default = (CHECKOUT or Path(sys.prefix).parent) / ".venv-serving"
+    return Path(os.environ.get("HF2TRITON_SERVING_ENV") or default)
 
 
 def _pytriton_dir(env: Path) -> Path:

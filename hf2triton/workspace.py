@@ -17,7 +17,33 @@ from typing import Any
 from hf2triton.errors import ArtifactError
 
 DONE_FILE = "hf2triton-done.json"
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _checkout() -> Path | None:
+    """The repository hf2triton runs from (a clone, installed editable), or None for an
+    installed wheel: its release specs, prefect.yaml and environments live there."""
+    root = Path(__file__).resolve().parents[1]
+    return root if (root / "pyproject.toml").is_file() and (root / "releases").is_dir() \
+        else None
+
+
+CHECKOUT = _checkout()
+# Where project files are looked for: the checkout, or for an installed wheel the current
+# directory (a project of the user's own with releases/ and prefect.yaml).
+PROJECT_ROOT = CHECKOUT or Path.cwd()
+
+
+def resource_dir(name: str) -> Path:
+    """A data folder shipped with hf2triton (`model_repository`, `infra`), read through
+    importlib.resources: the repository's own folder in a checkout, the copy inside the
+    installed package otherwise."""
+    import importlib.resources
+
+    found = importlib.resources.files(f"hf2triton.{name}")
+    if not isinstance(found, Path):  # a zipped install: Triton and Docker need real files
+        raise ArtifactError(f"hf2triton.{name} is not on the file system ({found}): install "
+                            "hf2triton as a plain (unzipped) package")
+    return found
 
 
 def home() -> Path:
@@ -66,7 +92,7 @@ def ensure_home(*subdirs: str) -> Path:
 
 
 def templates_dir() -> Path:
-    return PROJECT_ROOT / "model_repository"
+    return resource_dir("model_repository")
 
 
 def sha256_file(path: str | Path) -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hf2triton.net import free_port
-from hf2triton.tiny_models import build_tiny_bert
+from tests.tiny_models import build_tiny_bert
 from hf2triton.waiting import http_ok, wait_for
 from tests.docker_fixtures import docker_client, docker_env, serving_wheelhouse  # noqa: F401
 from tests.prefect_fixtures import prefect_server  # noqa: F401
@@ -190,7 +190,7 @@ class TinyRelease:
 
 
 def tiny_spec(path: Path, model_dir: Path, ports: dict[str, int], **overrides) -> Path:
-    from hf2triton.tiny_models import CORPUS
+    from tests.tiny_models import CORPUS
 
     sentences = path.parent / "tiny-sentences.txt"
     extra = ["ok", "thanks", "", "a " * 80, "prices rose 12.5%!", "😀 great"]
@@ -211,7 +211,7 @@ def tiny_spec(path: Path, model_dir: Path, ports: dict[str, int], **overrides) -
 def released_tiny_bert(tmp: Path, model_dir: Path):
     """Release `model_dir` in-process from a private home under `tmp`, served by its own local
     Triton on free ports; yields the TinyRelease and stops that server after."""
-    from flows.release import release_model
+    from hf2triton.flows.release import release_model
     from hf2triton import triton_local
     from hf2triton.spec import load_spec
 

@@ -73,7 +73,7 @@ def test_a_cpu_triton_refusing_a_gpu_version_is_a_clear_deploy_error(tmp_path, m
     """A GPU release gated on CPU numerics, deployed to a tritonserver without a GPU: Triton
     refuses the KIND_GPU instances, and the release says so in its own words (not a time-out);
     nothing serves the refused version."""
-    from flows.release import release_model
+    from hf2triton.flows.release import release_model
     from hf2triton import triton_local
     from hf2triton.errors import DeployError
     from hf2triton.spec import load_spec

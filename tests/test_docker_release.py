@@ -328,7 +328,7 @@ def test_a_failing_new_image_leaves_the_old_container_serving(release, docker_en
     from hf2triton.spec import load_spec
     from hf2triton.targets.docker import DockerDeploy
     from hf2triton.targets.docker import DockerContainers
-    from tasks.deploy import _check
+    from hf2triton.tasks.deploy import _check
     from tests.served import embed_remote
 
     _summary(release.first)

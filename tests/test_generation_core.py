@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from hf2triton.tiny_models import CORPUS, build_tiny_llama
+from tests.tiny_models import CORPUS, build_tiny_llama
 
 PROMPTS = list(dict.fromkeys(CORPUS))
 

@@ -26,7 +26,7 @@ from hf2triton import image as image_step
 from hf2triton.clients import docker as engine_client
 from hf2triton.credentials import REGISTRY_PASSWORD, REGISTRY_USERNAME, RegistryCredentials
 from hf2triton.image import build as image_build
-from tasks.image import release_image
+from hf2triton.tasks.image import release_image
 from tests.conftest import ROOT, free_port, write_spec
 
 PASSWORD = "s3cret-Registry-pw"

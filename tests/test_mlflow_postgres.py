@@ -136,7 +136,7 @@ def test_release_with_mlflow_on_postgresql_and_the_repository_in_s3(
     import psycopg2
     from mlflow import MlflowClient
 
-    from flows.release import release_model
+    from hf2triton.flows.release import release_model
     from hf2triton.errors import DeployError
     from hf2triton.spec import load_spec
     from hf2triton.workspace import hash_files
@@ -278,7 +278,7 @@ def test_replicas_that_read_one_bucket_all_serve_the_release(s3_server, tiny_ber
     release writes the version once, every replica loads it and passes the smoke test."""
     import yaml
 
-    from flows.release import release_model
+    from hf2triton.flows.release import release_model
     from hf2triton.spec import load_spec
     from tests.served import serving_versions, triton_client
 

@@ -14,7 +14,7 @@ from hf2triton import serving
 from hf2triton.clients.triton import inference
 from hf2triton.gate import answer_in_batches
 from hf2triton.kinds import kind_for
-from hf2triton.tiny_models import (
+from tests.tiny_models import (
     SEQ2SEQ_CORPUS,
     build_tiny_bert,
     build_tiny_classifier,
@@ -73,7 +73,7 @@ def _same(kind_name: str, served: object, in_process: object) -> None:
 @pytest.mark.e2e
 @pytest.mark.parametrize("kind_name", list(KINDS))
 def test_every_kind_releases_and_serves_on_openvino(kind_name, tmp_path, monkeypatch):
-    from flows.release import release_model
+    from hf2triton.flows.release import release_model
     from hf2triton import triton_local
     from hf2triton.spec import load_spec
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from flows.release import release_model
+from hf2triton.flows.release import release_model
 from hf2triton import triton_local
 from hf2triton.errors import DeployError, SmokeTestError, SpecError
 from hf2triton.spec import load_spec, parse_spec

@@ -16,7 +16,7 @@ from tritonclient.utils import InferenceServerException
 
 from hf2triton.errors import AccuracyGateError, SpecError
 from hf2triton.spec import load_spec, parse_spec
-from hf2triton.tiny_models import build_tiny_cross_encoder, rerank_pairs
+from tests.tiny_models import build_tiny_cross_encoder, rerank_pairs
 from tests.conftest import free_port, tiny_spec
 
 
@@ -37,7 +37,7 @@ def model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def reranker(tmp_path_factory, model_dir):
-    from flows.release import release_model
+    from hf2triton.flows.release import release_model
     from hf2triton import triton_local
 
     tmp = tmp_path_factory.mktemp("reranker")
@@ -130,7 +130,7 @@ def test_a_bad_request_gets_a_clear_error(reranker):
 
 def test_a_ranking_gate_int8_cannot_meet_refuses_the_release_naming_the_metric(
         reranker, model_dir, tmp_path, monkeypatch):
-    from flows.release import release_model
+    from hf2triton.flows.release import release_model
 
     report = json.loads(next((reranker["home"] / "work" / "tiny-reranker" / "validate")
                              .glob("*/validation_report.json")).read_text())

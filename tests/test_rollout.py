@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from flows.release import release_model
+from hf2triton.flows.release import release_model
 from hf2triton.errors import ArtifactError, DeployError, SmokeTestError
 from hf2triton.kinds.embedding import TorchEmbedder, cosine_rows, resolve_embedding_config
 from hf2triton.spec import load_spec

@@ -1,7 +1,7 @@
 """Serving runtimes (hf2triton/serving/runtimes.py) through the serving core, for every kind:
 OpenVINO on CPU answers as ONNX Runtime does, its precision is pinned and read back, bad settings
 and a runtime that cannot run here fail with clear errors, and a real tritonserver runs the
-runtime its serving.json names. Tiny real models (hf2triton/tiny_models.py) exported as the release exports them."""
+runtime its serving.json names. Tiny real models (tests/tiny_models.py) exported as the release exports them."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from hf2triton.gate import load_candidate, serving_settings
 from hf2triton.kinds import Data, kind_for
 from hf2triton.serving import runtimes
 from hf2triton.spec import parse_spec
-from hf2triton.tiny_models import (CORPUS, SEQ2SEQ_CORPUS, build_tiny_bert, build_tiny_classifier,
+from tests.tiny_models import (CORPUS, SEQ2SEQ_CORPUS, build_tiny_bert, build_tiny_classifier,
                           build_tiny_cross_encoder, build_tiny_m2m100, rerank_pairs)
 
 TEXTS = list(dict.fromkeys(CORPUS)) + ["a", "", "word " * 100, "ok thanks", "prices 12.5%"]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from hf2triton.serving.text import plan_sub_batches
-from hf2triton.tiny_models import CORPUS
+from tests.tiny_models import CORPUS
 
 TEXTS = list(dict.fromkeys(CORPUS)) + ["a", "", "word " * 100, "ok thanks", "prices 12.5%"]
 

@@ -33,7 +33,7 @@ from hf2triton.quantization import quantize_onnx
 from hf2triton.source import fetch_model
 from hf2triton.kinds.embedding import EmbeddingThresholds as Thresholds
 from hf2triton.spec import QuantizationSpec, SourceSpec, parse_spec
-from hf2triton.tiny_models import CORPUS
+from tests.tiny_models import CORPUS
 
 ODD = [
     "",  # nothing but [CLS] [SEP]

@@ -17,7 +17,7 @@ from tritonclient.utils import InferenceServerException
 from hf2triton.errors import SpecError
 from hf2triton.kinds.translation import GenerationSpec
 from hf2triton.spec import load_spec, parse_spec
-from hf2triton.tiny_models import SEQ2SEQ_CORPUS, build_tiny_classifier, build_tiny_m2m100
+from tests.tiny_models import SEQ2SEQ_CORPUS, build_tiny_classifier, build_tiny_m2m100
 from tests.conftest import free_port, tiny_spec
 
 ODD = ["a", "ok", "prices rose 12.5% to $43,210 on tuesday!", "ÄÖÜ ß straße 😀",
@@ -25,7 +25,7 @@ ODD = ["a", "ok", "prices rose 12.5% to $43,210 on tuesday!", "ÄÖÜ ß straße
 
 
 def _release(tmp, model_dir: Path, name: str, task: str, **overrides):
-    from flows.release import release_model
+    from hf2triton.flows.release import release_model
 
     ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
     spec_path = tiny_spec(

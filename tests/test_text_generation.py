@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from hf2triton.tiny_models import CORPUS, build_tiny_gpt2, build_tiny_llama
+from tests.tiny_models import CORPUS, build_tiny_gpt2, build_tiny_llama
 from tests.conftest import free_port, tiny_spec
 
 PROMPTS = list(dict.fromkeys(CORPUS)) + ["a", "ok then", "prices rose 12.5% to $43,210!",
@@ -29,7 +29,7 @@ def _release(tmp: Path, model_dir: Path, name: str, ports: dict, runtimes: list,
              quantization: str):
     import yaml
 
-    from flows.release import release_model
+    from hf2triton.flows.release import release_model
     from hf2triton.spec import load_spec
 
     spec_path = tiny_spec(

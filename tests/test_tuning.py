@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from flows.release import release_model
+from hf2triton.flows.release import release_model
 from hf2triton.errors import SpecError
 from hf2triton.spec import load_spec, parse_spec
 from hf2triton.tuning import choose

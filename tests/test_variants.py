@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from flows.release import release_model
+from hf2triton.flows.release import release_model
 from hf2triton.errors import AccuracyGateError
 from hf2triton.spec import load_spec
 from tests.conftest import free_port, tiny_spec

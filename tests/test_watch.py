@@ -111,7 +111,7 @@ def _mlflow(home: Path):
 @pytest.fixture(scope="module")
 def watched(tmp_path_factory, tiny_bert, other_tiny_bert):
     """tiny-embedder released as version 1 (tiny_bert) and then 2 (other weights), watched."""
-    from flows.release import release_model
+    from hf2triton.flows.release import release_model
     from hf2triton import triton_local
     from hf2triton.spec import load_spec
 
@@ -141,7 +141,7 @@ def home_of(watched, monkeypatch):
 
 
 def _cli(args: list[str], home: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cli.main", *args], env=_env(home), cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "hf2triton.cli.main", *args], env=_env(home), cwd=ROOT,
                           capture_output=True, text=True, timeout=600, check=False)
 
 
@@ -220,8 +220,8 @@ def test_watch_rolls_back_a_regression_within_its_window(home_of):
     """Version 2 starts failing inputs longer than any validated one under traffic (its smoke
     probe still passes); the watch sees the failure rate, rolls back to 1 within the window, and
     version 1 answers every request sent to it throughout."""
-    from flows.release import release_model
-    from flows.watch import watch_release
+    from hf2triton.flows.release import release_model
+    from hf2triton.flows.watch import watch_release
     from hf2triton.spec import load_spec
 
     rel = home_of
@@ -334,7 +334,7 @@ def test_prefect_server_runs_the_watch_and_its_automation_rolls_back(home_of, pr
     shows the watch's table (HF2TRITON_SCREENSHOT_TO=path keeps the screenshot)."""
     import shutil
 
-    from flows.release import release_model
+    from hf2triton.flows.release import release_model
     from hf2triton.deployments import render
     from hf2triton.spec import load_spec
     from tests.prefect_fixtures import BIN, _run, _start, _stop, _with_api, cancel_open_runs, \

@@ -11,9 +11,9 @@ from pathlib import Path
 from hf2triton.image.target import ImageTarget
 from hf2triton.image.variants import variant_for
 from hf2triton.image.wheelhouse import serving_requirements, write_requirement_lists
-from hf2triton.workspace import PROJECT_ROOT, atomic_write_text
+from hf2triton.workspace import atomic_write_text, resource_dir
 
-DOCKERFILE = PROJECT_ROOT / "infra" / "Dockerfile"
+DOCKERFILE = resource_dir("infra") / "Dockerfile"
 
 
 class _Template(string.Template):

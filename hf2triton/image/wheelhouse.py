@@ -15,9 +15,9 @@ from typing import Any
 from hf2triton.errors import ArtifactError, ImageBuildError, ServiceUnavailableError
 from hf2triton.image.variants import VARIANTS, ImageVariant
 from hf2triton.runs import step_logger
-from hf2triton.workspace import PROJECT_ROOT, cached_step, digest
+from hf2triton.workspace import CHECKOUT, cached_step, digest, home, resource_dir
 
-SERVING_REQUIREMENTS = PROJECT_ROOT / "infra" / "serving-requirements.txt"
+SERVING_REQUIREMENTS = resource_dir("infra") / "serving-requirements.txt"
 TRITON_PACKAGE = "nvidia-pytriton"
 
 
@@ -69,8 +69,10 @@ def write_requirement_lists(out: Path, triton: list[str], runtime: list[str]) ->
 
 
 def wheelhouse_root() -> Path:
-    """$HF2TRITON_WHEELHOUSE, else .cache/wheelhouse in the project (ignored by git)."""
-    return Path(os.environ.get("HF2TRITON_WHEELHOUSE") or PROJECT_ROOT / ".cache" / "wheelhouse")
+    """$HF2TRITON_WHEELHOUSE, else .cache/wheelhouse in the checkout (ignored by git), else
+    wheelhouse/ in the hf2triton home (an installed package)."""
+    default = CHECKOUT / ".cache" / "wheelhouse" if CHECKOUT else home() / "wheelhouse"
+    return Path(os.environ.get("HF2TRITON_WHEELHOUSE") or default)
 
 
 def ensure_wheelhouse(logger: Any = None, variant: ImageVariant = VARIANTS["cpu"],
