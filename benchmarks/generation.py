@@ -56,7 +56,6 @@ def prompts_of_every_length(n: int) -> list[str]:
 def export(model_dir: Path, out: Path, max_new: int) -> dict:
     """The fp32 export and the serving.json the release would write for it."""
     from hf2triton.export import optimum_export
-    from hf2triton.gate import serving_settings
     from hf2triton.kinds.base import save_fast_tokenizer
     from hf2triton.kinds.text_generation import (
         TextGenerationKind,
@@ -68,7 +67,7 @@ def export(model_dir: Path, out: Path, max_new: int) -> dict:
     save_fast_tokenizer(str(model_dir), out)
     cfg = resolve_text_generation(model_dir, TextGenerationSpec(max_new_tokens=max_new))
     kind = TextGenerationKind.__new__(TextGenerationKind)
-    return {**serving_settings(kind, cfg, str(out)), "onnx": str(out / "model.onnx"),
+    return {**kind.serving_json(cfg, str(out)), "onnx": str(out / "model.onnx"),
             "tokenizer_file": str(out / "tokenizer.json")}
 
 

@@ -24,7 +24,6 @@ from pathlib import Path
 import numpy as np
 
 from hf2triton.export import export_model
-from hf2triton.gate import load_candidate, serving_settings
 from hf2triton.kinds import Data, kind_for
 from hf2triton.serving import runtimes
 from hf2triton.spec import load_spec, package_model_dir
@@ -83,12 +82,12 @@ def main() -> None:
     args = parser.parse_args()
 
     kind, cfg, onnx_path, export_dir, texts = export(Path(args.work))
-    base = serving_settings(kind, cfg, export_dir, MAX_BATCH_TOKENS)
+    base = kind.serving_json(cfg, export_dir, max_batch_tokens=MAX_BATCH_TOKENS)
     offered = runtimes.runtime_info()["openvino"]["cpu"]["precisions"]
     chosen = {n: s for n, s in SETTINGS.items()
               if s["name"] != "openvino" or runtimes.settings_of({"runtime": s}).precision
               in offered}
-    models = {n: load_candidate(kind, onnx_path, export_dir, {**base, "runtime": s})
+    models = {n: kind.open_candidate(onnx_path, export_dir, {**base, "runtime": s})
               for n, s in chosen.items()}
 
     def embed_all(model) -> np.ndarray:

@@ -11,9 +11,10 @@ from typing import Any
 from prefect import flow
 from prefect.transactions import transaction
 
-from hf2triton.devices import check_gate_device, runtime_choices
+from hf2triton.devices import check_gate_device
 from hf2triton.kinds import kind_for
 from hf2triton.record import release_record, reused_steps, summary
+from hf2triton.runtimes import runtime_choices
 from hf2triton.spec import ReleaseSpec, parse_spec
 from hf2triton.targets import target_for
 from hf2triton.workspace import work_dir
@@ -39,11 +40,12 @@ def release_model(spec: ReleaseSpec | dict[str, Any]) -> dict[str, Any]:
     kind, target = kind_for(spec), target_for(spec, work)
     data = kind.read_data()  # bad validation data fails before any work
     check_gate_device(spec.deploy)  # so does a GPU release where the gate cannot use a GPU
-    runtimes = runtime_choices(spec.deploy, spec.runtime)  # what this machine can try
+    runtimes = runtime_choices(spec.deploy, spec.runtime, kind)  # what this machine can try
 
     src = fetch(spec.source)
     exp = export(kind, src, spec.export, data, work)
-    variants = quantize(exp, spec.quantization, runtimes, kind.calibration(data), work)
+    variants = quantize(kind, src["model_dir"], exp, spec.quantization, runtimes,
+                        kind.calibration(data), work)
     val = validate(kind, src["model_dir"], exp, variants, data, spec.quantization, spec.deploy,
                    runtimes, work)
     tuned = tune(kind, spec.triton_model_name, val, exp, data, spec.deploy, work)

@@ -1,104 +1,91 @@
-"""Which devices this machine can gate on: a release for `deploy.device: gpu` must measure the
-candidates on a GPU, as Triton will run them, unless its spec accepts a CPU check of the GPU
-graph's numerics (`deploy.gpu_gate: cpu-numerics`)."""
+"""Deploy devices as plug-ins (`deploy.device`: cpu, gpu): how Triton places the model's
+instances there, whether this machine can gate on it, and, for a GPU release that accepts a CPU
+check of its graph's numerics (`deploy.gpu_gate: cpu-numerics`), what the gate runs instead.
+Runtimes name the device they serve (hf2triton.runtimes); nothing else asks which device it is.
+"""
 
 from __future__ import annotations
 
 import glob
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
+from hf2triton import plugins
 from hf2triton.errors import EnvironmentSetupError
 
-
-def gpu_runtime_problem() -> str | None:
-    """Why the gate cannot run on an NVIDIA GPU here (None: it can): the driver's device nodes
-    and ONNX Runtime's CUDA provider must both be there."""
-    import onnxruntime as ort
-
-    if not glob.glob("/dev/nvidia[0-9]*"):
-        return "this machine has no NVIDIA GPU (no /dev/nvidia* device)"
-    if "CUDAExecutionProvider" not in ort.get_available_providers():
-        return (f"ONNX Runtime {ort.__version__} here has no CUDA provider (install "
-                "onnxruntime-gpu in place of onnxruntime)")
-    return None
+DEVICES = plugins.Registry(lambda cls: cls.name, default="cpu")
 
 
-def check_gate_device(deploy: Any) -> None:
-    """Stop a GPU release, before any work, where its gate cannot run on a GPU."""
-    if getattr(deploy, "device", "cpu") != "gpu" or deploy.gpu_gate != "here":
-        return
-    problem = gpu_runtime_problem()
-    if problem:
-        raise EnvironmentSetupError(
-            f"deploy.device is gpu, but {problem}, so the accuracy gate cannot measure what "
-            "Triton will run. Run the release on a GPU machine, or set deploy.gpu_gate: "
-            "cpu-numerics to check the GPU graph's numerics on this CPU and judge the served "
-            "answers on the target")
+@DEVICES.register
+class Cpu:
+    name: ClassVar[str] = "cpu"
+    gpus: ClassVar[bool] = False  # whether deploy.gpus means anything here
 
+    @staticmethod
+    def instance_group(count: int, gpus: list[int] | None) -> str:
+        """config.pbtxt's instance group: `count` model instances on the CPU."""
+        return f"{{\n    count: {count}\n    kind: KIND_CPU\n  }}"
 
-# The runtimes and precisions a release tries when its spec says `runtime.candidates: auto`,
-# per deploy.device, fastest first as measured on our machines (OpenVINO bf16 about 2x ONNX
-# Runtime fp32 on a CPU with AVX512_BF16; see docs/benchmarks.md).
-AUTO_RUNTIMES = {
-    "cpu": [("onnxruntime", "fp32"), ("openvino", "fp32"), ("openvino", "bf16")],
-    "gpu": [("onnxruntime-cuda", "fp32"), ("onnxruntime-cuda", "fp16")],
-}
-SERVING_DEVICE = {"cpu": "cpu", "gpu": "cuda"}  # deploy.device -> the runtimes' device name
+    @staticmethod
+    def gate_problem() -> str | None:
+        """Why the gate cannot run on this device here (None: it can)."""
+        return None
 
+    @staticmethod
+    def gate_on_cpu(deploy: Any) -> bool:
+        """Whether the gate checks this device's graphs on the CPU instead."""
+        return False
 
-@dataclass(frozen=True)
-class RuntimeChoices:
-    """What the gate tries: serving.json `runtime` settings, in order, and what was asked for but
-    is not offered on this machine, with why."""
-
-    served: list[dict[str, Any]]
-    not_offered: dict[str, str] = field(default_factory=dict)
-    # with gpu_gate cpu-numerics: the gate runs each on ONNX Runtime's CPU provider instead
-    cpu_numerics: bool = False
-    device: str = "cpu"  # deploy.device
-
-    def runs(self, name: str) -> bool:
-        return any(r["name"] == name for r in self.served)
-
-    def gated(self, served: dict[str, Any]) -> dict[str, Any]:
-        """The runtime the gate runs for a served one (the same, but for a CPU numerics check
-        of a GPU runtime)."""
-        if self.cpu_numerics and served.get("device") == "cuda":
-            return {"name": "onnxruntime", "device": "cpu", "precision": served["precision"]}
+    @staticmethod
+    def numerics_runtime(served: dict[str, Any]) -> dict[str, Any]:
         return served
 
 
-def label(runtime: dict[str, Any]) -> str:
-    """'openvino bf16' (a GPU runtime's name says its device)."""
-    return f"{runtime['name']} {runtime['precision']}"
+@DEVICES.register
+class Gpu(Cpu):
+    name = "gpu"
+    gpus = True
+
+    @staticmethod
+    def instance_group(count: int, gpus: list[int] | None) -> str:
+        """`count` instances on each GPU named (every GPU when none is)."""
+        listed = f"\n    gpus: [ {', '.join(str(g) for g in gpus)} ]" if gpus else ""
+        return f"{{\n    count: {count}\n    kind: KIND_GPU{listed}\n  }}"
+
+    @staticmethod
+    def gate_problem() -> str | None:
+        """The driver's device nodes and ONNX Runtime's CUDA provider must both be there."""
+        import onnxruntime as ort
+
+        if not glob.glob("/dev/nvidia[0-9]*"):
+            return "this machine has no NVIDIA GPU (no /dev/nvidia* device)"
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            return (f"ONNX Runtime {ort.__version__} here has no CUDA provider (install "
+                    "onnxruntime-gpu in place of onnxruntime)")
+        return None
+
+    @staticmethod
+    def gate_on_cpu(deploy: Any) -> bool:
+        return deploy.gpu_gate == "cpu-numerics"
+
+    @staticmethod
+    def numerics_runtime(served: dict[str, Any]) -> dict[str, Any]:
+        """ONNX Runtime's CPU provider at the GPU runtime's precision (an fp16 graph runs
+        through its casts)."""
+        return {"name": "onnxruntime", "device": "cpu", "precision": served["precision"]}
 
 
-def runtime_choices(deploy: Any, runtime_spec: Any) -> RuntimeChoices:
-    """The runtimes the release's candidates run on: the spec's list, or for `auto` the
-    device's usual ones; a precision this machine does not offer (bf16 on a CPU without
-    AVX512_BF16 or AMX) is left out and reported."""
-    from hf2triton.serving.runtimes import RuntimeSettings, runtime_info
+def gpu_runtime_problem() -> str | None:
+    """Why the gate cannot run on an NVIDIA GPU here (None: it can)."""
+    return Gpu.gate_problem()
 
-    device = getattr(deploy, "device", "cpu")
-    wanted = [(c.name, c.precision, dict(c.options)) for c in runtime_spec.candidates] \
-        if runtime_spec.candidates != "auto" else \
-        [(name, precision, {}) for name, precision in AUTO_RUNTIMES[device]]
-    cpu_numerics = device == "gpu" and deploy.gpu_gate == "cpu-numerics"
-    info = runtime_info()
-    served, not_offered = [], {}
-    for name, precision, options in wanted:
-        settings = RuntimeSettings(name, SERVING_DEVICE[device], precision, options)
-        runtime = {k: v for k, v in settings.to_dict().items()
-                   if k != "threads" or k in options}  # deploy.intra_op_threads is the default
-        offered = info.get(name, {}).get(settings.device, {})
-        if not cpu_numerics and settings.precision not in offered.get("precisions", []):
-            not_offered[label(runtime)] = offered.get("why") or "not available here"
-            continue
-        served.append(runtime)
-    if not served:
+
+def check_gate_device(deploy: Any) -> None:
+    """Stop a release, before any work, where its gate cannot run on its device."""
+    device = DEVICES.load(deploy.device)
+    problem = None if device.gate_on_cpu(deploy) else device.gate_problem()
+    if problem:
         raise EnvironmentSetupError(
-            f"none of the runtimes asked for can run here: "
-            f"{'; '.join(f'{k}: {v}' for k, v in not_offered.items())}. Install what they need, "
-            "or list others in runtime.candidates")
-    return RuntimeChoices(served, not_offered, cpu_numerics, device)
+            f"deploy.device is {device.name}, but {problem}, so the accuracy gate cannot "
+            "measure what Triton will run. Run the release on a machine that has one, or set "
+            "deploy.gpu_gate: cpu-numerics to check the graph's numerics on this CPU and judge "
+            "the served answers on the target")

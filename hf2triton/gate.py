@@ -57,22 +57,6 @@ class GateResult(TypedDict):
     reused: bool
 
 
-def serving_settings(kind: ModelKind, cfg: Any, export_dir: str, max_batch_tokens: int = 0,
-                     threads: int = 0) -> dict[str, Any]:
-    """serving.json without file locations: what the served model and the gate both read."""
-    module, cls = kind.serving
-    return {"module": module, "class": cls, "kind": kind.name,
-            **kind.settings(cfg, export_dir), "intra_op_threads": threads,
-            "max_batch_tokens": max_batch_tokens}
-
-
-def load_candidate(kind: ModelKind, candidate: str, export_dir: str,
-                   settings: dict[str, Any]) -> Any:
-    """The serving core's model on a candidate's files where they lie (no copy)."""
-    files = {name: str(path) for name, path in kind.version_files(candidate, export_dir).items()}
-    return serving.load("", {**settings, **kind.file_settings(files)})
-
-
 def candidate_digest(kind: ModelKind, candidate: str, export_dir: str) -> dict[str, str]:
     return {n: sha256_file(p) for n, p in kind.version_files(candidate, export_dir).items()}
 
@@ -167,7 +151,8 @@ class Gate:
             if kind.quality_metric in kind.labelled_metrics(gate_data) else None
         return cls(kind, cfg, data, gate_data, export_dir, batch, select, max_drop,
                    kind.limits(), kind.smoke_limits(), kind.smoke_indices(data),
-                   serving_settings(kind, cfg, export_dir, max_batch_tokens), quality)
+                   kind.serving_json(cfg, export_dir, max_batch_tokens=max_batch_tokens),
+                   quality)
 
 
 @dataclass
@@ -192,8 +177,8 @@ def run_gate(kind: ModelKind, model_dir: str, export_dir: str, candidates: list[
     `batch` is the largest dynamic batch Triton forms (deploy.max_batch_size); `not_offered`
     the runtimes and precisions this machine could not try, with why (for the report)."""
     gate = Gate.of(kind, cfg, data, export_dir, batch, max_batch_tokens, select, max_drop)
-    digests = [(c.name, candidate_digest(kind, c.onnx_path, export_dir), c.runtime,
-                c.gate_runtime) for c in candidates]
+    digests = [(c.name, candidate_digest(kind, c.onnx_path, export_dir) if not c.error
+                 else c.error, c.runtime, c.gate_runtime) for c in candidates]
     # The step's result names the shipped files by path: a candidate rebuilt elsewhere with the
     # same bytes must not reuse a result that points at the old place.
     paths = [c.onnx_path for c in candidates]
@@ -238,7 +223,7 @@ def champion_serves(gate: Gate, champion: Champion | None, digests: list[tuple])
     with themselves."""
     if not (champion and gate.quality):
         return set()
-    return {name for name, files, runtime, _ in digests if serves(
+    return {name for name, files, runtime, _ in digests if isinstance(files, dict) and serves(
         champion, files, {**candidate_settings(gate.base, runtime),
                           **gate.kind.file_settings({n: n for n in files})})}
 
@@ -315,11 +300,36 @@ def measure_candidate(gate: Gate, cand: Candidate, ref: Reference, champ: dict[s
                       floor: dict[str, Any], same: set[str]) -> dict[str, Any]:
     """One candidate through the serving core: scored one request at a time, in dynamic batches
     and on the smoke test's requests (the worst counts), against the champion's floor, and with
-    a search, timed. Its report entry; `misses` is empty when it passes."""
-    kind, cfg, limits, quality = gate.kind, gate.cfg, gate.limits, gate.quality
+    a search, timed. Its report entry; `misses` is empty when it passes. A candidate that
+    raises while it is built, opened or measured is refused with its error: the gate goes on."""
     t0 = time.perf_counter()
-    model = load_candidate(kind, cand.onnx_path, gate.export_dir,
-                           candidate_settings(gate.base, cand.gated_runtime))
+    model = None
+    try:
+        if cand.error:
+            raise CandidateBroken(cand.error)
+        model = gate.kind.open_candidate(cand.onnx_path, gate.export_dir,
+                                         candidate_settings(gate.base, cand.gated_runtime))
+        return judge(gate, cand, model, ref, champ, floor, same, t0)
+    except Exception as exc:  # noqa: BLE001 - a candidate that breaks is refused, not fatal
+        why = str(exc) if isinstance(exc, CandidateBroken) else \
+            f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+        step_logger().warning("validate: %s: refused, it raised: %s (%.0f s)", cand.name, why,
+                              time.perf_counter() - t0)
+        return {"name": cand.name, "runtime": cand.runtime, "gated_on": cand.gated_runtime,
+                "metrics": {}, "misses": {"error": float("inf")}, "error": why,
+                "smoke_metrics": {}, "details": {}, "worst": [], "champion_verdict": None}
+    finally:
+        getattr(model, "close", lambda: None)()  # one candidate open at a time
+
+
+class CandidateBroken(Exception):
+    """A candidate that cannot be judged (its graph could not be built)."""
+
+
+def judge(gate: Gate, cand: Candidate, model: Any, ref: Reference, champ: dict[str, Any],
+          floor: dict[str, Any], same: set[str], t0: float) -> dict[str, Any]:
+    """The report entry of an opened candidate."""
+    kind, cfg, limits, quality = gate.kind, gate.cfg, gate.limits, gate.quality
     runs = []
     for size in (1, gate.batch):
         outputs = kind.extract(answer_in_batches(model, ref.requests, size))
@@ -403,6 +413,9 @@ def gate_message(kind: ModelKind, report: dict[str, Any], path: Path) -> str:
     smoke = limits
     parts = []
     for cand in report["candidates"]:
+        if cand.get("error"):
+            parts.append(f"{cand['name']}: refused, it raised {cand['error']}")
+            continue
         own = {k: v for k, v in cand["misses"].items() if "." not in k}
         served = {k.removeprefix("smoke."): v for k, v in cand["misses"].items()
                   if k.startswith("smoke.")}

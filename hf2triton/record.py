@@ -52,7 +52,8 @@ def release_record(spec: ReleaseSpec, src: dict[str, Any], exp: dict[str, Any],
                    variants: list[dict[str, Any]], val: dict[str, Any],
                    tuned: dict[str, Any] | None, repo: dict[str, Any]) -> Record:
     """What `register` writes to MLflow for this release."""
-    spec_variant = variants[0]
+    # The export is the last variant; the first is the spec's own (when it is not the export).
+    export, first = variants[-1], variants[0]
     lineage = {
         "source_id": src["source_id"], "revision": src["revision"] or "local",
         "content_hash": src["content_hash"], "variant": val["chosen"], "kind": spec.task,
@@ -79,9 +80,13 @@ def release_record(spec: ReleaseSpec, src: dict[str, Any], exp: dict[str, Any],
     metrics = {
         **val["metrics"],
         **{f"{n}.{k}": v for n, m in val["candidates"].items() for k, v in m.items()},
-        "export_max_abs_diff": exp["max_abs_diff"], "onnx_fp32_bytes": spec_variant["fp32_bytes"],
-        "onnx_int8_bytes": spec_variant["size_bytes"], "export_seconds": exp["seconds"],
-        "quantize_seconds": spec_variant["seconds"], "validate_seconds": val["seconds"],
+        "export_max_abs_diff": exp["max_abs_diff"], "onnx_fp32_bytes": export["size_bytes"],
+        **({"onnx_int8_bytes": first["size_bytes"]} if first is not export and first["size_bytes"]
+           else {}),
+        **{f"variant.{v['method']}.bytes": v["size_bytes"] for v in variants if v["size_bytes"]},
+        "export_seconds": exp["seconds"],
+        "quantize_seconds": round(sum(v["seconds"] for v in variants), 3),
+        "validate_seconds": val["seconds"],
     }
     params: dict[str, Any] = {**spec.model_dump(mode="json"), "versions": library_versions(),
                               "cpu": cpu_features(),

@@ -14,6 +14,7 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact, cr
 
 from hf2triton.cpu import describe as describe_cpu
 from hf2triton.kinds.base import ModelKind
+from hf2triton.runtimes import label
 from hf2triton.workspace import redact_uri
 
 
@@ -25,16 +26,17 @@ def artifact_key(name: str, suffix: str) -> str:
 def _verdict(cand: dict[str, Any], chosen: str | None) -> str:
     if cand["name"] == chosen:
         return "ships"
+    if cand.get("error"):
+        return f"refused: {cand['error'][:120]}"
     return "passes, slower" if not cand["misses"] else "misses the gate"
 
 
 def _runtime(cand: dict[str, Any]) -> str:
-    """'openvino cpu bf16'; with a CPU numerics check, what the gate ran it on too."""
-    served = cand.get("runtime") or {"name": "onnxruntime", "device": "cpu", "precision": "fp32"}
-    text = f"{served['name']} {served.get('device', 'cpu')} {served['precision']}"
-    gated = cand.get("gated_on")
+    """'openvino bf16'; with a CPU numerics check, what the gate ran it on too."""
+    served, gated = cand.get("runtime"), cand.get("gated_on")
+    text = label(served)
     if gated and gated != served:
-        text += f" (gated on {gated['name']} {gated.get('device', 'cpu')} {gated['precision']})"
+        text += f" (gated on {label(gated)})"
     return text
 
 

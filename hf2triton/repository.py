@@ -9,7 +9,6 @@ Layout: `<out>/<model_name>/{config.pbtxt, warmup/, 1/{model.py, hf2triton_servi
 
 from __future__ import annotations
 
-import json
 import shutil
 import string
 import struct
@@ -20,9 +19,9 @@ from typing import Any, TypedDict
 import numpy as np
 
 from hf2triton import serving
-from hf2triton.gate import serving_settings
+from hf2triton.devices import DEVICES
 from hf2triton.kinds.base import ModelKind, to_json
-from hf2triton.workspace import cached_step, digest, hash_files, sha256_file, templates_dir
+from hf2triton.workspace import cached_step, digest, sha256_file, templates_dir
 
 # The deploy section's settings of how Triton batches and runs the model (serving knobs).
 BATCHING = ("max_batch_size", "preferred_batch_sizes", "max_queue_delay_us", "instance_count",
@@ -83,14 +82,9 @@ def io_config(served: type, values: dict[str, Any]) -> str:
 
 
 def instance_group(knobs: dict[str, Any]) -> str:
-    """config.pbtxt's instance group: instance_count model instances on the CPU, or on each GPU
-    named (every GPU when none is)."""
-    count = knobs["instance_count"]
-    if knobs.get("device", "cpu") != "gpu":
-        return f"{{\n    count: {count}\n    kind: KIND_CPU\n  }}"
-    gpus = knobs.get("gpus")
-    listed = f"\n    gpus: [ {', '.join(str(g) for g in gpus)} ]" if gpus else ""
-    return f"{{\n    count: {count}\n    kind: KIND_GPU{listed}\n  }}"
+    """config.pbtxt's instance group, as the deploy device places instances."""
+    return DEVICES.load(knobs.get("device") or DEVICES.default).instance_group(
+        knobs["instance_count"], knobs.get("gpus"))
 
 
 def render_config(kind: ModelKind, model_name: str, cfg: Any, info: dict[str, Any],
@@ -126,10 +120,9 @@ def build_repository(kind: ModelKind, model_name: str, candidate: str, export_di
     runtime of the shipped candidate)."""
     files = {**template_files(kind), **kind.version_files(candidate, export_dir)}
     runtime = serving_knobs.get("runtime")
-    settings = {**serving_settings(kind, cfg, export_dir, serving_knobs.get("max_batch_tokens", 0),
-                                   serving_knobs.get("intra_op_threads", 0)),
-                **({"runtime": runtime} if runtime else {}),
-                **kind.file_settings({n: n for n in kind.version_files(candidate, export_dir)})}
+    settings = kind.serving_json(
+        cfg, export_dir, {n: n for n in kind.version_files(candidate, export_dir)}, runtime,
+        serving_knobs.get("max_batch_tokens", 0), serving_knobs.get("intra_op_threads", 0))
     templates = [templates_dir() / "config.pbtxt.template"]
     key = digest([
         model_name, kind.name, {n: sha256_file(p) for n, p in files.items()}, settings,
@@ -146,7 +139,7 @@ def build_repository(kind: ModelKind, model_name: str, candidate: str, export_di
         for name, path in files.items():
             (version_dir / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, version_dir / name)
-        (version_dir / serving.SERVING_FILE).write_text(json.dumps(settings, indent=1) + "\n")
+        serving.write_settings(str(version_dir), settings)
         # Triton warms a model up with requests that get one response each: not a decoupled one.
         blocks = "" if getattr(kind.served, "decoupled", False) else \
             warmup(kind.requests(warmup_items), model_dir / "warmup")
@@ -159,7 +152,3 @@ def build_repository(kind: ModelKind, model_name: str, candidate: str, export_di
                             files=dict(done.files), content_hash=digest(done.files),
                             reused=done.reused)
 
-
-def version_hashes(repository: str, model_name: str) -> dict[str, str]:
-    """sha256 of every file of the rendered version directory ('1/...' keys)."""
-    return {f"1/{k}": v for k, v in hash_files(Path(repository) / model_name / "1").items()}

@@ -1,27 +1,33 @@
-"""Step `quantize`: the spec's int8 variant of the exported model, and with
-`quantization.search` the whole variant grid (hf2triton.quantization)."""
+"""Step `quantize`: the graph variants the release's runtimes build (hf2triton.runtimes: the
+spec's quantized variant and, with `quantization.search`, the grid for ONNX Runtime; NNCF int8
+for OpenVINO; fp16 for a GPU), then the export itself."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from prefect import task
 
-from hf2triton.devices import RuntimeChoices
 from hf2triton.export import ExportResult
-from hf2triton.quantization import QuantizeResult, quantize_variants
-from hf2triton.runs import NO_PREFECT_CACHE, note_reuse
+from hf2triton.kinds import ModelKind
+from hf2triton.runs import NO_PREFECT_CACHE, note_reuse, step_logger
+from hf2triton.runtimes import RuntimeChoices, Variant, VariantContext, build_variants
 from hf2triton.spec import QuantizationSpec
 
 
 @task(name="quantize", task_run_name="quantize {spec.method}", **NO_PREFECT_CACHE)
-def quantize(exp: ExportResult, spec: QuantizationSpec, runtimes: RuntimeChoices,
-             calibration: list[Any] | None, work: str) -> list[QuantizeResult]:
-    """The variants to gate: the spec's own first (for a GPU also the fp16 graph; where
-    OpenVINO runs and the kind gives calibration texts, OpenVINO's int8 graph)."""
-    openvino = (str(Path(exp["export_dir"]) / "tokenizer.json"), exp["config"]["max_length"],
-                calibration) if calibration and runtimes.runs("openvino") else None
-    variants = quantize_variants(exp["onnx_path"], spec, work, runtimes.device, openvino)
+def quantize(kind: ModelKind, model_dir: str, exp: ExportResult, spec: QuantizationSpec,
+             runtimes: RuntimeChoices, calibration: list[Any] | None, work: str
+             ) -> list[Variant]:
+    """The variants to gate; one whose build fails is kept with why (the gate refuses it)."""
+    ctx = VariantContext(onnx_path=exp["onnx_path"], export_dir=exp["export_dir"],
+                         model_dir=model_dir, kind=kind, quantization=spec,
+                         calibration=calibration, max_length=exp["config"].get("max_length"),
+                         work=work)
+    variants = build_variants(ctx, runtimes)
+    log = step_logger()
+    for v in variants:
+        if v.get("error"):
+            log.warning("quantize: %s: %s; the gate refuses it", v["method"], v["error"])
     note_reuse("quantize", variants[0])
     return variants

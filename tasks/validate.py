@@ -9,10 +9,10 @@ from prefect import task
 
 from hf2triton.candidates import champion_to_face, gate_candidates, selection
 from hf2triton.clients.mlflow import tracking_uri
-from hf2triton.devices import RuntimeChoices
 from hf2triton.export import ExportResult
 from hf2triton.gate import GateResult, run_gate
 from hf2triton.kinds import Data, ModelKind
+from hf2triton.runtimes import RuntimeChoices
 from hf2triton.runs import NO_PREFECT_CACHE, RETRY_TRANSIENT, note_reuse, step_logger
 from hf2triton.spec import QuantizationSpec
 
@@ -25,7 +25,7 @@ def validate(kind: ModelKind, model_dir: str, exp: ExportResult, variants: list[
     """Gate the candidates; raises AccuracyGateError (with a report) when none passes."""
     cfg = kind.config_from_dict(exp["config"])
     found = run_gate(kind, model_dir, exp["export_dir"],
-                     gate_candidates(variants, exp["onnx_path"], quantization, runtimes), cfg,
+                     gate_candidates(variants, quantization, runtimes), cfg,
                      data, deploy.max_batch_size, deploy.max_batch_tokens, work,
                      selection(quantization, runtimes),
                      champion_to_face(kind, data, cfg, tracking_uri()),

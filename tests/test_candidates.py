@@ -10,8 +10,11 @@ from hf2triton.candidates import gate_candidates, selection
 from hf2triton.spec import QuantizationSpec
 from hf2triton.traffic import search_items, warmup_items
 
-VARIANTS = [{"method": "dynamic-int8/qint8/per-channel", "onnx_path": "/x/pc.onnx"},
-            {"method": "dynamic-int8/qint8/per-tensor", "onnx_path": "/x/pt.onnx"}]
+EXPORT = {"method": "fp32", "onnx_path": "/x/model.onnx", "graph": "onnx"}
+VARIANTS = [{"method": "dynamic-int8/qint8/per-channel", "onnx_path": "/x/pc.onnx",
+             "graph": "onnx-ort"},
+            {"method": "dynamic-int8/qint8/per-tensor", "onnx_path": "/x/pt.onnx",
+             "graph": "onnx-ort"}, EXPORT]
 
 
 @pytest.mark.parametrize(("section", "names", "select"), [
@@ -26,7 +29,7 @@ VARIANTS = [{"method": "dynamic-int8/qint8/per-channel", "onnx_path": "/x/pc.onn
 ])
 def test_candidates_are_the_variants_in_order_then_fp32(section, names, select):
     quantization = QuantizationSpec(**section)
-    found = gate_candidates(VARIANTS, "/x/model.onnx", quantization)
+    found = gate_candidates(VARIANTS, quantization)
     assert [c.name for c in found] == names
     assert found[-1].onnx_path == ("/x/model.onnx" if names[-1] == "fp32" else "/x/pt.onnx")
     assert selection(quantization) == select
@@ -34,9 +37,16 @@ def test_candidates_are_the_variants_in_order_then_fp32(section, names, select):
 
 def test_without_quantization_the_export_is_the_only_candidate():
     quantization = QuantizationSpec(method="none")
-    found = gate_candidates([{"method": "none", "onnx_path": "/x/copy.onnx"}], "/x/model.onnx",
-                            quantization)
-    assert [(c.name, c.onnx_path) for c in found] == [("none", "/x/copy.onnx")]
+    found = gate_candidates([EXPORT], quantization)
+    assert [(c.name, c.onnx_path) for c in found] == [("fp32", "/x/model.onnx")]
+
+
+def test_a_variant_that_could_not_be_built_is_a_candidate_the_gate_refuses():
+    broken = {"method": "int4-blockwise/b32/acc4", "onnx_path": "", "graph": "onnx-ort",
+              "error": "building it failed: ValueError: no MatMul"}
+    found = gate_candidates([broken, EXPORT], QuantizationSpec())
+    assert [(c.name, c.error) for c in found] == [
+        ("int4-blockwise/b32/acc4", broken["error"]), ("fp32", None)]
 
 
 def test_warmup_is_the_longest_items_and_never_a_blank_one():
@@ -68,12 +78,12 @@ def _spec(**overrides):
 
 
 def test_auto_runtimes_run_the_plain_graph_everywhere_and_int8_on_onnxruntime():
-    from hf2triton.devices import runtime_choices
+    from hf2triton.runtimes import runtime_choices
     from hf2triton.serving.runtimes import runtime_info
 
     spec = _spec()
     runtimes = runtime_choices(spec.deploy, spec.runtime)
-    found = gate_candidates(VARIANTS, "/x/model.onnx", spec.quantization, runtimes)
+    found = gate_candidates(VARIANTS, spec.quantization, runtimes)
     bf16 = "bf16" in runtime_info()["openvino"]["cpu"]["precisions"]
     assert [c.name for c in found] == [
         "dynamic-int8/qint8/per-channel", "dynamic-int8/qint8/per-tensor", "fp32",
@@ -90,7 +100,7 @@ def test_auto_runtimes_run_the_plain_graph_everywhere_and_int8_on_onnxruntime():
 def test_a_precision_the_cpu_lacks_is_left_out_and_said(monkeypatch):
     """A CPU without bf16 cannot be had here: the runtime table's answer for this machine is
     replaced by what OpenVINO says on such a CPU."""
-    from hf2triton.devices import runtime_choices
+    from hf2triton.runtimes import runtime_choices
     from hf2triton.serving import runtimes as serving_runtimes
 
     real = serving_runtimes.runtime_info()
@@ -104,12 +114,12 @@ def test_a_precision_the_cpu_lacks_is_left_out_and_said(monkeypatch):
 
 
 def test_a_gpu_release_gated_on_cpu_numerics_runs_the_gpu_graph_on_the_cpu():
-    from hf2triton.devices import runtime_choices
+    from hf2triton.runtimes import runtime_choices
 
     spec = _spec(deploy__device="gpu", deploy__gpu_gate="cpu-numerics")
     runtimes = runtime_choices(spec.deploy, spec.runtime)
-    variants = [{"method": "fp16", "onnx_path": "/x/fp16.onnx"}]
-    found = gate_candidates(variants, "/x/model.onnx", QuantizationSpec(), runtimes)
+    variants = [{"method": "fp16", "onnx_path": "/x/fp16.onnx", "graph": "onnx-fp16"}, EXPORT]
+    found = gate_candidates(variants, QuantizationSpec(), runtimes)
     assert [(c.name, c.runtime["name"], c.runtime["precision"]) for c in found] == [
         ("fp32 on onnxruntime-cuda fp32", "onnxruntime-cuda", "fp32"),
         ("fp16 on onnxruntime-cuda fp16", "onnxruntime-cuda", "fp16")]
@@ -119,12 +129,12 @@ def test_a_gpu_release_gated_on_cpu_numerics_runs_the_gpu_graph_on_the_cpu():
 
 
 def test_a_listed_runtime_is_the_only_one_tried():
-    from hf2triton.devices import runtime_choices
+    from hf2triton.runtimes import runtime_choices
 
     spec = _spec(runtime__candidates=[{"name": "openvino", "precision": "fp32",
                                        "options": {"streams": 2, "hint": "THROUGHPUT"}}])
     runtimes = runtime_choices(spec.deploy, spec.runtime)
-    found = gate_candidates(VARIANTS, "/x/model.onnx", spec.quantization, runtimes)
+    found = gate_candidates(VARIANTS, spec.quantization, runtimes)
     assert [c.name for c in found] == ["fp32 on openvino fp32"]
     assert found[0].runtime["streams"] == 2 and found[0].runtime["hint"] == "THROUGHPUT"
     assert selection(spec.quantization, runtimes) == "first"

@@ -21,7 +21,6 @@ def exported(tmp_path_factory):
     import torch
 
     from hf2triton.export import optimum_export
-    from hf2triton.gate import serving_settings
     from hf2triton.kinds.base import save_fast_tokenizer
     from hf2triton.kinds.text_generation import (
         TextGenerationKind,
@@ -37,7 +36,7 @@ def exported(tmp_path_factory):
     save_fast_tokenizer(str(model_dir), out)
     cfg = resolve_text_generation(model_dir, TextGenerationSpec(max_new_tokens=20))
     kind = TextGenerationKind.__new__(TextGenerationKind)
-    settings = {**serving_settings(kind, cfg, str(out), threads=1),
+    settings = {**kind.serving_json(cfg, str(out), threads=1),
                 "onnx": str(out / "model.onnx"), "tokenizer_file": str(out / "tokenizer.json")}
     return {"model_dir": model_dir, "out": out, "cfg": cfg, "settings": settings}
 
@@ -187,7 +186,7 @@ def test_request_level_batching_serves_the_same_text(exported):
 def test_int8_and_int4_blockwise_candidates_are_scored_by_the_gate_metrics(exported, tmp_path):
     from hf2triton.kinds.base import Data
     from hf2triton.kinds.text_generation import TextGenerationKind
-    from hf2triton.quantization import quantize_onnx
+    from hf2triton.runtimes.quantizers import quantize_onnx
     from hf2triton.spec import QuantizationSpec
 
     kind = TextGenerationKind.__new__(TextGenerationKind)

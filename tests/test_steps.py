@@ -21,7 +21,7 @@ from hf2triton.errors import (
     UnsupportedModelError,
 )
 from hf2triton.export import export_model
-from hf2triton.gate import load_candidate, run_gate as gate, serving_settings
+from hf2triton.gate import run_gate as gate
 from hf2triton.kinds import Candidate, Data, kind_for
 from hf2triton.kinds.embedding import (
     EmbeddingConfig,
@@ -29,7 +29,7 @@ from hf2triton.kinds.embedding import (
     cosine_rows,
     resolve_embedding_config,
 )
-from hf2triton.quantization import quantize_onnx
+from hf2triton.runtimes.quantizers import quantize_onnx
 from hf2triton.source import fetch_model
 from hf2triton.kinds.embedding import EmbeddingThresholds as Thresholds
 from hf2triton.spec import QuantizationSpec, SourceSpec, parse_spec
@@ -74,8 +74,8 @@ def do_export(model_dir: Path, work: Path, atol: float = 1e-3, cfg: EmbeddingCon
 def served(model_dir, exported, onnx_path, cfg):
     """The serving core's embedder on `onnx_path`, with the export's tokenizer.json."""
     kind = embedding_kind(model_dir)
-    return load_candidate(kind, str(onnx_path), exported["export_dir"],
-                          serving_settings(kind, cfg, exported["export_dir"]))
+    return kind.open_candidate(str(onnx_path), exported["export_dir"],
+                          kind.serving_json(cfg, exported["export_dir"]))
 
 
 def compare_with_torch(model_dir, onnx_path, cfg, texts) -> float:

@@ -17,7 +17,8 @@ from tritonclient.utils import InferenceServerException
 from hf2triton.errors import SpecError
 from hf2triton.kinds.translation import GenerationSpec
 from hf2triton.spec import load_spec, parse_spec
-from tests.tiny_models import SEQ2SEQ_CORPUS, build_tiny_classifier, build_tiny_m2m100
+from tests.tiny_models import (SEQ2SEQ_CORPUS, build_tiny_classifier, build_tiny_m2m100,
+                               build_tiny_marian)
 from tests.conftest import free_port, tiny_spec
 
 ODD = ["a", "ok", "prices rose 12.5% to $43,210 on tuesday!", "ÄÖÜ ß straße 😀",
@@ -59,6 +60,25 @@ def translation_release(tmp_path_factory):
                 generation={"target_lang": "sw", "max_new_tokens": 20, "num_beams": 2,
                             # int8 ships only if it translates exactly as PyTorch does
                             "thresholds": {"min_bleu": 100.0, "min_chrf": 100.0}})
+            yield {"spec": spec, "ports": ports, "summary": summary, "model_dir": model_dir,
+                   "home": tmp / "home"}
+        finally:
+            triton_local.stop_server()
+
+
+@pytest.fixture(scope="module")
+def marian_release(tmp_path_factory):
+    """A Marian en-de translator (tied embeddings, a zero logits bias) with a plain translation
+    spec, as a new user tries one: every runtime this CPU offers."""
+    from hf2triton import triton_local
+
+    tmp = tmp_path_factory.mktemp("marian-release")
+    model_dir = build_tiny_marian(tmp / "tiny-marian")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF2TRITON_HOME", str(tmp / "home"))
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        try:
+            spec, ports, summary = _release(tmp, model_dir, "tiny-marian", "translation")
             yield {"spec": spec, "ports": ports, "summary": summary, "model_dir": model_dir,
                    "home": tmp / "home"}
         finally:
@@ -145,6 +165,32 @@ def test_translation_release_serves_pytorch_greedy_output_for_every_sentence(
 def _report_path(rel) -> str:
     found = sorted((rel["home"] / "work").rglob("validation_report.json"))
     return str(found[-1])
+
+
+@pytest.mark.e2e
+def test_a_marian_translator_releases_on_the_fastest_candidate_and_serves_pytorch_output(
+        marian_release):
+    rel = marian_release
+    report = json.loads(Path(_report_path(rel)).read_text())
+    names = [c["name"] for c in report["candidates"]]
+    assert "fp32 on openvino fp32" in names  # the candidate that crashed the release before
+    by_name = {c["name"]: c for c in report["candidates"]}
+    assert "error" not in by_name["fp32 on openvino fp32"]
+    assert rel["summary"]["variant"] == report["chosen"]
+    passing = [c for c in report["candidates"] if not c["misses"]]
+    assert by_name[report["chosen"]]["throughput"]["batch_32"] == max(
+        c["throughput"]["batch_32"] for c in passing)  # the fastest that passes ships
+    texts = list(dict.fromkeys(SEQ2SEQ_CORPUS + ODD))
+    want, _ = _torch_translations(rel, texts)
+    url = f"127.0.0.1:{rel['ports']['grpc_port']}"
+    served = [_translate(url, "tiny-marian", [t], NUM_BEAMS=1, MAX_NEW_TOKENS=20)[0]
+              for t in texts]
+    same = sum(a == b for a, b in zip(served, want))
+    # The gate's limits (BLEU/chrF against PyTorch) allow a quantized candidate to differ a
+    # little; an fp32 one serves PyTorch's translation of every sentence.
+    if "int8" not in rel["summary"]["variant"]:
+        assert served == want
+    assert same >= len(texts) * 0.8 and len(set(want)) > len(texts) // 2
 
 
 def test_translation_default_decoding_is_pytorch_beam_search(translation_release):
@@ -259,7 +305,7 @@ def test_a_file_that_does_not_survive_quantization_ships_fp32(translation_releas
     from onnxruntime import quantization
 
     from hf2triton.kinds.translation import serving_files
-    from hf2triton.quantization import quantize_onnx
+    from hf2triton.runtimes.quantizers import quantize_onnx
     from hf2triton.serving.seq2seq import Seq2SeqModel
     from hf2triton.spec import QuantizationSpec
 

@@ -81,3 +81,41 @@ def test_when_no_variant_passes_the_closest_is_named(tiny_bert, tmp_path, releas
         release_model(spec)
     assert PER_TENSOR in str(info.value) and "fp32/ort-basic" in str(info.value)
 
+
+
+def test_candidates_that_raise_are_refused_and_the_release_goes_on(tiny_bert, tmp_path,
+                                                                    release_env, monkeypatch):
+    """Two planted variants of the OpenVINO plug-in: one whose build raises, one whose graph
+    cannot be opened (not a model). Both are refused with their error in the gate's report and
+    log; the release ships a candidate that passes."""
+    from hf2triton.runtimes import openvino
+    from hf2triton.runtimes.base import OPENVINO_IR, Recipe, Variant
+
+    def broken_build():
+        raise ValueError("planted: this quantizer does not know the graph")
+
+    def unreadable():
+        bad = tmp_path / "planted" / "model.xml"
+        bad.parent.mkdir(exist_ok=True)
+        bad.write_text("<not a model/>")
+        bad.with_suffix(".bin").write_bytes(b"\0" * 16)
+        return Variant(onnx_path=str(bad), method="planted-unreadable", graph=OPENVINO_IR,
+                       fallbacks={}, fp32_bytes=0, size_bytes=16, sha256="", seconds=0.0,
+                       reused=False)
+
+    real = openvino.OpenVinoCpu.recipes
+    monkeypatch.setattr(openvino.OpenVinoCpu, "recipes", classmethod(lambda cls, ctx: [
+        Recipe("planted-raises", OPENVINO_IR, broken_build),
+        Recipe("planted-unreadable", OPENVINO_IR, unreadable), *real.__func__(cls, ctx)]))
+    spec = load_spec(tiny_spec(tmp_path / "planted.yaml", tiny_bert, release_env,
+                               runtime__candidates=[{"name": "openvino", "precision": "fp32"}]))
+    summary = release_model(spec)
+    assert summary["variant"] in ("openvino-int8 on openvino fp32", "fp32 on openvino fp32")
+    report = json.loads(open(summary_report(summary)).read())
+    by_name = {c["name"]: c for c in report["candidates"]}
+    assert "planted: this quantizer does not know the graph" in \
+        by_name["planted-raises on openvino fp32"]["error"]
+    assert by_name["planted-unreadable on openvino fp32"]["error"]  # OpenVINO's read error
+    assert all(not by_name[n]["metrics"] for n in by_name if n.startswith("planted"))
+    shipped = by_name[summary["variant"]]
+    assert not shipped["misses"] and "error" not in shipped

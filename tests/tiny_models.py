@@ -1,10 +1,13 @@
 """Tiny real-architecture models with random weights, for the tests (built once per session) and
 the benchmarks: a BERT encoder with a WordPiece tokenizer trained on a few dozen lines
-(ENVIRONMENT.md's recipe), a classifier, a cross-encoder, an M2M100 translator, and Llama and
-GPT-2 causal LMs with a byte-level BPE tokenizer and a chat template."""
+(ENVIRONMENT.md's recipe), a classifier, a cross-encoder, M2M100 and Marian translators (Marian's
+embeddings tied or not), and Llama and GPT-2 causal LMs with a byte-level BPE tokenizer and a
+chat template."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 CORPUS = [
@@ -137,6 +140,63 @@ def build_tiny_m2m100(out: Path, seed: int = 0, src_lang: str = "en",
 
 
 SENTIMENT_LABELS = {0: "negative", 1: "neutral", 2: "positive"}
+
+
+def build_tiny_marian(out: Path | str, seed: int = 0, tied: bool = True) -> Path:
+    """Save a 2+2-layer MarianMTModel (d_model 16) and its MarianTokenizer to `out`.
+
+    Its final_logits_bias stays all zeros (as MarianMTModel initialises it): OpenVINO's CPU
+    plugin folds that Add away when compiling, which gives the decoders' `logits` output a second
+    name (`/lm_head/MatMul_output_0`); the served decoder must still find it as `logits`.
+
+    `tied` True keeps Marian's defaults (share_encoder_decoder_embeddings and
+    tie_word_embeddings: encoder, decoder and lm_head share one matrix, which optimum's export
+    then warns about); False unties the output projection from the embeddings."""
+    import torch
+    from transformers import MarianConfig, MarianMTModel, MarianTokenizer
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = out.parent / f".{out.name}-spm"
+    work.mkdir(exist_ok=True)
+    spm_path = _train_spm(work, SEQ2SEQ_CORPUS)
+    # Marian's layout: </s> 0, <unk> 1, the pieces, <pad> last (opus-mt: 58100).
+    vocab = _spm_vocab(spm_path, ["</s>", "<unk>"])
+    vocab["<pad>"] = len(vocab)
+    (work / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
+    shutil.copyfile(spm_path, work / "source.spm")
+    shutil.copyfile(spm_path, work / "target.spm")
+    tok = MarianTokenizer(str(work / "source.spm"), str(work / "target.spm"),
+                          str(work / "vocab.json"), source_lang="en", target_lang="de",
+                          model_max_length=64)
+    tok.save_pretrained(out)
+    shutil.rmtree(work)
+    pad = vocab["<pad>"]
+    torch.manual_seed(seed)
+    config = MarianConfig(
+        vocab_size=len(vocab), decoder_vocab_size=len(vocab), d_model=16,
+        encoder_layers=2, decoder_layers=2, encoder_attention_heads=2, decoder_attention_heads=2,
+        encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64,
+        pad_token_id=pad, decoder_start_token_id=pad, eos_token_id=0, bos_token_id=0,
+        forced_eos_token_id=0, scale_embedding=True, static_position_embeddings=True,
+        share_encoder_decoder_embeddings=True, tie_word_embeddings=tied,
+        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+        init_std=0.3,  # with no_repeat_ngram_size 3: every corpus line translates differently
+    )
+    model = MarianMTModel(config).eval()
+    with torch.no_grad():
+        # Lift </s> so some translations end before max_length (as in M2M100's); tied, this
+        # scales the </s> embedding too.
+        model.get_output_embeddings().weight[config.eos_token_id] *= 2.2
+    # opus-mt's generation config: <pad> is never generated.
+    model.generation_config.bad_words_ids = [[pad]]
+    model.generation_config.max_length = 32
+    model.generation_config.num_beams = 1
+    # Tied random embeddings make a post-LN decoder repeat its input token; the served decoder
+    # implements this (as for the tiny M2M100).
+    model.generation_config.no_repeat_ngram_size = 3
+    model.save_pretrained(out)
+    return out
 
 
 def build_tiny_classifier(out: Path, seed: int = 0) -> Path:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from hf2triton import serving
 from hf2triton.errors import ExportError, SpecError
 
 if TYPE_CHECKING:
@@ -50,6 +51,8 @@ class Candidate:
     onnx_path: str
     runtime: dict[str, Any] | None = None
     gate_runtime: dict[str, Any] | None = None
+    error: str | None = None  # building its graph failed: the gate refuses it with this
+
 
     @property
     def gated_runtime(self) -> dict[str, Any] | None:
@@ -239,6 +242,23 @@ class ModelKind:
             return {"model.xml": graph, "model.bin": graph.with_suffix(".bin"),
                     "tokenizer.json": Path(export_dir) / "tokenizer.json"}
         return {"model.onnx": graph, "tokenizer.json": Path(export_dir) / "tokenizer.json"}
+
+    def serving_json(self, cfg: Any, export_dir: str, files: dict[str, str] | None = None,
+                     runtime: dict[str, Any] | None = None, max_batch_tokens: int = 0,
+                     threads: int = 0) -> dict[str, Any]:
+        """serving.json of this kind's model (without `files`: without file locations, what the
+        served model and the gate share)."""
+        module, cls = self.serving
+        return serving.serving_json(module, cls, self.name, self.settings(cfg, export_dir),
+                                    self.file_settings(files) if files else None, runtime,
+                                    threads, max_batch_tokens)
+
+    def open_candidate(self, candidate: str, export_dir: str, settings: dict[str, Any]) -> Any:
+        """The serving core's model on a candidate's files where they lie (no copy), with
+        `settings` (serving.json without file locations)."""
+        files = {name: str(path) for name, path in self.version_files(candidate,
+                                                                       export_dir).items()}
+        return serving.load("", {**settings, **self.file_settings(files)})
 
     def file_settings(self, files: dict[str, str]) -> dict[str, Any]:
         """serving.json keys that locate the files (names of `version_files`, or paths)."""

@@ -222,11 +222,9 @@ class TextGenerationKind(ModelKind):
                      inputs: list[str]) -> dict[str, float]:
         """The served tokenizer and chat template must give transformers' ids, and greedy
         generation through the serving core on the fp32 export PyTorch's tokens exactly."""
-        from hf2triton.gate import load_candidate, serving_settings
-
         reference = TorchGenerator(model_dir, cfg)
-        model = load_candidate(self, str(out / "model.onnx"), str(out),
-                               serving_settings(self, cfg, str(out)))
+        model = self.open_candidate(str(out / "model.onnx"), str(out),
+                                    self.serving_json(cfg, str(out)))
         try:
             tok = reference.tokenizer
             for text in inputs:

@@ -39,6 +39,25 @@ SERVING_FILE = "serving.json"
 PACKAGE_DIR = "hf2triton_serving"  # the package's name inside a version directory
 
 
+def serving_json(module: str, cls: str, kind: str, settings: dict[str, Any],
+                 files: dict[str, str] | None = None, runtime: dict[str, Any] | None = None,
+                 threads: int = 0, max_batch_tokens: int = 0) -> dict[str, Any]:
+    """A version's serving.json: the class that serves it (`module`, `class`), the kind's own
+    settings, the speed settings, the runtime (absent: the default), and the keys that locate
+    its files (names in the version directory, or paths where the gate reads them)."""
+    return {"module": module, "class": cls, "kind": kind, **settings,
+            "intra_op_threads": threads, "max_batch_tokens": max_batch_tokens,
+            **({"runtime": runtime} if runtime else {}), **(files or {})}
+
+
+def write_settings(directory: str, settings: dict[str, Any]) -> None:
+    """Write serving.json into a version directory (whole or not at all)."""
+    path = os.path.join(directory, SERVING_FILE)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        f.write(json.dumps(settings, indent=1) + "\n")
+    os.replace(path + ".tmp", path)
+
+
 def read_settings(directory: str) -> dict[str, Any]:
     with open(os.path.join(directory, SERVING_FILE), encoding="utf-8") as f:
         return json.load(f)

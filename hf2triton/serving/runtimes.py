@@ -24,6 +24,11 @@ PRECISION_ALIASES = {"f32": "fp32", "float32": "fp32", "f16": "fp16", "float16":
                      "bfloat16": "bf16"}
 
 
+# What a serving.json without a `runtime` runs (every version before runtimes were plug-ins), and
+# the runtime a candidate without another one names.
+DEFAULT_RUNTIME = {"name": "onnxruntime", "device": "cpu", "precision": "fp32"}
+
+
 class RuntimeUnavailable(RuntimeError):
     """The runtime cannot run here as asked (no GPU, provider not in use, precision not offered
     by this device): retrying on the same machine will not help."""
@@ -97,7 +102,8 @@ def settings_of(serving: Mapping[str, Any]) -> RuntimeSettings:
     raw = serving.get("runtime")
     threads = int(serving.get("intra_op_threads", 0) or 0)
     if raw is None:
-        return RuntimeSettings("onnxruntime", "cpu", "fp32", {"threads": threads})
+        d = DEFAULT_RUNTIME
+        return RuntimeSettings(d["name"], d["device"], d["precision"], {"threads": threads})
     if not isinstance(raw, Mapping):
         raise ValueError(f"serving.json runtime must be an object such as "
                          f"{{\"name\": \"onnxruntime\", \"precision\": \"fp32\"}}, got {raw!r}")
@@ -383,7 +389,8 @@ def _ov_core() -> Any:
 
 
 class OpenVinoSession(Session):
-    def __init__(self, compiled: Any, settings: RuntimeSettings, in_use: str):
+    def __init__(self, compiled: Any, settings: RuntimeSettings, in_use: str,
+                 output_names: Sequence[str]):
         import openvino as ov
 
         self.compiled, self.settings, self.in_use = compiled, settings, in_use
@@ -393,9 +400,13 @@ class OpenVinoSession(Session):
         self.lock = threading.Lock()
         self.inputs = {p.get_any_name(): Port(p.get_any_name(), _ov_shape(p))
                        for p in compiled.inputs}
-        self.outputs = {p.get_any_name(): Port(p.get_any_name(), _ov_shape(p))
-                        for p in compiled.outputs}
-        self.ports = {name: p for p in compiled.outputs for name in p.get_names()}
+        # Outputs under the names the model file gives them, in its order, as ONNX Runtime
+        # hands them back. Not the compiled ports' get_any_name(): compiling may fold the node
+        # that made an output (an Add of an all-zero bias, an Identity) and merge its
+        # producer's tensor name into the output's, and get_any_name() returns whichever name
+        # sorts first (a Marian decoder's `logits` comes back as "/lm_head/MatMul_output_0").
+        self.ports = {name: compiled.output(name) for name in output_names}
+        self.outputs = {name: Port(name, _ov_shape(p)) for name, p in self.ports.items()}
         self.jobs = int(compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
         self.queue = ov.AsyncInferQueue(compiled, self.jobs) if self.jobs > 1 else None
 
@@ -431,6 +442,15 @@ class OpenVinoSession(Session):
 def _size(feeds: Mapping[str, np.ndarray]) -> int:
     """The elements of a run's largest input: what its cost grows with."""
     return max((a.size for a in feeds.values()), default=0)
+
+
+def _file_name(port: Any) -> str:
+    """The name the model file gives an output, read off the model before it is compiled: an
+    ONNX graph's output name is the port's only one. (A port with several, as an IR saved
+    after transformations may have, is named by one not made up by torch's ONNX exporter,
+    "/module/Op_output_0" or "onnx::Op_12", where it has one.)"""
+    names = sorted(port.get_names())
+    return min(names, key=lambda n: n.startswith("/") or n.startswith("onnx::"))
 
 
 def _ov_shape(port: Any) -> tuple[Any, ...]:
@@ -494,9 +514,12 @@ class OpenVino(Runtime):
                 f"{', '.join(offered['precisions']) or 'none'}")
         core = _ov_core()
         config = cls.config(settings)
-        compiled = core.compile_model(core.read_model(path), settings.device.upper(), config)
+        model = core.read_model(path)
+        names = [_file_name(p) for p in model.outputs]  # before compiling renames any
+        compiled = core.compile_model(model, settings.device.upper(), config)
         got = compiled.get_property("INFERENCE_PRECISION_HINT").to_string()
         if got != config["INFERENCE_PRECISION_HINT"]:
             raise RuntimeUnavailable(f"runtime {cls.name}: asked for {settings.precision}, the "
                                      f"compiled model runs {got}")
-        return OpenVinoSession(compiled, settings, f"OpenVINO {settings.device.upper()} {got}")
+        return OpenVinoSession(compiled, settings, f"OpenVINO {settings.device.upper()} {got}",
+                               names)

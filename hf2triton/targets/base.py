@@ -15,6 +15,7 @@ from typing import Annotated, Any, ClassVar, Literal, TypedDict
 
 from pydantic import Field, model_validator
 
+from hf2triton.devices import DEVICES
 from hf2triton.errors import DeployError
 from hf2triton.plugins import tag_of
 from hf2triton.smoke import Endpoint
@@ -90,7 +91,7 @@ class DeploySection(Strict):
         description="token budget of one ONNX run: the served model sorts a dynamic batch by "
         "length and runs it in sub-batches of at most this many padded tokens (rows x longest); "
         "0: one padded run per dynamic batch")
-    device: Literal["cpu", "gpu"] = Field(
+    device: Literal[tuple(DEVICES)] = Field(  # type: ignore[valid-type]
         "cpu", description="where Triton runs the model: cpu (KIND_CPU instances), or gpu "
         "(KIND_GPU instances and a GPU runtime; the gate must run on a GPU too, see gpu_gate)")
     gpus: list[Annotated[int, Field(ge=0)]] | None = Field(
@@ -108,7 +109,7 @@ class DeploySection(Strict):
 
     @model_validator(mode="after")
     def _gpus_need_gpu(self) -> DeploySection:
-        if self.device == "cpu" and self.gpus is not None:
+        if self.gpus is not None and not DEVICES.load(self.device).gpus:
             raise ValueError(f"deploy.gpus {self.gpus} needs deploy.device: gpu")
         return self
 

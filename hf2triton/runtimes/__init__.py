@@ -1,0 +1,105 @@
+"""Runtimes as plug-ins, on the pipeline's side: one module each, registered in `RUNTIMES` by the
+name of the serving core's runtime it drives (hf2triton.serving.runtimes). A plug-in says which
+deploy device it serves, which precisions `runtime.candidates: auto` tries, which graph formats
+it reads, which graph variants it builds (and calibrates) for itself, and its label; the
+quantize step, the candidates, the devices and the repository ask this table, never a name.
+
+A new runtime is a module here (and its serving side in hf2triton/serving/runtimes.py),
+registered where it is defined, and its name in the import line below.
+
+Example:
+    >>> RUNTIMES.load("openvino").device, RUNTIMES.load("openvino").auto
+    ('cpu', ('fp32', 'bf16'))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hf2triton import plugins
+from hf2triton.devices import DEVICES
+from hf2triton.errors import EnvironmentSetupError
+from hf2triton.runtimes.base import RuntimePlugin, Variant, VariantContext, export_variant
+from hf2triton.serving import runtimes as serving_runtimes
+from hf2triton.serving.runtimes import DEFAULT_RUNTIME
+
+RUNTIMES = plugins.Registry(lambda cls: cls.name, default=DEFAULT_RUNTIME["name"])
+from hf2triton.runtimes import cuda, onnxruntime, openvino  # noqa: E402,F401,I001
+
+
+def plugin(runtime: dict[str, Any] | None) -> type[RuntimePlugin]:
+    """The plug-in of a serving.json `runtime` (None: the default)."""
+    return RUNTIMES.load((runtime or DEFAULT_RUNTIME)["name"])
+
+
+def label(runtime: dict[str, Any] | None) -> str:
+    """'openvino bf16': how a runtime is named in candidates, logs and reports."""
+    return plugin(runtime).label(runtime or DEFAULT_RUNTIME)
+
+
+@dataclass(frozen=True)
+class RuntimeChoices:
+    """What the gate tries: serving.json `runtime` settings, in order, and what was asked for but
+    is not offered on this machine, with why."""
+
+    served: list[dict[str, Any]]
+    not_offered: dict[str, str] = field(default_factory=dict)
+    # with gpu_gate cpu-numerics: the gate runs each on a CPU runtime at the same precision
+    cpu_numerics: bool = False
+    device: str = "cpu"  # deploy.device
+
+    def plugins(self) -> list[type[RuntimePlugin]]:
+        """The plug-ins of the runtimes tried, each once, in order."""
+        return list(dict.fromkeys(plugin(r) for r in self.served))
+
+    def gated(self, served: dict[str, Any]) -> dict[str, Any]:
+        """The runtime the gate runs for a served one (the same, but for a CPU numerics check
+        of a GPU runtime)."""
+        return DEVICES.load(self.device).numerics_runtime(served) if self.cpu_numerics \
+            else served
+
+
+def runtime_choices(deploy: Any, runtime_spec: Any, kind: Any = None) -> RuntimeChoices:
+    """The runtimes the release's candidates run on: the spec's list, or for `auto` every
+    plug-in of deploy.device that serves the kind, at its auto precisions; a precision this
+    machine does not offer (bf16 on a CPU without AVX512_BF16 or AMX) is left out and
+    reported."""
+    device = DEVICES.load(deploy.device)
+    if runtime_spec.candidates != "auto":
+        wanted = [(RUNTIMES.load(c.name), c.precision, dict(c.options))
+                  for c in runtime_spec.candidates]
+    else:
+        wanted = [(p, precision, {}) for p in RUNTIMES.values()
+                  if p.device == device.name and (kind is None or p.serves(kind))
+                  for precision in p.auto]
+    cpu_numerics = device.gate_on_cpu(deploy)
+    info = serving_runtimes.runtime_info()  # what this machine offers, asked now
+    served, not_offered = [], {}
+    for runtime, precision, options in wanted:
+        settings = runtime.settings(precision, options)
+        served_runtime = {k: v for k, v in settings.to_dict().items()
+                          if k != "threads" or k in options}  # deploy.intra_op_threads rules
+        offered = info.get(runtime.name, {}).get(settings.device, {})
+        if not cpu_numerics and settings.precision not in offered.get("precisions", []):
+            not_offered[runtime.label(served_runtime)] = offered.get("why") or \
+                "not available here"
+            continue
+        served.append(served_runtime)
+    if not served:
+        raise EnvironmentSetupError(
+            f"none of the runtimes asked for can run here: "
+            f"{'; '.join(f'{k}: {v}' for k, v in not_offered.items())}. Install what they need, "
+            "or list others in runtime.candidates")
+    return RuntimeChoices(served, not_offered, cpu_numerics, device.name)
+
+
+def build_variants(ctx: VariantContext, choices: RuntimeChoices) -> list[Variant]:
+    """Every graph variant the chosen runtimes build (each once; one whose build raises is kept
+    with its error, for the gate to refuse), then the export itself (`fp32`)."""
+    recipes = {r.method: r for p in choices.plugins() for r in p.recipes(ctx)}
+    return [*(r.make() for r in recipes.values()), export_variant(ctx)]
+
+
+__all__ = ["RUNTIMES", "RuntimeChoices", "RuntimePlugin", "Variant", "VariantContext",
+           "build_variants", "label", "plugin", "runtime_choices"]

@@ -1,0 +1,39 @@
+"""ONNX Runtime's CPU provider: the default runtime. It reads every ONNX graph, its own
+quantized and fused ones too, and builds those variants (hf2triton.runtimes.quantizers): the
+spec's own quantized variant, and with `quantization.search` the whole grid and the
+ORT-optimised fp32 graphs (single-file models)."""
+
+from __future__ import annotations
+
+from hf2triton.runtimes.quantizers import (
+    OPTIMIZATION_LEVELS,
+    method_name,
+    optimize_fp32,
+    quantize_onnx,
+    search_grid,
+)
+from hf2triton.runtimes import RUNTIMES
+from hf2triton.runtimes.base import FP16, ORT_ONLY, PLAIN, Recipe, RuntimePlugin, VariantContext
+
+
+@RUNTIMES.register
+class OnnxRuntimeCpu(RuntimePlugin):
+    name = "onnxruntime"
+    device = "cpu"
+    auto = ("fp32",)
+    # fp16: the GPU graph's numerics checked on the CPU (deploy.gpu_gate: cpu-numerics).
+    reads = {"fp32": frozenset({PLAIN, ORT_ONLY}), "fp16": frozenset({FP16})}
+
+    @classmethod
+    def recipes(cls, ctx: VariantContext) -> list[Recipe]:
+        spec = ctx.quantization
+        # With method none the export itself is the spec's variant (no copy of it is made).
+        own = [spec] if spec.method != "none" or spec.fuse else []
+        specs = [*own, *(search_grid(spec) if spec.search and ctx.single_file else [])]
+        found = [Recipe(method_name(s), ORT_ONLY,
+                        lambda s=s: quantize_onnx(ctx.onnx_path, s, ctx.work)) for s in specs]
+        if spec.search and ctx.single_file:
+            found += [Recipe(f"fp32/ort-{level}", ORT_ONLY,
+                             lambda lv=level: optimize_fp32(ctx.onnx_path, lv, ctx.work))
+                      for level in OPTIMIZATION_LEVELS]
+        return found
