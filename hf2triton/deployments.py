@@ -4,7 +4,6 @@ deployment per spec whose parameters are the spec itself, so the two never drift
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +11,6 @@ import yaml
 
 from hf2triton.kinds import kind_class, kind_classes
 from hf2triton.spec import ReleaseSpec, TrainingSpec, load_spec
-from hf2triton.training import REGISTERED_EVENT
 from hf2triton.watch.observe import BREACH_EVENT
 from hf2triton.workspace import PROJECT_ROOT
 
@@ -51,22 +49,6 @@ def _schedules(schedule: Any) -> list[dict[str, Any]]:
                                          "active": schedule.active}]
 
 
-def _trigger(spec: ReleaseSpec, name: str, parameters: dict[str, Any]) -> dict[str, Any]:
-    """An mlflow source that follows an alias is released when a training flow announces a new
-    version under that alias (tasks/train.py `announce`), with that version in the spec. Prefect merges trigger
-    parameters into the deployment's at the top level only, so the whole spec is passed."""
-    source = spec.source.mlflow
-    spec_params = copy.deepcopy(parameters["spec"])
-    mlflow_source = {k: v for k, v in spec_params["source"]["mlflow"].items() if k != "alias"}
-    spec_params["source"] = {**spec_params["source"],
-                             "mlflow": {**mlflow_source, "version": "{{ event.resource.version }}"}}
-    # Only the alias the spec follows: a run that moves another alias starts no release.
-    return {"type": "event", "enabled": True, "name": f"{name}-on-new-{source.model}-version",
-            "match": {"prefect.resource.id": f"mlflow.model.{source.model}",
-                      "alias": source.alias},
-            "expect": [REGISTERED_EVENT], "parameters": {"spec": spec_params}}
-
-
 def deployment(spec: ReleaseSpec, name: str, root: Path = PROJECT_ROOT) -> dict[str, Any]:
     entry: dict[str, Any] = {
         "name": name,
@@ -80,8 +62,9 @@ def deployment(spec: ReleaseSpec, name: str, root: Path = PROJECT_ROOT) -> dict[
         "concurrency_limit": {"limit": 1, "collision_strategy": "ENQUEUE"},
         "schedules": _schedules(spec.schedule),
     }
-    if spec.source.mlflow is not None and spec.source.mlflow.alias:  # a pinned version stays
-        entry["triggers"] = [_trigger(spec, name, entry["parameters"])]
+    trigger = spec.source.trigger(name, entry["parameters"]["spec"])  # e.g. a followed alias
+    if trigger:
+        entry["triggers"] = [trigger]
     return entry
 
 

@@ -35,6 +35,7 @@ from hf2triton.kinds.base import (
     to_json,
     worst_of,
 )
+from hf2triton.report import publish_gate_failure
 from hf2triton.runs import in_prefect_run, step_logger
 from hf2triton.workspace import atomic_write_text, cached_step, digest, hash_files, sha256_file
 
@@ -386,8 +387,6 @@ def write_report(gate: Gate, report: dict[str, Any], chosen: Candidate | None, r
         atomic_write_text(failed_report, text)
         message = gate_message(kind, report, failed_report)
         if in_prefect_run():
-            from hf2triton.report import publish_gate_failure
-
             publish_gate_failure(Path(work_root).name, kind, report, message)
         raise AccuracyGateError(message)
     atomic_write_text(out / "validation_report.json", text)

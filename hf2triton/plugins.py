@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any, Union, get_args
 
-from pydantic import Discriminator, Tag
+from pydantic import BeforeValidator, Discriminator, Tag
 
 
 class Registry(dict[str, Any]):
@@ -50,6 +50,33 @@ class Registry(dict[str, Any]):
 
         variants = tuple(Annotated[section(cls), Tag(name)] for name, cls in self.items())
         return Annotated[Union[variants], Discriminator(chosen)]  # noqa: UP007
+
+    def keyed_union(self) -> Any:
+        """A spec section that is the one plug-in whose own key (`cls.key`) it holds
+        (`source: {path: ...}` is the path source): each variant has only its own keys, and
+        holding none, or several, of the plug-ins' keys is an error naming them."""
+        keys = {name: cls.key for name, cls in self.items()}
+
+        def chosen(value: Any) -> str | None:
+            if not isinstance(value, dict):
+                return next((n for n, c in self.items() if isinstance(value, c)), None)
+            found = [n for n, k in keys.items() if value.get(k) is not None]
+            return found[0] if len(found) == 1 else None
+
+        def exactly_one(value: Any) -> Any:
+            if not isinstance(value, dict):
+                return value
+            given = [k for k in keys.values() if value.get(k) is not None]
+            if len(given) != 1:
+                *first, last = keys.values()
+                raise ValueError(f"give exactly one of {', '.join(first)} or {last} (got "
+                                 f"{given or 'none'})")
+            # Another plug-in's key left empty (`package: null`) is no key of this one.
+            return {k: v for k, v in value.items() if v is not None or k not in keys.values()}
+
+        variants = tuple(Annotated[cls, Tag(name)] for name, cls in self.items())
+        return Annotated[Union[variants], Discriminator(chosen),  # noqa: UP007
+                         BeforeValidator(exactly_one)]
 
 
 def tag_of(section: Any, tag: str) -> str:

@@ -10,6 +10,8 @@ import sqlite3
 import threading
 
 from hf2triton.errors import EnvironmentSetupError
+from hf2triton.net import free_port
+from hf2triton.workspace import ensure_home
 
 # Prefect's 20 s default start-up deadline is too short on a busy 2-core machine.
 STARTUP_TIMEOUT_S = "180"
@@ -33,8 +35,6 @@ def prepare_local_run() -> None:
 
     Raises EnvironmentSetupError naming the cause and the fix.
     """
-    from hf2triton.workspace import ensure_home
-
     root = ensure_home("prefect")
     if os.environ.get("PREFECT_API_URL"):
         return  # a Prefect server is configured: runs go there
@@ -84,8 +84,6 @@ def start_temporary_api() -> None:
         # Prefect picks a random port in 8000-8999, where Triton's default ports are: a release
         # whose temporary API took 8002 found its Triton's metrics port in use. A reserved port
         # outside that range and the kernel's ephemeral range, instead.
-        from hf2triton.net import free_port
-
         server.port = free_port()
     failure: list[BaseException] = []
 

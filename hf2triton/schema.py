@@ -82,6 +82,12 @@ def _name_the_variants(schema: dict[str, Any]) -> None:
             if tags:
                 node["discriminator"] = {"propertyName": tags[0], "mapping": {
                     props[tags[0]]["const"]: ref for props, ref in zip(variants, refs)}}
+            else:  # chosen by the key it holds (a source): each variant requires its own
+                own = [[k for k in defs[r.rsplit("/", 1)[1]].get("required", [])
+                        if all(k not in other for other in variants if other is not props)]
+                       for r, props in zip(refs, variants)]
+                if all(len(keys) == 1 for keys in own):
+                    node["x-chosen-by-key"] = {keys[0]: ref for keys, ref in zip(own, refs)}
         for value in node.values():
             visit(value)
 

@@ -8,161 +8,36 @@ from __future__ import annotations
 
 import copy
 import logging
-import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import (
     Field,
-    ValidationInfo,
     create_model,
     field_validator,
     model_validator,
 )
 
 from hf2triton.kinds import DEFAULT_TASK, KINDS, kind_class, kind_classes
-from hf2triton.lm_training import PLAIN_CHAT_TEMPLATE
 from hf2triton.specbase import (
     Name,
     SpecPath,
     Strict,
     first_line,
-    matching,
-    resolve_path,
     unless,
 )
 from hf2triton.targets import DeploySpec, default_deploy
 from hf2triton.targets.base import TuningSpec  # noqa: F401 - the tuning step's section
 from hf2triton.watch.spec import WatchSpec
-from hf2triton.workspace import redact_uri
+from hf2triton import specfile
+from hf2triton.image.spec import ImageSpec
+from hf2triton.serving.runtimes import RuntimeSettings, runtime_class
+from hf2triton.sources import SourceSpec
 
 log = logging.getLogger(__name__)
 
 # The spec's `task:` values: one per registered model kind.
 Task = Literal[tuple(KINDS)]  # type: ignore[valid-type]
-
-
-class MlflowSourceSpec(Strict):
-    """A model version of an MLflow model registry, by name and alias or by name and version,
-    as a training run registered it (the transformers flavour, or a plain Hugging Face directory
-    logged as artifacts). Credentials come from MLFLOW_TRACKING_USERNAME/PASSWORD or _TOKEN, or
-    from a saved Prefect block named in `credentials_block`; never from the spec."""
-
-    model: str = Field(description="the registered model's name")
-    alias: str | None = Field(None, description="e.g. 'trained'; exactly one of alias, version")
-    version: str | None = Field(None, description="a version number, e.g. '3'")
-    tracking_uri: str | None = Field(
-        None, description="the registry's URI; default: MLFLOW_TRACKING_URI, else the release's "
-        "own store")
-    credentials_block: str | None = Field(
-        None, description="name of a saved hf2triton-mlflow-credentials Prefect block")
-
-    @field_validator("tracking_uri")
-    @classmethod
-    def _no_login_in_uri(cls, uri: str | None) -> str | None:
-        if uri and redact_uri(uri) != uri:
-            raise ValueError("a user or password in the URI would be recorded with the spec: "
-                             "give the URI without it, and the credentials in "
-                             "MLFLOW_TRACKING_USERNAME/PASSWORD or a credentials_block")
-        return uri
-
-    @model_validator(mode="after")
-    def _alias_or_version(self) -> MlflowSourceSpec:
-        given = [k for k in ("alias", "version") if getattr(self, k)]
-        if len(given) != 1:
-            raise ValueError(f"give exactly one of alias or version (got {given or 'none'})")
-        if self.version is not None and not self.version.isdigit():
-            raise ValueError(f"version {self.version!r} is not a version number such as '3'")
-        return self
-
-
-class TrainSourceSpec(Strict):
-    """A small Llama-architecture causal language model and its byte-level BPE tokenizer,
-    trained here on CPU from a plain-text file (hf2triton.lm_training): seeded and
-    deterministic, and trained once: the same text and settings reuse the finished model. The
-    embedded default LLM (releases/kjv-lm.yaml) is one."""
-
-    text: SpecPath = Field(description="UTF-8 plain text to learn from (lines starting with '#' "
-                           "are a header and left out; blank lines separate documents)")
-    vocab_size: int = Field(2048, ge=300, le=65536, description="BPE vocabulary size")
-    layers: int = Field(2, ge=1, le=32, description="decoder layers")
-    hidden: int = Field(128, ge=16, le=4096, description="hidden size")
-    heads: int = Field(4, ge=1, le=64, description="attention heads")
-    context: int = Field(64, ge=8, le=4096, description="tokens per training sequence")
-    max_positions: int = Field(256, ge=8, le=32768, description="prompt plus generated tokens "
-                               "the model can serve (max_position_embeddings)")
-    steps: int = Field(1500, ge=1, le=1_000_000, description="optimizer steps")
-    batch_size: int = Field(16, ge=1, le=1024)
-    learning_rate: float = Field(0.005, gt=0, le=1, description="peak learning rate (linear "
-                                 "warm-up, cosine decay to a tenth)")
-    seed: int = 0
-    chat_template: str = Field(PLAIN_CHAT_TEMPLATE, description="the tokenizer's chat template "
-                               "(Jinja); default: the messages' text one per line, since the "
-                               "model learnt plain text, not conversations")
-
-    @model_validator(mode="after")
-    def _shape(self) -> TrainSourceSpec:
-        if not Path(self.text).is_file():
-            raise ValueError(f"text {self.text}: no such file")
-        if self.hidden % self.heads:
-            raise ValueError(f"hidden {self.hidden} is not a multiple of heads {self.heads}")
-        return unless(self.context > self.max_positions, self,
-                      f"context {self.context} is more than max_positions {self.max_positions}")
-
-
-class SourceSpec(Strict):
-    """Where the model comes from: exactly one of `repo_id` (with `revision`), `path`, `package`,
-    `mlflow`, `train`."""
-
-    repo_id: str | None = Field(None, description="Hugging Face hub id, e.g. org/model")
-    revision: str | None = Field(None, description="hub branch, tag or commit to pin")
-    path: str | None = Field(None, description="a local Hugging Face model directory")
-    package: str | None = Field(
-        None, description="an installed Python package that carries the model directory"
-    )
-    subdir: str = Field("model", description="with `package`: the model directory inside it")
-    mlflow: MlflowSourceSpec | None = Field(None, description="a version of an MLflow registry")
-    train: TrainSourceSpec | None = Field(
-        None, description="a small language model trained here from a text file, once")
-    model_id: str | None = Field(None, description="id recorded as lineage for local sources")
-
-    @field_validator("path")
-    @classmethod
-    def _resolve_path(cls, v: str | None, info: ValidationInfo) -> str | None:
-        if v is not None and not v.strip():
-            raise ValueError("an empty path; give the model directory")
-        return None if v is None else resolve_path(v, info)
-
-    @field_validator("repo_id")
-    @classmethod
-    def _check_repo_id(cls, v: str | None) -> str | None:
-        if v is not None and not re.match(r"^[\w.-]+(/[\w.-]+)?$", v):
-            raise ValueError(f"{v!r} is not a Hugging Face hub id such as 'org/model'")
-        return v
-
-    @model_validator(mode="after")
-    def _exactly_one(self) -> SourceSpec:
-        given = [k for k in ("repo_id", "path", "package", "mlflow", "train")
-                 if getattr(self, k)]
-        if len(given) != 1:
-            raise ValueError(f"give exactly one of repo_id, path, package, mlflow or train (got "
-                             f"{given or 'none'})")
-        if self.repo_id and not self.revision:
-            raise ValueError(
-                f"repo_id {self.repo_id!r} needs a revision (a commit, tag or branch) so the "
-                "release is reproducible"
-            )
-        return self
-
-    @property
-    def lineage_id(self) -> str:
-        if self.model_id or self.repo_id or self.package:
-            return self.model_id or self.repo_id or self.package or ""
-        if self.mlflow:
-            return f"mlflow:{self.mlflow.model}@{self.mlflow.alias or 'v' + str(self.mlflow.version)}"
-        if self.train:
-            return f"trained:{Path(self.train.text).name}"
-        return Path(self.path or "").name
 
 
 class ExportSpec(Strict):
@@ -222,8 +97,6 @@ class RuntimeChoice(Strict):
 
     @model_validator(mode="after")
     def _known(self) -> RuntimeChoice:
-        from hf2triton.serving.runtimes import RuntimeSettings, runtime_class
-
         try:
             RuntimeSettings(self.name, runtime_class(self.name).devices[0], self.precision,
                             self.options)
@@ -261,64 +134,6 @@ class ValidationSpec(Strict):
 class RegistrySpec(Strict):
     model_name: Name = Field(description="MLflow registered model name")
     experiment: str = Field("hf2triton", description="MLflow experiment of the release runs")
-
-
-# host[:port] of an image registry, and a repository path in it (Docker's reference grammar).
-REGISTRY_PATTERN = re.compile(r"^[a-zA-Z0-9](?:[a-zA-Z0-9.-]*[a-zA-Z0-9])?(?::[0-9]{1,5})?$")
-REPOSITORY_PATTERN = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*$")
-# The Python backend stubs of the Triton wheel exist for 3.8 to 3.13.
-PYTHON_VERSION_PATTERN = re.compile(r"^3\.(?:[89]|1[0-3])$")
-
-
-class ImageSpec(Strict):
-    """The release's serving image: built offline, pushed to `registry`, tagged
-    `<registry>/<repository>:<MLflow version>-<short content hash>`."""
-
-    build: Literal["auto"] | bool = Field(
-        "auto",
-        description="auto: build and push when a Docker engine, the registry and the base image "
-        "can be had, else say why the image step is skipped; true: they must; false: never",
-    )
-    registry: Annotated[str, matching(REGISTRY_PATTERN, "a registry address such as "
-                                       "'registry.example.com:5000'")] = Field(
-        "127.0.0.1:5000", description="host[:port]; $HF2TRITON_REGISTRY overrides it"
-    )
-    repository: str | None = Field(None, description="repository in the registry; default: name")
-    base_image: str | None = Field(
-        None,
-        description="the image's base: Python with its shared libpython and venv; default "
-        "python:3.11-slim-bookworm, or python:3.12-slim-bookworm for deploy.device gpu; "
-        "$HF2TRITON_BASE_IMAGE overrides it",
-    )
-    python: Annotated[str, matching(PYTHON_VERSION_PATTERN, "a Python version such as "
-                                    "'3.12'")] | None = Field(
-        None, description="the base image's Python version (the wheels and the Python backend "
-        "stub are chosen for it); default: the one an official python image names in its tag, "
-        "else 3.11 (3.12 for deploy.device gpu)")
-    credentials_block: str | None = Field(
-        None,
-        description="name of a saved hf2triton RegistryCredentials Prefect block; without it "
-        "$HF2TRITON_REGISTRY_USERNAME and $HF2TRITON_REGISTRY_PASSWORD are used when set",
-    )
-    build_timeout_s: float = Field(1800, gt=0)
-
-    @field_validator("python", mode="before")
-    @classmethod
-    def _quoted_python(cls, v: Any) -> Any:
-        if isinstance(v, (int, float)):
-            raise ValueError(f"write the version quoted, e.g. '{v}': YAML reads an unquoted "
-                             "version as a number (3.10 as 3.1)")
-        return v
-
-    @field_validator("repository")
-    @classmethod
-    def _check_repository(cls, v: str | None) -> str | None:
-        if v is not None and not REPOSITORY_PATTERN.match(v):
-            raise ValueError(
-                f"{v!r} is not an image repository: lower-case path components of letters, "
-                "digits and single '.', '_' or '-' separators, joined by '/'"
-            )
-        return v
 
 
 class ScheduleSpec(Strict):
@@ -489,7 +304,16 @@ class TrainingSpec(Strict):
                        f"labels {self.labels} name a label twice")
 
 
-# Reading YAML and describing errors live in hf2triton.specfile; the spec's users import them here.
-from hf2triton.specfile import load_spec, parse_spec  # noqa: E402
+def parse_spec(data: Any, base_dir: str | Path | None = None, origin: str = "spec",
+               model: type[Strict] = ReleaseSpec) -> Any:
+    """Validate a release spec (or a `model` one) given as a mapping; relative paths are taken
+    from `base_dir`. Reading YAML and describing errors are hf2triton.specfile's."""
+    return specfile.parse_spec(data, model, base_dir, origin)
+
+
+def load_spec(path: str | Path, model: type[Strict] = ReleaseSpec) -> Any:
+    """Read and validate a release (or training) spec YAML file."""
+    return specfile.load_spec(path, model)
+
 
 __all__ = ["ReleaseSpec", "TrainingSpec", "load_spec", "parse_spec"]

@@ -10,12 +10,15 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from hf2triton.errors import SpecError
+from hf2triton.sources import SOURCES
 from hf2triton.stores import STORES
 from hf2triton.targets import TARGETS
 from hf2triton.workspace import redact_uri
 
-# Union sections name their variant in an error's location: (section, {variant names}).
-_VARIANTS = {"deploy": ("target", TARGETS), "model_store": ("kind", STORES)}
+# Union sections name their variant in an error's location: (section, {variant names}); a
+# section chosen by the key it holds (a source) has no tag key (None).
+_VARIANTS = {"deploy": ("target", TARGETS), "model_store": ("kind", STORES),
+             "source": (None, SOURCES), "base": (None, SOURCES)}
 
 
 def _branch(part: Any) -> bool:
@@ -37,11 +40,16 @@ def _relevant(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _describe(err: dict[str, Any]) -> str:
-    loc, variant = [], None
+    loc, variant, tagged = [], None, -1
     for part in (p for p in err["loc"] if not _branch(p)):
         # A union puts the chosen variant's name into the location: name it once, by its key.
-        if loc and str(loc[-1]) in _VARIANTS and part in _VARIANTS[str(loc[-1])][1]:
-            variant = f"{'.'.join(str(p) for p in loc)}.{_VARIANTS[str(loc[-1])][0]} {part!r}"
+        # (Once per section: a source's own key may share its variant's name, `mlflow`.)
+        if loc and str(loc[-1]) in _VARIANTS and part in _VARIANTS[str(loc[-1])][1] \
+                and tagged != len(loc):
+            tagged = len(loc)
+            tag = _VARIANTS[str(loc[-1])][0]
+            variant = f"{'.'.join(str(p) for p in loc)}.{tag} {part!r}" if tag else \
+                f"a {part} source"
             continue
         loc.append(part)
     key = ".".join(str(p) for p in loc) or "(top level)"
@@ -63,12 +71,10 @@ def _describe(err: dict[str, Any]) -> str:
     return f"'{key}' = {shown!r}: {msg}{for_variant}"
 
 
-def parse_spec(data: Any, base_dir: str | Path | None = None, origin: str = "spec",
-               model: type[BaseModel] | None = None) -> Any:
-    """Validate a spec given as a mapping (a release spec unless `model` says otherwise);
-    relative paths are taken from `base_dir`."""
-    if model is None:
-        from hf2triton.spec import ReleaseSpec as model
+def parse_spec(data: Any, model: type[BaseModel], base_dir: str | Path | None = None,
+               origin: str = "spec") -> Any:
+    """Validate a spec given as a mapping as `model`; relative paths are taken from
+    `base_dir`."""
     if isinstance(data, model):
         return data
     if not isinstance(data, dict):
@@ -81,8 +87,8 @@ def parse_spec(data: Any, base_dir: str | Path | None = None, origin: str = "spe
         raise SpecError(f"{origin}: {problems}. Fix the spec and run again.") from None
 
 
-def load_spec(path: str | Path, model: type[BaseModel] | None = None) -> Any:
-    """Read and validate a release (or training) spec YAML file."""
+def load_spec(path: str | Path, model: type[BaseModel]) -> Any:
+    """Read and validate a spec YAML file as `model`."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -94,4 +100,4 @@ def load_spec(path: str | Path, model: type[BaseModel] | None = None) -> Any:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise SpecError(f"spec file {str(p)!r} is not valid YAML: {exc}") from None
-    return parse_spec(data, base_dir=p.resolve().parent, origin=str(p), model=model)
+    return parse_spec(data, model, base_dir=p.resolve().parent, origin=str(p))

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hf2triton.errors import ArtifactError
+from hf2triton.errors import ArtifactError, EnvironmentSetupError
 
 DONE_FILE = "hf2triton-done.json"
 
@@ -63,8 +63,6 @@ def ensure_home(*subdirs: str) -> Path:
     Libraries handed a folder in the home (Prefect's PREFECT_HOME, MLflow's SQLite store) create
     at most its last part, and fail minutes later and far from the cause when they cannot.
     """
-    from hf2triton.errors import EnvironmentSetupError
-
     root = home()
     where = "HF2TRITON_HOME" if os.environ.get("HF2TRITON_HOME") else "the working directory"
     fix = ("Set HF2TRITON_HOME to a folder you can write (e.g. HF2TRITON_HOME=$HOME/.hf2triton), "

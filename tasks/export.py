@@ -10,7 +10,7 @@ from prefect import task
 from hf2triton.export import ExportResult, export_model
 from hf2triton.kinds import Data, ModelKind
 from hf2triton.runs import NO_PREFECT_CACHE, note_reuse
-from hf2triton.source import FetchResult
+from hf2triton.sources import FetchResult
 from hf2triton.spec import ExportSpec
 
 

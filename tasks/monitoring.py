@@ -20,8 +20,6 @@ from hf2triton.watch import monitoring as render
 def monitoring(spec: ReleaseSpec, target: DeployTarget, reg: dict) -> dict[str, str]:
     out = Path(target.work) / "monitoring" / reg["version"]
     written = render.write(spec, target.watch_points(), out)
-    client = Registry(reg["tracking_uri"])
-    client.call("log the monitoring files", client.client.log_artifacts, reg["run_id"], str(out),
-                "monitoring")
+    Registry(reg["tracking_uri"]).log_artifacts(reg["run_id"], str(out), "monitoring")
     step_logger().info("monitoring: Prometheus rules and Grafana dashboard in %s", out)
     return written

@@ -10,7 +10,7 @@ from prefect.events import emit_event
 
 from hf2triton.report import artifact_key, mlflow_links
 from hf2triton.runs import NO_PREFECT_CACHE, RETRY_TRANSIENT, note_reuse, step_logger
-from hf2triton.source import FetchResult
+from hf2triton.sources import FetchResult
 from hf2triton.spec import TrainingSpec
 from hf2triton.training import REGISTERED_EVENT, Registered, TrainResult, fine_tune, log_trained
 

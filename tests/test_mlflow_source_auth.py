@@ -15,12 +15,15 @@ import pytest
 
 from hf2triton.credentials import MlflowCredentials
 from hf2triton.errors import SourceError, SpecError
-from hf2triton.source import fetch_mlflow
-from hf2triton.spec import MlflowSourceSpec
+from hf2triton.sources.mlflow import MlflowSource, MlflowSourceSpec
 from tests.conftest import free_port, wait_http
 
 ADMIN, ADMIN_PASSWORD = "admin", "test-only-Admin-pw-7"  # the bootstrap admin (test only)
 MODEL = "auth-tiny"
+
+
+def _fetch(spec, uri):
+    return MlflowSource(mlflow=spec).fetch(uri)
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +81,7 @@ def test_without_credentials_the_source_fails_in_one_line_naming_what_to_set(
         auth_registry, no_mlflow_env):
     spec = MlflowSourceSpec(model=MODEL, alias="trained", tracking_uri=auth_registry)
     with pytest.raises(SourceError) as caught:
-        fetch_mlflow(spec, auth_registry)
+        _fetch(spec, auth_registry)
     message = str(caught.value)
     assert "MLFLOW_TRACKING_USERNAME" in message and "credentials_block" in message, message
     assert not caught.value.retryable  # a refused password is not a server that is down
@@ -87,7 +90,7 @@ def test_without_credentials_the_source_fails_in_one_line_naming_what_to_set(
 def test_credentials_from_the_environment(auth_registry, no_mlflow_env, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", ADMIN)
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", ADMIN_PASSWORD)
-    got = fetch_mlflow(MlflowSourceSpec(model=MODEL, alias="trained"), auth_registry)
+    got = _fetch(MlflowSourceSpec(model=MODEL, alias="trained"), auth_registry)
     assert got["revision"] == "1" and (Path(got["model_dir"]) / "config.json").is_file()
     assert got["registry"]["model"] == MODEL and got["registry"]["uri"] == auth_registry
 
@@ -98,7 +101,7 @@ def test_credentials_from_a_prefect_block_never_enter_this_process_environment(
                                                                      overwrite=True)
     spec = MlflowSourceSpec(model=MODEL, version="1", tracking_uri=auth_registry,
                             credentials_block="test-mlflow-auth")
-    got = fetch_mlflow(spec, "http://127.0.0.1:1")
+    got = _fetch(spec, "http://127.0.0.1:1")
     # The server demands a password and this process's environment has none: the block's
     # reached MLflow, and at no moment of the download was it written into os.environ.
     assert got["revision"] == "1" and got["content_hash"]
@@ -107,7 +110,7 @@ def test_credentials_from_a_prefect_block_never_enter_this_process_environment(
     assert "MLFLOW_TRACKING_PASSWORD" not in os.environ
     assert ADMIN_PASSWORD not in repr(got)
     with pytest.raises(SpecError, match="credentials_block 'no-such-block': no saved"):
-        fetch_mlflow(spec.model_copy(update={"credentials_block": "no-such-block"}),
+        _fetch(spec.model_copy(update={"credentials_block": "no-such-block"}),
                      auth_registry)
 
 
@@ -123,7 +126,7 @@ def test_a_block_with_a_token_replaces_the_environment_credentials(auth_registry
     spec = MlflowSourceSpec(model=MODEL, alias="trained", tracking_uri=auth_registry,
                             credentials_block="test-mlflow-token")
     with pytest.raises(SourceError, match="refused the credentials") as caught:
-        fetch_mlflow(spec, auth_registry)
+        _fetch(spec, auth_registry)
     assert "source-token" not in str(caught.value) and ADMIN_PASSWORD not in str(caught.value)
     assert os.environ["MLFLOW_TRACKING_PASSWORD"] == ADMIN_PASSWORD  # this process's, untouched
     assert "MLFLOW_TRACKING_TOKEN" not in os.environ

@@ -30,9 +30,9 @@ from hf2triton.kinds.embedding import (
     resolve_embedding_config,
 )
 from hf2triton.runtimes.quantizers import quantize_onnx
-from hf2triton.source import fetch_model
+from hf2triton.sources import fetch_model, parse_source
 from hf2triton.kinds.embedding import EmbeddingThresholds as Thresholds
-from hf2triton.spec import QuantizationSpec, SourceSpec, parse_spec
+from hf2triton.spec import QuantizationSpec, parse_spec
 from tests.tiny_models import CORPUS
 
 ODD = [
@@ -64,7 +64,7 @@ def embedding_kind(model_dir: Path | str, sentences: Path | str = "unused.txt",
 
 
 def do_export(model_dir: Path, work: Path, atol: float = 1e-3, cfg: EmbeddingConfig | None = None):
-    src = fetch_model(SourceSpec(path=str(model_dir)))
+    src = fetch_model(parse_source(dict(path=str(model_dir))))
     return export_model(
         embedding_kind(model_dir), src["model_dir"], src["content_hash"], 18, atol,
         cfg or resolve_embedding_config(model_dir), Data(SENTENCES), str(work),

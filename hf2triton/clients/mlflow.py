@@ -172,6 +172,10 @@ class Registry:
     def version(self, name: str, version: str) -> Any:
         return self.call("read the model version", self.client.get_model_version, name, version)
 
+    def version_by_alias(self, name: str, alias: str) -> Any:
+        return self.call("resolve the alias", self.client.get_model_version_by_alias, name,
+                         alias)
+
     def run(self, run_id: str) -> Any:
         return self.call("read the run", self.client.get_run, run_id)
 
@@ -190,6 +194,10 @@ class Registry:
     def set_alias(self, name: str, alias: str, version: str) -> None:
         self.call(f"move the {alias} alias", self.client.set_registered_model_alias, name, alias,
                   version)
+
+    def log_artifacts(self, run_id: str, local_dir: str, dest: str) -> None:
+        """Every file of `local_dir` into the run's artifacts under `dest`."""
+        self.call(f"upload {dest}", self.client.log_artifacts, run_id, local_dir, dest)
 
     def tag_version(self, name: str, version: str, tags: dict[str, str]) -> None:
         for key, value in tags.items():

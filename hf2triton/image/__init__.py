@@ -16,7 +16,7 @@ from hf2triton.image.target import ImageTarget, image_tags, image_target
 from hf2triton.image.variants import VARIANTS, ImageVariant, variant_for
 from hf2triton.image.wheelhouse import ensure_wheelhouse, wheelhouse_root
 # targets/docker.py imports the spec's section from here.
-from hf2triton.spec import ImageSpec
+from hf2triton.image.spec import ImageSpec
 
 __all__ = [
     "VARIANTS", "ImageBuildResult", "ImageSpec", "ImageTarget", "ImageVariant", "PushResult",

@@ -10,7 +10,7 @@ from hf2triton.clients import docker as engine_client
 from hf2triton.credentials import DockerAuth, RegistryCredentials, resolve
 from hf2triton.image.target import ImageTarget
 from hf2triton.runs import step_logger
-from hf2triton.spec import ImageSpec
+from hf2triton.image.spec import ImageSpec
 
 
 class PushResult(TypedDict):

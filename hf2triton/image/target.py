@@ -7,7 +7,7 @@ import os
 from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 from hf2triton.image.variants import image_python, variant_for
-from hf2triton.spec import ImageSpec
+from hf2triton.image.spec import ImageSpec
 
 if TYPE_CHECKING:
     from hf2triton.image.build import ImageBuildResult

@@ -10,6 +10,7 @@ written once, against this interface.
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 from dataclasses import dataclass, field
@@ -77,6 +78,32 @@ def read_lines(path: str | Path, what: str, items: str = "sentences") -> list[st
     if not found:
         raise SpecError(f"{what} file {str(p)!r} holds no {items}: put one per line")
     return found
+
+
+def read_json(path: Path) -> Any:
+    """A JSON file of a model's directory, or None when it is missing or not JSON."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def model_max_length(model_dir: str | Path, max_length: int | None = None) -> int:
+    """The truncation length the model's authors serve with: sentence-transformers'
+    max_seq_length (all-MiniLM-L6-v2: 256, not the tokenizer's 512), else the smaller of the
+    tokenizer's and the position embeddings' limits."""
+    model_dir = Path(model_dir)
+    if max_length is None:
+        max_length = (read_json(model_dir / "sentence_bert_config.json") or {}).get(
+            "max_seq_length")
+    if max_length is None:
+        tok_cfg = read_json(model_dir / "tokenizer_config.json") or {}
+        model_cfg = read_json(model_dir / "config.json") or {}
+        limits = [v for v in (tok_cfg.get("model_max_length"),
+                              model_cfg.get("max_position_embeddings"))
+                  if isinstance(v, int) and 0 < v < 100_000]
+        max_length = min(limits) if limits else 512
+    return int(max_length)
 
 
 def misses(metrics: dict[str, float], limits: Limits) -> dict[str, float]:

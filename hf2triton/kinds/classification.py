@@ -17,7 +17,7 @@ from pydantic import Field, model_validator
 from hf2triton.errors import SpecError, UnsupportedModelError
 from hf2triton.kinds import KINDS
 from hf2triton.kinds.base import Data, Limits, ModelKind, read_lines
-from hf2triton.kinds.embedding import model_max_length
+from hf2triton.kinds.base import model_max_length
 from hf2triton.kinds.torch_reference import TorchReference, largest_difference
 from hf2triton.serving.classification import activate
 from hf2triton.specbase import MaxLength, Probability, SpecPath, Strict, unless

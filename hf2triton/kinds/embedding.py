@@ -5,7 +5,6 @@ PyTorch's: minimum and mean cosine, and the Spearman correlation of all pairwise
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -15,7 +14,7 @@ from pydantic import Field
 
 from hf2triton.errors import SpecError
 from hf2triton.kinds import KINDS
-from hf2triton.kinds.base import Data, Limits, ModelKind, read_lines
+from hf2triton.kinds.base import Data, Limits, ModelKind, model_max_length, read_json, read_lines
 from hf2triton.specbase import MaxLength, Probability, SpecPath, Strict
 from hf2triton.kinds.torch_reference import (
     TorchReference,
@@ -69,44 +68,19 @@ class EmbeddingConfig:
         return asdict(self)
 
 
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
-def model_max_length(model_dir: str | Path, max_length: int | None = None) -> int:
-    """The truncation length the model's authors serve with: sentence-transformers'
-    max_seq_length (all-MiniLM-L6-v2: 256, not the tokenizer's 512), else the smaller of the
-    tokenizer's and the position embeddings' limits."""
-    model_dir = Path(model_dir)
-    if max_length is None:
-        max_length = (_read_json(model_dir / "sentence_bert_config.json") or {}).get(
-            "max_seq_length")
-    if max_length is None:
-        tok_cfg = _read_json(model_dir / "tokenizer_config.json") or {}
-        model_cfg = _read_json(model_dir / "config.json") or {}
-        limits = [v for v in (tok_cfg.get("model_max_length"),
-                              model_cfg.get("max_position_embeddings"))
-                  if isinstance(v, int) and 0 < v < 100_000]
-        max_length = min(limits) if limits else 512
-    return int(max_length)
-
-
 def resolve_embedding_config(model_dir: str | Path, pooling: str = "auto",
                              normalize: bool | str = "auto",
                              max_length: int | None = None) -> EmbeddingConfig:
     """Fill 'auto' from the model's own sentence-transformers files, so serving truncates and
     pools as the model's authors do."""
     model_dir = Path(model_dir)
-    modules = _read_json(model_dir / "modules.json")
+    modules = read_json(model_dir / "modules.json")
     modules = modules if isinstance(modules, list) else []
     if pooling == "auto":
         pooling = "mean"
         for module in modules:
             if module.get("type", "").endswith("Pooling"):
-                cfg = _read_json(model_dir / module.get("path", "") / "config.json") or {}
+                cfg = read_json(model_dir / module.get("path", "") / "config.json") or {}
                 if cfg.get("pooling_mode_cls_token"):
                     pooling = "cls"
     if normalize == "auto":

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from hf2triton.errors import SpecError, UnsupportedModelError
-from hf2triton.kinds.embedding import model_max_length
+from hf2triton.kinds.base import model_max_length
 from hf2triton.serving.seq2seq import DecodeSettings
 
 # GenerationConfig fields the served decoder implements (hf2triton.serving.decoding.process_scores).

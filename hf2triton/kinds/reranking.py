@@ -22,7 +22,7 @@ from hf2triton.errors import SpecError, UnsupportedModelError
 from hf2triton.kinds import KINDS
 from hf2triton.kinds.base import Data, Limits, ModelKind, read_lines
 from hf2triton.kinds.classification import TorchClassifier, check_logits
-from hf2triton.kinds.embedding import model_max_length
+from hf2triton.kinds.base import model_max_length
 from hf2triton.serving.reranking import relevance
 from hf2triton.specbase import MaxLength, Probability, Strict
 

@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from hf2triton.kinds.generation_config import load_tokenizer
+
 
 def batched(items: list[Any], size: int):
     for i in range(0, len(items), size):
@@ -87,8 +89,6 @@ class TorchTranslator:
     def __init__(self, model_dir: str | Path, cfg: Any):
         import torch
         from transformers import AutoModelForSeq2SeqLM
-
-        from hf2triton.kinds.generation_config import load_tokenizer
 
         self._torch = torch
         self.cfg = cfg

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, ClassVar, TypedDict
 
 from hf2triton.serving.runtimes import DEFAULT_RUNTIME, RuntimeSettings, runtime_class
-from hf2triton.workspace import cached_step, digest, sha256_file, source_digest
+from hf2triton.workspace import cached_step, digest, source_digest
 
 # Graph formats: what a variant's files are, so a runtime can say whether it reads them.
 PLAIN = "onnx"  # the export as it is: a float ONNX graph every ONNX-reading runtime runs

@@ -20,6 +20,7 @@ from hf2triton.runtimes.base import (
     VariantContext,
     build_variant,
 )
+from hf2triton.serving.text import OnnxText, plan_sub_batches
 from hf2triton.workspace import sha256_file
 
 
@@ -70,8 +71,6 @@ def calibration_feeds(onnx_path: str, tokenizer_path: str, max_length: int,
                       texts: list[Any], max_batch_tokens: int = 512) -> list[dict[str, Any]]:
     """The graph's inputs for `texts` as the serving core feeds them: tokenized with the served
     tokenizer, sorted by length into token-bounded sub-batches, padded within each."""
-    from hf2triton.serving.text import OnnxText, plan_sub_batches
-
     text = OnnxText(onnx_path, tokenizer_path, max_length, max_batch_tokens=max_batch_tokens)
     encodings = text.encode(texts)
     lengths = [len(e.ids) for e in encodings]

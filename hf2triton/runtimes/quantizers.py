@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hf2triton import quiet
+from hf2triton.errors import QuantizationError
 from hf2triton.runs import step_logger
 from hf2triton.runtimes.base import ORT_ONLY, Variant, build_variant
 from hf2triton.serving.seq2seq import ONNX_FILES
@@ -84,8 +85,6 @@ def method_name(spec: QuantizationSpec) -> str:
 def quantize_onnx(onnx_path: str, spec: QuantizationSpec, work_root: str) -> Variant:
     """The quantized model for `onnx_path` (fused first when `spec.fuse`); a QuantizationError
     naming the method when ONNX Runtime cannot quantize it."""
-    from hf2triton.errors import QuantizationError
-
     src = Path(onnx_path)
     if src.is_dir():
         return _quantize_files(src, spec, work_root)

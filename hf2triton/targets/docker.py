@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Literal
 
 from hf2triton.clients import docker as engine_client
 from hf2triton.errors import DeployError, Hf2TritonError
+from hf2triton.image import ImageSpec, registry_auth
 from hf2triton.runs import step_logger
 from hf2triton.smoke import Endpoint
 from hf2triton.targets import TARGETS
@@ -227,8 +228,4 @@ class DockerContainers(DeployTarget):
 
 
 def _registry_auth(image: Any, registry: str) -> dict[str, str] | None:
-    # Imported here: hf2triton.image reads the spec, which is built from this module.
-    from hf2triton.image import registry_auth
-    from hf2triton.spec import ImageSpec
-
     return registry_auth(image or ImageSpec(), registry)
