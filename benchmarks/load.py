@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from hf2triton.load import TritonGrpc as GrpcCall
+from hf2triton.clients.triton import TritonGrpc as GrpcCall
 from hf2triton.load import closed_loop
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")

@@ -160,32 +160,64 @@ def _image(args: argparse.Namespace) -> int:
 
 
 def _release_spec(name: str):
-    """A spec file, or the name of one in releases/."""
-    from hf2triton.spec import load_spec
+    """A spec file, the name of one in releases/, or a release this home has run."""
+    from hf2triton.spec import load_spec, parse_spec
+    from hf2triton.watch.status import remembered
     from hf2triton.workspace import PROJECT_ROOT
 
     path = Path(name)
     if not path.is_file() and (PROJECT_ROOT / "releases" / f"{name}.yaml").is_file():
         path = PROJECT_ROOT / "releases" / f"{name}.yaml"
+    if not path.is_file():
+        ran = [data for data in remembered() if data.get("name") == name]
+        if ran:
+            return parse_spec(ran[0])
     return load_spec(path)
 
 
-def _watch_command(args: argparse.Namespace) -> int:
-    """`status` and `rollback` (docs/watch.md): the library calls their deployments make."""
+def _rollback(args: argparse.Namespace) -> int:
+    """`rollback` (docs/watch.md): what its deployment runs."""
     from hf2triton.errors import Hf2TritonError, SpecError
     from hf2triton.watch.rollback import roll_back
-    from hf2triton.watch.status import status
 
     try:
         spec = _release_spec(args.release)
     except SpecError as exc:
         return _fail(str(exc), 2)
     try:
-        out = status(spec) if args.command == "status" else \
-            roll_back(spec, args.reason, to=args.to)
+        out = roll_back(spec, args.reason, to=args.to)
     except Hf2TritonError as exc:
         return _fail(f"[{exc.code}] {exc}", exc.exit_code)
     print(json.dumps(out, indent=1, default=str))
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    """`status` (docs/watch.md): every release this home has run as a table, or one in full;
+    `--json` the objects for scripts."""
+    from hf2triton.errors import Hf2TritonError, SpecError
+    from hf2triton.spec import parse_spec
+    from hf2triton.watch import status
+    from hf2triton.workspace import home
+
+    try:
+        specs = [_release_spec(args.release)] if args.release else \
+            [parse_spec(data) for data in status.remembered()]
+    except SpecError as exc:
+        return _fail(str(exc), 2)
+    if not specs:
+        print(f"no release has run with the hf2triton home {home()} yet", file=sys.stderr)
+        return 0
+    try:
+        found = [status.status(spec) for spec in specs]
+    except Hf2TritonError as exc:
+        return _fail(f"[{exc.code}] {exc}", exc.exit_code)
+    if args.json:
+        print(json.dumps(found[0] if args.release else found, indent=1, default=str))
+    elif args.release:
+        print(status.describe(found[0]))
+    else:
+        print(status.table([status.row(f) for f in found]))
     return 0
 
 
@@ -232,10 +264,12 @@ def main(argv: list[str] | None = None) -> int:
     img.add_argument("--output", metavar="DIR", default="image-context",
                      help="where to write them (default: ./image-context)")
     img.set_defaults(func=_image)
-    st = sub.add_parser("status", help="a release's champion, candidate, what serves, and the "
-                        "watch's last figures")
-    st.add_argument("release", help="release spec YAML, or its name in releases/")
-    st.set_defaults(func=_watch_command)
+    st = sub.add_parser("status", help="every release this home has run, as a table: champion, "
+                        "candidate, what serves where, the watch's verdict; or one in full")
+    st.add_argument("release", nargs="?", help="one release: its spec YAML, its name in "
+                    "releases/, or the name of a release this home has run")
+    st.add_argument("--json", action="store_true", help="the status objects, for scripts")
+    st.set_defaults(func=_status)
     rb = sub.add_parser("rollback", help="serve the previous champion again (checked before the "
                         "alias moves back)")
     rb.add_argument("release", help="release spec YAML, or its name in releases/")
@@ -243,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
                     "the champion replaced)")
     rb.add_argument("--reason", default="rolled back by hand (hf2triton rollback)",
                     help="why, recorded on the MLflow version rolled back from")
-    rb.set_defaults(func=_watch_command)
+    rb.set_defaults(func=_rollback)
     args = parser.parse_args(argv)
     # The tokenizers thread pool warns (and can deadlock) once Prefect forks workers.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -17,6 +17,7 @@ from hf2triton.record import release_record, reused_steps, summary
 from hf2triton.runtimes import runtime_choices
 from hf2triton.spec import ReleaseSpec, parse_spec
 from hf2triton.targets import target_for
+from hf2triton.watch.status import remember
 from hf2triton.workspace import work_dir
 from hf2triton.flows.watch import after_release
 from hf2triton.tasks.deploy import deploy, retire, smoke
@@ -41,6 +42,7 @@ def release_model(spec: ReleaseSpec | dict[str, Any]) -> dict[str, Any]:
     data = kind.read_data()  # bad validation data fails before any work
     check_gate_device(spec.deploy)  # so does a GPU release where the gate cannot use a GPU
     runtimes = runtime_choices(spec.deploy, spec.runtime, kind)  # what this machine can try
+    remember(spec)  # `hf2triton status` lists every release of this home
 
     src = fetch(spec.source)
     exp = export(kind, src, spec.export, data, work)

@@ -44,6 +44,11 @@ def _portable(spec: ReleaseSpec, root: Path) -> dict[str, Any]:
     return _relative(data, root)
 
 
+def release_tag(name: str) -> str:
+    """The tag every deployment of release `name` carries (the watch finds its own by it)."""
+    return f"release:{name}"
+
+
 def _schedules(schedule: Any) -> list[dict[str, Any]]:
     return [] if schedule is None else [{"cron": schedule.cron, "timezone": schedule.timezone,
                                          "active": schedule.active}]
@@ -55,7 +60,7 @@ def deployment(spec: ReleaseSpec, name: str, root: Path = PROJECT_ROOT) -> dict[
         "entrypoint": "flows/release.py:release_model",
         "description": f"Release {spec.source.lineage_id} as {spec.registry.model_name} "
                        f"({spec.task}) to {spec.deploy.target}.",
-        "tags": ["hf2triton", spec.task, f"release:{spec.name}"],
+        "tags": ["hf2triton", spec.task, release_tag(spec.name)],
         "parameters": {"spec": _portable(spec, root)},
         "work_pool": {"name": WORK_POOL, "work_queue_name": "default"},
         # One run per release name at a time; a second waits rather than racing the first.
@@ -78,7 +83,7 @@ def watch_deployments(spec: ReleaseSpec, name: str, root: Path = PROJECT_ROOT
         return []
     # One spec object for all three: YAML writes it once and refers to it (an anchor).
     params = {"spec": _portable(spec, root)}
-    common = {"tags": ["hf2triton", "watch", f"release:{spec.name}"],
+    common = {"tags": ["hf2triton", "watch", release_tag(spec.name)],
               "work_pool": {"name": WORK_POOL, "work_queue_name": "default"}}
     breach = {"type": "event", "enabled": True, "name": f"{name}-rollback-on-breach",
               "match": {"prefect.resource.id": f"hf2triton.release.{spec.name}",

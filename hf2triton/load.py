@@ -17,7 +17,6 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
-from hf2triton.clients.triton import infer_inputs
 
 Payload = TypeVar("Payload")
 # One request: send the payload, return when answered, raise when it failed.
@@ -169,23 +168,3 @@ async def closed_loop(call: Call, payloads: Sequence[Payload], clients: int, dur
         await asyncio.gather(*tasks, return_exceptions=True)
     result.seconds = closed[0] - opened[0]
     return result
-
-
-class TritonGrpc:
-    """A Triton model over gRPC as a load `call`: one channel, many concurrent requests on it;
-    each payload is a request's input arrays by name."""
-
-    def __init__(self, url: str, model: str, version: str = "", outputs: Sequence[str] = ()):
-        import tritonclient.grpc.aio as grpcaio
-
-        self.module = grpcaio
-        self.client = grpcaio.InferenceServerClient(url)
-        self.model, self.version = model, version
-        self.outputs = [grpcaio.InferRequestedOutput(name) for name in outputs] or None
-
-    async def __call__(self, arrays: dict[str, np.ndarray]) -> Any:
-        return await self.client.infer(self.model, infer_inputs(self.module, arrays),
-                                       model_version=self.version, outputs=self.outputs)
-
-    async def close(self) -> None:
-        await self.client.close()

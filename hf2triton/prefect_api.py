@@ -130,3 +130,21 @@ def stop_temporary_api() -> None:
     for service in (APILogWorker, EventsWorker):
         service.drain_all(timeout=10)
     SubprocessASGIServer().stop()  # the default instance the run's clients used
+
+
+def deployment_tagged(flow_name: str, tag: str) -> str | None:
+    """`flow/deployment` of the first deployment of `flow_name` carrying `tag` on the Prefect
+    API, or None."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        DeploymentFilter,
+        DeploymentFilterTags,
+        FlowFilter,
+        FlowFilterName,
+    )
+
+    with get_client(sync_client=True) as client:
+        found = client.read_deployments(
+            flow_filter=FlowFilter(name=FlowFilterName(any_=[flow_name])),
+            deployment_filter=DeploymentFilter(tags=DeploymentFilterTags(all_=[tag])))
+    return f"{flow_name}/{found[0].name}" if found else None

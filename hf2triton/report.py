@@ -165,3 +165,25 @@ def publish_release_report(kind: ModelKind, summary: dict[str, Any], report_path
                              key=artifact_key(name, f"mlflow-{what}"),
                              description=f"MLflow {what} of this release")
     return markdown
+
+
+def publish_training(spec: Any, registered: dict[str, Any], trained: dict[str, Any]) -> None:
+    """A training run in the UI: its loss curve, a report, and links to MLflow."""
+    key = spec.name
+    create_table_artifact(
+        [{"step": (i + 1) * 10, "train loss": loss} for i, loss in enumerate(trained["losses"])],
+        key=artifact_key(key, "loss"), description=f"Training loss of {spec.name}")
+    held = trained["eval_accuracy"]
+    create_markdown_artifact(
+        f"# Training {spec.name}: {registered['model']} version {registered['version']}\n\n"
+        f"| | |\n|---|---|\n| steps | {spec.steps} (batch {spec.batch_size}, seed {spec.seed}) |\n"
+        f"| final train loss | {trained['losses'][-1]:.4f} |\n"
+        f"| train accuracy | {trained['train_accuracy']:.4f} |\n"
+        f"| held-out accuracy | {'n/a' if held is None else f'{held:.4f}'} |\n"
+        f"| MLflow | `models:/{registered['model']}/{registered['version']}` "
+        f"(alias `{registered['alias']}`) |\n",
+        key=artifact_key(key, "report"), description=f"Training report of {spec.name}")
+    for what, link in mlflow_links(registered["tracking_uri"], registered["run_id"], None,
+                                   registered["model"], registered["version"]).items():
+        create_link_artifact(link, link_text=f"MLflow {what}",
+                             key=artifact_key(key, f"mlflow-{what}"))

@@ -12,7 +12,7 @@ from typing import Any, TypedDict
 
 import numpy as np
 
-from hf2triton.clients.triton import classify, inference
+from hf2triton.clients.triton import inference
 from hf2triton.errors import SmokeTestError
 from hf2triton.kinds.base import Data, ModelKind, describe_misses, misses, worst_of
 
@@ -50,8 +50,6 @@ def split(answer: dict[str, np.ndarray], rows: list[int]) -> list[dict[str, np.n
 def smoke_endpoint(kind: ModelKind, endpoint: Endpoint, model: str,
                    reference: dict[str, Any]) -> dict[str, float]:
     """Figures of one endpoint: `<protocol>_<metric>` for each way of asking, and latencies."""
-    from tritonclient.utils import InferenceServerException
-
     cfg = kind.config_from_dict(reference["config"])
     data = Data(reference["items"])
     expected = kind.from_json(reference["reference"])
@@ -62,18 +60,16 @@ def smoke_endpoint(kind: ModelKind, endpoint: Endpoint, model: str,
     ways = (("grpc", "grpc", 1), ("http", "http", 1), ("batch", "grpc", reference["batch"]))
     for name, protocol, size in ways:
         url = endpoint[protocol]
-        try:
-            with inference(protocol, url, model, endpoint["version"], kind.outputs) as session:
-                session.wait_ready()
-                answers = []
-                for merged in batches(requests, size):
-                    rows = len(next(iter(merged.values())))
-                    answers.extend(split(session(merged), [1] * rows) if size > 1
-                                   else [session(merged)])
-                latency = session.latencies_ms
-        except InferenceServerException as exc:
-            raise classify(exc, f"answer a smoke request ({name}, {endpoint['name']})",
-                           SmokeTestError) from None
+        with inference(protocol, url, model, endpoint["version"], kind.outputs,
+                       SmokeTestError,
+                       f"answer a smoke request ({name}, {endpoint['name']})") as session:
+            session.wait_ready()
+            answers = []
+            for merged in batches(requests, size):
+                rows = len(next(iter(merged.values())))
+                answers.extend(split(session(merged), [1] * rows) if size > 1
+                               else [session(merged)])
+            latency = session.latencies_ms
         metrics, details = kind.score(expected, kind.extract(answers), data, cfg)
         missed = misses(metrics, limits)
         if missed:

@@ -191,6 +191,20 @@ def log_trained(trained: TrainResult, spec: TrainingSpec, tracking_uri: str) -> 
                       version=version, alias=spec.alias, run_id=run.info.run_id)
 
 
+def announce_version(registered: Registered, trained: TrainResult) -> None:
+    """Tell Prefect a new version exists (the event a release of an `mlflow` source that
+    follows this alias waits for)."""
+    from prefect.events import emit_event
+
+    held = trained["eval_accuracy"]
+    emit_event(event=REGISTERED_EVENT,
+               resource={"prefect.resource.id": f"mlflow.model.{registered['model']}",
+                         "prefect.resource.name": registered["model"],
+                         "version": registered["version"], "alias": registered["alias"]},
+               payload={"run_id": registered["run_id"], "alias": registered["alias"],
+                        "train_accuracy": trained["train_accuracy"], "eval_accuracy": held})
+
+
 # ---- the embedded language model ----------------------------------------------------------
 
 

@@ -13,12 +13,11 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from hf2triton.errors import DeployError, ServiceUnavailableError
+from hf2triton.clients.triton import TritonAdmin
+from hf2triton.errors import DeployError, Hf2TritonError, ServiceUnavailableError
 from hf2triton.waiting import wait_until
 from hf2triton.workspace import CHECKOUT, atomic_write_text, home
 
@@ -95,16 +94,9 @@ def read_state() -> ServerState | None:
     return state if _alive(state.pid) else None
 
 
-def _http_ok(url: str, timeout: float = 2.0) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return resp.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
-
-
 def is_live(state: ServerState) -> bool:
-    return _http_ok(f"http://{state.http_url}/v2/health/live")
+    with TritonAdmin(state.http_url, timeout_s=2.0) as admin:
+        return admin.live()
 
 
 def python_version(pytriton: Path) -> str:
@@ -327,14 +319,11 @@ def status() -> dict:
     state = read_state()
     if state is None:
         return {"running": False}
-    info: dict = {"running": True, **asdict(state), "live": is_live(state),
-                  "ready": _http_ok(f"http://{state.http_url}/v2/health/ready")}
-    try:
-        req = urllib.request.Request(
-            f"http://{state.http_url}/v2/repository/index", data=b"{}", method="POST"
-        )
-        with urllib.request.urlopen(req, timeout=5) as resp:
-            info["models"] = json.loads(resp.read())
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        info["models_error"] = str(exc)
+    with TritonAdmin(state.http_url, timeout_s=5.0) as admin:
+        info: dict = {"running": True, **asdict(state), "live": admin.live(),
+                      "ready": admin.ready()}
+        try:
+            info["models"] = admin.index()
+        except Hf2TritonError as exc:
+            info["models_error"] = str(exc)
     return info

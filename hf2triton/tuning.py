@@ -22,9 +22,10 @@ from typing import Any, TypedDict
 import numpy as np
 
 from hf2triton import triton_local
-from hf2triton.errors import DeployError
+from hf2triton.errors import DeployError, Hf2TritonError
 from hf2triton.kinds.base import ModelKind, to_json
-from hf2triton.load import TritonGrpc, closed_loop
+from hf2triton.clients.triton import TritonAdmin, TritonGrpc
+from hf2triton.load import closed_loop
 from hf2triton.net import reserved_ports
 from hf2triton.repository import BATCHING, build_repository
 from hf2triton.runs import in_prefect_run, step_logger
@@ -133,14 +134,11 @@ def tune_config(kind: ModelKind, model_name: str, candidate: str, export_dir: st
 
     def measure_cells(proc: Any, http: int, grpc: int, repo: Path, builds: Path) -> list[dict]:
         """Each cell loaded into the running server in turn, measured, and unloaded."""
-        import tritonclient.http as httpclient
-        from tritonclient.utils import InferenceServerException
-
-        client = httpclient.InferenceServerClient(f"127.0.0.1:{http}", network_timeout=600.0)
+        admin = TritonAdmin(f"127.0.0.1:{http}")
         measured = []
         try:
-            wait_for(client.is_server_live, deploy.ready_timeout_s,
-                     "configuration search: the private tritonserver did not start", proc)
+            admin.wait_live(deploy.ready_timeout_s,
+                            "configuration search: the private tritonserver did not start", proc)
             for i, cell in enumerate(cells):
                 name = f"{model_name}-tune-{i}"
                 built = build_repository(kind, name, candidate, export_dir, cfg, info,
@@ -148,10 +146,10 @@ def tune_config(kind: ModelKind, model_name: str, candidate: str, export_dir: st
                 shutil.copytree(Path(built["repository"]) / name, repo / name)
                 row = {"settings": cell, "name": describe(cell), "points": [], "score_rps": 0.0}
                 try:
-                    client.load_model(name)
-                    wait_for(lambda: client.is_model_ready(name), deploy.ready_timeout_s,
+                    admin.load(name)
+                    wait_for(lambda: admin.model_ready(name), deploy.ready_timeout_s,
                              f"configuration search: {name} did not load", proc)
-                except (InferenceServerException, DeployError) as exc:
+                except Hf2TritonError as exc:
                     if proc.poll() is not None:
                         raise
                     row["failed"] = " ".join(str(exc).split())[:300]  # never ships
@@ -160,13 +158,13 @@ def tune_config(kind: ModelKind, model_name: str, candidate: str, export_dir: st
                                              tuning.seconds, min(2.0, tuning.seconds))
                                      for n in tuning.clients]
                     row["score_rps"] = float(np.mean([p["rps"] for p in row["points"]]))
-                client.unload_model(name)
-                wait_for(lambda: not client.is_model_ready(name), 120,
+                admin.unload(name)
+                wait_for(lambda: not admin.model_ready(name), 120,
                          f"configuration search: {name} did not unload", proc)
                 shutil.rmtree(repo / name)
                 measured.append(row)
         finally:
-            client.close()
+            admin.close()
         return measured
 
     done = cached_step(work_root, "tune", key, build)

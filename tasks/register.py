@@ -14,7 +14,7 @@ from hf2triton.record import Record
 from hf2triton.runs import NO_PREFECT_CACHE, RETRY_TRANSIENT, step_logger
 from hf2triton.spec import RegistrySpec
 from hf2triton.targets import Deployment, DeployTarget
-from hf2triton.watch.registry import promotion_tags
+from hf2triton.watch.registry import promote as record_promotion
 
 
 class RegisterResult(TypedDict):
@@ -31,23 +31,9 @@ class RegisterResult(TypedDict):
 def register(registry: RegistrySpec, record: Record) -> RegisterResult:
     """Log the release and register a model version, unless one with the same release key
     exists (then it is the candidate again)."""
-    client = Registry()
-    name = registry.model_name
-    existing = client.version_with_key(name, record["release_key"])
-    if existing is not None:
-        client.set_alias(name, "candidate", existing.version)
-        run = client.run(existing.run_id)
-        result = RegisterResult(tracking_uri=client.uri, model_name=name,
-                                version=str(existing.version), run_id=existing.run_id,
-                                experiment_id=run.info.experiment_id, reused=True)
-    else:
-        mv, run_id, exp_id = client.log_release(
-            name, registry.experiment, record["release_key"], record["params"],
-            record["metrics"], record["lineage"], record["artifacts"])
-        client.set_alias(name, "candidate", mv.version)
-        result = RegisterResult(tracking_uri=client.uri, model_name=name, version=str(mv.version),
-                                run_id=run_id, experiment_id=exp_id, reused=False)
-    step_logger().info("register: %s version %s%s", name, result["version"],
+    result = RegisterResult(**Registry().register_release(registry.model_name,
+                                                          registry.experiment, record))
+    step_logger().info("register: %s version %s%s", result["model_name"], result["version"],
                        " (already registered: same release key)" if result["reused"] else "")
     return result
 
@@ -59,13 +45,7 @@ def promote(target: DeployTarget, deployment: Deployment, reg: RegisterResult,
     """The smoke test passed: the new version becomes what clients reach, its smoke figures go
     on the MLflow version, and the `champion` alias moves to it."""
     promoted = target.promote(deployment)
-    client = Registry(reg["tracking_uri"])
-    client.tag_version(reg["model_name"], reg["version"],
-                       {f"smoke.{k}": f"{v:.6g}" for k, v in smoke.items()})
-    # What the watch rolls back to, and when its window started (hf2triton.watch).
-    client.tag_version(reg["model_name"], reg["version"],
-                       promotion_tags(client, reg["model_name"], reg["version"]))
-    client.set_alias(reg["model_name"], "champion", reg["version"])
+    record_promotion(Registry(reg["tracking_uri"]), reg["model_name"], reg["version"], smoke)
     step_logger().info("promote: champion is now %s version %s", reg["model_name"],
                        reg["version"])
     return promoted

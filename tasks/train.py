@@ -5,14 +5,18 @@ event the release deployment's trigger waits for), with the training figures in 
 from __future__ import annotations
 
 from prefect import task
-from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
-from prefect.events import emit_event
 
-from hf2triton.report import artifact_key, mlflow_links
+from hf2triton.report import publish_training
 from hf2triton.runs import NO_PREFECT_CACHE, RETRY_TRANSIENT, note_reuse, step_logger
 from hf2triton.sources import FetchResult
 from hf2triton.spec import TrainingSpec
-from hf2triton.training import REGISTERED_EVENT, Registered, TrainResult, fine_tune, log_trained
+from hf2triton.training import (
+    Registered,
+    TrainResult,
+    announce_version,
+    fine_tune,
+    log_trained,
+)
 
 
 @task(name="train", task_run_name="train {spec.name}", **NO_PREFECT_CACHE)
@@ -41,27 +45,5 @@ def log_model(trained: TrainResult, spec: TrainingSpec, tracking_uri: str) -> Re
       **NO_PREFECT_CACHE)
 def announce(registered: Registered, trained: TrainResult, spec: TrainingSpec) -> None:
     """The training metrics and MLflow links in the UI, and the event a release waits for."""
-    key = spec.name
-    create_table_artifact(
-        [{"step": (i + 1) * 10, "train loss": loss} for i, loss in enumerate(trained["losses"])],
-        key=artifact_key(key, "loss"), description=f"Training loss of {spec.name}")
-    held = trained["eval_accuracy"]
-    create_markdown_artifact(
-        f"# Training {spec.name}: {registered['model']} version {registered['version']}\n\n"
-        f"| | |\n|---|---|\n| steps | {spec.steps} (batch {spec.batch_size}, seed {spec.seed}) |\n"
-        f"| final train loss | {trained['losses'][-1]:.4f} |\n"
-        f"| train accuracy | {trained['train_accuracy']:.4f} |\n"
-        f"| held-out accuracy | {'n/a' if held is None else f'{held:.4f}'} |\n"
-        f"| MLflow | `models:/{registered['model']}/{registered['version']}` "
-        f"(alias `{registered['alias']}`) |\n",
-        key=artifact_key(key, "report"), description=f"Training report of {spec.name}")
-    for what, link in mlflow_links(registered["tracking_uri"], registered["run_id"], None,
-                                   registered["model"], registered["version"]).items():
-        create_link_artifact(link, link_text=f"MLflow {what}",
-                             key=artifact_key(key, f"mlflow-{what}"))
-    emit_event(event=REGISTERED_EVENT,
-               resource={"prefect.resource.id": f"mlflow.model.{registered['model']}",
-                         "prefect.resource.name": registered["model"],
-                         "version": registered["version"], "alias": registered["alias"]},
-               payload={"run_id": registered["run_id"], "alias": registered["alias"],
-                        "train_accuracy": trained["train_accuracy"], "eval_accuracy": held})
+    publish_training(spec, registered, trained)
+    announce_version(registered, trained)

@@ -16,12 +16,70 @@ from tests.tiny_models import build_tiny_bert
 from hf2triton.waiting import http_ok, wait_for
 from tests.docker_fixtures import docker_client, docker_env, serving_wheelhouse  # noqa: F401
 from tests.prefect_fixtures import prefect_server  # noqa: F401
+from tests.tiny_bert_steps import cfg, exported, int8, sentences_file, work  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no hub here; hub code is tested on a local cache
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
+
+
+# ---- the e2e marker ---------------------------------------------------------------------------
+# Every test that starts a server (Triton, MLflow, Prefect, a Docker engine or registry,
+# PostgreSQL, an S3 server, Prometheus) or a whole release carries the `e2e` marker, so that
+# `pytest -m "not e2e"` is the quick run. A test without it that starts one fails, naming it.
+SERVERS = {"tritonserver": None, "mlflow": "server", "prefect": "server", "docker-env.sh": None,
+           "docker-registry": None, "dockerd": None, "pg_ctl": None, "postgres": None,
+           "moto_server": None, "prometheus": None, "hf2triton": "release"}
+_running = {"item": "", "e2e": True}
+
+
+def starts_server(args) -> str | None:
+    """The server a command line starts (its first words), or None."""
+    import shlex
+
+    cmd = [str(a) for a in args] if isinstance(args, (list, tuple)) else shlex.split(str(args))
+    for i, part in enumerate(cmd[:4]):
+        name = Path(part).name
+        if name in SERVERS and (SERVERS[name] is None or SERVERS[name] in cmd[i + 1:i + 3]):
+            return " ".join(cmd[i:i + 3])
+    return None
+
+
+# Fixtures that start servers or run releases: a test that uses one is an e2e test.
+SERVER_FIXTURES = {"docker_env", "docker_client", "serving_wheelhouse", "auth_registry",
+                   "tiny_image", "mlflow_server", "prefect_server", "tiny_release",
+                   "own_tiny_release", "translation_release", "marian_release",
+                   "classification_release", "reranker", "released"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.e2e)
+
+
+def pytest_sessionstart(session):
+    real = subprocess.Popen.__init__
+
+    def guarded(self, args, *rest, **kwargs):
+        found = None if _running["e2e"] else starts_server(args)
+        if found:
+            raise RuntimeError(f"{_running['item']} starts a server ({found}) but has no e2e "
+                               "marker: mark it @pytest.mark.e2e (or its module)")
+        return real(self, args, *rest, **kwargs)
+
+    subprocess.Popen.__init__ = guarded
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    _running.update(item=item.nodeid, e2e=item.get_closest_marker("e2e") is not None)
+
+
+def pytest_runtest_teardown(item, nextitem):
+    _running.update(item="", e2e=True)  # what fixtures do between tests is no test's
 
 
 def run_cli(cmd: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:

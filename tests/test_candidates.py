@@ -1,6 +1,6 @@
 """What the gate is asked to decide (hf2triton.candidates) and which items a served model is
 warmed up and searched with (hf2triton.traffic). The gate itself on real models:
-tests/test_steps.py and tests/test_variants.py."""
+tests/test_gate.py and tests/test_variants.py."""
 
 from __future__ import annotations
 

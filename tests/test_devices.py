@@ -52,6 +52,7 @@ def test_gpus_without_a_gpu_device_are_refused(tmp_path):
 
 
 @pytest.mark.skipif(not NO_GPU, reason="this machine can gate on a GPU: nothing to refuse")
+@pytest.mark.e2e
 def test_a_gpu_release_without_a_gpu_stops_in_one_line_before_any_work(tmp_path):
     home = tmp_path / "home"
     spec = write_spec(tmp_path / "gpu.yaml", deploy__device="gpu")

@@ -180,6 +180,7 @@ def _fresh_env(home: Path, **extra) -> dict:
     return env
 
 
+@pytest.mark.e2e
 def test_mlflow_down_at_registration_then_rerun_registers_once(tiny_bert, tmp_path):
     port = free_port()
     uri = f"http://127.0.0.1:{port}"
@@ -220,6 +221,7 @@ def test_mlflow_down_at_registration_then_rerun_registers_once(tiny_bert, tmp_pa
         _cli(["server", "stop"], env)
 
 
+@pytest.mark.e2e
 def test_killed_mid_export_leaves_nothing_that_looks_finished_and_rerun_completes(
         tiny_bert, tmp_path):
     ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
@@ -263,6 +265,7 @@ SECRETS = {
 }
 
 
+@pytest.mark.e2e
 def test_planted_secrets_reach_no_log_artifact_record_or_server(tiny_bert, tmp_path):
     ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
     spec = tiny_spec(tmp_path / "spec.yaml", tiny_bert, ports, name="tiny-secrets",

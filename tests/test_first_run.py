@@ -65,6 +65,7 @@ def _summary(proc: subprocess.CompletedProcess) -> dict:
     return json.loads(lines[0])
 
 
+@pytest.mark.e2e
 def test_a_clean_working_directory_gets_its_home_created(spec, tmp_path):
     cwd = tmp_path / "fresh-checkout"
     cwd.mkdir()
@@ -77,6 +78,7 @@ def test_a_clean_working_directory_gets_its_home_created(spec, tmp_path):
     assert (cwd / ".hf2triton" / "mlflow.db").is_file()
 
 
+@pytest.mark.e2e
 def test_a_nested_home_that_does_not_exist_yet_is_created(spec, tmp_path):
     home = tmp_path / "a" / "b" / "c"
     try:
@@ -112,6 +114,7 @@ def test_a_read_only_working_directory_fails_at_once_naming_it(spec, tmp_path):
     assert "did not start within" not in line and not any(cwd.iterdir())
 
 
+@pytest.mark.e2e
 def test_a_file_in_the_way_of_the_home_fails_at_once(spec, tmp_path):
     blocker = tmp_path / "home-is-a-file"
     blocker.write_text("not a folder")
@@ -122,6 +125,7 @@ def test_a_file_in_the_way_of_the_home_fails_at_once(spec, tmp_path):
     assert "did not start within" not in line and blocker.read_text() == "not a folder"
 
 
+@pytest.mark.e2e
 def test_a_prefect_database_that_cannot_be_opened_is_named(spec, tmp_path):
     db = tmp_path / "no-such-folder" / "prefect.db"
     env = _env(HF2TRITON_HOME=str(tmp_path / "home"),
@@ -134,6 +138,7 @@ def test_a_prefect_database_that_cannot_be_opened_is_named(spec, tmp_path):
     assert "did not start within" not in line and not db.parent.exists()
 
 
+@pytest.mark.e2e
 def test_a_prefect_api_that_does_not_start_in_time_says_what_to_do(spec, tmp_path):
     """The temporary API's database is a PostgreSQL address that accepts connections and never
     answers, so the API cannot start within any deadline, however fast the machine."""

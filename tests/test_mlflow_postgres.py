@@ -26,6 +26,8 @@ from hf2triton import triton_local
 from hf2triton.targets.local import LocalTriton
 from tests.conftest import free_port, graph_file, tiny_spec, wait_http
 
+pytestmark = pytest.mark.e2e  # every test here starts a server or runs a release
+
 
 def _pg_bin() -> Path | None:
     found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"),

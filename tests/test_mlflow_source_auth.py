@@ -18,6 +18,8 @@ from hf2triton.errors import SourceError, SpecError
 from hf2triton.sources.mlflow import MlflowSource, MlflowSourceSpec
 from tests.conftest import free_port, wait_http
 
+pytestmark = pytest.mark.e2e  # every test here starts a server or runs a release
+
 ADMIN, ADMIN_PASSWORD = "admin", "test-only-Admin-pw-7"  # the bootstrap admin (test only)
 MODEL = "auth-tiny"
 

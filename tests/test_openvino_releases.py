@@ -24,6 +24,8 @@ from tests.tiny_models import (
 )
 from tests.conftest import free_port, tiny_spec
 
+pytestmark = pytest.mark.e2e  # every test here starts a server or runs a release
+
 OPENVINO = [{"name": "openvino", "precision": "fp32"}]
 
 

@@ -24,6 +24,8 @@ from tests.prefect_fixtures import (
     screenshot,
 )
 
+pytestmark = pytest.mark.e2e  # every test here starts a server or runs a release
+
 
 def test_prefect_yaml_is_rendered_from_the_release_specs():
     proc = subprocess.run([str(BIN / "hf2triton"), "deployments", "render", "--check"],

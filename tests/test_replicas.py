@@ -22,6 +22,8 @@ from hf2triton.spec import load_spec, parse_spec
 from tests.served import serving_versions
 from tests.conftest import free_port, tiny_spec, wait_http
 
+pytestmark = pytest.mark.e2e  # every test here starts a server or runs a release
+
 TEXTS = ["the quick brown fox", "thanks a lot", "prices rose 12.5%!"]
 
 

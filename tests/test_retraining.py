@@ -26,6 +26,8 @@ from hf2triton.deployments import render
 from tests.conftest import ROOT, free_port, run_mlflow_server
 from tests.prefect_fixtures import BIN, _run, _start, _stop, _with_api, cancel_open_runs
 
+pytestmark = pytest.mark.e2e  # every test here starts a server or runs a release
+
 TRAINED = "test-sentiment-trained"  # the training registry model (not the project's own)
 RELEASED = "test-sentiment"
 LABELS = ["negative", "neutral", "positive"]

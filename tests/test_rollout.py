@@ -22,6 +22,8 @@ from hf2triton.targets.local import LocalTriton
 from tests.served import serving_versions
 from tests.conftest import graph_file, tiny_spec
 
+pytestmark = pytest.mark.e2e  # every test here starts a server or runs a release
+
 TEXTS = ["the quick brown fox", "thanks a lot"]
 
 

@@ -390,6 +390,7 @@ def _infer(url: str, model: str, text: str) -> np.ndarray:
         return client.infer(model, [x]).as_numpy("EMBEDDING")[0]
 
 
+@pytest.mark.e2e
 def test_triton_serves_the_runtime_serving_json_names(exported, tmp_path, monkeypatch):
     """A version whose serving.json names OpenVINO answers in Triton exactly as the serving core
     does in-process on OpenVINO (bf16 where the CPU has it: then visibly not ONNX Runtime's

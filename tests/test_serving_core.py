@@ -38,7 +38,7 @@ def exported(tiny_bert, tmp_path_factory):
     from hf2triton.export import export_model
     from hf2triton.kinds import Data
     from hf2triton.kinds.embedding import resolve_embedding_config
-    from tests.test_steps import embedding_kind
+    from tests.tiny_bert_steps import embedding_kind
 
     return export_model(embedding_kind(tiny_bert), str(tiny_bert), "tiny", 18, 1e-3,
                         resolve_embedding_config(tiny_bert), Data(TEXTS),

@@ -15,6 +15,8 @@ from hf2triton.spec import load_spec, parse_spec
 from hf2triton.tuning import choose
 from tests.conftest import free_port, tiny_spec
 
+pytestmark = pytest.mark.e2e  # every test here starts a server or runs a release
+
 
 def _cell(name: str, rps: float, p99: float, errors: int = 0, requests: int = 100) -> dict:
     return {"settings": {"name": name}, "name": name, "score_rps": rps,

@@ -13,6 +13,8 @@ from hf2triton.errors import AccuracyGateError
 from hf2triton.spec import load_spec
 from tests.conftest import free_port, tiny_spec
 
+pytestmark = pytest.mark.e2e  # every test here starts a server or runs a release
+
 PER_TENSOR = "dynamic-int8/qint8/per-tensor"
 PER_CHANNEL = "dynamic-int8/qint8/per-channel"
 

@@ -22,6 +22,8 @@ from hf2triton.net import free_port
 from tests.conftest import ROOT, tiny_spec
 from tests.served import serving_versions, triton_client
 
+pytestmark = pytest.mark.e2e  # every test here starts a server or runs a release
+
 HF2TRITON = str(Path(sys.executable).parent / "hf2triton")
 SHORT, LONG = "thanks a lot", "a fairly long sentence about prices and markets " * 5
 # Short looks; latency is not judged here (a shared 2-core machine's p99 is noise): the p99
@@ -184,13 +186,30 @@ def test_rollback_command_under_traffic_then_status(home_of):
     assert str(client.get_model_version_by_alias("tiny-embedder", "champion").version) == "1"
     assert client.get_model_version("tiny-embedder", "2").tags["hf2triton.rolled_back"] == \
         "operator test"
-    shown = _cli(["status", str(rel["spec"])], rel["home"])
+    shown = _cli(["status", str(rel["spec"]), "--json"], rel["home"])
     assert shown.returncode == 0, shown.stderr[-3000:]
     status = json.loads(shown.stdout)
     assert status["champion"] == "1" and status["candidate"] == "2"
     assert list(status["serving"].values()) == [["1"]]
     assert status["watch"]["rows"][0]["version"] == "2"  # the watch's last figures
     assert status["restored_from"] == "2"
+    # Every release of the home at a glance, the watch's time in local time.
+    import re
+    import time as clock
+
+    listed = _cli(["status"], rel["home"])
+    assert listed.returncode == 0, listed.stderr[-3000:]
+    header, *rows = listed.stdout.strip().splitlines()
+    assert header.split() == ["RELEASE", "CHAMPION", "CANDIDATE", "SERVING", "WATCH", "LAST",
+                              "LOOK"]
+    mine = next(r for r in rows if r.startswith("tiny-embedder "))
+    assert mine.split()[1:3] == ["1", "2"] and "v1 on local Triton" in mine
+    shown_at = re.search(r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}", mine).group(0)
+    assert shown_at == clock.strftime("%Y-%m-%d %H:%M:%S",
+                                      clock.localtime(status["watch"]["at"]))
+    one = _cli(["status", "tiny-embedder"], rel["home"])  # by the name the home ran
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert "champion:   1 (restored from 2)" in one.stdout and "watch:" in one.stdout
 
 
 FAULT = '''

@@ -15,6 +15,7 @@ import re
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 from hf2triton.credentials import DockerAuth, RegistryCredentials
@@ -297,16 +298,17 @@ def logs_tail(found: Any, lines: int = 15) -> str:
         return "(no logs)"
 
 
-def wait_ready(found: Any, http_url: str, model: str, version: str, deadline: float) -> None:
-    """Wait until `model` `version` is ready in the container; fail early if it exits."""
-    ready = f"http://{http_url}/v2/models/{model}/versions/{version}/ready"
+def wait_ready(found: Any, ready: Callable[[], bool], model: str, version: str,
+               deadline: float) -> None:
+    """Wait until `ready()` says `model` `version` serves in the container; fail early if the
+    container exits."""
     while True:
         found.reload()
         if found.status in ("exited", "dead"):
             code = found.attrs.get("State", {}).get("ExitCode")
             raise DeployError(f"container {found.name} exited with code {code} before {model} "
                               f"version {version} was ready. Its log ends:\n{logs_tail(found)}")
-        if _open(ready)[0] == 200:
+        if ready():
             return
         if time.monotonic() > deadline:
             raise DeployError(

@@ -195,6 +195,31 @@ class Registry:
         self.call(f"move the {alias} alias", self.client.set_registered_model_alias, name, alias,
                   version)
 
+    def download_artifact(self, run_id: str, path: str, dst: str) -> str:
+        return self.call(f"download {path}", self.client.download_artifacts, run_id, path, dst)
+
+    def describe_version(self, name: str, version: str, description: str) -> None:
+        self.call("describe the version", self.client.update_model_version, name, version,
+                  description=description)
+
+    def register_release(self, name: str, experiment: str, record: dict[str, Any]
+                         ) -> dict[str, Any]:
+        """The release's model version, alias `candidate` on it: the one already registered
+        with the same release key (`reused`), else a new run and version carrying the whole
+        record."""
+        existing = self.version_with_key(name, record["release_key"])
+        if existing is not None:
+            version, run_id = str(existing.version), existing.run_id
+            exp_id, reused = self.run(run_id).info.experiment_id, True
+        else:
+            mv, run_id, exp_id = self.log_release(
+                name, experiment, record["release_key"], record["params"], record["metrics"],
+                record["lineage"], record["artifacts"])
+            version, reused = str(mv.version), False
+        self.set_alias(name, "candidate", version)
+        return {"tracking_uri": self.uri, "model_name": name, "version": version,
+                "run_id": run_id, "experiment_id": exp_id, "reused": reused}
+
     def log_artifacts(self, run_id: str, local_dir: str, dest: str) -> None:
         """Every file of `local_dir` into the run's artifacts under `dest`."""
         self.call(f"upload {dest}", self.client.log_artifacts, run_id, local_dir, dest)

@@ -1,7 +1,9 @@
 """A Triton server as the pipeline talks to it: the model-control API (load, unload, repository
-index, readiness) and inference over gRPC or HTTP. Failures become hf2triton errors by exception
-type and status code: a server that does not answer, or answers 5xx / UNAVAILABLE, is a
-`ServiceUnavailableError` (worth a retry); anything else is the caller's error type.
+index, liveness and readiness), inference over gRPC or HTTP (one request at a time, or many
+concurrent ones on one asyncio channel) and its Prometheus metrics. The one place that reaches
+Triton: failures become hf2triton errors by exception type and status code, a server that does
+not answer, or answers 5xx / UNAVAILABLE, is a `ServiceUnavailableError` (worth a retry);
+anything else is the caller's error type.
 """
 
 from __future__ import annotations
@@ -12,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from hf2triton.errors import Hf2TritonError, ServiceUnavailableError
-from hf2triton.waiting import wait_until
+from hf2triton.errors import DeployError, Hf2TritonError, ServiceUnavailableError
+from hf2triton.waiting import wait_for, wait_until
 
 # gRPC status codes a second try can get past.
 TRANSIENT_GRPC = ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED",
@@ -69,8 +71,29 @@ class TritonAdmin:
         except Exception:  # noqa: BLE001 - any failure to answer is "not live"
             return False
 
+    def ready(self) -> bool:
+        """Whether the server is ready (every model it was asked to load loaded)."""
+        try:
+            return bool(self.client.is_server_ready())
+        except Exception:  # noqa: BLE001 - any failure to answer is "not ready"
+            return False
+
+    def model_ready(self, model: str, version: str = "") -> bool:
+        try:
+            return bool(self.client.is_model_ready(model, version))
+        except Exception:  # noqa: BLE001 - any failure to answer is "not ready"
+            return False
+
+    def wait_live(self, timeout_s: float, what: str, proc: Any = None) -> None:
+        """Until the server answers; `what` names it in the TimeoutError (and fails early when
+        the process `proc` exits)."""
+        wait_for(self.live, timeout_s, what, proc)
+
     def index(self) -> list[dict[str, Any]]:
-        return self.client.get_model_repository_index()
+        try:
+            return self.client.get_model_repository_index()
+        except Exception as exc:  # noqa: BLE001 - classified by type and status
+            raise classify(exc, "read the model repository index", DeployError) from None
 
     def serving_versions(self, model: str) -> list[str]:
         """Versions of `model` the server reports READY."""
@@ -87,13 +110,19 @@ class TritonAdmin:
 
     def load(self, model: str) -> None:
         """Load the versions the model's version policy lists (new ones beside the loaded)."""
-        self.client.load_model(model)
+        try:
+            self.client.load_model(model)
+        except Exception as exc:  # noqa: BLE001 - classified by type and status
+            raise classify(exc, f"load {model}", DeployError) from None
 
     def unload(self, model: str) -> None:
-        self.client.unload_model(model)
+        try:
+            self.client.unload_model(model)
+        except Exception as exc:  # noqa: BLE001 - classified by type and status
+            raise classify(exc, f"unload {model}", DeployError) from None
 
     def wait_ready(self, model: str, version: str, timeout_s: float) -> bool:
-        return wait_until(lambda: self.client.is_model_ready(model, version), timeout_s)
+        return wait_until(lambda: self.model_ready(model, version), timeout_s)
 
     def model_config(self, model: str, version: str = "") -> dict[str, Any]:
         return self.client.get_model_config(model, version)
@@ -124,13 +153,16 @@ def infer_inputs(module: Any, arrays: dict[str, np.ndarray]) -> list[Any]:
 
 
 class Inference:
-    """Requests to one model version over gRPC or HTTP, with their latencies."""
+    """Requests to one model version over gRPC or HTTP, with their latencies; a failed request
+    raises `error` (or ServiceUnavailableError, when the server did not answer) saying that it
+    failed to `what`."""
 
     def __init__(self, protocol: str, url: str, model: str, version: str = "",
-                 outputs: tuple[str, ...] = ()):
+                 outputs: tuple[str, ...] = (), error: type[Hf2TritonError] = DeployError,
+                 what: str = "answer a request"):
         self.module = _module(protocol)
         self.protocol, self.url, self.model, self.version = protocol, url, model, version
-        self.outputs = outputs
+        self.outputs, self.error, self.what = outputs, error, what
         self.client = self.module.InferenceServerClient(url=url)
         self.latencies_ms: list[float] = []
         self.decoupled: bool | None = None  # known at the first request
@@ -143,6 +175,14 @@ class Inference:
                 f"({self.protocol}) after {timeout_s:.0f}s")
 
     def __call__(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        try:
+            return self._call(arrays)
+        except Hf2TritonError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - classified by type and status
+            raise classify(exc, self.what, self.error) from None
+
+    def _call(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self.decoupled is None:
             cfg = self.client.get_model_config(self.model, self.version)
             policy = cfg.config.model_transaction_policy.decoupled if self.protocol == "grpc" \
@@ -222,9 +262,43 @@ class Inference:
 
 @contextmanager
 def inference(protocol: str, url: str, model: str, version: str = "",
-              outputs: tuple[str, ...] = ()):
-    session = Inference(protocol, url, model, version, outputs)
+              outputs: tuple[str, ...] = (), error: type[Hf2TritonError] = DeployError,
+              what: str = "answer a request"):
+    session = Inference(protocol, url, model, version, outputs, error, what)
     try:
         yield session
     finally:
         session.close()
+
+
+class TritonGrpc:
+    """A Triton model over gRPC as an asyncio `call` (hf2triton.load): one channel, many
+    concurrent requests on it; each payload is a request's input arrays by name."""
+
+    def __init__(self, url: str, model: str, version: str = "", outputs: tuple[str, ...] = ()):
+        import tritonclient.grpc.aio as grpcaio
+
+        self.module = grpcaio
+        self.client = grpcaio.InferenceServerClient(url)
+        self.model, self.version = model, version
+        self.outputs = [grpcaio.InferRequestedOutput(name) for name in outputs] or None
+
+    async def __call__(self, arrays: dict[str, np.ndarray]) -> Any:
+        return await self.client.infer(self.model, infer_inputs(self.module, arrays),
+                                       model_version=self.version, outputs=self.outputs)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+def metrics_text(metrics_url: str, timeout_s: float = 10) -> str:
+    """Triton's Prometheus metrics (http://host:port/metrics), as text."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(metrics_url, timeout=timeout_s) as r:
+            return r.read().decode("utf-8", "replace")
+    except OSError as exc:
+        raise ServiceUnavailableError(f"Triton's metrics at {metrics_url} did not answer: "
+                                      f"{exc}; is the server running (`hf2triton server "
+                                      "status`)?") from None

@@ -16,6 +16,7 @@ import time
 from typing import Any, ClassVar, Literal
 
 from hf2triton.clients import docker as engine_client
+from hf2triton.clients.triton import TritonAdmin
 from hf2triton.errors import DeployError, Hf2TritonError
 from hf2triton.image import ImageSpec, registry_auth
 from hf2triton.runs import step_logger
@@ -119,8 +120,8 @@ class DockerContainers(DeployTarget):
                 "version": old.labels.get(LABEL_VERSION, "?")}
             if old is not None and old.labels.get(LABEL_IMAGE) == reference:
                 urls = engine_client.published(old, spec.host)
-                engine_client.wait_ready(old, urls["http"], model_name, version,
-                                         time.monotonic() + 10)
+                engine_client.wait_ready(old, _ready(urls["http"], model_name, version),
+                                         model_name, version, time.monotonic() + 10)
                 logger.info("deploy: %s already serves %s", live_name, reference)
                 return self._deployment(old, urls, model_name, version, reference, None, 0.0,
                                         reused=True)
@@ -139,7 +140,8 @@ class DockerContainers(DeployTarget):
                      "metrics": spec.metrics_port},
                     labels(self.release, version, reference, "live"), restart=True)
                 urls = engine_client.published(new, spec.host)
-                engine_client.wait_ready(new, urls["http"], model_name, version,
+                engine_client.wait_ready(new, _ready(urls["http"], model_name, version),
+                                         model_name, version,
                                          time.monotonic() + spec.ready_timeout_s)
             except (Hf2TritonError, docker.errors.APIError) as exc:
                 engine_client.remove(new if new is not None else
@@ -174,7 +176,8 @@ class DockerContainers(DeployTarget):
             urls = engine_client.published(cand, self.spec.host)
             logger.info("deploy: candidate %s on %s; %s (version %s) keeps serving", cand_name,
                         urls["http"], previous["name"], previous["version"])
-            engine_client.wait_ready(cand, urls["http"], model_name, version,
+            engine_client.wait_ready(cand, _ready(urls["http"], model_name, version),
+                                     model_name, version,
                                      time.monotonic() + self.spec.ready_timeout_s)
             figures = check(self._endpoint(urls, version, f"candidate container {cand_name}"))
             logger.info("deploy: smoke on the candidate passed (%s)", ", ".join(
@@ -225,6 +228,14 @@ class DockerContainers(DeployTarget):
         out["container"] = {k: state[k] for k in ("container_name", "container_id", "image",
                                                   "switch_seconds", "previous")}
         return out
+
+
+def _ready(http_url: str, model: str, version: str) -> Any:
+    """Whether the container's Triton serves `model` `version` (asked anew each time)."""
+    def ready() -> bool:
+        with TritonAdmin(http_url, timeout_s=5.0) as admin:
+            return admin.model_ready(model, version)
+    return ready
 
 
 def _registry_auth(image: Any, registry: str) -> dict[str, str] | None:

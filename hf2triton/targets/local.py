@@ -18,8 +18,8 @@ from typing import Any, Literal
 from pydantic import Field
 
 from hf2triton import triton_local
-from hf2triton.clients.triton import TritonAdmin, classify
-from hf2triton.errors import DeployError
+from hf2triton.clients.triton import TritonAdmin
+from hf2triton.errors import DeployError, Hf2TritonError
 from hf2triton.smoke import Endpoint
 from hf2triton.stores import ModelDir, ModelStoreSpec, default_store, parse_store
 from hf2triton.targets import TARGETS
@@ -45,15 +45,13 @@ def set_version_policy(folder: ModelDir, versions: list[str]) -> None:
 def restore_previous(admin: TritonAdmin, folder: ModelDir, version: str,
                      previous: list[str]) -> None:
     """Back to what served before: only the previous versions loaded, the new one gone."""
-    from tritonclient.utils import InferenceServerException
-
     try:
         if previous:
             set_version_policy(folder, previous)
             admin.load(folder.name)
         else:
             admin.unload(folder.name)
-    except InferenceServerException:
+    except Hf2TritonError:
         pass  # the new version is removed below either way
     folder.remove_version(version)
 
@@ -107,8 +105,6 @@ class LocalTriton(DeployTarget):
 
     def deploy(self, repository: str, model_name: str, version: str, files: dict[str, str],
                image: dict[str, Any], check: Check) -> Deployment:
-        from tritonclient.utils import InferenceServerException
-
         spec, store = self.spec, self.spec.model_store
         store.prepare()
         server = triton_local.ensure_server(
@@ -119,10 +115,7 @@ class LocalTriton(DeployTarget):
         expected = expected_files(files, model_name)
         want = {k: v for k, v in expected.items() if k.startswith("1/")}
         with TritonAdmin(server.http_url) as admin:
-            try:
-                previous = [v for v in admin.serving_versions(model_name) if v != version]
-            except Exception as exc:  # noqa: BLE001 - classified by type and status
-                raise classify(exc, "list its models", DeployError) from None
+            previous = [v for v in admin.serving_versions(model_name) if v != version]
             state = {"http": server.http_url, "model_repository": server.model_repository,
                      "previous_versions": previous, "model_store": store.describe()}
             deployment = Deployment(
@@ -141,13 +134,11 @@ class LocalTriton(DeployTarget):
                 if not admin.wait_ready(model_name, version, spec.ready_timeout_s):
                     raise DeployError(f"version {version} was not ready within "
                                       f"{spec.ready_timeout_s:.0f}s")
-            except (InferenceServerException, DeployError, OSError) as exc:
+            except (Hf2TritonError, OSError) as exc:
                 restore_previous(admin, folder, version, previous)
-                error = classify(exc, f"load {model_name} version {version}", DeployError) \
-                    if not isinstance(exc, DeployError) else exc
+                error = exc if isinstance(exc, Hf2TritonError) else DeployError(str(exc))
                 raise type(error)(
-                    f"Triton refused to load {model_name} version {version}: "
-                    f"{str(error)[:500]}. "
+                    f"{model_name} version {version} did not load: {str(error)[:500]}. "
                     f"{'Version ' + previous[-1] + ' keeps serving. ' if previous else ''}"
                     f"Server log: {server.log_file}") from None
         return deployment

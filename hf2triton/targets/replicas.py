@@ -38,7 +38,7 @@ def _serving(replica: Any, model_name: str) -> list[str]:
     changed."""
     with TritonAdmin(replica.http) as admin:
         try:
-            if not admin.client.is_server_live():
+            if not admin.live():
                 raise ConnectionError("not live")
             return admin.serving_versions(model_name)
         except Exception as exc:  # noqa: BLE001 - tritonclient raises several types here

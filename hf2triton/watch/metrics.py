@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import math
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
-from hf2triton.errors import ServiceUnavailableError
+from hf2triton.clients.triton import metrics_text
 
 # Triton's per-version counters (cumulative since the version loaded) that the watch reads.
 COUNTERS = ("nv_inference_request_success", "nv_inference_request_failure",
@@ -54,13 +53,7 @@ def parse(text: str, at: float | None = None) -> Scrape:
 
 def read(metrics_url: str, timeout_s: float = 10) -> Scrape:
     """Scrape `metrics_url` (http://host:port/metrics)."""
-    try:
-        with urllib.request.urlopen(metrics_url, timeout=timeout_s) as r:
-            return parse(r.read().decode("utf-8", "replace"))
-    except OSError as exc:
-        raise ServiceUnavailableError(f"Triton's metrics at {metrics_url} did not answer: "
-                                      f"{exc}; is the server running (`hf2triton server "
-                                      "status`)?") from None
+    return parse(metrics_text(metrics_url, timeout_s))
 
 
 def figures(before: Scrape | None, after: Scrape, model: str, version: str) -> dict[str, Any]:

@@ -1,17 +1,20 @@
 """One look of the watch: each endpoint's Triton metrics for the champion version since the last
 look, a probe with the gate's smoke items, the figures judged against the `watch:` budgets (and
 the previous champion's figures where the watch saw them), and the state `hf2triton status`
-reads. Publishing and acting on a breach are the flow's (flows/watch.py)."""
+reads; and the watch's loop of looks. Publishing and acting on a breach are the steps'
+(tasks/watch.py)."""
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any, TypedDict
 
 from hf2triton.clients.mlflow import Registry
 from hf2triton.errors import Hf2TritonError
 from hf2triton.kinds import kind_for
+from hf2triton.runs import step_logger
 from hf2triton.smoke import Endpoint, smoke_endpoint
 from hf2triton.targets import WatchPoint, target_for
 from hf2triton.watch import metrics
@@ -152,3 +155,30 @@ def look(spec: Any, points: list[WatchPoint] | None = None, probe: bool = True) 
     atomic_write_text(state_path(spec.name), json.dumps(
         {"last": result, "scrapes": scrapes, "versions": versions}, indent=1, default=str))
     return result
+
+
+def watch(spec: Any, duration_s: float, look_once: Callable[[Any], Look],
+          act: Callable[[Look], dict[str, Any] | None]) -> list[Look]:
+    """Look every `watch.interval_s` for `duration_s` (at least once, and on until a breach is
+    confirmed or gone); a breach seen `watch.confirm_looks` looks in a row is handed to `act`,
+    and after a rollback one more look shows what serves now."""
+    end = time.monotonic() + duration_s
+    seen: list[Look] = []
+    while True:
+        seen.append(look_once(spec))
+        now = seen[-1]
+        if now["confirmed"]:
+            done = act(now)
+            if done and done.get("rolled_back"):
+                seen.append(look_once(spec))  # the table shows what serves now
+                break
+        # A breach not yet confirmed is looked at again, whatever the duration.
+        unsure = bool(now["breaches"]) and not now["confirmed"]
+        if not unsure and time.monotonic() + spec.watch.interval_s > end:
+            break
+        if unsure:
+            step_logger().info("watch: %s breach %d of %d looks in a row needed to act; "
+                               "looking again in %.0f s", spec.name, now["streak"],
+                               spec.watch.confirm_looks, spec.watch.interval_s)
+        time.sleep(spec.watch.interval_s)
+    return seen

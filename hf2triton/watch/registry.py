@@ -35,8 +35,7 @@ def alias_version(client: Registry, model: str, alias: str) -> Any | None:
     if not client.has_model(model):
         return None
     try:
-        return client.call(f"read the {alias} alias", client.client.get_model_version_by_alias,
-                           model, alias)
+        return client.version_by_alias(model, alias)
     except MlflowException as exc:
         if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
             return None
@@ -50,6 +49,14 @@ def promotion_tags(client: Registry, model: str, version: str) -> dict[str, str]
     if old is not None and str(old.version) != str(version):
         tags[PREVIOUS] = str(old.version)
     return tags
+
+
+def promote(client: Registry, model: str, version: str, smoke: dict[str, float]) -> None:
+    """The smoke test passed: its figures on the version, what it replaces and when (what the
+    watch rolls back to, and when its window started), and the `champion` alias on it."""
+    client.tag_version(model, version, {f"smoke.{k}": f"{v:.6g}" for k, v in smoke.items()})
+    client.tag_version(model, version, promotion_tags(client, model, version))
+    client.set_alias(model, "champion", version)
 
 
 def versions(client: Registry, model: str) -> Versions:
@@ -75,8 +82,8 @@ def smoke_reference(client: Registry, model: str, version: str) -> dict[str, Any
     cache = home() / "watch" / "references" / model / f"{version}-{run_id}.json"
     if not cache.is_file():
         try:
-            got = client.call("download the smoke reference", client.client.download_artifacts,
-                              run_id, "reference.json", str(cache.parent / f".{version}"))
+            got = client.download_artifact(run_id, "reference.json",
+                                           str(cache.parent / f".{version}"))
         except (MlflowException, OSError):
             return None
         cache.parent.mkdir(parents=True, exist_ok=True)
@@ -90,5 +97,5 @@ def mark_rolled_back(client: Registry, model: str, bad: str, good: str, reason: 
     client.tag_version(model, bad, {ROLLED_BACK: reason[:4000], ROLLED_BACK_TO: good})
     client.tag_version(model, good, {RESTORED_FROM: bad, RESTORED_AT: f"{time.time():.3f}"})
     old = client.version(model, bad).description or ""
-    client.call("describe the rollback", client.client.update_model_version, model, bad,
-                description=f"{old}\n\nRolled back to version {good}: {reason}".strip())
+    client.describe_version(model, bad,
+                            f"{old}\n\nRolled back to version {good}: {reason}".strip())
