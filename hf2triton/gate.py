@@ -32,6 +32,7 @@ from hf2triton.kinds.base import (
     describe_misses,
     misses,
     take,
+    timing_items,
     to_json,
     worst_of,
 )
@@ -74,32 +75,6 @@ def answer_in_batches(model: Any, requests: list[dict[str, np.ndarray]], batch: 
     return answers
 
 
-def throughput(model: Any, requests: list[dict[str, np.ndarray]], repeats: int = 3
-               ) -> dict[str, float]:
-    """Requests per second in-process at batch 1 and 32 (best of `repeats`, after a warm-up)."""
-    figures = {}
-    for size in (1, 32):
-        part = (requests * 32)[:size]
-        model.answer(part)
-        reps = 8 if size == 1 else 1
-        best = float("inf")
-        for _ in range(repeats):
-            started = time.perf_counter()
-            for _ in range(reps):
-                model.answer(part)
-            best = min(best, (time.perf_counter() - started) / reps)
-        figures[f"batch_{size}"] = round(len(part) / best, 1)
-    return figures
-
-
-def timing_items(items: list[Any], n: int = 32) -> list[Any]:
-    """What the in-process timing runs on: `n` items drawn from the validation data at random
-    (seeded), every length, as a dynamic batch of real traffic holds them."""
-    import random
-
-    return random.Random(0).choices(items, k=n) if items else []
-
-
 # serving.json keys that tune speed, not answers (the configuration search may set them).
 SPEED_SETTINGS = ("intra_op_threads", "max_batch_tokens")
 
@@ -137,6 +112,7 @@ class Gate:
     export_dir: str
     batch: int  # the largest dynamic batch Triton forms (deploy.max_batch_size)
     select: str  # "first" or "fastest" that passes
+    judge_all: bool  # judge every candidate's accuracy, not only until the one that ships
     max_drop: float
     limits: dict[str, Any]
     smoke_limits: dict[str, Any]
@@ -146,11 +122,12 @@ class Gate:
 
     @classmethod
     def of(cls, kind: ModelKind, cfg: Any, data: Data, export_dir: str, batch: int,
-           max_batch_tokens: int, select: str, max_drop: float) -> Gate:
+           max_batch_tokens: int, select: str, max_drop: float,
+           judge_all: bool = False) -> Gate:
         gate_data = kind.gate_data(data, cfg)
         quality = kind.quality_metric \
             if kind.quality_metric in kind.labelled_metrics(gate_data) else None
-        return cls(kind, cfg, data, gate_data, export_dir, batch, select, max_drop,
+        return cls(kind, cfg, data, gate_data, export_dir, batch, select, judge_all, max_drop,
                    kind.limits(), kind.smoke_limits(), kind.smoke_indices(data),
                    kind.serving_json(cfg, export_dir, max_batch_tokens=max_batch_tokens),
                    quality)
@@ -171,13 +148,18 @@ class Reference:
 def run_gate(kind: ModelKind, model_dir: str, export_dir: str, candidates: list[Candidate],
              cfg: Any, data: Data, batch: int, max_batch_tokens: int, work_root: str,
              select: str = "first", champion: Champion | None = None,
-             max_drop: float = 0.0, not_offered: dict[str, str] | None = None) -> GateResult:
-    """Gate `candidates` (in order) against PyTorch, and with labelled data against the serving
-    `champion`; raise AccuracyGateError if none passes.
+             max_drop: float = 0.0, not_offered: dict[str, str] | None = None,
+             judge_all: bool = False) -> GateResult:
+    """Gate `candidates` against PyTorch, and with labelled data against the serving
+    `champion`; raise AccuracyGateError if none passes. With `select` "first" they are judged
+    in order and the first that passes ships; with "fastest" each is first timed with a short
+    probe, then judged in order of speed, and the first that passes (the fastest that does)
+    ships; `judge_all` judges the rest too, for the report.
 
     `batch` is the largest dynamic batch Triton forms (deploy.max_batch_size); `not_offered`
     the runtimes and precisions this machine could not try, with why (for the report)."""
-    gate = Gate.of(kind, cfg, data, export_dir, batch, max_batch_tokens, select, max_drop)
+    gate = Gate.of(kind, cfg, data, export_dir, batch, max_batch_tokens, select, max_drop,
+                   judge_all)
     digests = [(c.name, candidate_digest(kind, c.onnx_path, export_dir) if not c.error
                  else c.error, c.runtime, c.gate_runtime) for c in candidates]
     # The step's result names the shipped files by path: a candidate rebuilt elsewhere with the
@@ -202,13 +184,27 @@ def run_gate(kind: ModelKind, model_dir: str, export_dir: str, candidates: list[
         for what, why in report["not_offered"].items():
             log.info("validate: %s is not offered on this machine (%s): not tried", what, why)
         floor = face_champion(gate, champion, same, len(candidates), ref, report)
-        for n, cand in enumerate(candidates, 1):
-            log.info("validate: candidate %d of %d, %s: %d %s", n, len(candidates), cand.name,
+        order, speeds = candidates, {}
+        if select == "fastest":
+            speeds, refused = probe_speeds(gate, candidates)
+            report["candidates"] += refused
+            order = sorted((c for c in candidates if c.name in speeds),
+                           key=lambda c: -speeds[c.name]["speed"])
+        shipping = None
+        for n, cand in enumerate(order, 1):
+            if shipping and not gate.judge_all:
+                report["candidates"].append(not_judged(cand, speeds[cand.name], shipping))
+                continue
+            log.info("validate: candidate %d of %d, %s: %d %s", n, len(order), cand.name,
                      len(gate.gate_data), kind.item_word)
             entry = measure_candidate(gate, cand, ref, report.get("champion", {}), floor, same)
+            if cand.name in speeds:
+                entry["throughput"] = speeds[cand.name]
             report["candidates"].append(entry)
-            if not entry["misses"] and select == "first":
-                break
+            if not entry["misses"] and shipping is None:
+                shipping = cand.name
+                if select == "first" and not gate.judge_all:
+                    break
         chosen = choose(gate, candidates, report["candidates"])
         report["chosen"] = chosen.name if chosen else None
         return write_report(gate, report, chosen, ref, out, failed_report, work_root)
@@ -243,6 +239,7 @@ def gate_key(gate: Gate, digests: list[tuple], champion: Champion | None, same: 
         kind.name, digests,
         digest(to_json(gate.gate_data.items)), digest(to_json(gate.gate_data.extra)), gate.base,
         gate.limits, gate.smoke_limits, gate.smoke_index, gate.batch, gate.select, gate.max_drop,
+        gate.judge_all,
         gate.quality, not_offered or {},
         [champion["version"], champion["files"]] if champion and gate.quality and not same
         else None,
@@ -312,19 +309,24 @@ def measure_candidate(gate: Gate, cand: Candidate, ref: Reference, champ: dict[s
                                          candidate_settings(gate.base, cand.gated_runtime))
         return judge(gate, cand, model, ref, champ, floor, same, t0)
     except Exception as exc:  # noqa: BLE001 - a candidate that breaks is refused, not fatal
-        why = str(exc) if isinstance(exc, CandidateBroken) else \
-            f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
-        step_logger().warning("validate: %s: refused, it raised: %s (%.0f s)", cand.name, why,
-                              time.perf_counter() - t0)
-        return {"name": cand.name, "runtime": cand.runtime, "gated_on": cand.gated_runtime,
-                "metrics": {}, "misses": {"error": float("inf")}, "error": why,
-                "smoke_metrics": {}, "details": {}, "worst": [], "champion_verdict": None}
+        return refusal(cand, exc, t0)
     finally:
         getattr(model, "close", lambda: None)()  # one candidate open at a time
 
 
 class CandidateBroken(Exception):
     """A candidate that cannot be judged (its graph could not be built)."""
+
+
+def refusal(cand: Candidate, exc: BaseException, t0: float) -> dict[str, Any]:
+    """The report entry of a candidate that raised, and its log line."""
+    why = str(exc) if isinstance(exc, CandidateBroken) else \
+        f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+    step_logger().warning("validate: %s: refused, it raised: %s (%.0f s)", cand.name, why,
+                          time.perf_counter() - t0)
+    return {"name": cand.name, "runtime": cand.runtime, "gated_on": cand.gated_runtime,
+            "metrics": {}, "misses": {"error": float("inf")}, "error": why,
+            "smoke_metrics": {}, "details": {}, "worst": [], "champion_verdict": None}
 
 
 def judge(gate: Gate, cand: Candidate, model: Any, ref: Reference, champ: dict[str, Any],
@@ -356,22 +358,53 @@ def judge(gate: Gate, cand: Candidate, model: Any, ref: Reference, champ: dict[s
              "metrics": metrics, "misses": missed,
              "smoke_metrics": smoke_metrics, "details": details,
              "worst": details.get("worst", []), "champion_verdict": verdict}
-    if gate.select == "fastest":
-        entry["throughput"] = throughput(model, kind.requests(timing_items(gate.gate_data.items)))
     step_logger().info("validate: %s: %s -> %s (%.0f s)", cand.name, ", ".join(
         f"{k} {v:.4f}" for k, v in metrics.items() if k in limits),
         "misses the gate" if missed else "passes", time.perf_counter() - t0)
     return entry
 
 
+def probe_speeds(gate: Gate, candidates: list[Candidate]
+                 ) -> tuple[dict[str, dict[str, float]], list[dict[str, Any]]]:
+    """Each candidate opened, timed with a short probe at the serving batch (the kind's
+    `speed`), and closed: one open at a time. The report entries of those that raise."""
+    speeds, refused, log = {}, [], step_logger()
+    items = timing_items(gate.gate_data.items)
+    for n, cand in enumerate(candidates, 1):
+        model, t0 = None, time.perf_counter()
+        try:
+            if cand.error:
+                raise CandidateBroken(cand.error)
+            model = gate.kind.open_candidate(cand.onnx_path, gate.export_dir,
+                                             candidate_settings(gate.base, cand.gated_runtime))
+            speeds[cand.name] = gate.kind.speed(model, items, gate.batch)
+            log.info("validate: speed of candidate %d of %d, %s: %s", n, len(candidates),
+                     cand.name, ", ".join(f"{k} {v:g}" for k, v in speeds[cand.name].items()
+                                          if k != "speed"))
+        except Exception as exc:  # noqa: BLE001 - a candidate that breaks is refused, not fatal
+            refused.append(refusal(cand, exc, t0))
+        finally:
+            getattr(model, "close", lambda: None)()
+    return speeds, refused
+
+
+def not_judged(cand: Candidate, speed: dict[str, float], shipping: str) -> dict[str, Any]:
+    """The report entry of a candidate slower than one that passed: timed, not judged."""
+    return {"name": cand.name, "runtime": cand.runtime, "gated_on": cand.gated_runtime,
+            "metrics": {}, "misses": {}, "judged": False, "throughput": speed,
+            "status": f"not judged: slower than {shipping}, which passes (set "
+                      "validation.judge_all: true to judge every candidate)",
+            "smoke_metrics": {}, "details": {}, "worst": [], "champion_verdict": None}
+
+
 def choose(gate: Gate, candidates: list[Candidate], entries: list[dict[str, Any]]
            ) -> Candidate | None:
-    """The candidate that ships: the first that passes, or with a search the fastest at batch
-    32; None when none passes."""
-    passing = [e for e in entries if not e["misses"]]
+    """The candidate that ships: the first that passes, or the fastest that passes; None when
+    none passes."""
+    passing = [e for e in entries if not e["misses"] and e.get("judged", True)]
     if not passing:
         return None
-    best = max(passing, key=lambda e: e["throughput"]["batch_32"]) \
+    best = max(passing, key=lambda e: e["throughput"]["speed"]) \
         if gate.select == "fastest" else passing[0]
     return next(c for c in candidates if c.name == best["name"])
 

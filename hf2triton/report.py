@@ -28,6 +28,8 @@ def _verdict(cand: dict[str, Any], chosen: str | None) -> str:
         return "ships"
     if cand.get("error"):
         return f"refused: {cand['error'][:120]}"
+    if not cand.get("judged", True):
+        return "not judged: slower than one that passes"
     return "passes, slower" if not cand["misses"] else "misses the gate"
 
 
@@ -101,7 +103,7 @@ def release_markdown(kind: ModelKind, summary: dict[str, Any], report: dict[str,
         for k, (op, v) in limits.items() if k in metrics)
     def row(c: dict[str, Any]) -> str:
         figures = " | ".join(f"{c['metrics'].get(k, float('nan')):.4f}" for k in limits)
-        rate = c.get("throughput", {}).get("batch_32", "")
+        rate = c.get("throughput", {}).get("speed", "")
         return f"| {c['name']} | {_runtime(c)} | {figures} | {rate} | " \
                f"{_verdict(c, report.get('chosen'))} |"
 

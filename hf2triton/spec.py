@@ -129,6 +129,10 @@ class ValidationSpec(Strict):
         0.0, ge=0, le=1, description="with labelled data (classification.labelled, "
         "embedding.retrieval): the most the candidate's task metric (accuracy, nDCG@10) may fall "
         "below the serving champion's, scored on the same data by the same serving code")
+    judge_all: bool = Field(
+        False, description="judge every candidate's accuracy: by default, once the candidates "
+        "are timed, they are judged fastest first and the first that passes ships, the slower "
+        "ones left unjudged; true judges them all, for the report (slower)")
 
 
 class RegistrySpec(Strict):

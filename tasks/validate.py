@@ -29,7 +29,8 @@ def validate(kind: ModelKind, model_dir: str, exp: ExportResult, variants: list[
                      data, deploy.max_batch_size, deploy.max_batch_tokens, work,
                      selection(quantization, runtimes),
                      champion_to_face(kind, data, cfg, tracking_uri()),
-                     kind.spec.validation.max_drop, runtimes.not_offered)
+                     kind.spec.validation.max_drop, runtimes.not_offered,
+                     kind.spec.validation.judge_all)
     note_reuse("validate", found)
     step_logger().info("validate: ships %s (%s)", found["chosen"], ", ".join(
         f"{k} {v:.4f}" for k, v in found["metrics"].items() if k in kind.limits()))

@@ -1,7 +1,10 @@
-"""The text-generation serving core in-process, on the fp32 export of a tiny random Llama: the
-in-flight batch gives every prompt what it gets alone (whenever it joins), stop strings, sampling
-settings, a client that leaves, request-level batching, and the quantized candidates the gate
-measures (int8 and int4 block-wise)."""
+"""The text-generation serving core in-process, on a tiny random Llama, on both engines: the
+serving core's own in-flight batching over the fp32 ONNX export (ONNX Runtime), and OpenVINO
+GenAI's continuous batching over the stateful OpenVINO IR. Each gives every prompt what it gets
+alone (whenever it joins), ends at stop strings, samples with a seed, refuses bad requests and
+frees the place of a client that leaves; greedy text and the prompt's log-probability are
+PyTorch's; and the quantized candidates the gate measures (int8 and int4, block-wise for ONNX
+Runtime, NNCF weight compression for OpenVINO GenAI) are scored, each its own figure."""
 
 from __future__ import annotations
 
@@ -39,6 +42,44 @@ def exported(tmp_path_factory):
     settings = {**kind.serving_json(cfg, str(out), threads=1),
                 "onnx": str(out / "model.onnx"), "tokenizer_file": str(out / "tokenizer.json")}
     return {"model_dir": model_dir, "out": out, "cfg": cfg, "settings": settings}
+
+
+@pytest.fixture(scope="module")
+def genai_exported(exported, tmp_path_factory):
+    """The same Llama as OpenVINO GenAI serves it: the stateful IR the runtime plug-in builds."""
+    from hf2triton.runtimes.base import VariantContext
+    from hf2triton.runtimes.openvino_genai import stateful_ir
+    from hf2triton.spec import QuantizationSpec
+
+    ctx = VariantContext(onnx_path=str(exported["out"] / "model.onnx"),
+                         export_dir=str(exported["out"]), model_dir=str(exported["model_dir"]),
+                         kind=None, quantization=QuantizationSpec(method="int8-blockwise",
+                                                                  block_size=16),
+                         calibration=None, max_length=None,
+                         work=str(tmp_path_factory.mktemp("genai-work")))
+    ir = stateful_ir(ctx)
+    settings = {**exported["settings"], "onnx": ir["onnx_path"],
+                "runtime": {"name": "openvino-genai", "device": "cpu", "precision": "fp32"}}
+    return {**exported, "ctx": ctx, "ir": ir, "settings": settings}
+
+
+@pytest.fixture(params=["onnxruntime", "openvino-genai"])
+def engine_settings(request, exported):
+    """serving.json of the Llama on each engine."""
+    if request.param == "openvino-genai":
+        return request.getfixturevalue("genai_exported")["settings"]
+    return exported["settings"]
+
+
+def _kind(model_dir):
+    """The text-generation kind of a spec for `model_dir` (the gate's requests and scores)."""
+    from hf2triton.kinds import kind_for
+    from hf2triton.spec import parse_spec
+
+    return kind_for(parse_spec({
+        "name": "tiny-llama", "task": "text-generation", "source": {"path": str(model_dir)},
+        "registry": {"model_name": "tiny-llama"}, "validation": {"sentences": "unused.txt"},
+        "text_generation": {"max_new_tokens": 20}}))
 
 
 def _load(settings, **changes):
@@ -103,8 +144,8 @@ def test_prompts_that_join_a_running_batch_get_what_they_get_alone(exported):
         model.close()
 
 
-def test_stop_strings_end_the_text_before_them(exported):
-    model = _load(exported["settings"])
+def test_stop_strings_end_the_text_before_them(engine_settings):
+    model = _load(engine_settings)
     try:
         full = _text(model.answer([_request(PROMPTS[1])])[0])
         stop = full[5:8]
@@ -116,8 +157,8 @@ def test_stop_strings_end_the_text_before_them(exported):
         model.close()
 
 
-def test_bad_parameters_and_long_prompts_are_refused(exported):
-    model = _load(exported["settings"])
+def test_bad_parameters_and_long_prompts_are_refused(engine_settings):
+    model = _load(engine_settings)
     try:
         answers = model.answer([_request("hello", max_tokens=0),
                                 _request("hello", top_p=1.5),
@@ -131,8 +172,8 @@ def test_bad_parameters_and_long_prompts_are_refused(exported):
         model.close()
 
 
-def test_seeded_sampling_repeats_and_differs_from_greedy(exported):
-    model = _load(exported["settings"])
+def test_seeded_sampling_repeats_and_differs_from_greedy(engine_settings):
+    model = _load(engine_settings)
     try:
         def ids(**params):
             return model.answer([_request(PROMPTS[0], **params)])[0]["output_ids"][0].tolist()
@@ -144,10 +185,10 @@ def test_seeded_sampling_repeats_and_differs_from_greedy(exported):
         model.close()
 
 
-def test_a_client_that_leaves_frees_its_row(exported):
+def test_a_client_that_leaves_frees_its_row(engine_settings):
     from hf2triton.serving import causal
 
-    model = _load(exported["settings"])
+    model = _load(engine_settings)
     try:
         row = model.parse(_request(PROMPTS[0], stream=True, max_tokens=90))[0]
         left = threading.Event()
@@ -171,6 +212,66 @@ def test_a_client_that_leaves_frees_its_row(exported):
         model.close()
 
 
+def test_staggered_streams_get_what_they_get_alone_on_either_engine(engine_settings):
+    from hf2triton.serving import causal
+
+    model = _load(engine_settings)
+    try:
+        alone = [_text(model.answer([_request(p)])[0]) for p in PROMPTS]
+        got: dict[int, str] = {}
+        done = threading.Semaphore(0)
+
+        def emit_for(i):
+            def emit(text, ids, last, seq):
+                got[i] = got.get(i, "") + text
+                if last:
+                    done.release()
+            return emit
+
+        rows = [model.parse(_request(p, stream=True))[0] for p in PROMPTS]
+        for i, row in enumerate(rows):
+            model.engine.submit([causal.Sequence(prompt=row["ids"], sampling=row["sampling"],
+                                                 emit=emit_for(i), stream=True)])
+            time.sleep(0.002 * (i % 3))
+        for _ in rows:
+            done.acquire()
+        assert [got[i] for i in range(len(rows))] == alone
+        assert not model.engine.running
+    finally:
+        model.close()
+
+
+def test_openvino_genai_gives_pytorchs_greedy_text_and_prompt_logprob(genai_exported):
+    """Greedy continuations (some end at end of text) and the prompts' log-probabilities, as
+    the gate requests them, equal PyTorch's."""
+    from hf2triton.kinds.base import Data
+
+    kind = _kind(genai_exported["model_dir"])
+    cfg = genai_exported["cfg"]
+    reference = kind.reference(str(genai_exported["model_dir"]), cfg, Data(PROMPTS))
+    model = _load(genai_exported["settings"])
+    try:
+        assert model.engine.model.in_use == "OpenVINO GenAI CPU f32 (KV cache f32)"
+        outputs = kind.extract(model.answer(kind.requests(PROMPTS)))
+    finally:
+        model.close()
+    assert [o["ids"] for o in outputs] == [r["ids"] for r in reference]
+    assert any(len(r["ids"]) < cfg.gate_tokens for r in reference)  # some end early
+    for o, r in zip(outputs, reference):
+        assert abs(o["logprob"] - r["logprob"]) < 1e-3 * max(1.0, abs(r["logprob"]))
+
+
+def test_openvino_genai_refuses_what_it_would_not_generate_faithfully(genai_exported):
+    from hf2triton.serving.runtimes import RuntimeUnavailable
+
+    with pytest.raises(RuntimeUnavailable, match="no_repeat_ngram_size"):
+        _load(genai_exported["settings"], processors={**genai_exported["settings"]["processors"],
+                                                      "no_repeat_ngram_size": 3})
+    bf16 = {**genai_exported["settings"]["runtime"], "precision": "bf16", "kv_cache": "f32"}
+    with pytest.raises((RuntimeUnavailable, ValueError), match="bf16|offer"):
+        _load(genai_exported["settings"], runtime=bf16)
+
+
 def test_request_level_batching_serves_the_same_text(exported):
     inflight, request_level = _load(exported["settings"]), _load(exported["settings"],
                                                                  batching="request")
@@ -185,11 +286,10 @@ def test_request_level_batching_serves_the_same_text(exported):
 
 def test_int8_and_int4_blockwise_candidates_are_scored_by_the_gate_metrics(exported, tmp_path):
     from hf2triton.kinds.base import Data
-    from hf2triton.kinds.text_generation import TextGenerationKind
     from hf2triton.runtimes.quantizers import quantize_onnx
     from hf2triton.spec import QuantizationSpec
 
-    kind = TextGenerationKind.__new__(TextGenerationKind)
+    kind = _kind(exported["model_dir"])
     cfg = exported["cfg"]
     data = Data(PROMPTS)
     reference = kind.reference(str(exported["model_dir"]), cfg, data)
@@ -243,3 +343,30 @@ def test_a_stream_with_clean_up_spaces_holds_back_what_a_later_token_rewrites():
         whole = tok.decode(range(len(tokens)))
         assert "".join(sent) == whole, (tokens, sent)
         assert len(sent) > 2, sent  # it streamed, not one piece at the end
+
+
+def test_openvino_genai_compressed_candidates_are_scored_by_the_gate_metrics(genai_exported):
+    from hf2triton.kinds.base import Data
+    from hf2triton.runtimes.openvino_genai import compressed
+
+    kind = _kind(genai_exported["model_dir"])
+    cfg = genai_exported["cfg"]
+    data = Data(PROMPTS)
+    reference = kind.reference(str(genai_exported["model_dir"]), cfg, data)
+    scores = {}
+    for name, variant in (("f32", genai_exported["ir"]),
+                          ("int8", compressed(genai_exported["ctx"], "INT8_ASYM", 0)),
+                          ("int4", compressed(genai_exported["ctx"], "INT4_ASYM", 16))):
+        model = _load(genai_exported["settings"], onnx=variant["onnx_path"])
+        try:
+            outputs = kind.extract(model.answer(kind.requests(PROMPTS)))
+        finally:
+            model.close()
+        scores[name], _ = kind.score(reference, outputs, data, cfg)
+        scores[name]["bytes"] = variant["size_bytes"]
+    print(scores)
+    assert scores["f32"]["token_match"] == 1.0
+    assert abs(scores["f32"]["perplexity_increase"]) < 1e-4
+    # (On a model this small the embeddings, int8 in both, weigh most: int4 is not smaller.)
+    assert max(scores["int4"]["bytes"], scores["int8"]["bytes"]) < scores["f32"]["bytes"]
+    assert abs(scores["int4"]["perplexity_increase"]) > abs(scores["int8"]["perplexity_increase"])

@@ -1,14 +1,16 @@
-"""text-generation releases end to end on tiny random-weight causal LMs (a Llama and a GPT-2, built
-once per module): real export, quantization, gate, MLflow (SQLite) and a real Triton server on
-free ports. Served greedy text must equal PyTorch `generate` token for token, a gRPC stream must
-deliver pieces before the last token is generated, and concurrent streams must each get what
-they get alone."""
+"""text-generation releases end to end on tiny random-weight causal LMs (a Llama served by
+OpenVINO GenAI's continuous batching, a GPT-2 by the serving core's own in-flight batching on
+ONNX Runtime; built once per module): real export, gate, MLflow (SQLite) and a real Triton server
+on free ports. Served greedy text must equal PyTorch `generate` token for token, a gRPC stream
+must deliver pieces before the last token is generated, concurrent streams must each get what
+they get alone, and a client that leaves mid-stream frees its place."""
 
 from __future__ import annotations
 
 import json
 import queue
 import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -23,10 +25,11 @@ from tests.conftest import free_port, tiny_spec
 PROMPTS = list(dict.fromkeys(CORPUS)) + ["a", "ok then", "prices rose 12.5% to $43,210!",
                                           "ÄÖÜ ß straße 😀", "word " * 20]
 MAX_NEW = 24
+GENAI = {"name": "openvino-genai", "precision": "fp32"}
 
 
 def _release(tmp: Path, model_dir: Path, name: str, ports: dict, runtimes: list,
-             quantization: str):
+             quantization: str, max_rows: int = 32):
     import yaml
 
     from hf2triton.flows.release import release_model
@@ -35,7 +38,8 @@ def _release(tmp: Path, model_dir: Path, name: str, ports: dict, runtimes: list,
     spec_path = tiny_spec(
         tmp / f"{name}.yaml", model_dir, ports, name=name, task="text-generation",
         embedding=None, registry__model_name=name, source__model_id=f"fixtures/{name}",
-        text_generation={"max_new_tokens": MAX_NEW}, runtime__candidates=runtimes,
+        text_generation={"max_new_tokens": MAX_NEW, "max_rows": max_rows},
+        runtime__candidates=runtimes,
         quantization__method=quantization, deploy__intra_op_threads=1)
     prompts = tmp / f"{name}-prompts.txt"
     prompts.write_text("\n".join(PROMPTS) + "\n", encoding="utf-8")
@@ -44,7 +48,10 @@ def _release(tmp: Path, model_dir: Path, name: str, ports: dict, runtimes: list,
     data["validation"]["smoke_sentences"] = 6
     spec_path.write_text(yaml.safe_dump(data, sort_keys=False))
     spec = load_spec(spec_path)
+    import os
+
     return {"spec": spec, "ports": ports, "summary": release_model(spec), "model_dir": model_dir,
+            "home": Path(os.environ["HF2TRITON_HOME"]),
             "name": name, "grpc": f"127.0.0.1:{ports['grpc_port']}",
             "http": f"127.0.0.1:{ports['http_port']}"}
 
@@ -68,10 +75,12 @@ def released(tmp_path_factory):
                  "metrics_port": free_port()}
         ort = {"name": "onnxruntime", "precision": "fp32"}
         try:
-            # The Llama: a quantized candidate and OpenVINO too; the GPT-2 fp32 on ONNX
-            # Runtime alone (the gate's time is CI's).
-            llama = _release(tmp, build_tiny_llama(tmp / "tiny-llama"), "tiny-llama", ports,
-                             [ort, {"name": "openvino", "precision": "fp32"}], "dynamic-int8")
+            # The Llama on OpenVINO GenAI, two rows (a third request waits for a free one),
+            # long enough a context and no end of text for a stream that outlasts the test;
+            # the GPT-2 fp32 on ONNX Runtime alone (the gate's time is CI's).
+            llama = _release(tmp, build_tiny_llama(tmp / "tiny-llama", max_positions=1024,
+                                                   eos_boost=0.0),
+                             "tiny-llama", ports, [GENAI], "none", max_rows=2)
             gpt2 = _release(tmp, build_tiny_gpt2(tmp / "tiny-gpt2"), "tiny-gpt2", ports, [ort],
                             "none")
             yield {"llama": llama, "gpt2": gpt2}
@@ -97,6 +106,8 @@ def _inputs(prompt: str, stream: bool, **params) -> list:
             arrays[name] = np.array([[value]], dtype=np.uint64)
         elif isinstance(value, float):
             arrays[name] = np.array([[value]], dtype=np.float32)
+        elif isinstance(value, str):
+            arrays[name] = np.array([[value.encode()]], dtype=np.object_)
         elif isinstance(value, list):
             arrays[name] = np.array([[v.encode() for v in value]], dtype=np.object_)
         else:
@@ -227,7 +238,50 @@ def test_chat_messages_are_rendered_with_the_model_template(released):
     assert answer["output_ids"] == want
 
 
+def test_the_llama_is_served_by_openvino_genai(released):
+    rel = released["llama"]
+    assert rel["summary"]["variant"] == "openvino-ir on openvino-genai fp32"
+    served = json.loads(next((Path(rel["home"]) / "triton" / "models" / rel["name"])
+                             .glob("*/serving.json")).read_text())
+    assert served["runtime"]["name"] == "openvino-genai"
+    assert served["onnx"] == "openvino_model.xml"
+    assert served["runtime"]["precision"] == "fp32"  # pinned, with the KV cache's
+
+
+def test_a_client_that_leaves_mid_stream_frees_its_place(released):
+    """Two rows: A and C stream long texts; A's client leaves after its first piece; B, sent
+    then, gets A's row and finishes while C is still far from its end (had A kept its row, B
+    would wait for A's or C's end)."""
+    rel = released["llama"]
+    long = 900
+    c_pieces: list = []
+    c_done = threading.Event()
+
+    def stream_c() -> None:
+        c_pieces.extend(_stream(rel["grpc"], rel["name"], PROMPTS[1], max_tokens=long))
+        c_done.set()
+
+    client = grpcclient.InferenceServerClient(url=rel["grpc"])
+    first: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: first.put((result, error)))
+    client.async_stream_infer(rel["name"], _inputs(PROMPTS[0], True, max_tokens=long))
+    c = threading.Thread(target=stream_c)
+    c.start()
+    result, error = first.get(timeout=60)
+    assert error is None
+    client.stop_stream(cancel_requests=True)  # A's client leaves
+    client.close()
+    time.sleep(0.2)
+    b = _stream(rel["grpc"], rel["name"], PROMPTS[2], stream=False, max_tokens=4)
+    assert isinstance(b, list) and len(b[0][1]) == 4
+    c_so_far = len(c_pieces) if c_done.is_set() else None
+    c.join(timeout=300)
+    assert c_so_far is None, "B finished only after C had ended: A's row was not freed"
+    assert isinstance(c_pieces, list) and sum(len(ids) for _, ids, _ in c_pieces) == long
+
+
 @pytest.mark.parametrize("params, message", [
+    ({"messages": '[{"role": "user", "content": "hi"}]'}, "both text_input and messages"),
     ({"max_tokens": 0}, "max_tokens 0 is outside"),
     ({"temperature": -1.0}, "temperature -1.0 is outside 0..100"),
     ({"top_p": 0.0}, "top_p 0.0 is outside"),

@@ -331,3 +331,34 @@ def build_tiny_gpt2(out: Path, seed: int = 0, max_positions: int = 128) -> Path:
         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
     )
     return _save_causal(out, GPT2LMHeadModel(config), tok, max_positions, eos_boost=1.5)
+
+
+def build_qwen2(out: Path, seed: int = 0, layers: int = 8, hidden: int = 512, heads: int = 8,
+                kv_heads: int = 2, vocab_size: int = 4096, max_positions: int = 2048) -> Path:
+    """A Qwen2-architecture causal LM of about 25M parameters by default (8 layers, hidden 512,
+    8 heads, 2 KV heads, tied embeddings), random weights, with a byte-level BPE tokenizer of
+    `vocab_size` trained on the shipped King James text and a ChatML template: the benchmarks'
+    model, of the shape the issue measured."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    out.mkdir(parents=True, exist_ok=True)
+    text = Path(__file__).resolve().parents[1] / "releases" / "data" / "kjv-pentateuch.txt"
+    lines = [ln for ln in text.read_text(encoding="utf-8").splitlines()
+             if ln.strip() and not ln.startswith("#")]
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(lines, trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    eos = tok.token_to_id("<|endoftext|>")
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=tok.get_vocab_size(), hidden_size=hidden, intermediate_size=hidden * 11 // 4,
+        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+        max_position_embeddings=max_positions, bos_token_id=eos, eos_token_id=eos,
+        pad_token_id=eos, tie_word_embeddings=True, initializer_range=0.05)
+    return _save_causal(out, Qwen2ForCausalLM(config), tok, max_positions, eos_boost=0.0)

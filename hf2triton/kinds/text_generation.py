@@ -8,6 +8,7 @@ perplexity each candidate gives the prompts themselves with PyTorch's.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -27,6 +28,11 @@ from hf2triton.kinds.base import (
 from hf2triton.kinds.generation_config import eos_and_pad, model_generation_config
 from hf2triton.serving.decoding import DecodeSettings, stop_at
 from hf2triton.specbase import Strict
+
+
+# New tokens per prompt of the gate's speed probe: enough decode steps that an engine's cost per
+# step (where the engines differ most), not its start-up, decides the ranking.
+PROBE_TOKENS = 48
 
 
 class TextGenerationThresholds(Strict):
@@ -68,6 +74,17 @@ class TextGenerationSpec(Strict):
         "between decode steps; 'request': a batch runs until all its requests finish")
     max_rows: int = Field(32, ge=1, le=1024, description="sequences decoded together at most")
     step_tokens: int = Field(512, ge=1, description="prompt tokens that may join in one step")
+    stream_interval_ms: int = Field(
+        50, ge=0, le=1000, description="with 8 or more streams running, a stream's new text "
+        "goes out at most this often, gathered into one response (the first piece at once, the "
+        "last at the end): each response is a round trip through Triton's Python backend. "
+        "Measured at 32 streams, served tokens/s as a share of OpenVINO GenAI's in-process "
+        "rate: 0 ms 0.70, 40 ms 0.83, 100 ms 0.89 (docs/benchmarks.md); 0 sends every token's "
+        "piece")
+    gate_tokens: int = Field(
+        32, ge=1, le=8192, description="new tokens the gate (and the export's check and the "
+        "smoke test) generates per prompt and compares with PyTorch's: greedy continuations that agree this far rarely part later, and a release of a large "
+        "model takes minutes, not hours")
     thresholds: TextGenerationThresholds = TextGenerationThresholds()
 
 
@@ -84,6 +101,8 @@ class TextGenerationConfig:
     batching: str
     max_rows: int
     step_tokens: int
+    gate_tokens: int = 32  # new tokens judged per prompt
+    stream_interval_ms: int = 50  # the least time between a busy stream's pieces
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -133,7 +152,8 @@ def resolve_text_generation(model_dir: str | Path, spec: TextGenerationSpec
                    "chat_template": template,
                    "special_tokens": {k: v for k, v in tok.special_tokens_map.items()
                                       if isinstance(v, str)}},
-        batching=spec.batching, max_rows=spec.max_rows, step_tokens=spec.step_tokens)
+        batching=spec.batching, max_rows=spec.max_rows, step_tokens=spec.step_tokens,
+        gate_tokens=spec.gate_tokens, stream_interval_ms=spec.stream_interval_ms)
 
 
 class TorchGenerator:
@@ -149,7 +169,8 @@ class TorchGenerator:
         self.model = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
 
     def continuation(self, prompt: str, max_new_tokens: int | None = None) -> dict[str, Any]:
-        """Greedy ids after the prompt and their text, cut at a stop string as served."""
+        """Greedy ids after the prompt (the gate's tokens of them, unless `max_new_tokens`
+        says) and their text, cut at a stop string as served."""
         torch, cfg = self._torch, self.cfg
         d = cfg.defaults
         ids = self.tokenizer(prompt, return_tensors="pt")["input_ids"]
@@ -157,7 +178,7 @@ class TorchGenerator:
         with torch.inference_mode():
             out = self.model.generate(
                 input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                max_new_tokens=max_new_tokens or d["max_new_tokens"],
+                max_new_tokens=max_new_tokens or cfg.gate_tokens,
                 repetition_penalty=d["repetition_penalty"], eos_token_id=cfg.eos_token_ids,
                 pad_token_id=cfg.pad_token_id, no_repeat_ngram_size=p["no_repeat_ngram_size"],
                 min_length=p["min_length"], bad_words_ids=p["bad_words_ids"] or None,
@@ -265,14 +286,35 @@ class TextGenerationKind(ModelKind):
         return cfg.to_dict()
 
     def file_settings(self, files: dict[str, str]) -> dict[str, Any]:
-        return {"onnx": files.get("model.xml") or files["model.onnx"],
-                "tokenizer_file": files["tokenizer.json"]}
+        graph = next(files[n] for n in ("openvino_model.xml", "model.xml", "model.onnx")
+                     if n in files)
+        return {"onnx": graph, "tokenizer_file": files["tokenizer.json"]}
 
     def requests(self, items: list[Any]) -> list[dict[str, np.ndarray]]:
-        """Greedy, at the release's default length, with the prompt's log-probability."""
+        """Greedy, `gate_tokens` new tokens, with the prompt's log-probability."""
+        tokens = np.full((1, 1), self.options.gate_tokens, np.int32)
         return [{"text_input": np.array([[str(t).encode("utf-8")]], dtype=np.object_),
-                 "temperature": np.zeros((1, 1), np.float32),
+                 "max_tokens": tokens, "temperature": np.zeros((1, 1), np.float32),
                  "return_prompt_logprob": np.ones((1, 1), bool)} for t in items]
+
+    def speed(self, model: Any, items: list[Any], batch: int) -> dict[str, float]:
+        """Generated tokens per second of `batch` prompts of every length served together,
+        greedy, PROBE_TOKENS each (a short probe: the candidates are ranked, not measured)."""
+        prompts = [str(t) for t in (items * batch)[:batch]]
+        tokens = np.full((1, 1), PROBE_TOKENS, np.int32)
+        requests = [{"text_input": np.array([[p.encode("utf-8")]], dtype=np.object_),
+                     "max_tokens": tokens, "temperature": np.zeros((1, 1), np.float32)}
+                    for p in prompts]
+        model.answer(requests[:2])  # warm
+        best = 0.0
+        for _ in range(2):  # the better of two: a shared machine's hiccups rank nothing
+            started = time.perf_counter()
+            answers = model.answer(requests)
+            seconds = time.perf_counter() - started
+            made = sum(int((a["output_ids"] >= 0).sum()) for a in answers if isinstance(a, dict))
+            best = max(best, made / seconds)
+        return {"speed": round(best, 1), "tokens_per_s": round(best, 1),
+                "streams": len(requests)}
 
     def extract(self, answers: list[dict[str, np.ndarray]]) -> list[dict[str, Any]]:
         out = []

@@ -25,7 +25,7 @@ from hf2triton.serving import runtimes as serving_runtimes
 from hf2triton.serving.runtimes import DEFAULT_RUNTIME
 
 RUNTIMES = plugins.Registry(lambda cls: cls.name, default=DEFAULT_RUNTIME["name"])
-from hf2triton.runtimes import cuda, onnxruntime, openvino  # noqa: E402,F401,I001
+from hf2triton.runtimes import cuda, onnxruntime, openvino, openvino_genai  # noqa: E402,F401,I001
 
 
 def plugin(runtime: dict[str, Any] | None) -> type[RuntimePlugin]:
@@ -66,16 +66,23 @@ def runtime_choices(deploy: Any, runtime_spec: Any, kind: Any = None) -> Runtime
     machine does not offer (bf16 on a CPU without AVX512_BF16 or AMX) is left out and
     reported."""
     device = DEVICES.load(deploy.device)
+    not_offered = {}
     if runtime_spec.candidates != "auto":
         wanted = [(RUNTIMES.load(c.name), c.precision, dict(c.options))
                   for c in runtime_spec.candidates]
+        for p, precision, options in list(wanted):
+            if kind is not None and not p.serves(kind):
+                wanted.remove((p, precision, options))
+                not_offered[p.label(p.settings(precision, options).to_dict())] = \
+                    f"it does not serve {kind.name} (it serves {', '.join(sorted(p.kinds))})"
     else:
-        wanted = [(p, precision, {}) for p in RUNTIMES.values()
+        wanted = [(p, *(entry if isinstance(entry, tuple) else (entry, {})))
+                  for p in RUNTIMES.values()
                   if p.device == device.name and (kind is None or p.serves(kind))
-                  for precision in p.auto]
+                  for entry in p.auto]
     cpu_numerics = device.gate_on_cpu(deploy)
     info = serving_runtimes.runtime_info()  # what this machine offers, asked now
-    served, not_offered = [], {}
+    served = []
     for runtime, precision, options in wanted:
         settings = runtime.settings(precision, options)
         served_runtime = {k: v for k, v in settings.to_dict().items()
@@ -97,7 +104,8 @@ def runtime_choices(deploy: Any, runtime_spec: Any, kind: Any = None) -> Runtime
 def build_variants(ctx: VariantContext, choices: RuntimeChoices) -> list[Variant]:
     """Every graph variant the chosen runtimes build (each once; one whose build raises is kept
     with its error, for the gate to refuse), then the export itself (`fp32`)."""
-    recipes = {r.method: r for p in choices.plugins() for r in p.recipes(ctx)}
+    recipes = {r.method: r for p in choices.plugins() if p.serves(ctx.kind)
+               for r in p.recipes(ctx)}
     return [*(r.make() for r in recipes.values()), export_variant(ctx)]
 
 

@@ -24,6 +24,7 @@ PLAIN = "onnx"  # the export as it is: a float ONNX graph every ONNX-reading run
 ORT_ONLY = "onnx-ort"  # ONNX Runtime's own operators or quantization (int8, MatMulNBits, fused)
 FP16 = "onnx-fp16"  # half-precision ONNX with fp32 inputs and outputs
 OPENVINO_IR = "openvino-ir"  # OpenVINO IR: model.xml and model.bin
+STATEFUL_IR = "openvino-stateful-ir"  # a decoder's OpenVINO IR with its KV cache as state
 
 
 class Variant(TypedDict, total=False):
@@ -122,8 +123,9 @@ class RuntimePlugin:
 
     name: ClassVar[str]  # the serving core's runtime: "onnxruntime", "openvino", ...
     device: ClassVar[str]  # the deploy device it serves: "cpu" or "gpu"
-    # The precisions `runtime.candidates: auto` tries, in order (empty: only when listed).
-    auto: ClassVar[tuple[str, ...]] = ()
+    # What `runtime.candidates: auto` tries, in order: precisions, or (precision, options)
+    # pairs (empty: only when listed).
+    auto: ClassVar[tuple[str | tuple[str, dict[str, Any]], ...]] = ()
     # Graph formats it reads, per precision.
     reads: ClassVar[dict[str, frozenset[str]]] = {}
     # The model kinds it serves (None: every kind).

@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -99,8 +100,9 @@ class CausalLM:
     attention_mask, position_ids where the model takes them, and past_key_values.* in; logits
     and present.* out) opened by a runtime."""
 
-    def __init__(self, path: str, runtime: runtimes.RuntimeSettings | None = None):
-        self.session = runtimes.open_model(path, runtime or runtimes.RuntimeSettings())
+    def __init__(self, path: str, runtime: runtimes.RuntimeSettings | None = None,
+                 session: runtimes.Session | None = None):
+        self.session = session or runtimes.open_model(path, runtime or runtimes.RuntimeSettings())
         inputs = self.session.inputs
         self.past_names = [n for n in inputs if n.startswith("past_key_values.")]
         self.positions = "position_ids" in inputs
@@ -111,6 +113,12 @@ class CausalLM:
 
     def empty_past(self, rows: int) -> dict[str, np.ndarray]:
         return {n: np.zeros((rows, h, 0, d), np.float32) for n, (h, d) in self.kv_shape.items()}
+
+    def engine(self, tokenizer: ChatTokenizer, eos: list[int], processors: DecodeSettings,
+               max_rows: int, step_tokens: int, request_level: bool = False) -> Engine:
+        """The decode loop that serves this model: in-flight batching over its runtime."""
+        return Engine(self, tokenizer, eos, processors, max_rows=max_rows,
+                      step_tokens=step_tokens, request_level=request_level)
 
     def forward(self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray,
                 past: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
@@ -157,12 +165,79 @@ class Sequence:
     text: str = ""  # what was sent so far (or, for a failed sequence, why)
     sent_chars: int = 0
     sent_ids: int = 0
+    sent_at: float = 0.0  # when its last piece went out (time.monotonic)
     prompt_logprob: float = 0.0
     finish: str | None = None  # "stop", "length", "cancelled"
     rng: Any = None
 
 
-class Engine:
+# With BUSY_STREAMS or more running, a stream sends its new text at most every
+# `text_generation.stream_interval_ms` (its first piece at once, its last at the end): each
+# response is a round trip through Triton's Python backend made while no decode step runs, and
+# at 32 streams sending every token's piece took a sixth of the loop's time (py-spy). Fewer
+# running: every token's piece.
+BUSY_STREAMS = 8
+
+
+class Streaming:
+    """What every decode loop shares: a new token taken by its sequence (finished at the end of
+    text, at max_tokens, at a stop string, or when its client left) and the text that goes out
+    (pieces held back while they may still become a stop string or be rewritten, and while the
+    loop is busy, gathered into fewer responses)."""
+
+    tokenizer: ChatTokenizer
+    eos: set[int]
+    stream_every: float = 0.0  # the least time between a stream's pieces now
+    stream_interval: float = 0.05  # ... when the loop is busy (seconds)
+
+    def pace(self, running: int) -> None:
+        """Set how often streams send, for `running` sequences."""
+        self.stream_every = self.stream_interval if running >= BUSY_STREAMS else 0.0
+
+    def _take(self, s: Sequence, token: int) -> bool:
+        """`token` appended to `s`; whether `s` finished with it."""
+        s.generated.append(int(token))
+        if s.gone():
+            self._finish(s, "cancelled")
+        elif token in self.eos:
+            self._finish(s, "stop")
+        elif len(s.generated) >= s.sampling.max_new_tokens:
+            self._finish(s, "length")
+        else:
+            self._stream(s)
+        return s.finish is not None
+
+    def _stream(self, s: Sequence) -> None:
+        text = self.tokenizer.decode(s.generated)
+        cut = stop_at(text, list(s.sampling.stop))
+        if cut >= 0:
+            self._finish(s, "stop", text[:cut])
+            return
+        if s.stream:
+            held = unsure_tail(text, list(s.sampling.stop))
+            if self.tokenizer.clean_up:
+                held = max(held, clean_up_tail(text))
+            ready = len(text) - held
+            now = time.monotonic()
+            if ready > s.sent_chars and (not s.sent_ids or now - s.sent_at >= self.stream_every):
+                piece, s.sent_chars, s.sent_at = text[s.sent_chars:ready], ready, now
+                ids, s.sent_ids = s.generated[s.sent_ids:], len(s.generated)
+                s.emit(piece, ids, False, s)
+
+    def _finish(self, s: Sequence, why: str, text: str | None = None) -> None:
+        s.finish = why
+        if text is None:
+            text = self.tokenizer.decode(s.generated)
+            cut = stop_at(text, list(s.sampling.stop))
+            text = text if cut < 0 else text[:cut]
+        s.emit(text[s.sent_chars:], s.generated[s.sent_ids:], True, s)
+
+    def _fail(self, s: Sequence, message: str) -> None:
+        s.finish = "error"
+        s.emit(message, [], True, s)
+
+
+class Engine(Streaming):
     """In-flight batching: a background loop runs one step at a time for the running batch (a
     decode step for every running sequence, or the prompts of sequences that join); a new
     sequence joins between steps while there are free rows and the step's token budget allows,
@@ -215,6 +290,7 @@ class Engine:
             try:  # nothing a step raises ends the loop: every later request would hang
                 with self.wake:
                     joining = self._admit()
+                self.pace(len(self.running) + len(joining))
                 if joining:
                     self._prefill(joining)
                 elif self.running:
@@ -302,15 +378,7 @@ class Engine:
         """Each row's next token from its logits; finished rows leave the batch."""
         nxt = next_tokens(logits, rows, self.processors)
         for s, token in zip(rows, nxt.tolist()):
-            s.generated.append(int(token))
-            if s.gone():
-                self._finish(s, "cancelled")
-            elif token in self.eos:
-                self._finish(s, "stop")
-            elif len(s.generated) >= s.sampling.max_new_tokens:
-                self._finish(s, "length")
-            else:
-                self._stream(s)
+            self._take(s, token)
         if any(s.finish for s in rows):
             self._leave([i for i, s in enumerate(self.running) if s.finish is None])
 
@@ -323,35 +391,6 @@ class Engine:
         start = int(np.argmax(mask.any(axis=0)))  # columns no remaining row attends to go
         self.mask = mask[:, start:]
         self.past = {n: v[keep, :, start:] for n, v in self.past.items()}
-
-    # text out -----------------------------------------------------------------------------------
-    def _stream(self, s: Sequence) -> None:
-        text = self.tokenizer.decode(s.generated)
-        cut = stop_at(text, list(s.sampling.stop))
-        if cut >= 0:
-            self._finish(s, "stop", text[:cut])
-            return
-        if s.stream:
-            held = unsure_tail(text, list(s.sampling.stop))
-            if self.tokenizer.clean_up:
-                held = max(held, clean_up_tail(text))
-            ready = len(text) - held
-            if ready > s.sent_chars:
-                piece, s.sent_chars = text[s.sent_chars:ready], ready
-                ids, s.sent_ids = s.generated[s.sent_ids:], len(s.generated)
-                s.emit(piece, ids, False, s)
-
-    def _finish(self, s: Sequence, why: str, text: str | None = None) -> None:
-        s.finish = why
-        if text is None:
-            text = self.tokenizer.decode(s.generated)
-            cut = stop_at(text, list(s.sampling.stop))
-            text = text if cut < 0 else text[:cut]
-        s.emit(text[s.sent_chars:], s.generated[s.sent_ids:], True, s)
-
-    def _fail(self, s: Sequence, message: str) -> None:
-        s.finish = "error"
-        s.emit(message, [], True, s)
 
 
 def prompt_logprob(logits: np.ndarray, ids: np.ndarray, mask: np.ndarray) -> float:
@@ -385,8 +424,11 @@ def next_tokens(logits: np.ndarray, rows: list[Sequence], processors: DecodeSett
     return out
 
 
-def load_serving(directory: str, cfg: dict[str, Any]) -> tuple[ChatTokenizer, CausalLM]:
-    """The tokenizer and model a served `serving.json` names (paths relative to `directory`)."""
+def load_serving(directory: str, cfg: dict[str, Any]) -> tuple[ChatTokenizer, Any]:
+    """The tokenizer and what the runtime serving.json names opened for the model (paths
+    relative to `directory`): a Session that runs feeds, or a model a runtime serves whole
+    (OpenVINO GenAI's). text_generation.py makes the model that gives the engine of it."""
     tokenizer = ChatTokenizer(os.path.join(directory, cfg["tokenizer_file"]), cfg["tokenizer"])
     runtime = runtimes.settings_of(cfg)
-    return tokenizer, CausalLM(os.path.join(directory, cfg["onnx"]), runtime)
+    path = os.path.join(directory, cfg["onnx"])
+    return tokenizer, runtimes.open_model(path, runtime)

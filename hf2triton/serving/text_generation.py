@@ -11,13 +11,20 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from typing import Any
 
 import numpy as np
 
 from . import causal
+from .genai import GenAIModel
+from .runtimes import GenAIModelFiles
 from .base import ServedModel, Tensor, column, texts, value_column
 from .decoding import DecodeSettings
+
+
+# How often a running request asks Triton whether its client left (seconds).
+CANCEL_CHECK_S = 0.5
 
 
 class Generator(ServedModel):
@@ -38,16 +45,22 @@ class Generator(ServedModel):
                Tensor("prompt_tokens", "INT32"))
 
     def __init__(self, directory: str, settings: dict[str, Any]):
-        self.tokenizer, model = causal.load_serving(directory, settings)
+        self.tokenizer, opened = causal.load_serving(directory, settings)
+        # What serves the model: OpenVINO GenAI's pipeline, or the exported decoder's session.
+        model = GenAIModel(opened) if isinstance(opened, GenAIModelFiles) else \
+            causal.CausalLM(settings["onnx"], session=opened)
         d = dict(settings["defaults"])
         self.defaults = causal.Sampling(**{**d, "stop": tuple(d.get("stop") or ())})
         self.max_context = int(settings["max_context"])
-        self.engine = causal.Engine(
-            model, self.tokenizer, [int(e) for e in settings["eos_token_ids"]],
+        # The engine the model's runtime serves it with: causal.Engine's in-flight batching over
+        # a runtime that runs feeds, or OpenVINO GenAI's continuous batching (genai.py).
+        self.engine = model.engine(
+            self.tokenizer, [int(e) for e in settings["eos_token_ids"]],
             DecodeSettings.from_dict(settings["processors"]),
             max_rows=int(settings.get("max_rows", 32)),
             step_tokens=int(settings.get("step_tokens", 512)),
             request_level=settings.get("batching", "in-flight") == "request")
+        self.engine.stream_interval = float(settings.get("stream_interval_ms", 50)) / 1000
 
     @classmethod
     def from_directory(cls, directory: str, settings: dict[str, Any]) -> Generator:
@@ -61,6 +74,9 @@ class Generator(ServedModel):
         """One row per prompt: its ids, settings and whether it streams; ValueError for the
         client when a value is bad."""
         prompts: list[tuple[str, bool]]
+        if "text_input" in arrays and "messages" in arrays:
+            raise ValueError("the request has both text_input and messages: send one of them "
+                             "(text_input, a plain prompt; messages, a chat)")
         if "text_input" in arrays:
             arr = column(arrays, "text_input")
             prompts = [(row[0], True) for row in texts(arr, "text_input")]
@@ -218,11 +234,21 @@ class TritonReply:
         cancelled = getattr(sender, "is_cancelled", None) or getattr(request, "is_cancelled",
                                                                    None)
         self.cancelled = cancelled or (lambda: False)
+        self.checked = 0.0  # when Triton was last asked
         self.sequences = [model._sequence(row, self.emit, stream=row["stream"], gone=self.gone)
                           for row in rows]
 
     def gone(self) -> bool:
-        return self.lost or bool(self.cancelled())
+        """Whether the client left. Asking Triton is a round trip to the server process: it is
+        asked at most every CANCEL_CHECK_S per request, not at every token of every stream."""
+        if self.lost:
+            return True
+        now = time.monotonic()
+        if now - self.checked < CANCEL_CHECK_S:
+            return False
+        self.checked = now
+        self.lost = bool(self.cancelled())
+        return self.lost
 
     def emit(self, text: str, ids: list[int], last: bool, seq: causal.Sequence) -> None:
         pb = self.pb

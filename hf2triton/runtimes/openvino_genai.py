@@ -1,0 +1,106 @@
+"""OpenVINO GenAI on the CPU, for text generation: continuous batching over a paged KV cache
+that stays inside the runtime (hf2triton/serving/genai.py drives it). It reads the stateful
+OpenVINO IR that optimum-intel exports from the Hugging Face model (f32 weights), and builds its
+weight-compressed variants with NNCF (int8, and int4 in groups); each is tried at f32 and, where
+the CPU has it, bf16, with the KV cache at the inference precision and quantized to u8."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+from pathlib import Path
+from typing import Any
+
+from hf2triton.runtimes import RUNTIMES
+from hf2triton.runtimes.base import (
+    STATEFUL_IR,
+    Recipe,
+    RuntimePlugin,
+    Variant,
+    VariantContext,
+    build_variant,
+)
+from hf2triton.workspace import hash_files, sha256_file
+
+IR = "openvino_model.xml"
+
+
+@RUNTIMES.register
+class OpenVinoGenAI(RuntimePlugin):
+    name = "openvino-genai"
+    device = "cpu"
+    kinds = frozenset({"text_generation"})
+    # The KV cache at the inference precision, then quantized to u8 (a quarter of f32's reads).
+    auto = ("fp32", "bf16", ("fp32", {"kv_cache": "u8"}), ("bf16", {"kv_cache": "u8"}))
+    reads = {"fp32": frozenset({STATEFUL_IR}), "bf16": frozenset({STATEFUL_IR})}
+
+    @staticmethod
+    def label(runtime: dict[str, Any]) -> str:
+        kv = runtime.get("kv_cache")
+        return f"{runtime['name']} {runtime['precision']}" + (f" kv-{kv}" if kv else "")
+
+    @classmethod
+    def recipes(cls, ctx: VariantContext) -> list[Recipe]:
+        found = [Recipe("openvino-ir", STATEFUL_IR, lambda: stateful_ir(ctx))]
+        spec = ctx.quantization
+        if spec.method != "none" or spec.search:
+            found.append(Recipe("openvino-ir/int8", STATEFUL_IR,
+                                lambda: compressed(ctx, "INT8_ASYM", 0)))
+        if spec.method == "int4-blockwise" or spec.search:
+            found.append(Recipe(f"openvino-ir/int4-g{spec.block_size}", STATEFUL_IR,
+                                lambda: compressed(ctx, "INT4_ASYM", spec.block_size)))
+        return found
+
+
+def stateful_ir(ctx: VariantContext) -> Variant:
+    """The model as a stateful OpenVINO IR (the KV cache as the model's state, what OpenVINO
+    GenAI's scheduler pages), exported by optimum-intel with f32 weights: no compression of its
+    own (it compresses a large model to int8 unless told)."""
+    src = Path(ctx.model_dir)
+
+    def build(out: Path) -> dict:
+        from optimum.exporters.openvino import main_export
+        from optimum.intel import OVConfig
+
+        with contextlib.redirect_stdout(io.StringIO()):  # stdout carries the release's line
+            main_export(str(src), out, task="text-generation-with-past", stateful=True,
+                        ov_config=OVConfig(dtype="fp32"), convert_tokenizer=False,
+                        local_files_only=True, library_name="transformers")
+        return {}
+
+    return build_variant(ctx.work, "openvino-ir", [hash_files(src)], build, "openvino-ir",
+                         STATEFUL_IR, IR, src / "config.json")
+
+
+def compressed(ctx: VariantContext, mode: str, group_size: int) -> Variant:
+    """The stateful IR with its weights compressed by NNCF (data-free): `mode` INT8_ASYM (per
+    channel) or INT4_ASYM in groups of `group_size` (a group size a layer's width does not
+    divide is adjusted for that layer)."""
+    base = stateful_ir(ctx)
+    src = Path(base["onnx_path"])
+    name = "openvino-ir/int8" if mode.startswith("INT8") else f"openvino-ir/int4-g{group_size}"
+
+    def build(out: Path) -> dict:
+        import shutil
+
+        import nncf
+        import openvino as ov
+
+        nncf.set_log_level(logging.WARNING)
+        options: dict[str, Any] = {"mode": getattr(nncf.CompressWeightsMode, mode)}
+        if group_size:
+            options.update(group_size=group_size, ratio=1.0, advanced_parameters=(
+                nncf.AdvancedCompressionParameters(
+                    group_size_fallback_mode=nncf.GroupSizeFallbackMode.ADJUST)))
+        with contextlib.redirect_stdout(io.StringIO()):
+            model = nncf.compress_weights(ov.Core().read_model(str(src)), **options)
+        ov.save_model(model, str(out / IR), compress_to_fp16=False)
+        for p in src.parent.iterdir():  # the configs and tokenizer files beside it
+            if p.is_file() and not p.name.startswith("openvino_model."):
+                shutil.copyfile(p, out / p.name)
+        return {}
+
+    return build_variant(ctx.work, "openvino-ir-compressed",
+                         [sha256_file(src), sha256_file(src.with_suffix(".bin")), mode,
+                          group_size], build, name, STATEFUL_IR, IR, src)

@@ -1,0 +1,243 @@
+"""Text generation on OpenVINO GenAI's ContinuousBatchingPipeline: its scheduler batches every
+running sequence continuously over a paged KV cache that stays inside the runtime, so a decode
+step no longer copies each row's cache in and out. One loop thread owns the pipeline: between
+steps it adds the requests that came (token ids from the serving core's own tokenizer and chat
+template, so the gate's ids are the served ids), stops those whose client left, then steps and
+reads every handle that has tokens. What comes out goes through causal.Streaming, as the
+home-made engine's: stop strings, held-back pieces, finish reasons, cancellation.
+
+What OpenVINO GenAI does not do, the engine refuses up front (a candidate that cannot serve the
+model faithfully is refused by the gate): logits processors it ignores outside beam search
+(no_repeat_ngram_size, bad words).
+
+The prompt's log-probability (the gate's perplexity) is scored on the same IR apart (PromptScorer).
+
+Known from its source and tried: `step()` and `add_request()` hold the GIL; `read()` blocks when
+nothing is queued (ask `can_read()` first); a handle stops its request when it is destroyed (so
+every handle is kept until its request is final); two live requests may not share an id.
+
+Part of the serving core: numpy, openvino and openvino_genai only.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import threading
+from typing import Any
+
+import numpy as np
+
+from .causal import ChatTokenizer, Sequence, Streaming
+from .decoding import DecodeSettings
+from .runtimes import GenAIModelFiles, RuntimeUnavailable
+
+
+class GenAIModel:
+    """A stateful IR OpenVINO GenAI serves, with its pinned properties (runtimes.py)."""
+
+    def __init__(self, files: GenAIModelFiles):
+        self.files = files
+        self.in_use = files.in_use
+
+    def pipeline(self, max_rows: int, step_tokens: int) -> Any:
+        import openvino_genai as ovg
+
+        scheduler = ovg.SchedulerConfig()
+        # 0 GB and 0 blocks: the cache grows as sequences need it (a fixed one too small for
+        # what runs drops every running request).
+        scheduler.cache_size = int(self.files.settings.options["cache_gb"])
+        scheduler.num_kv_blocks = 0
+        scheduler.max_num_seqs = max_rows
+        scheduler.max_num_batched_tokens = step_tokens
+        scheduler.dynamic_split_fuse = True  # a long prompt is prefilled over several steps
+        scheduler.enable_prefix_caching = False
+        return ovg.ContinuousBatchingPipeline(self.files.directory, scheduler, "CPU",
+                                              dict(self.files.properties))
+
+    def engine(self, tokenizer: ChatTokenizer, eos: list[int], processors: DecodeSettings,
+               max_rows: int, step_tokens: int, request_level: bool = False) -> GenAIEngine:
+        if processors.no_repeat_ngram_size or processors.bad_words_ids:
+            raise RuntimeUnavailable(
+                "runtime openvino-genai does not apply the model's no_repeat_ngram_size or "
+                "bad_words_ids outside beam search: it would not generate what the model's "
+                "generation config asks; serve it on onnxruntime or openvino")
+        return GenAIEngine(self, tokenizer, eos, processors, max_rows, step_tokens)
+
+
+class Running:
+    """A sequence in the pipeline and its handle."""
+
+    def __init__(self, seq: Sequence, handle: Any):
+        self.seq, self.handle = seq, handle
+
+
+class PromptScorer:
+    """The log-probability of a prompt, from one forward pass of the same stateful IR compiled
+    with the same pinned properties (OpenVINO GenAI's own `echo` with `logprobs` gives other
+    figures when the batch also holds generating requests: seen with 2026.4.1). Compiled on
+    first use: only the gate and the smoke test ask for it."""
+
+    def __init__(self, files: GenAIModelFiles):
+        import os
+
+        import openvino as ov
+
+        self.compiled = ov.Core().compile_model(
+            os.path.join(files.directory, "openvino_model.xml"), "CPU", dict(files.properties))
+        self.request = self.compiled.create_infer_request()
+
+    def __call__(self, ids: list[int]) -> float:
+        if len(ids) < 2:
+            return 0.0
+        feeds = {"input_ids": np.asarray([ids], np.int64),
+                 "attention_mask": np.ones((1, len(ids)), np.int64),
+                 "position_ids": np.arange(len(ids), dtype=np.int64)[None],
+                 "beam_idx": np.zeros(1, np.int32)}
+        self.request.reset_state()  # the KV cache lives in the request's state
+        self.request.infer(feeds)
+        logits = self.request.get_tensor("logits").data[0, :-1].astype(np.float64)
+        self.request.reset_state()
+        top = logits.max(axis=-1, keepdims=True)
+        lse = np.log(np.exp(logits - top).sum(axis=-1)) + top[:, 0]
+        return float((logits[np.arange(len(ids) - 1), ids[1:]] - lse).sum())
+
+
+class GenAIEngine(Streaming):
+    """The loop around one ContinuousBatchingPipeline (the Generator's `engine`)."""
+
+    def __init__(self, model: GenAIModel, tokenizer: ChatTokenizer, eos: list[int],
+                 processors: DecodeSettings, max_rows: int, step_tokens: int):
+        import openvino_genai as ovg
+
+        self.ovg, self.model, self.tokenizer, self.eos = ovg, model, tokenizer, set(eos)
+        self.processors, self.max_rows = processors, max(1, max_rows)
+        self.step_tokens = max(1, step_tokens)
+        self.pipe = model.pipeline(self.max_rows, self.step_tokens)
+        self.ids = itertools.count(1)
+        self.waiting: collections.deque[Sequence] = collections.deque()
+        self.running: dict[int, Running] = {}
+        self.scorer: PromptScorer | None = None
+        self.wake = threading.Condition()
+        self.stopped = False
+        self.thread: threading.Thread | None = None
+
+    # the loop ---------------------------------------------------------------------------------
+    def submit(self, seqs: list[Sequence]) -> None:
+        with self.wake:
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._loop, name="genai-loop",
+                                               daemon=True)
+                self.thread.start()
+            self.waiting.extend(seqs)
+            self.wake.notify()
+
+    def close(self) -> None:
+        with self.wake:
+            self.stopped = True
+            self.wake.notify()
+        if self.thread is not None:
+            self.thread.join(timeout=10)
+        self.running.clear()
+        self.pipe = None
+
+    def _loop(self) -> None:
+        while True:
+            with self.wake:
+                while not self.stopped and not self.waiting and not self.running:
+                    self.wake.wait()
+                if self.stopped:
+                    return
+                joining = list(self.waiting)
+                self.waiting.clear()
+            try:  # nothing a step raises ends the loop: every later request would hang
+                self._admit(joining)
+                self._stop_gone()
+                if self.running:
+                    self.pipe.step()
+                    self.pace(len(self.running))
+                    self._read()
+            except Exception as exc:  # a failed step fails its sequences, not the server
+                for run in list(self.running.values()):
+                    if run.seq.finish is None:
+                        self._fail(run.seq, f"generation failed: {type(exc).__name__}: {exc}")
+                self.running.clear()
+                # Its state after a failed step is unknown: a new pipeline for what comes.
+                self.pipe = self.model.pipeline(self.max_rows, self.step_tokens)
+
+    def _admit(self, joining: list[Sequence]) -> None:
+        for seq in joining:
+            if seq.gone():
+                self._finish(seq, "cancelled")
+                continue
+            try:
+                if seq.want_logprob:
+                    self.scorer = self.scorer or PromptScorer(self.model.files)
+                    seq.prompt_logprob = self.scorer(seq.prompt)
+                handle = self.pipe.add_request(next(self.ids), self.ovg_tensor(seq.prompt),
+                                               self._config(seq))
+            except Exception as exc:  # a request the pipeline refuses fails alone
+                self._fail(seq, f"generation refused: {type(exc).__name__}: {exc}")
+                continue
+            self.running[id(seq)] = Running(seq, handle)
+
+    def _stop_gone(self) -> None:
+        """Sequences whose client left stop now, not at their next token."""
+        for run in list(self.running.values()):
+            if run.seq.finish is None and run.seq.gone():
+                self._finish(run.seq, "cancelled")
+                self._end(run)
+
+    def _read(self) -> None:
+        status = self.ovg.GenerationStatus
+        for run in list(self.running.values()):
+            seq, new = run.seq, []
+            while run.handle.can_read():  # never read() what is not there: it blocks
+                for out in run.handle.read().values():
+                    new.extend(out.generated_ids)
+            for token in new:
+                if self._take(seq, token):
+                    break
+            if seq.finish is None and run.handle.get_status() != status.RUNNING:
+                if run.handle.get_status() == status.IGNORED:
+                    self._fail(seq, "generation failed: the KV cache could not hold this "
+                                    "sequence")
+                else:  # a length or stop the pipeline saw first
+                    self._finish(seq, "length" if len(seq.generated) >=
+                                 seq.sampling.max_new_tokens else "stop")
+            if seq.finish is not None:
+                self._end(run)
+
+    def _end(self, run: Running) -> None:
+        if run.handle.get_status() == self.ovg.GenerationStatus.RUNNING:
+            run.handle.stop()  # a stop string or a client gone: its KV blocks go at the next step
+        self.running.pop(id(run.seq), None)
+
+    # requests -----------------------------------------------------------------------------------
+    def ovg_tensor(self, ids: list[int]) -> Any:
+        import openvino as ov
+
+        return ov.Tensor(np.asarray([ids], dtype=np.int64))
+
+    def _config(self, seq: Sequence) -> Any:
+        """The request's GenerationConfig: its sampling, the model's end-of-text ids and its
+        processors (repetition penalty; min_length as new tokens)."""
+        p, cfg = seq.sampling, self.ovg.GenerationConfig()
+        cfg.max_new_tokens = int(p.max_new_tokens)
+        eos = sorted(self.eos)
+        cfg.set_eos_token_id(eos[0])
+        cfg.stop_token_ids = set(eos)
+        cfg.repetition_penalty = float(p.repetition_penalty)
+        if self.processors.min_length:
+            cfg.min_new_tokens = max(0, self.processors.min_length - len(seq.prompt))
+        if p.temperature > 0:
+            cfg.do_sample = True
+            cfg.temperature = float(p.temperature)
+            cfg.top_p = float(p.top_p)
+            if p.top_k:
+                cfg.top_k = int(p.top_k)
+            cfg.rng_seed = int(p.seed) if p.seed is not None else \
+                int(np.random.default_rng().integers(0, 2**31))
+        else:
+            cfg.do_sample = False
+        return cfg
