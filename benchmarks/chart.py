@@ -1,8 +1,13 @@
-"""The served-runtimes benchmark as a bar chart for the docs: texts/s of each release, served and
-in-process, and infinity-emb, one panel per run, from the JSON records
-benchmarks/served_runtimes.py writes (medians of the rounds, as its ratios are).
+"""The benchmarks as charts for the docs, from the JSON records they write:
+
+- the served-runtimes benchmark (benchmarks/served_runtimes.py) as a bar chart: texts/s of each
+  release, served and in-process, and infinity-emb, one panel per run (medians of the rounds,
+  as its ratios are);
+- the text-generation benchmark (benchmarks/generation.py, `--generation RECORD`): generated
+  tokens/s and time to first token p50 against concurrent streams, one line per way.
 
     .venv/bin/python benchmarks/chart.py [RESULT.json ...] [--output docs/served-runtimes.svg]
+    .venv/bin/python benchmarks/chart.py --generation RECORD.json --output docs/generation.svg
 
 Without RESULT files it draws every benchmarks/results/runtimes-*.json. The SVG is written
 deterministically (no date, fixed ids), so the same records give the same file.
@@ -83,11 +88,57 @@ def draw(records: list[dict], output: Path) -> None:
     fig.legend(handles, labels, loc="lower center", ncol=3, frameon=False)
     fig.suptitle("all-MiniLM-L6-v2, every-length traffic, 2-core AMD EPYC", fontsize=10)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
+    save(fig, output)
+
+
+def save(fig, output: Path) -> None:
+    import matplotlib.pyplot as plt
+
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.with_name(f".{output.name}.tmp")
     fig.savefig(tmp, format=output.suffix.lstrip(".") or "svg", metadata={"Date": None})
     tmp.replace(output)
     plt.close(fig)
+
+
+def draw_generation(record: dict, output: Path) -> None:
+    """Tokens/s and TTFT p50 against streams, one line per way, from one generation record."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    matplotlib.rcParams.update({"svg.hashsalt": "hf2triton", "svg.fonttype": "none",
+                                "font.size": 9})
+    fig, (rate, ttft) = plt.subplots(1, 2, figsize=(9.2, 3.8))
+    for way, per in record["results"].items():
+        levels = sorted(per, key=int)
+        if len(levels) < 2:  # one point (PyTorch one at a time): a marker, no line
+            rate.plot([int(x) for x in levels], [per[x]["tokens_per_s"] for x in levels], "o",
+                      label=way)
+            ttft.plot([int(x) for x in levels], [per[x]["ttft_p50_ms"] for x in levels], "o",
+                      label=way)
+            continue
+        rate.plot([int(x) for x in levels], [per[x]["tokens_per_s"] for x in levels],
+                  marker="o", label=way)
+        ttft.plot([int(x) for x in levels], [per[x]["ttft_p50_ms"] for x in levels],
+                  marker="o", label=way)
+        last = levels[-1]
+        rate.annotate(f"{per[last]['tokens_per_s']:.0f}", (int(last), per[last]["tokens_per_s"]),
+                      textcoords="offset points", xytext=(4, 0), fontsize=7)
+    for ax, label in ((rate, "generated tokens/s"), (ttft, "time to first token, p50 (ms)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(record["levels"], [str(x) for x in record["levels"]])
+        ax.set_xlabel("concurrent streams")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    ttft.set_yscale("log")
+    handles, labels = rate.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=3, frameon=False)
+    fig.suptitle(f"{record['model']}, every-length traffic, 2-core AMD EPYC; "
+                 f"{record['when'][:8]}, commit {record['commit']}", fontsize=10)
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    save(fig, output)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,7 +147,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="runtimes-*.json records (default: all in benchmarks/results)")
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT,
                         help=f"the chart, .svg or .png (default: {DEFAULT_OUTPUT.relative_to(ROOT)})")
+    parser.add_argument("--generation", type=Path, metavar="RECORD",
+                        help="draw this generation-*.json record instead")
     args = parser.parse_args(argv)
+    if args.generation:
+        draw_generation(json.loads(args.generation.read_text()), args.output)
+        print(f"wrote {args.output}", file=sys.stderr)
+        return 0
     paths = args.results or sorted((ROOT / "benchmarks" / "results").glob("runtimes-*.json"))
     if not paths:
         print("chart: no runtimes-*.json records: run benchmarks/served_runtimes.py first",
