@@ -175,9 +175,10 @@ def run_gate(kind: ModelKind, model_dir: str, export_dir: str, candidates: list[
     failed_report = Path(work_root) / "validate" / f"failed-{key[:16]}.json"
 
     def build(out: Path) -> dict:
-        log.info("validate: PyTorch reference on %d %s; then up to %d candidates, each one "
+        log.info("validate: PyTorch reference on %d %s; then %d candidates%s, each judged one "
                  "request at a time and in batches of %d", len(gate.gate_data), kind.item_word,
-                 len(candidates), batch)
+                 len(candidates), ", timed first and judged fastest first until one passes"
+                 if select == "fastest" and not judge_all else "", batch)
         ref = pytorch_reference(gate, model_dir)
         report = new_report(gate)
         report["not_offered"] = dict(not_offered or {})

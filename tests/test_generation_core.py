@@ -272,6 +272,50 @@ def test_openvino_genai_refuses_what_it_would_not_generate_faithfully(genai_expo
         _load(genai_exported["settings"], runtime=bf16)
 
 
+@pytest.mark.parametrize("split", [False, True])
+def test_openvino_genai_prompts_longer_than_a_step_get_what_they_get_alone(genai_exported,
+                                                                           split):
+    """With a step of 8 tokens, prompts several steps long are prefilled whole in a step of
+    their own (the default) or split over steps fused with decoding (`split_prompts`): either
+    way each prompt, alone or among others, gets the text the default engine gives it."""
+    from hf2triton.serving import causal
+
+    settings = genai_exported["settings"]
+    reference = _load(settings)
+    try:
+        long_prompts = [" ".join(PROMPTS[i:i + 2]) for i in range(0, 8, 2)]
+        answers = [reference.answer([_request(p)])[0] for p in long_prompts]
+        assert all(isinstance(a, dict) for a in answers), answers
+        alone = [_text(a) for a in answers]
+    finally:
+        reference.close()
+    runtime = {**settings["runtime"], "split_prompts": split}
+    model = _load(settings, runtime=runtime, step_tokens=8)
+    try:
+        assert model.engine.pipe  # built with this scheduler: 8 tokens a step
+        rows = [model.parse(_request(p))[0] for p in long_prompts]
+        assert min(len(r["ids"]) for r in rows) > 8
+        got: dict[int, str] = {}
+        done = threading.Semaphore(0)
+
+        def emit_for(i):
+            def emit(text, ids, last, seq):
+                got[i] = got.get(i, "") + text
+                if last:
+                    done.release()
+            return emit
+
+        for i, row in enumerate(rows):
+            model.engine.submit([causal.Sequence(prompt=row["ids"], sampling=row["sampling"],
+                                                 emit=emit_for(i), stream=True)])
+            time.sleep(0.003)
+        for _ in rows:
+            done.acquire()
+        assert [got[i] for i in range(len(rows))] == alone
+    finally:
+        model.close()
+
+
 def test_request_level_batching_serves_the_same_text(exported):
     inflight, request_level = _load(exported["settings"]), _load(exported["settings"],
                                                                  batching="request")

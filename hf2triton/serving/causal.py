@@ -115,7 +115,8 @@ class CausalLM:
         return {n: np.zeros((rows, h, 0, d), np.float32) for n, (h, d) in self.kv_shape.items()}
 
     def engine(self, tokenizer: ChatTokenizer, eos: list[int], processors: DecodeSettings,
-               max_rows: int, step_tokens: int, request_level: bool = False) -> Engine:
+               max_rows: int, step_tokens: int, request_level: bool = False,
+               max_context: int = 2048) -> Engine:
         """The decode loop that serves this model: in-flight batching over its runtime."""
         return Engine(self, tokenizer, eos, processors, max_rows=max_rows,
                       step_tokens=step_tokens, request_level=request_level)

@@ -1,5 +1,6 @@
 """Served sentence embeddings: TEXT [batch, 1] in, EMBEDDING [batch, dim] (pooled as the model
-defines it, L2-normalised when it says so) and TRUNCATED [batch, 1] out."""
+defines it, L2-normalised when it says so), TRUNCATED [batch, 1] and TOKENS [batch, 1] (the
+tokens each text was embedded from: an API's usage) out."""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ def pool(hidden: np.ndarray, mask: np.ndarray, pooling: str, normalize: bool) ->
 
 class Embedder(TextModel):
     inputs = (TEXT,)
-    outputs = (Tensor("EMBEDDING", "FP32", ("embedding_dim",)), TRUNCATED)
+    outputs = (Tensor("EMBEDDING", "FP32", ("embedding_dim",)), TRUNCATED,
+               Tensor("TOKENS", "INT32"))
 
     def __init__(self, onnx_path: str, tokenizer_path: str, settings: dict[str, Any]):
         if settings["pooling"] not in ("mean", "cls"):
@@ -53,7 +55,8 @@ class Embedder(TextModel):
         encodings = self.text.encode(rows)
         emb = self.text.forward(encodings, [self.token_output], lambda out, mask: pool(
             out[self.token_output], mask, self.pooling, self.normalize))
-        return {"EMBEDDING": emb, "TRUNCATED": truncated(encodings)}
+        return {"EMBEDDING": emb, "TRUNCATED": truncated(encodings),
+                "TOKENS": [np.array([len(e.ids)], np.int32) for e in encodings]}
 
     def embed(self, texts: list[str]) -> np.ndarray:
         """Embeddings of `texts` run as one dynamic batch (the gate's in-process path)."""

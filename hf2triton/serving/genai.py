@@ -40,29 +40,34 @@ class GenAIModel:
         self.files = files
         self.in_use = files.in_use
 
-    def pipeline(self, max_rows: int, step_tokens: int) -> Any:
+    def pipeline(self, max_rows: int, step_tokens: int, max_context: int) -> Any:
         import openvino_genai as ovg
 
+        options = self.files.settings.options
         scheduler = ovg.SchedulerConfig()
         # 0 GB and 0 blocks: the cache grows as sequences need it (a fixed one too small for
         # what runs drops every running request).
-        scheduler.cache_size = int(self.files.settings.options["cache_gb"])
+        scheduler.cache_size = int(options["cache_gb"])
         scheduler.num_kv_blocks = 0
         scheduler.max_num_seqs = max_rows
-        scheduler.max_num_batched_tokens = step_tokens
-        scheduler.dynamic_split_fuse = True  # a long prompt is prefilled over several steps
+        scheduler.dynamic_split_fuse = bool(options["split_prompts"])
+        # Unsplit, a step must hold the longest prompt served whole (a longer one fails the
+        # step), and one token of every running sequence.
+        scheduler.max_num_batched_tokens = step_tokens if options["split_prompts"] else \
+            max(step_tokens, max_context, max_rows)
         scheduler.enable_prefix_caching = False
         return ovg.ContinuousBatchingPipeline(self.files.directory, scheduler, "CPU",
                                               dict(self.files.properties))
 
     def engine(self, tokenizer: ChatTokenizer, eos: list[int], processors: DecodeSettings,
-               max_rows: int, step_tokens: int, request_level: bool = False) -> GenAIEngine:
+               max_rows: int, step_tokens: int, request_level: bool = False,
+               max_context: int = 2048) -> GenAIEngine:
         if processors.no_repeat_ngram_size or processors.bad_words_ids:
             raise RuntimeUnavailable(
                 "runtime openvino-genai does not apply the model's no_repeat_ngram_size or "
                 "bad_words_ids outside beam search: it would not generate what the model's "
                 "generation config asks; serve it on onnxruntime or openvino")
-        return GenAIEngine(self, tokenizer, eos, processors, max_rows, step_tokens)
+        return GenAIEngine(self, tokenizer, eos, processors, max_rows, step_tokens, max_context)
 
 
 class Running:
@@ -107,13 +112,13 @@ class GenAIEngine(Streaming):
     """The loop around one ContinuousBatchingPipeline (the Generator's `engine`)."""
 
     def __init__(self, model: GenAIModel, tokenizer: ChatTokenizer, eos: list[int],
-                 processors: DecodeSettings, max_rows: int, step_tokens: int):
+                 processors: DecodeSettings, max_rows: int, step_tokens: int, max_context: int):
         import openvino_genai as ovg
 
         self.ovg, self.model, self.tokenizer, self.eos = ovg, model, tokenizer, set(eos)
         self.processors, self.max_rows = processors, max(1, max_rows)
-        self.step_tokens = max(1, step_tokens)
-        self.pipe = model.pipeline(self.max_rows, self.step_tokens)
+        self.step_tokens, self.max_context = max(1, step_tokens), max_context
+        self.pipe = model.pipeline(self.max_rows, self.step_tokens, max_context)
         self.ids = itertools.count(1)
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.running: dict[int, Running] = {}
@@ -163,7 +168,7 @@ class GenAIEngine(Streaming):
                         self._fail(run.seq, f"generation failed: {type(exc).__name__}: {exc}")
                 self.running.clear()
                 # Its state after a failed step is unknown: a new pipeline for what comes.
-                self.pipe = self.model.pipeline(self.max_rows, self.step_tokens)
+                self.pipe = self.model.pipeline(self.max_rows, self.step_tokens, self.max_context)
 
     def _admit(self, joining: list[Sequence]) -> None:
         for seq in joining:

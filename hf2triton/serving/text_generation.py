@@ -59,7 +59,8 @@ class Generator(ServedModel):
             DecodeSettings.from_dict(settings["processors"]),
             max_rows=int(settings.get("max_rows", 32)),
             step_tokens=int(settings.get("step_tokens", 512)),
-            request_level=settings.get("batching", "in-flight") == "request")
+            request_level=settings.get("batching", "in-flight") == "request",
+            max_context=self.max_context)
         self.engine.stream_interval = float(settings.get("stream_interval_ms", 50)) / 1000
 
     @classmethod
