@@ -68,6 +68,15 @@ def test_embeddings_do_not_depend_on_the_budget_and_keep_request_order(exported,
     assert cosine_rows(joined, want).min() > 0.99999
     truncated = np.concatenate([a["TRUNCATED"] for a in answers])[:, 0]
     assert truncated.tolist() == [len(t.split()) > 60 for t in shuffled]
+    # TOKENS: what each text was embedded from, special tokens and truncation included (an
+    # API's usage figure).
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(tok)
+    tokens = np.concatenate([a["TOKENS"] for a in answers])[:, 0]
+    assert tokens.tolist() == [min(len(e.ids), cfg["max_length"])
+                               for e in tokenizer.encode_batch(shuffled)]
+    assert tokens.max() == cfg["max_length"] and tokens.min() < 10
 
 
 def test_a_bad_request_is_answered_alone(exported, tiny_bert):
