@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from hf2triton.candidates import gate_candidates, selection
+from hf2triton.kinds import kind_for
 from hf2triton.spec import QuantizationSpec
 from hf2triton.traffic import search_items, warmup_items
 
@@ -82,7 +83,7 @@ def test_auto_runtimes_run_the_plain_graph_everywhere_and_int8_on_onnxruntime():
     from hf2triton.serving.runtimes import runtime_info
 
     spec = _spec()
-    runtimes = runtime_choices(spec.deploy, spec.runtime)
+    runtimes = runtime_choices(spec.deploy, spec.runtime, kind_for(spec))
     found = gate_candidates(VARIANTS, spec.quantization, runtimes)
     bf16 = "bf16" in runtime_info()["openvino"]["cpu"]["precisions"]
     assert [c.name for c in found] == [
@@ -108,7 +109,7 @@ def test_a_precision_the_cpu_lacks_is_left_out_and_said(monkeypatch):
                                          "why": "OPTIMIZATION_CAPABILITIES: FP32 INT8"}}}
     monkeypatch.setattr(serving_runtimes, "runtime_info", lambda: fake)
     spec = _spec()
-    runtimes = runtime_choices(spec.deploy, spec.runtime)
+    runtimes = runtime_choices(spec.deploy, spec.runtime, kind_for(spec))
     assert [r["precision"] for r in runtimes.served if r["name"] == "openvino"] == ["fp32"]
     assert runtimes.not_offered == {"openvino bf16": "OPTIMIZATION_CAPABILITIES: FP32 INT8"}
 
@@ -117,7 +118,7 @@ def test_a_gpu_release_gated_on_cpu_numerics_runs_the_gpu_graph_on_the_cpu():
     from hf2triton.runtimes import runtime_choices
 
     spec = _spec(deploy__device="gpu", deploy__gpu_gate="cpu-numerics")
-    runtimes = runtime_choices(spec.deploy, spec.runtime)
+    runtimes = runtime_choices(spec.deploy, spec.runtime, kind_for(spec))
     variants = [{"method": "fp16", "onnx_path": "/x/fp16.onnx", "graph": "onnx-fp16"}, EXPORT]
     found = gate_candidates(variants, QuantizationSpec(), runtimes)
     assert [(c.name, c.runtime["name"], c.runtime["precision"]) for c in found] == [
@@ -133,7 +134,7 @@ def test_a_listed_runtime_is_the_only_one_tried():
 
     spec = _spec(runtime__candidates=[{"name": "openvino", "precision": "fp32",
                                        "options": {"streams": 2, "hint": "THROUGHPUT"}}])
-    runtimes = runtime_choices(spec.deploy, spec.runtime)
+    runtimes = runtime_choices(spec.deploy, spec.runtime, kind_for(spec))
     found = gate_candidates(VARIANTS, spec.quantization, runtimes)
     assert [c.name for c in found] == ["fp32 on openvino fp32"]
     assert found[0].runtime["streams"] == 2 and found[0].runtime["hint"] == "THROUGHPUT"
