@@ -74,7 +74,8 @@ def _server(args: argparse.Namespace) -> int:
         print(json.dumps(info, indent=1))
         return 0 if info["running"] else 3
     stopped = triton_local.stop_server()
-    print(f"stopped tritonserver pid {stopped.pid}" if stopped else "no local Triton server runs")
+    print(f"stopped tritonserver pid {stopped.pid} and the OpenAI-compatible API beside it"
+          if stopped else "no local Triton server runs")
     return 0
 
 

@@ -1,5 +1,6 @@
-"""The release's three kinds of secret (image registry, MLflow, S3 object store): each a Prefect
-block with its secrets as SecretStr, and one resolver that finds them.
+"""The release's kinds of secret (image registry, MLflow, S3 object store, the keys of the
+OpenAI-compatible API): each a Prefect block with its secrets as SecretStr, and one resolver that
+finds them.
 
 `resolve(kind, block_name)` returns the saved block the spec names, else the same block built
 from the environment variables that kind has always read, else None. The caller hands what it
@@ -16,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -31,6 +33,7 @@ MLFLOW_USERNAME, MLFLOW_PASSWORD = "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_
 MLFLOW_TOKEN = "MLFLOW_TRACKING_TOKEN"
 S3_ACCESS_KEY, S3_SECRET_KEY = "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"
 S3_SESSION_TOKEN = "AWS_SESSION_TOKEN"  # temporary credentials (STS, IRSA)
+OPENAI_API_KEYS = "HF2TRITON_OPENAI_API_KEYS"  # comma-separated
 
 
 def _secret(value: SecretStr | str | None) -> str | None:
@@ -164,7 +167,30 @@ class S3Credentials(_Credentials, Block):
                 "aws_session_token": _secret(self.session_token)}
 
 
-Credentials = TypeVar("Credentials", RegistryCredentials, MlflowCredentials, S3Credentials)
+class ApiKeys(_Credentials, Block):
+    """The bearer keys the OpenAI-compatible API accepts (comma-separated), kept as a Prefect
+    block; the keys are a SecretStr. Only their sha256 hashes leave this process (to the API
+    server, which compares a request's key's hash with each in constant time).
+
+    Example:
+        >>> ApiKeys(keys="sk-team-a,sk-team-b").save("serving-keys")  # doctest: +SKIP
+        and in the spec: `deploy: {openai: {credentials_block: serving-keys}}`
+    """
+
+    _block_type_name = "hf2triton API Keys"
+    _block_type_slug = "hf2triton-api-keys"
+    KIND: ClassVar[Kind] = Kind(  # neither: the API takes requests without a key
+        "deploy.openai.credentials_block", SpecError, {OPENAI_API_KEYS: "keys"}, OPENAI_API_KEYS)
+    keys: SecretStr
+
+    def hashes(self) -> list[str]:
+        """sha256 (hex) of each key: what the API server is given."""
+        return sorted({hashlib.sha256(k.strip().encode()).hexdigest()
+                       for k in self.keys.get_secret_value().split(",") if k.strip()})
+
+
+Credentials = TypeVar("Credentials", RegistryCredentials, MlflowCredentials, S3Credentials,
+                      ApiKeys)
 
 
 def resolve(kind: type[Credentials], block_name: str | None,

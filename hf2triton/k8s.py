@@ -33,7 +33,8 @@ WORK_POOL_TEMPLATE = TEMPLATES / "prefect-work-pool.json"
 
 
 def render(name: str, model_name: str, version: str, image_reference: str,
-           storage_uri: str | None, k8s: KubernetesSpec) -> dict[str, dict[str, Any]]:
+           storage_uri: str | None, k8s: KubernetesSpec, openai: Any = None
+           ) -> dict[str, dict[str, Any]]:
     """The release's manifests as objects, keyed by kind.
 
     Example:
@@ -57,6 +58,10 @@ def render(name: str, model_name: str, version: str, image_reference: str,
         "max_replicas": k8s.max_replicas, "target_cpu_utilization": k8s.target_cpu_utilization,
         "cpu_request": k8s.cpu_request, "memory_request": k8s.memory_request,
         "cpu_limit": k8s.cpu_limit, "memory_limit": k8s.memory_limit,
+        # The OpenAI-compatible API beside Triton (deploy.openai): its port and environment.
+        "openai_port": openai.port if openai is not None else 9000,
+        "openai_env": json.dumps([{"name": k, "value": v} for k, v in sorted(
+            (openai.container_environment() if openai is not None else {}).items())]),
     }
     out = {}
     for file, (kind, _) in MANIFESTS.items():

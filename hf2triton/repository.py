@@ -9,6 +9,7 @@ Layout: `<out>/<model_name>/{config.pbtxt, warmup/, 1/{model.py, hf2triton_servi
 
 from __future__ import annotations
 
+
 import shutil
 import string
 import struct
@@ -97,7 +98,19 @@ def render_config(kind: ModelKind, model_name: str, cfg: Any, info: dict[str, An
         max_queue_delay_us=serving_knobs["max_queue_delay_us"],
         instance_group=instance_group(serving_knobs),
         model_warmup=warmup_blocks,
+        parameters=config_parameters(kind.config_parameters(cfg)),
     )
+
+
+def pbtxt_string(text: str) -> str:
+    """`text` as a protobuf text-format string literal (UTF-8 kept as it is)."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def config_parameters(values: dict[str, str]) -> str:
+    """config.pbtxt's `parameters` entries (string values)."""
+    return "".join(f"parameters {{ key: {pbtxt_string(k)} value: {{ string_value: "
+                   f"{pbtxt_string(v)} }} }}\n" for k, v in values.items())
 
 
 def template_files(kind: ModelKind) -> dict[str, Path]:

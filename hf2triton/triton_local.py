@@ -1,6 +1,7 @@
 """The embedded deploy target: a local `tritonserver` process from the nvidia-pytriton wheel, run
 from its own serving environment (numpy<2), in explicit model-control mode, bound to 127.0.0.1 by
-default, and left serving after the release ends.
+default, and left serving after the release ends; beside it, the OpenAI-compatible API
+(hf2triton/openai_api) as a process of its own from the same environment.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 from hf2triton.clients.triton import TritonAdmin
 from hf2triton.errors import DeployError, Hf2TritonError, ServiceUnavailableError
 from hf2triton.waiting import wait_until
-from hf2triton.workspace import CHECKOUT, atomic_write_text, home
+from hf2triton.workspace import CHECKOUT, atomic_write_text, digest, home, sha256_file
 
 
 SERVER_ENV = {"HOME", "LANG", "TZ", "TMPDIR", "USER", "LOGNAME", "OMP_NUM_THREADS"}
@@ -305,6 +306,7 @@ def terminate(proc: subprocess.Popen) -> None:
 
 def stop_server(timeout_s: float = 30) -> ServerState | None:
     """Stop the local server; returns what was stopped, or None if nothing ran."""
+    stop_api()  # nothing to serve without the server
     state = read_state()
     if state is None:
         _state_file().unlink(missing_ok=True)
@@ -315,7 +317,8 @@ def stop_server(timeout_s: float = 30) -> ServerState | None:
 
 
 def status() -> dict:
-    """What the local server serves: process, readiness and each model's versions and state."""
+    """What the local server serves: process, readiness and each model's versions and state;
+    the OpenAI-compatible API beside it."""
     state = read_state()
     if state is None:
         return {"running": False}
@@ -326,4 +329,139 @@ def status() -> dict:
             info["models"] = admin.index()
         except Hf2TritonError as exc:
             info["models_error"] = str(exc)
+    api = read_api()
+    info["openai"] = {"running": False} if api is None else {
+        "running": True, "pid": api.pid, "url": api.url, "live": api_live(api),
+        "keys": api.keys, "log_file": api.log_file}
     return info
+
+
+# -- the OpenAI-compatible API beside the local server (hf2triton/openai_api) -----------------
+
+@dataclass(frozen=True)
+class ApiState:
+    pid: int
+    host: str
+    port: int
+    triton: str  # the gRPC endpoint it reaches
+    code: str  # digest of its code, arguments and key hashes: a change restarts it
+    keys: int  # how many keys it accepts (0: none asked)
+    log_file: str
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+
+def _api_file() -> Path:
+    return state_dir() / "openai.json"
+
+
+def read_api() -> ApiState | None:
+    try:
+        state = ApiState(**json.loads(_api_file().read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+    return state if _alive(state.pid) else None
+
+
+def api_live(state: ApiState, timeout_s: float = 2.0) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://{state.host}:{state.port}/health",
+                                    timeout=timeout_s) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def api_package() -> Path:
+    """The API's code as the serving environment imports it: the package copied under the
+    state directory as `hf2triton_openai` (its imports are relative, its dependencies the
+    serving environment's), replaced whole when it changed."""
+    from hf2triton import openai_api
+
+    source = Path(openai_api.__file__).parent
+    files = sorted(source.glob("*.py"))
+    key = digest([f.name + ":" + sha256_file(f) for f in files])[:16]
+    root = state_dir() / f"openai-{key}"
+    if not (root / openai_api.PACKAGE_DIR / "__main__.py").is_file():
+        tmp = state_dir() / f".openai.{os.getpid()}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        (tmp / openai_api.PACKAGE_DIR).mkdir(parents=True)
+        for f in files:
+            shutil.copy2(f, tmp / openai_api.PACKAGE_DIR / f.name)
+        shutil.rmtree(root, ignore_errors=True)
+        os.rename(tmp, root)
+    return root
+
+
+def ensure_api(server: ServerState, host: str, port: int, key_hashes: list[str],
+               arguments: list[str], timeout_s: float = 60) -> ApiState:
+    """The OpenAI-compatible API beside the local server, on `host`:`port`, started (or
+    restarted, when its code, arguments, keys or server changed) in its own session from the
+    serving environment; it keeps serving after the caller ends, like the server."""
+    package = api_package()
+    keys_file = state_dir() / "openai-keys.sha256"
+    code = digest([str(package), server.grpc_url, host, port, arguments, key_hashes])[:16]
+    state = read_api()
+    if state is not None and (state.host, state.port) != (host, port):
+        raise DeployError(
+            f"the local OpenAI-compatible API (pid {state.pid}) already serves on "
+            f"{state.host}:{state.port}, not the spec's {host}:{port}: releases served by one "
+            "local Triton share its API; give them the same deploy.openai.port, or run "
+            "`hf2triton server stop`")
+    if state is not None and state.code == code and api_live(state):
+        return state
+    if state is not None:
+        stop_group(state.pid)
+    _api_file().unlink(missing_ok=True)
+    if key_hashes:  # hashes only, readable by this user only
+        tmp = keys_file.with_suffix(".tmp")
+        tmp.write_text("")
+        tmp.chmod(0o600)
+        tmp.write_text("".join(f"{h}\n" for h in key_hashes))
+        os.replace(tmp, keys_file)
+    else:
+        keys_file.unlink(missing_ok=True)
+    env = serving_env()
+    log_file = state_dir() / "openai.log"
+    cmd = [str(env / "bin" / "python"), "-m", "hf2triton_openai", f"--triton={server.grpc_url}",
+           f"--host={host}", f"--port={port}", *arguments,
+           *([f"--keys-file={keys_file}"] if key_hashes else [])]
+    run_env = {k: v for k, v in os.environ.items()
+               if k in SERVER_ENV or k.startswith(SERVER_ENV_PREFIXES)}
+    run_env.update(PATH=f"{env / 'bin'}:{os.environ.get('PATH', '')}", PYTHONPATH=str(package))
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    offset = log_file.stat().st_size if log_file.exists() else 0
+    with open(log_file, "ab") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=run_env, start_new_session=True,
+                                cwd=str(package))
+    state = ApiState(proc.pid, host, port, server.grpc_url, code, len(key_hashes),
+                     str(log_file))
+    atomic_write_text(_api_file(), json.dumps(asdict(state), indent=1))
+    deadline = time.monotonic() + timeout_s
+    while not api_live(state):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            terminate(proc)
+            _api_file().unlink(missing_ok=True)
+            with open(log_file, "rb") as f:
+                f.seek(offset)
+                tail = "\n".join(f.read().decode(errors="replace").splitlines()[-10:])
+            raise DeployError(
+                f"the OpenAI-compatible API did not start on {host}:{port} "
+                f"({'it exited with code ' + str(proc.returncode) if proc.returncode is not None else 'not live within ' + str(int(timeout_s)) + ' s'}"
+                f"; is the port taken? set deploy.openai.port, or deploy.openai.enabled: "
+                f"false). Log {log_file}:\n{tail}")
+        time.sleep(0.2)
+    return state
+
+
+def stop_api() -> ApiState | None:
+    state = read_api()
+    if state is not None:
+        stop_group(state.pid)
+    _api_file().unlink(missing_ok=True)
+    return state

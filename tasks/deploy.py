@@ -24,7 +24,8 @@ def _check(kind: ModelKind, model_name: str, reference_path: str):
 
     with open(reference_path, encoding="utf-8") as f:
         reference = json.load(f)
-    return lambda endpoint: smoke_endpoint(kind, endpoint, model_name, reference)
+    key = kind.spec.deploy.openai.client_key()
+    return lambda endpoint: smoke_endpoint(kind, endpoint, model_name, reference, key)
 
 
 @task(name="deploy", task_run_name="deploy {repo[model_name]} v{version} to {target.name}",
@@ -57,10 +58,13 @@ def rollback(txn: Any) -> None:
 def smoke(kind: ModelKind, deployment: Deployment, val: GateResult) -> dict[str, float]:
     """The deployed version against PyTorch on every endpoint, with the gate's metrics."""
     endpoints: list[Endpoint] = deployment["endpoints"]
-    figures = smoke_test(kind, endpoints, deployment["model_name"], val["reference_path"])
-    step_logger().info("smoke: %d endpoint(s) serve what PyTorch says within the gate (%s; gRPC "
-                       "p50 %.1f ms)", len(endpoints), ", ".join(
-                           f"{k} {figures[k]:.4f}" for k in kind.smoke_limits() if k in figures),
+    figures = smoke_test(kind, endpoints, deployment["model_name"], val["reference_path"],
+                         kind.spec.deploy.openai.client_key())
+    step_logger().info("smoke: %d endpoint(s) serve what PyTorch says within the gate over "
+                       "gRPC, HTTP%s (%s; gRPC p50 %.1f ms)", len(endpoints),
+                       " and the OpenAI-compatible API" if "openai_p50_ms" in figures else "",
+                       ", ".join(f"{k} {figures[k]:.4f}" for k in kind.smoke_limits()
+                                 if k in figures),
                        figures.get("grpc_p50_ms", float("nan")))
     return figures
 

@@ -220,6 +220,10 @@ def write_spec(path: Path, **overrides) -> Path:
     if spec.get("deploy", {}).get("target") in ("triton-replicas", "kserve"):
         for key in ("host", "http_port", "grpc_port", "metrics_port"):  # not theirs
             spec["deploy"].pop(key, None)
+    elif "deploy__openai" not in overrides:
+        # The OpenAI-compatible API beside each test's Triton on a port of its own, like
+        # Triton's (releases of different homes may serve at once).
+        spec.setdefault("deploy", {})["openai"] = {"port": free_port()}
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
 

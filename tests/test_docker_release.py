@@ -13,6 +13,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -47,7 +48,7 @@ class DockerRelease:
     def __init__(self, tmp: Path, mlflow_uri: str, docker_env):
         self.tmp, self.mlflow_uri, self.docker_env = tmp, mlflow_uri, docker_env
         self.ports = {"http_port": free_port(), "grpc_port": free_port(),
-                      "metrics_port": free_port()}
+                      "metrics_port": free_port(), "openai": {"port": free_port()}}
         self.home = tmp / "home"
         self.env = {**os.environ, "HF2TRITON_HOME": str(self.home),
                     "MLFLOW_TRACKING_URI": mlflow_uri, "HF2TRITON_CONTAINER_PREFIX": PREFIX,
@@ -230,6 +231,15 @@ def test_container_serves_pytorch_embeddings_on_unseen_sentences(release, minilm
     served, _ = embed_remote("grpc", release.url("grpc"), MODEL, _live_version(docker_client),
                              heldout)
     assert cosine_rows(minilm_reference.embed(heldout), served).min() >= 0.99
+    # The same container serves the OpenAI-compatible API (its entrypoint runs Triton as its
+    # child), on the spec's port, as the release summary says.
+    import openai
+
+    api = _summary(release.first)["endpoint"]["openai"]
+    assert api.endswith(f":{release.ports['openai']['port']}/v1")
+    got = openai.OpenAI(base_url=api, api_key="unused").embeddings.create(model=MODEL,
+                                                                          input=heldout)
+    assert cosine_rows(np.array([d.embedding for d in got.data]), served).min() >= 0.9999
 
 
 def _versions(url: str) -> list[str] | None:

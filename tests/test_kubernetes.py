@@ -8,6 +8,7 @@ configured.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -31,9 +32,9 @@ PUSHED = {"tag": "127.0.0.1:5000/tiny-embedder:3-0123456789ab",
 STORE = "s3://models/hf2triton/3/triton_repository"
 
 
-def _render(**kube) -> dict:
+def _render(openai=None, **kube) -> dict:
     return k8s.render("tiny-embedder", "tiny-embedder", "3", PUSHED["reference"], STORE,
-                      KubernetesSpec(namespace="serving", **kube))
+                      KubernetesSpec(namespace="serving", **kube), openai)
 
 
 def test_rendered_manifests_are_valid_kubernetes_objects_pinned_to_the_digest():
@@ -50,7 +51,7 @@ def test_rendered_manifests_are_valid_kubernetes_objects_pinned_to_the_digest():
     assert dep["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert {p["name"]: p["port"] for p in objs["Service"]["spec"]["ports"]} == \
-        {"http": 8000, "grpc": 8001, "metrics": 8002}
+        {"http": 8000, "grpc": 8001, "metrics": 8002, "openai": 9000}
     hpa = objs["HorizontalPodAutoscaler"]["spec"]
     assert (hpa["minReplicas"], hpa["maxReplicas"]) == (2, 6)
     assert hpa["metrics"][0]["resource"]["target"]["averageUtilization"] == 60
@@ -62,6 +63,37 @@ def test_rendered_manifests_are_valid_kubernetes_objects_pinned_to_the_digest():
     assert model["modelFormat"] == {"name": "triton"}
     assert model["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     assert "--strict-readiness=true" in model["args"]
+
+
+def test_every_workload_runs_the_openai_compatible_api_beside_triton(monkeypatch):
+    """The image's API (same image) on the spec's port, with its limits and only the sha256 of
+    its keys in the environment; off when the spec says so."""
+    from hf2triton.targets.base import OpenAISpec
+    from hf2triton.targets.kserve import KubernetesSpec as Kube, openai_endpoint
+
+    monkeypatch.setenv("HF2TRITON_OPENAI_API_KEYS", "sk-one,sk-two")
+    api = OpenAISpec(port=9100, max_body_mb=8)
+    objs = _render(api)
+    k8s.check_manifests(objs)
+    (triton,) = objs["Deployment"]["spec"]["template"]["spec"]["containers"]
+    assert {"name": "openai", "containerPort": 9100} in triton["ports"]
+    env = {e["name"]: e["value"] for e in triton["env"]}
+    assert "--max-body-mb=8" in env["HF2TRITON_OPENAI_ARGS"]
+    assert "sk-one" not in json.dumps(objs) and len(env["HF2TRITON_OPENAI_KEY_SHA256"]) == 129
+    assert {"name": "openai", "port": 9100, "targetPort": "openai"} in \
+        objs["Service"]["spec"]["ports"]
+    model = objs["InferenceService"]["spec"]["predictor"]["model"]
+    assert model["command"] == ["python3", "-m", "hf2triton_openai"]
+    at = model["args"].index("--")
+    assert "--port=9100" in model["args"][:at] and model["args"][at + 1] == "tritonserver"
+    assert "--triton=127.0.0.1:8081" in model["args"] and "--grpc-port=8081" in model["args"]
+    assert {e["name"] for e in model["env"]} == set(env)
+    assert openai_endpoint("e", Kube(namespace="s", workload="deployment"), api) == \
+        "http://e.s.svc.cluster.local:9100/v1"
+    assert openai_endpoint("e", Kube(namespace="s", workload="inferenceservice"), api) is None
+    off = _render(OpenAISpec(enabled=False))
+    (triton,) = off["Deployment"]["spec"]["template"]["spec"]["containers"]
+    assert triton["env"] == [{"name": "HF2TRITON_OPENAI", "value": "off"}]
 
 
 def test_a_field_the_api_does_not_know_is_caught(tmp_path, monkeypatch):

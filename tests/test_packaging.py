@@ -101,13 +101,15 @@ def test_installed_package_releases_the_default_model(installed, tmp_path):
            "HF2TRITON_SERVING_ENV": str(ROOT / ".venv-serving"), "PYTHONPATH": ""}
     from hf2triton.net import free_port
 
-    ports = [free_port() for _ in range(3)]
+    ports = [free_port() for _ in range(4)]
     spec = tmp_path / "minilm.yaml"
     text = (ROOT / "releases" / "minilm-embedder.yaml").read_text()
     text = text.replace("data/embedding-validation.txt",
                         str(ROOT / "releases" / "data" / "embedding-validation.txt"))
-    for key, port in zip(("http_port: 8000", "grpc_port: 8001", "metrics_port: 8002"), ports):
-        text = text.replace(key, f"{key.split(':')[0]}: {port}")
+    for key, port in zip(("http_port: 8000", "grpc_port: 8001", "metrics_port: 8002",
+                          "openai: {port: 9000"), ports):
+        text = text.replace(key, f"{key.split(':')[0]}: {port}" if "{" not in key
+                            else f"openai: {{port: {port}")
     spec.write_text(text)
     try:
         done = run_cli([str(installed / "bin" / "hf2triton"), "release", str(spec)], 900,

@@ -94,6 +94,27 @@ def test_served_embeddings_match_pytorch_on_unseen_sentences(release, minilm_dir
     assert cos.min() >= 0.99, f"{heldout[worst][:60]!r} served at cosine {cos[worst]:.4f}"
 
 
+
+def test_the_openai_sdk_gets_the_served_embeddings_from_the_summarys_api(release):
+    """What the issue's user does after the README's command: the openai SDK on the summary's
+    endpoint.openai returns Triton's own embeddings (not a copy of the model: the same server)."""
+    import openai
+
+    from tests.served import embed_remote
+
+    summary = _summary(release.first)
+    base = summary["endpoint"]["openai"]
+    assert base.startswith("http://127.0.0.1:") and base.endswith("/v1")
+    texts = read_sentences(ROOT / "tests" / "data" / "heldout-sentences.txt")[:16]
+    client = openai.OpenAI(base_url=base, api_key="unused", max_retries=0)
+    got = client.embeddings.create(model=MODEL, input=texts)
+    assert got.model == MODEL and [d.index for d in got.data] == list(range(len(texts)))
+    served, _ = embed_remote("grpc", f"127.0.0.1:{release.ports['grpc_port']}", MODEL, "1",
+                             texts)
+    cos = cosine_rows(np.array([d.embedding for d in got.data]), served)
+    assert cos.min() >= 0.9999, f"{texts[int(np.argmin(cos))][:60]!r} at cosine {cos.min()}"
+    assert got.usage.prompt_tokens > len(texts)  # every text's tokens, not one per text
+
 # What the default release printed before this was cleaned up, and nothing its user can act on.
 LIBRARY_NOISE = ("WARNING", "Warning", "deprecated", "Opset", "accelerate", "pre-processing",
                  "Traceback")

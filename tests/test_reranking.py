@@ -162,3 +162,43 @@ def test_reranking_spec_and_data_are_checked(tmp_path):
     seed = load_spec(Path(__file__).resolve().parents[1] / "releases" / "ms-marco-reranker.yaml")
     groups = kind_for(seed).read_data().items
     assert seed.source.repo_id and len(groups) == 40 and all(len(p) >= 4 for _, p in groups)
+
+
+def _post(url: str, body: dict):
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_rerank_through_the_openai_compatible_api_in_cohere_and_tei_shapes(reranker):
+    """/v1/rerank answers what LangChain's and LlamaIndex's Cohere/Jina rerankers read (results
+    best first, `index` into the documents, `relevance_score`), text-embeddings-inference's
+    /rerank its own list; both are Triton's scores."""
+    api = reranker["summary"]["endpoint"]["openai"]
+    query = "which city is large"
+    docs = ["the team won the match", "new york is a large city", "a " * 80, "bake bread"]
+    want = _rerank(grpcclient, f"127.0.0.1:{reranker['ports']['grpc_port']}", [query],
+                   [docs])[0]
+    status, body = _post(f"{api}/rerank", {"model": "tiny-reranker", "query": query,
+                                           "documents": docs, "top_n": 3,
+                                           "return_documents": True})
+    assert status == 200 and body["model"] == "tiny-reranker"
+    order = list(np.argsort(-want, kind="stable")[:3])
+    assert [r["index"] for r in body["results"]] == order
+    for r in body["results"]:
+        assert abs(r["relevance_score"] - want[r["index"]]) < 1e-5
+        assert r["document"]["text"] == docs[r["index"]]
+    status, tei = _post(api.removesuffix("/v1") + "/rerank",
+                        {"query": query, "texts": docs, "return_text": False})
+    assert status == 200 and [r["index"] for r in tei] == list(np.argsort(-want, kind="stable"))
+    assert all(abs(r["score"] - want[r["index"]]) < 1e-5 and "text" not in r for r in tei)
+    status, bad = _post(f"{api}/rerank", {"model": "tiny-reranker", "query": query,
+                                          "documents": []})
+    assert status == 400 and bad["error"]["param"] == "documents"

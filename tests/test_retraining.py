@@ -82,7 +82,8 @@ def operated(prefect_server, mlflow_uri, tmp_path_factory):
     """Training and release deployments from a rendered prefect.yaml, and a worker for them."""
     tmp = tmp_path_factory.mktemp("retraining")
     env = {**prefect_server["env"], "MLFLOW_TRACKING_URI": mlflow_uri}
-    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
+    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port(),
+             "openai": {"port": free_port()}}
     training = tmp / "test-train.yaml"
     training.write_text(yaml.safe_dump(_training_spec(tmp, ROOT / "releases" / "data" /
                                                       "sentiment-train.tsv")))

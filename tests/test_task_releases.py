@@ -266,6 +266,20 @@ def test_classification_release_serves_pytorch_labels(classification_release):
     assert summary["metrics"]["label_agreement"] == 1.0
     assert "accuracy" in summary["metrics"]
     print("classification gate:", json.dumps(summary["metrics"]), "ships", summary["variant"])
+    # text-embeddings-inference's /predict beside it: every label with its score, best first
+    import urllib.request
+
+    api = summary["endpoint"]["openai"].removesuffix("/v1")
+    req = urllib.request.Request(f"{api}/predict", data=json.dumps(
+        {"inputs": texts[:5], "model": "tiny-classifier"}).encode(),
+        headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        answer = json.loads(r.read())
+    for row, labelled in enumerate(answer):
+        assert [item["label"] for item in labelled][0] == want[row]
+        assert sorted(item["label"] for item in labelled) == sorted(cfg.labels)
+        for item in labelled:
+            assert abs(item["score"] - probs[row, cfg.labels.index(item["label"])]) < 1e-3
 
 
 def test_task_sections_are_checked():

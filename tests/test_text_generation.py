@@ -71,8 +71,9 @@ def released(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF2TRITON_HOME", str(tmp / "home"))
         mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        # One home, one Triton and one API beside it: both specs name the same ports.
         ports = {"http_port": free_port(), "grpc_port": free_port(),
-                 "metrics_port": free_port()}
+                 "metrics_port": free_port(), "openai": {"port": free_port()}}
         ort = {"name": "onnxruntime", "precision": "fp32"}
         try:
             # The Llama on OpenVINO GenAI, two rows (a third request waits for a free one),
@@ -311,3 +312,91 @@ def test_sampling_with_a_seed_is_repeatable(released):
     assert runs[0] == runs[1]
     greedy = _stream(rel["grpc"], rel["name"], "the bank", stream=False)
     assert runs[0][0][1] != greedy[0][1]
+
+
+# -- through the OpenAI-compatible API beside Triton (hf2triton/openai_api) -----------------
+
+def _sdk(rel):
+    import openai
+
+    return openai.OpenAI(base_url=rel["summary"]["endpoint"]["openai"], api_key="unused")
+
+
+@pytest.mark.parametrize("which", ["llama", "gpt2"])
+def test_openai_streamed_completion_is_generate_stream_piece_for_piece(released, which):
+    """The SDK's streamed completion carries the pieces Triton's gRPC stream carries, in
+    order, then the finish reason and the usage."""
+    rel = released[which]
+    for prompt in PROMPTS[:3]:
+        want = _stream(rel["grpc"], rel["name"], prompt, max_tokens=12, temperature=0.0)
+        chunks = list(_sdk(rel).completions.create(
+            model=rel["name"], prompt=prompt, max_tokens=12, temperature=0, stream=True,
+            stream_options={"include_usage": True}))
+        pieces = [c.choices[0].text for c in chunks if c.choices and c.choices[0].text]
+        assert pieces == [text for text, _, _ in want if text]
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in ("length", "stop")
+        usage = chunks[-1].usage
+        assert usage.completion_tokens == sum(len(ids) for _, ids, _ in want)
+        assert usage.prompt_tokens > 0
+
+
+def test_openai_chat_completion_streams_what_triton_serves_for_the_chat(released):
+    rel = released["llama"]
+    chat = [{"role": "user", "content": "how do i reset my password"}]
+    url = f"http://{rel['http']}/v2/models/{rel['name']}/generate"
+    body = json.dumps({"messages": json.dumps(chat), "max_tokens": 10}).encode()
+    with urllib.request.urlopen(urllib.request.Request(url, data=body)) as r:
+        want = json.loads(r.read())
+    stream = _sdk(rel).chat.completions.create(model=rel["name"], messages=chat, max_tokens=10,
+                                              temperature=0, stream=True)
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == want["text_output"]
+    assert chunks[-1].choices[0].finish_reason == want["finish_reason"]
+    whole = _sdk(rel).chat.completions.create(model=rel["name"], messages=chat, max_tokens=10,
+                                             temperature=0)
+    assert whole.choices[0].message.content == want["text_output"]
+    assert whole.usage.completion_tokens == len(want["output_ids"])
+
+
+def test_langchain_chat_openai_talks_to_the_release(released):
+    from langchain_openai import ChatOpenAI
+
+    rel = released["llama"]
+    llm = ChatOpenAI(model=rel["name"], base_url=rel["summary"]["endpoint"]["openai"],
+                     api_key="unused", temperature=0, max_tokens=6)
+    answer = llm.invoke("hello there")
+    want = _sdk(rel).chat.completions.create(
+        model=rel["name"], messages=[{"role": "user", "content": "hello there"}], max_tokens=6,
+        temperature=0)
+    assert answer.content == want.choices[0].message.content
+
+
+@pytest.mark.parametrize("body, param, says", [
+    ({"temperature": "NaN"}, "temperature", "finite"),
+    ({"temperature": -1}, "temperature", "greater than or equal to 0"),
+    ({"max_tokens": "many"}, "max_tokens", "integer"),
+    ({"n": 2}, "n", "n=1"),
+    ({"top_p": 0}, "top_p", "greater than 0"),
+    ({"stop": [1]}, "stop", "string"),
+    ({"messages": [{"role": "user", "content": "the quick brown fox " * 300}]}, "messages",
+     "context length"),
+    ({"messages": []}, "messages", "at least 1"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+     "messages", "text only"),
+])
+def test_bad_chat_requests_get_openai_errors_naming_the_field(released, body, param, says):
+    rel = released["gpt2"] if "context length" in says else released["llama"]
+    url = rel["summary"]["endpoint"]["openai"] + "/chat/completions"
+    request = {"model": rel["name"], "messages": [{"role": "user", "content": "hi"}], **body}
+    req = urllib.request.Request(url, data=json.dumps(request).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        urllib.request.urlopen(req, timeout=60)
+    error = json.loads(exc.value.read())["error"]
+    assert exc.value.code == 400 and error["param"] == param and says in error["message"], error
+    # ... and the API keeps serving
+    ok = _sdk(rel).chat.completions.create(model=rel["name"], max_tokens=2,
+                                           messages=[{"role": "user", "content": "hi"}])
+    assert ok.choices[0].finish_reason in ("length", "stop")

@@ -30,6 +30,8 @@ from hf2triton.errors import (
 
 log = logging.getLogger("hf2triton.docker")
 CONTAINER_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
+# The OpenAI-compatible API the serving image starts beside Triton (when asked).
+API_PORT = 9000
 
 
 def short(exc: BaseException | str, limit: int = 300) -> str:
@@ -268,10 +270,13 @@ def remove(found: Any) -> None:
 
 
 def run(client: Any, reference: str, name: str, host: str, ports: dict[str, int | None],
-        labels: dict[str, str], restart: bool) -> Any:
+        labels: dict[str, str], restart: bool, environment: dict[str, str] | None = None) -> Any:
+    """Run the serving image; `ports` by name (CONTAINER_PORTS, and "openai" for the API) to
+    the host port (None: a free one)."""
     return client.containers.run(
-        reference, name=name, detach=True, labels=labels,
-        ports={f"{CONTAINER_PORTS[k]}/tcp": (host, p) for k, p in ports.items()},
+        reference, name=name, detach=True, labels=labels, environment=environment or {},
+        ports={f"{({**CONTAINER_PORTS, 'openai': API_PORT})[k]}/tcp": (host, p)
+               for k, p in ports.items()},
         # The Python backend passes tensors through shared memory; Docker's default 64 MB is tight.
         shm_size="256m",
         restart_policy={"Name": "unless-stopped"} if restart else {"Name": "no"},
@@ -279,7 +284,8 @@ def run(client: Any, reference: str, name: str, host: str, ports: dict[str, int 
 
 
 def published(found: Any, host: str) -> dict[str, str]:
-    """host:port of each published Triton port of a running container."""
+    """host:port of each published Triton port of a running container, and of the API's
+    ("openai") when it publishes that."""
     found.reload()
     bound = found.attrs["NetworkSettings"]["Ports"] or {}
     out = {}
@@ -288,6 +294,9 @@ def published(found: Any, host: str) -> dict[str, str]:
         if not entries:
             raise DeployError(f"container {found.name} publishes no port for {key} ({port})")
         out[key] = f"{host}:{entries[0]['HostPort']}"
+    api = bound.get(f"{API_PORT}/tcp") or []
+    if api:
+        out["openai"] = f"{host}:{api[0]['HostPort']}"
     return out
 
 

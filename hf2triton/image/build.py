@@ -13,7 +13,7 @@ from typing import Any, TypedDict
 
 from hf2triton.clients import docker as engine_client
 from hf2triton.errors import ArtifactError, DockerUnavailableError, ImageBuildError
-from hf2triton.image.dockerfile import DOCKERFILE, render_dockerfile
+from hf2triton.image.dockerfile import DOCKERFILE, render_dockerfile, write_api_package
 from hf2triton.image.target import ImageTarget
 from hf2triton.image.variants import image_python, variant_for
 from hf2triton.image.wheelhouse import ensure_wheelhouse
@@ -80,8 +80,10 @@ def _copy_tree(src: Path, dst: Path) -> None:
 
 def _context(ctx: Path, repository: str, model_name: str, version: str, files: dict[str, str],
              wheelhouse: Path, target: ImageTarget) -> None:
-    """Build context: Dockerfile, wheelhouse/, model_repository/<model>/<version>/..."""
+    """Build context: Dockerfile, wheelhouse/, the OpenAI-compatible API's package,
+    model_repository/<model>/<version>/..."""
     (ctx / "Dockerfile").write_text(render_dockerfile(target, DOCKERFILE))
+    write_api_package(ctx)
     (ctx / "wheelhouse").mkdir()
     for whl in wheelhouse.iterdir():
         if whl.suffix == ".whl" or whl.suffix == ".txt":

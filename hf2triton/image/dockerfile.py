@@ -5,6 +5,7 @@ variant and base image Python, and the whole build context but the wheels and th
 from __future__ import annotations
 
 import json
+import shutil
 import string
 from pathlib import Path
 
@@ -30,15 +31,33 @@ def render_dockerfile(target: ImageTarget, template: Path = DOCKERFILE) -> str:
         final_lines=variant.final_lines)
 
 
+def write_api_package(out: Path) -> list[Path]:
+    """The OpenAI-compatible API's package as the image runs it (`hf2triton_openai/`, files
+    0644: the runtime user reads it, cannot change it)."""
+    from hf2triton import openai_api
+
+    dst = out / openai_api.PACKAGE_DIR
+    dst.mkdir(parents=True, exist_ok=True)
+    dst.chmod(0o755)
+    written = []
+    for module in sorted(Path(openai_api.__file__).parent.glob("*.py")):
+        shutil.copyfile(module, dst / module.name)
+        (dst / module.name).chmod(0o644)
+        written.append(dst / module.name)
+    return written
+
+
 def render_context(target: ImageTarget, out: Path) -> list[Path]:
     """Write what the image build reads but the wheels and the model: Dockerfile,
-    wheelhouse/triton.txt and runtime.txt (what is installed from the wheelhouse), and
-    build-args.json (the build arguments the pipeline passes but the release's lineage)."""
+    wheelhouse/triton.txt and runtime.txt (what is installed from the wheelhouse), the
+    OpenAI-compatible API's package and build-args.json (the build arguments the pipeline
+    passes but the release's lineage)."""
     variant = variant_for(target.get("device"))
     (out / "wheelhouse").mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "Dockerfile", render_dockerfile(target))
     write_requirement_lists(out / "wheelhouse", *serving_requirements(variant))
+    api = write_api_package(out)
     atomic_write_text(out / "build-args.json",
                       json.dumps({"BASE_IMAGE": target["base_image"]}, indent=1) + "\n")
     return [out / "Dockerfile", out / "wheelhouse" / "triton.txt",
-            out / "wheelhouse" / "runtime.txt", out / "build-args.json"]
+            out / "wheelhouse" / "runtime.txt", *api, out / "build-args.json"]

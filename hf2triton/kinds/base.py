@@ -299,6 +299,25 @@ class ModelKind:
         """Substitutions of the config.pbtxt template beyond batching."""
         return {}
 
+    def config_parameters(self, cfg: Any) -> dict[str, str]:
+        """config.pbtxt `parameters` clients read off the model's configuration (a
+        classifier's label names, for the OpenAI-compatible API's /predict)."""
+        return {}
+
+    # -- the OpenAI-compatible API (hf2triton/openai_api) ------------------------------------
+    # The kind's route under the API's base URL (".../v1"); None: Triton's protocol only.
+    openai_route: ClassVar[str | None] = None
+
+    def openai_body(self, request: dict[str, np.ndarray]) -> dict[str, Any]:
+        """One of `requests()`'s Triton requests as the API's request body (without `model`):
+        the smoke test and the watch ask the API what they ask Triton."""
+        raise NotImplementedError
+
+    def openai_answer(self, body: dict[str, Any], request: dict[str, np.ndarray], cfg: Any
+                      ) -> dict[str, np.ndarray]:
+        """The API's answer `body` to `request` as the Triton answer `extract` reads."""
+        raise NotImplementedError
+
     def requests(self, items: list[Any]) -> list[dict[str, np.ndarray]]:
         """One Triton request (input arrays) per item: its text as the served class's first
         input."""

@@ -19,7 +19,7 @@ from hf2triton.kinds import KINDS
 from hf2triton.kinds.base import Data, Limits, ModelKind, read_lines
 from hf2triton.kinds.base import model_max_length
 from hf2triton.kinds.torch_reference import TorchReference, largest_difference
-from hf2triton.serving.classification import activate
+from hf2triton.serving.classification import activate, label_names
 from hf2triton.specbase import MaxLength, Probability, SpecPath, Strict, unless
 
 
@@ -159,6 +159,27 @@ class ClassificationKind(ModelKind):
                 "labels": [a["LABEL"][i][0].decode("utf-8") if isinstance(a["LABEL"][i][0], bytes)
                            else str(a["LABEL"][i][0])
                            for a in answers for i in range(len(a["LABEL"]))]}
+
+    def config_parameters(self, cfg: ClassificationConfig) -> dict[str, str]:
+        return {"labels": json.dumps(list(cfg.labels), ensure_ascii=False)}
+
+    openai_route = "/predict"
+
+    def openai_body(self, request: dict[str, np.ndarray]) -> dict[str, Any]:
+        return {"inputs": [t.decode("utf-8") for t in request["TEXT"][:, 0]]}
+
+    def openai_answer(self, body: Any, request: dict[str, np.ndarray], cfg: ClassificationConfig
+                      ) -> dict[str, np.ndarray]:
+        """text-embeddings-inference's answer (every label with its score, per text) back in
+        the label order, LABEL named as the served model names it."""
+        at = {name: i for i, name in enumerate(cfg.labels)}
+        scores = np.full((len(body), len(cfg.labels)), np.nan, np.float32)
+        for row, labelled in enumerate(body):
+            for item in labelled:
+                scores[row, at[item["label"]]] = item["score"]
+        names = label_names(scores, list(cfg.labels), cfg.activation)
+        return {"SCORES": scores,
+                "LABEL": np.array([[n.encode("utf-8")] for n in names], dtype=np.object_)}
 
     def reference(self, model_dir: str, cfg: ClassificationConfig, data: Data) -> np.ndarray:
         return activate(TorchClassifier(model_dir, cfg.max_length).all_logits(data.items),

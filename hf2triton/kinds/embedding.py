@@ -231,6 +231,16 @@ class EmbeddingKind(ModelKind):
     def extract(self, answers: list[dict[str, np.ndarray]]) -> np.ndarray:
         return np.concatenate([a["EMBEDDING"] for a in answers]).astype(np.float32)
 
+    openai_route = "/embeddings"
+
+    def openai_body(self, request: dict[str, np.ndarray]) -> dict[str, Any]:
+        return {"input": [t.decode("utf-8") for t in request["TEXT"][:, 0]]}
+
+    def openai_answer(self, body: dict[str, Any], request: dict[str, np.ndarray], cfg: Any
+                      ) -> dict[str, np.ndarray]:
+        rows = sorted(body["data"], key=lambda d: d["index"])
+        return {"EMBEDDING": np.array([d["embedding"] for d in rows], np.float32)}
+
     def reference(self, model_dir: str, cfg: EmbeddingConfig, data: Data) -> np.ndarray:
         return TorchEmbedder(model_dir, cfg).embed(data.items)
 

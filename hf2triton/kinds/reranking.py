@@ -150,6 +150,19 @@ class RerankingKind(ModelKind):
     def extract(self, answers: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
         return [row.astype(np.float32) for a in answers for row in a["SCORES"]]
 
+    openai_route = "/rerank"
+
+    def openai_body(self, request: dict[str, np.ndarray]) -> dict[str, Any]:
+        return {"query": request["QUERY"][0, 0].decode("utf-8"),
+                "documents": [p.decode("utf-8") for p in request["PASSAGES"][0]]}
+
+    def openai_answer(self, body: dict[str, Any], request: dict[str, np.ndarray], cfg: Any
+                      ) -> dict[str, np.ndarray]:
+        scores = np.full((1, request["PASSAGES"].shape[1]), np.nan, np.float32)
+        for r in body["results"]:
+            scores[0, r["index"]] = r["relevance_score"]
+        return {"SCORES": scores}
+
     def reference(self, model_dir: str, cfg: RerankingConfig, data: Data) -> list[np.ndarray]:
         pairs = [(q, p) for q, passages in data.items for p in passages]
         scores = relevance(TorchClassifier(model_dir, cfg.max_length).all_logits(pairs),

@@ -327,6 +327,28 @@ class TextGenerationKind(ModelKind):
                             "tokens": int(a["prompt_tokens"][r, 0])})
         return out
 
+    openai_route = "/completions"
+
+    def openai_body(self, request: dict[str, np.ndarray]) -> dict[str, Any]:
+        """The gate's request as a completion: greedy, its tokens, with the extensions that
+        return the token ids and the prompt's log-probability."""
+        body = {"prompt": request["text_input"][0, 0].decode("utf-8"),
+                "max_tokens": int(request["max_tokens"][0, 0]),
+                "temperature": float(request["temperature"][0, 0]), "return_token_ids": True}
+        if "return_prompt_logprob" in request:
+            body["prompt_logprob"] = bool(request["return_prompt_logprob"][0, 0])
+        return body
+
+    def openai_answer(self, body: dict[str, Any], request: dict[str, np.ndarray], cfg: Any
+                      ) -> dict[str, np.ndarray]:
+        choice = body["choices"][0]
+        return {"text_output": np.array([[choice["text"].encode("utf-8")]], dtype=np.object_),
+                "output_ids": np.array([choice["token_ids"]], np.int32).reshape(1, -1),
+                "finish_reason": np.array([[choice["finish_reason"].encode()]],
+                                          dtype=np.object_),
+                "prompt_logprob": np.array([[choice.get("prompt_logprob", 0.0)]], np.float32),
+                "prompt_tokens": np.array([[body["usage"]["prompt_tokens"]]], np.int32)}
+
     def reference(self, model_dir: str, cfg: TextGenerationConfig, data: Data
                   ) -> list[dict[str, Any]]:
         model = TorchGenerator(model_dir, cfg)

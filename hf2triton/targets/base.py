@@ -11,10 +11,11 @@ The release flow wraps 1-3 in one Prefect transaction whose rollback hook calls 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Any, ClassVar, Literal, TypedDict
+from typing import Annotated, Any, ClassVar, Literal, NotRequired, TypedDict
 
 from pydantic import Field, model_validator
 
+from hf2triton.credentials import ApiKeys, resolve
 from hf2triton.devices import DEVICES
 from hf2triton.errors import DeployError
 from hf2triton.plugins import tag_of
@@ -61,6 +62,52 @@ class TuningSpec(Strict):
         return self
 
 
+class OpenAISpec(Strict):
+    """The OpenAI-compatible API beside Triton (hf2triton/openai_api): /v1/models,
+    /v1/embeddings, /v1/chat/completions, /v1/completions, /v1/rerank and /predict over the
+    served models, reaching Triton over gRPC."""
+
+    enabled: bool = Field(True, description="serve the API beside Triton")
+    port: int = Field(9000, ge=1, le=65535, description="the API's HTTP port")
+    credentials_block: str | None = Field(
+        None, description="name of a saved hf2triton ApiKeys Prefect block: the bearer keys "
+        "the API accepts; without it HF2TRITON_OPENAI_API_KEYS (comma-separated), else none "
+        "(the API takes requests without a key)")
+    max_body_mb: float = Field(4, gt=0, le=1024, description="the largest request body (MB)")
+    timeout_s: float = Field(600, gt=0, description="the longest a request may take")
+
+    def url(self, host: str) -> str:
+        return f"http://{host}:{self.port}/v1"
+
+    def arguments(self) -> list[str]:
+        """The API server's arguments for these limits."""
+        return [f"--max-body-mb={self.max_body_mb:g}", f"--timeout-s={self.timeout_s:g}"]
+
+    def key_hashes(self) -> list[str]:
+        """sha256 of each key the API is to accept (the block's, else the environment's);
+        empty: it takes requests without a key."""
+        found = resolve(ApiKeys, self.credentials_block)
+        return found.hashes() if found is not None else []
+
+    def container_environment(self) -> dict[str, str]:
+        """The serving image's entrypoint settings (a container's environment): whether the API
+        runs, with its limits and the sha256 hashes of its keys (never the keys)."""
+        if not self.enabled:
+            return {"HF2TRITON_OPENAI": "off"}
+        env = {"HF2TRITON_OPENAI_ARGS": " ".join(self.arguments())}
+        hashes = self.key_hashes()
+        if hashes:
+            env["HF2TRITON_OPENAI_KEY_SHA256"] = ",".join(hashes)
+        return env
+
+    def client_key(self) -> str | None:
+        """A key the smoke test and the watch send (None: the API asks none)."""
+        found = resolve(ApiKeys, self.credentials_block)
+        keys = [k.strip() for k in found.keys.get_secret_value().split(",") if k.strip()] \
+            if found is not None else []
+        return keys[0] if keys else None
+
+
 # Measured in-process on all-MiniLM-L6-v2 (2-core EPYC, AVX-512), dynamic batches of 64 texts of
 # every length: 467 texts/s in sub-batches of at most 512 tokens, 470 at 256, 437 at 1024, 315 at
 # 2048, about 50 padded as one batch; texts of the median length: 917, 901, 775, 775. Small
@@ -105,6 +152,8 @@ class DeploySection(Strict):
     ready_timeout_s: float = Field(180, gt=0, description="how long a new version may take to "
                                    "load and become ready (seconds)")
     tuning: TuningSpec = TuningSpec()
+    openai: OpenAISpec = Field(OpenAISpec(), description="the OpenAI-compatible API beside "
+                               "Triton: every target runs it (the serving image starts it)")
 
 
     @model_validator(mode="after")
@@ -130,6 +179,7 @@ class WatchPoint(TypedDict):
     http: str  # host:port
     grpc: str  # host:port
     metrics: str  # http://host:port/metrics
+    openai: NotRequired[str]  # the OpenAI-compatible API's base URL, http://host:port/v1
 
 
 class PublishedSection(DeploySection):
@@ -143,16 +193,23 @@ class PublishedSection(DeploySection):
 
     def watch_point(self, what: str) -> WatchPoint:
         """Where the watch reads this Triton's metrics and probes it: its published ports."""
-        return WatchPoint(name=f"{what} {self.host}:{self.http_port}",
-                          http=f"{self.host}:{self.http_port}",
-                          grpc=f"{self.host}:{self.grpc_port}",
-                          metrics=f"http://{self.host}:{self.metrics_port}/metrics")
+        point = WatchPoint(name=f"{what} {self.host}:{self.http_port}",
+                           http=f"{self.host}:{self.http_port}",
+                           grpc=f"{self.host}:{self.grpc_port}",
+                           metrics=f"http://{self.host}:{self.metrics_port}/metrics")
+        if self.openai.enabled:
+            point["openai"] = self.openai.url(self.host)
+        return point
 
     @model_validator(mode="after")
     def _ports_differ(self) -> PublishedSection:
         ports = [self.http_port, self.grpc_port, self.metrics_port]
-        if len(set(ports)) != 3:
-            raise ValueError(f"http_port, grpc_port and metrics_port must differ (got {ports})")
+        names = "http_port, grpc_port and metrics_port"
+        if self.openai.enabled:
+            ports.append(self.openai.port)
+            names = "http_port, grpc_port, metrics_port and openai.port"
+        if len(set(ports)) != len(ports):
+            raise ValueError(f"{names} must differ (got {ports})")
         return self
 
 
@@ -214,8 +271,11 @@ class DeployTarget:
     def summary(self, deployment: Deployment) -> dict[str, Any]:
         """The release summary's `endpoint` (and any target-specific) entries."""
         first = deployment["endpoints"][0]
-        return {"endpoint": {
+        endpoint = {
             "model": deployment["model_name"], "version": deployment["version"],
             "http": f"http://{first['http']}/v2/models/{deployment['model_name']}/versions/"
                     f"{deployment['version']}/infer",
-            "grpc": first["grpc"]}}
+            "grpc": first["grpc"]}
+        if first.get("openai"):
+            endpoint["openai"] = first["openai"]
+        return {"endpoint": endpoint}

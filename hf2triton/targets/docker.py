@@ -90,7 +90,20 @@ class DockerContainers(DeployTarget):
         return [self.spec.watch_point("docker container")]
 
     def _endpoint(self, urls: dict[str, str], version: str, what: str) -> Endpoint:
-        return Endpoint(name=what, http=urls["http"], grpc=urls["grpc"], version=version)
+        endpoint = Endpoint(name=what, http=urls["http"], grpc=urls["grpc"], version=version)
+        if urls.get("openai"):
+            endpoint["openai"] = f"http://{urls['openai']}/v1"
+        return endpoint
+
+    def _ports(self, fixed: bool) -> dict[str, int | None]:
+        """The container's published ports: the spec's, or free ones (a candidate's)."""
+        spec = self.spec
+        ports: dict[str, int | None] = {"http": spec.http_port, "grpc": spec.grpc_port,
+                                        "metrics": spec.metrics_port}
+        if spec.openai.enabled:
+            ports["openai"] = spec.openai.port
+        return ports if fixed else {k: None for k in ports}
+
 
     def deploy(self, repository: str, model_name: str, version: str, files: dict[str, str],
                image: dict[str, Any], check: Check) -> Deployment:
@@ -135,10 +148,9 @@ class DockerContainers(DeployTarget):
             new = None
             try:
                 new = engine_client.run(
-                    client, reference, live_name, spec.host,
-                    {"http": spec.http_port, "grpc": spec.grpc_port,
-                     "metrics": spec.metrics_port},
-                    labels(self.release, version, reference, "live"), restart=True)
+                    client, reference, live_name, spec.host, self._ports(fixed=True),
+                    labels(self.release, version, reference, "live"), restart=True,
+                    environment=self.spec.openai.container_environment())
                 urls = engine_client.published(new, spec.host)
                 engine_client.wait_ready(new, _ready(urls["http"], model_name, version),
                                          model_name, version,
@@ -169,9 +181,10 @@ class DockerContainers(DeployTarget):
         """Green: the new image on free ports, smoke-checked while the old one keeps serving."""
         logger = step_logger()
         cand = engine_client.run(client, reference, cand_name, self.spec.host,
-                                 {k: None for k in engine_client.CONTAINER_PORTS},
+                                 self._ports(fixed=False),
                                  labels(self.release, version, reference, "candidate"),
-                                 restart=False)
+                                 restart=False,
+                                 environment=self.spec.openai.container_environment())
         try:
             urls = engine_client.published(cand, self.spec.host)
             logger.info("deploy: candidate %s on %s; %s (version %s) keeps serving", cand_name,

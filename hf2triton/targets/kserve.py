@@ -44,6 +44,18 @@ def endpoints(name: str, kube: KubernetesSpec) -> tuple[str, str]:
     return kube.endpoint_http or default[0], kube.endpoint_grpc or default[1]
 
 
+def openai_endpoint(name: str, kube: KubernetesSpec, openai: Any) -> str | None:
+    """The OpenAI-compatible API's base URL: the spec's, else the plain Deployment's Service
+    (an InferenceService's API has no route of KServe's: none)."""
+    if not openai.enabled:
+        return None
+    if kube.endpoint_openai:
+        return kube.endpoint_openai.rstrip("/")
+    if kube.workload == "inferenceservice":
+        return None
+    return f"http://{name}.{kube.namespace}.svc.cluster.local:{openai.port}/v1"
+
+
 def storage_uri_for(kube: KubernetesSpec, registered_source: str | None) -> str | None:
     """The model repository KServe downloads: the spec's, else the MLflow version's
     triton_repository artifact when it lives in a store the cluster can read."""
@@ -108,6 +120,11 @@ class KubernetesSpec(Strict):
         "Kubernetes work pool job reaches it)"
     )
     endpoint_grpc: str | None = Field(None, description="as endpoint_http, for gRPC")
+    endpoint_openai: str | None = Field(
+        None, description="base URL (http://host:port/v1) where the pipeline reaches the "
+        "OpenAI-compatible API beside the served model; default: the plain Deployment's "
+        "Service (KServe routes an InferenceService's port 8080 only: without this the smoke "
+        "test does not go through the API there)")
 
     @field_validator("cpu_request", "memory_request", "cpu_limit", "memory_limit")
     @classmethod
@@ -160,7 +177,8 @@ class KServe(DeployTarget):
                 "deploy.target 'kserve' runs the release's image, but no image was built: "
                 f"{image.get('skipped', 'unknown reason')}")
         storage = self._storage(repository, model_name, version, files)
-        objs = k8s.render(self.release, model_name, version, image["reference"], storage, kube)
+        objs = k8s.render(self.release, model_name, version, image["reference"], storage, kube,
+                          self.spec.openai)
         k8s.check_manifests(objs)
         written = k8s.write(objs, Path(self.work) / "k8s" / version)
         if kube.workload == "inferenceservice" and storage is None:
@@ -181,10 +199,14 @@ class KServe(DeployTarget):
         else:
             _wait_deployment(self.release, kube, self.spec.ready_timeout_s)
         http, grpc = endpoints(self.release, kube)
+        endpoint = Endpoint(name=f"{kube.workload} {kube.namespace}/{self.release}",
+                            http=http, grpc=grpc, version=version)
+        api = openai_endpoint(self.release, kube, self.spec.openai)
+        if api:
+            endpoint["openai"] = api
         return Deployment(
             target=self.name, model_name=model_name, version=version,
-            endpoints=[Endpoint(name=f"{kube.workload} {kube.namespace}/{self.release}",
-                                http=http, grpc=grpc, version=version)],
+            endpoints=[endpoint],
             state={"workload": kube.workload, "namespace": kube.namespace, "name": self.release,
                    "image": image["reference"], "storage_uri": storage, "manifests": written,
                    "applied": applied, "before": before},

@@ -111,6 +111,14 @@ class LocalTriton(DeployTarget):
             spec.host, spec.http_port, spec.grpc_port, spec.metrics_port,
             timeout_s=spec.ready_timeout_s, repository=store.triton_uri(),
             extra_env=store.server_env())
+        endpoint = Endpoint(name=f"local Triton {server.http_url}", http=server.http_url,
+                            grpc=server.grpc_url, version=version)
+        if spec.openai.enabled:
+            api = triton_local.ensure_api(server, spec.host, spec.openai.port,
+                                          spec.openai.key_hashes(), spec.openai.arguments())
+            endpoint["openai"] = api.url
+        else:
+            triton_local.stop_api()
         folder = store.model_dir(model_name, server.model_repository)
         expected = expected_files(files, model_name)
         want = {k: v for k, v in expected.items() if k.startswith("1/")}
@@ -120,10 +128,7 @@ class LocalTriton(DeployTarget):
                      "previous_versions": previous, "model_store": store.describe()}
             deployment = Deployment(
                 target=self.name, model_name=model_name, version=version,
-                endpoints=[Endpoint(name=f"local Triton {server.http_url}",
-                                    http=server.http_url, grpc=server.grpc_url,
-                                    version=version)],
-                state=state, reused=False)
+                endpoints=[endpoint], state=state, reused=False)
             if folder.version_files(version) == want and admin.wait_ready(model_name, version, 1):
                 deployment["reused"] = True
                 return deployment
@@ -159,10 +164,13 @@ class LocalTriton(DeployTarget):
                               "`hf2triton server status` to see why")
         server = {"http": state.http_url, "model_repository": state.model_repository,
                   "model_store": self.spec.model_store.describe()}
+        endpoint = Endpoint(name=f"local Triton {state.http_url}", http=state.http_url,
+                            grpc=state.grpc_url, version=version)
+        api = triton_local.read_api()
+        if api is not None and self.spec.openai.enabled:
+            endpoint["openai"] = api.url
         return restore_on_server(server, model_name, version, check, self.spec.ready_timeout_s,
-                                 Endpoint(name=f"local Triton {state.http_url}",
-                                          http=state.http_url, grpc=state.grpc_url,
-                                          version=version))
+                                 endpoint)
 
 
 def restore_on_server(server: dict[str, Any], model_name: str, version: str, check: Check,

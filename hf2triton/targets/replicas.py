@@ -82,11 +82,22 @@ class ReplicaSpec(Strict):
         None, description="the replica's --model-repository, as a path on this machine; leave "
         "out when the replicas read deploy.model_store (kind s3)"
     )
+    openai: str | None = Field(
+        None, description="host:port of the OpenAI-compatible API beside the replica (the "
+        "serving image starts one on 9000; `python -m hf2triton_openai` elsewhere): the smoke "
+        "test and the watch go through it too")
 
-    @field_validator("http", "grpc")
+    def endpoint(self, version: str) -> Endpoint:
+        found = Endpoint(name=f"replica {self.http}", http=self.http, grpc=self.grpc,
+                         version=version)
+        if self.openai:
+            found["openai"] = f"http://{self.openai}/v1"
+        return found
+
+    @field_validator("http", "grpc", "openai")
     @classmethod
-    def _check_endpoint(cls, v: str) -> str:
-        if not ENDPOINT_PATTERN.match(v):
+    def _check_endpoint(cls, v: str | None) -> str | None:
+        if v is not None and not ENDPOINT_PATTERN.match(v):
             raise ValueError(f"{v!r} is not an endpoint such as '10.0.0.5:8000' (host:port)")
         return v
 
@@ -144,8 +155,7 @@ class TritonReplicas(DeployTarget):
                     "model_store": store.describe()} for r, serving in opened]
         deployment = Deployment(
             target=self.name, model_name=model_name, version=version,
-            endpoints=[Endpoint(name=f"replica {r.http}", http=r.http, grpc=r.grpc,
-                                version=version) for r in spec.replicas],
+            endpoints=[r.endpoint(version) for r in spec.replicas],
             state={"servers": servers}, reused=False)
         if all(version in serving for _, serving in opened):
             deployment["reused"] = True  # a re-run: every replica serves this version already
@@ -200,6 +210,8 @@ class TritonReplicas(DeployTarget):
 
     def summary(self, deployment: Deployment) -> dict[str, Any]:
         out = super().summary(deployment)
-        out["endpoint"]["replicas"] = [{"http": e["http"], "grpc": e["grpc"]}
-                                       for e in deployment["endpoints"]]
+        out["endpoint"]["replicas"] = [
+            {"http": e["http"], "grpc": e["grpc"], **({"openai": e["openai"]}
+                                                      if e.get("openai") else {})}
+            for e in deployment["endpoints"]]
         return out

@@ -89,8 +89,11 @@ def _probe(spec: Any, point: WatchPoint, version: str, reference: dict[str, Any]
         return {}
     endpoint = Endpoint(name=point["name"], http=point["http"], grpc=point["grpc"],
                         version=version)
+    if point.get("openai"):
+        endpoint["openai"] = point["openai"]
     try:
-        figures = smoke_endpoint(kind_for(spec), endpoint, spec.triton_model_name, reference)
+        figures = smoke_endpoint(kind_for(spec), endpoint, spec.triton_model_name, reference,
+                                 spec.deploy.openai.client_key())
     except Hf2TritonError as exc:
         return {"probe_error": " ".join(str(exc).split())[:300]}
     keep = set(reference["limits"]) | {"grpc_p50_ms"}

@@ -25,7 +25,8 @@ def checker(spec: Any, client: Registry, version: str):
         raise DeployError(f"{spec.registry.model_name} version {version} has no recorded smoke "
                           "reference (released before hf2triton recorded one): release it again "
                           "instead")
-    return lambda endpoint: smoke_endpoint(kind, endpoint, model, reference)
+    key = spec.deploy.openai.client_key()
+    return lambda endpoint: smoke_endpoint(kind, endpoint, model, reference, key)
 
 
 def roll_back(spec: Any, reason: str, to: str | None = None,

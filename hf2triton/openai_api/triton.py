@@ -1,0 +1,195 @@
+"""The Triton server behind the API, over gRPC (asyncio): which models it serves, of which kind
+(read off the tensors each declares: the serving core's classes are the contract), and requests
+to them, streamed for a decoupled model. Triton's refusals become API errors by status code."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .errors import ApiError, bad_request, not_found, param_of, unavailable
+
+# What each kind of served model declares (hf2triton/serving/*.py).
+KINDS = (("embedding", {"TEXT"}, {"EMBEDDING"}),
+         ("text_generation", {"text_input"}, {"text_output"}),
+         ("reranking", {"QUERY", "PASSAGES"}, {"SCORES"}),
+         ("classification", {"TEXT"}, {"LABEL", "SCORES"}),
+         ("translation", {"TEXT"}, {"TRANSLATION"}))
+DTYPES = {np.dtype(np.object_): "BYTES", np.dtype(np.int32): "INT32",
+          np.dtype(np.float32): "FP32", np.dtype(np.bool_): "BOOL", np.dtype(np.uint64): "UINT64"}
+INDEX_TTL_S = 2.0  # how long the list of served models is trusted
+VERSIONED = re.compile(r"^[^:]+:[0-9]+$")  # "name:3": version 3 of the model
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    version: str
+    kind: str
+    max_batch_size: int
+    outputs: tuple[str, ...]
+    created: int  # when the API first saw this version (seconds)
+    labels: tuple[str, ...] = ()  # a classifier's label names, in score order
+
+
+def kind_of(inputs: set[str], outputs: set[str]) -> str | None:
+    for kind, needs_in, needs_out in KINDS:
+        if needs_in <= inputs and needs_out <= outputs:
+            return kind
+    return None
+
+
+class Triton:
+    """One Triton server's gRPC endpoint."""
+
+    def __init__(self, url: str):
+        import tritonclient.grpc.aio as grpcaio
+
+        self.grpc = grpcaio
+        self.url = url
+        self.client = grpcaio.InferenceServerClient(url)
+        self.known: dict[tuple[str, str], Model] = {}
+        self.index: tuple[float, list[dict[str, Any]]] = (0.0, [])
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    async def live(self) -> bool:
+        try:
+            return bool(await self.client.is_server_live())
+        except Exception:  # noqa: BLE001 - any failure to answer is "not live"
+            return False
+
+    async def _index(self) -> list[dict[str, Any]]:
+        at, found = self.index
+        if time.monotonic() - at < INDEX_TTL_S:
+            return found
+        try:
+            reply = await self.client.get_model_repository_index(as_json=True)
+        except Exception as exc:  # noqa: BLE001 - a server that does not answer
+            raise unavailable(f"Triton at {self.url} did not answer: {exc}") from None
+        found = list(reply.get("models", []))
+        self.index = (time.monotonic(), found)
+        return found
+
+    async def models(self) -> list[Model]:
+        """Every model Triton serves now, at its newest ready version (the one unversioned
+        requests reach)."""
+        newest: dict[str, str] = {}
+        for m in await self._index():
+            if m.get("state") == "READY" and m.get("version"):
+                v = str(m["version"])
+                if m["name"] not in newest or int(v) > int(newest[m["name"]]):
+                    newest[m["name"]] = v
+        out = []
+        for name, version in sorted(newest.items()):
+            model = await self._describe(name, version)
+            if model is not None:
+                out.append(model)
+        return out
+
+    async def model(self, name: str, kinds: tuple[str, ...], route: str) -> Model:
+        """The served model `name` ("name:3" for its version 3 while several serve; else the
+        newest, the one Triton answers unversioned requests with), which must be of one of
+        `kinds`: 404 when Triton has no such model, 503 while it is not ready, 400 when it is
+        of another kind."""
+        name, _, wanted = name.partition(":") if VERSIONED.match(name) else (name, "", "")
+        found = [m for m in await self._index() if m.get("name") == name]
+        if not found:
+            raise not_found(name)
+        ready = [m for m in found if m.get("state") == "READY" and m.get("version")
+                 and (not wanted or str(m["version"]) == wanted)]
+        if not ready:
+            states = ", ".join(sorted({str(m.get("state")) for m in found
+                                       if not wanted or str(m.get("version")) == wanted}))
+            raise unavailable(f"The model '{name}'{' version ' + wanted if wanted else ''} is "
+                              f"not ready ({states or 'not loaded'}): try again shortly")
+        version = max((str(m["version"]) for m in ready), key=int)
+        model = await self._describe(name, version)
+        if model is None or model.kind not in kinds:
+            raise bad_request(f"The model '{name}' is a {model.kind if model else 'non-hf2triton'}"
+                              f" model: {route} serves {' or '.join(kinds)} models",
+                              param="model", code="wrong_model_kind")
+        return model
+
+    async def _describe(self, name: str, version: str) -> Model | None:
+        if (name, version) in self.known:
+            return self.known[(name, version)]
+        try:
+            cfg = (await self.client.get_model_config(name, version, as_json=True))["config"]
+        except Exception:  # noqa: BLE001 - unloaded meanwhile: not listed
+            return None
+        inputs = {t["name"] for t in cfg.get("input", [])}
+        outputs = tuple(t["name"] for t in cfg.get("output", []))
+        kind = kind_of(inputs, set(outputs))
+        if kind is None:
+            return None
+        labels = cfg.get("parameters", {}).get("labels", {}).get("string_value")
+        model = Model(name=name, version=version, kind=kind,
+                      max_batch_size=int(cfg.get("max_batch_size", 0) or 0), outputs=outputs,
+                      created=int(time.time()), labels=tuple(json.loads(labels or "[]")))
+        self.known[(name, version)] = model
+        return model
+
+    def _inputs(self, arrays: dict[str, np.ndarray]) -> list[Any]:
+        found = []
+        for name, arr in arrays.items():
+            x = self.grpc.InferInput(name, list(arr.shape), DTYPES[arr.dtype])
+            x.set_data_from_numpy(arr)
+            found.append(x)
+        return found
+
+    async def infer(self, model: Model, arrays: dict[str, np.ndarray],
+                    prompt_param: str = "input") -> dict[str, np.ndarray]:
+        """One request to a model that answers once."""
+        try:
+            result = await self.client.infer(model.name, self._inputs(arrays),
+                                              model_version=model.version)
+        except Exception as exc:  # noqa: BLE001 - classified by status
+            raise refusal(exc, prompt_param) from None
+        return {name: result.as_numpy(name) for name in model.outputs}
+
+    async def stream(self, model: Model, arrays: dict[str, np.ndarray],
+                     prompt_param: str = "prompt") -> AsyncIterator[dict[str, Any]]:
+        """Every response of one request to a decoupled model: its outputs, `final`."""
+
+        async def requests():
+            yield {"model_name": model.name, "model_version": model.version,
+                   "inputs": self._inputs(arrays), "enable_empty_final_response": True}
+
+        responses = self.client.stream_infer(requests())
+        try:
+            async for result, error in responses:
+                if error is not None:
+                    raise refusal(error, prompt_param)
+                out = {name: result.as_numpy(name) for name in model.outputs}
+                params = result.get_response().parameters
+                out["final"] = params["triton_final_response"].bool_param
+                yield out
+                if out["final"]:
+                    return
+        finally:
+            responses.cancel()  # a client that left: Triton cancels the request
+
+
+def refusal(exc: BaseException, prompt_param: str) -> ApiError:
+    """A Triton failure as the API's error: the request's fault (400, naming the field), or
+    the server's state (503: not ready, queue full, unreachable). A decoupled model's refusal
+    comes in its stream without a status: it is the request's when it names a field."""
+    status = str(getattr(exc, "status", lambda: "")() or "")
+    message = exc.message() if hasattr(exc, "message") else str(exc)
+    message = " ".join(str(message).split())
+    param = param_of(message, prompt_param)
+    if status in ("StatusCode.INVALID_ARGUMENT", "400") or (not status and param):
+        return bad_request(message, param)
+    if status in ("StatusCode.UNAVAILABLE", "StatusCode.RESOURCE_EXHAUSTED", "503"):
+        return unavailable(f"Triton cannot take the request now: {message}")
+    if status in ("StatusCode.NOT_FOUND", "404"):
+        return ApiError(404, message, param="model", code="model_not_found")
+    return ApiError(502, f"Triton failed the request: {message}", type="server_error")
