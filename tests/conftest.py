@@ -190,8 +190,9 @@ def run_mlflow_server(root: Path):
 
 
 @pytest.fixture()
-def deploy_ports() -> dict[str, int]:
-    return {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
+def deploy_ports() -> dict:
+    return {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port(),
+             "openai": {"port": free_port()}}
 
 
 def graph_file(version_dir: Path) -> str:
@@ -277,7 +278,8 @@ def released_tiny_bert(tmp: Path, model_dir: Path):
     from hf2triton import triton_local
     from hf2triton.spec import load_spec
 
-    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
+    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port(),
+             "openai": {"port": free_port()}}
     spec_path = tiny_spec(tmp / "tiny.yaml", model_dir, ports)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF2TRITON_HOME", str(tmp / "home"))

@@ -80,7 +80,8 @@ def test_a_cpu_triton_refusing_a_gpu_version_is_a_clear_deploy_error(tmp_path, m
     from hf2triton.spec import load_spec
     from tests.conftest import free_port, tiny_spec
 
-    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
+    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port(),
+             "openai": {"port": free_port()}}
     spec = load_spec(tiny_spec(tmp_path / "gpu.yaml", tiny_bert, ports, name="tiny-gpu",
                                registry__model_name="tiny-gpu", deploy__device="gpu",
                                deploy__gpu_gate="cpu-numerics", deploy__ready_timeout_s=600))

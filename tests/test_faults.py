@@ -184,7 +184,8 @@ def _fresh_env(home: Path, **extra) -> dict:
 def test_mlflow_down_at_registration_then_rerun_registers_once(tiny_bert, tmp_path):
     port = free_port()
     uri = f"http://127.0.0.1:{port}"
-    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
+    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port(),
+             "openai": {"port": free_port()}}
     spec = tiny_spec(tmp_path / "spec.yaml", tiny_bert, ports)
     env = _fresh_env(tmp_path / "home", MLFLOW_TRACKING_URI=uri)
     try:
@@ -224,7 +225,8 @@ def test_mlflow_down_at_registration_then_rerun_registers_once(tiny_bert, tmp_pa
 @pytest.mark.e2e
 def test_killed_mid_export_leaves_nothing_that_looks_finished_and_rerun_completes(
         tiny_bert, tmp_path):
-    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
+    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port(),
+             "openai": {"port": free_port()}}
     spec = tiny_spec(tmp_path / "spec.yaml", tiny_bert, ports, name="tiny-killed",
                      registry__model_name="tiny-killed")
     home = tmp_path / "home"
@@ -267,7 +269,8 @@ SECRETS = {
 
 @pytest.mark.e2e
 def test_planted_secrets_reach_no_log_artifact_record_or_server(tiny_bert, tmp_path):
-    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
+    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port(),
+             "openai": {"port": free_port()}}
     spec = tiny_spec(tmp_path / "spec.yaml", tiny_bert, ports, name="tiny-secrets",
                      registry__model_name="tiny-secrets")
     home = tmp_path / "home"

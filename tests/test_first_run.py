@@ -53,7 +53,8 @@ def _stop_server(home: Path) -> None:
 
 @pytest.fixture()
 def spec(tmp_path, tiny_bert) -> Path:
-    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
+    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port(),
+             "openai": {"port": free_port()}}
     (tmp_path / "specs").mkdir()
     return tiny_spec(tmp_path / "specs" / "tiny.yaml", tiny_bert, ports)
 

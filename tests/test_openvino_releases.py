@@ -81,7 +81,8 @@ def test_every_kind_releases_and_serves_on_openvino(kind_name, tmp_path, monkeyp
 
     model_dir, overrides = KINDS[kind_name](tmp_path)
     name = f"ov-{kind_name}"
-    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
+    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port(),
+             "openai": {"port": free_port()}}
     spec_path = tiny_spec(tmp_path / "spec.yaml", model_dir, ports, name=name,
                           registry__model_name=name, runtime__candidates=OPENVINO, **overrides)
     monkeypatch.setenv("HF2TRITON_HOME", str(tmp_path / "home"))

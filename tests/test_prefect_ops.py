@@ -64,7 +64,8 @@ def deployed_run(prefect_server, tiny_bert):
     """Deploy the project's prefect.yaml and a tiny release, start a worker, run the tiny one."""
     env, tmp = dict(prefect_server["env"]), prefect_server["tmp"]
     _run([str(BIN / "prefect"), "--no-prompt", "deploy", "--all"], env)
-    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
+    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port(),
+             "openai": {"port": free_port()}}
     spec_path = tiny_spec(tmp / "tiny-embedder.yaml", tiny_bert, ports)
     prefect_file = tmp / "prefect.yaml"
     prefect_file.write_text(render([spec_path]))

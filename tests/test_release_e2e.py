@@ -47,7 +47,8 @@ def mlflow_server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def release(tmp_path_factory, mlflow_server):
     tmp = tmp_path_factory.mktemp("e2e")
-    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
+    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port(),
+             "openai": {"port": free_port()}}
     spec = write_spec(tmp / "minilm.yaml", **{f"deploy__{k}": v for k, v in ports.items()})
     rel = Release(tmp / "home", mlflow_server, spec, ports)
     rel.first = rel.run()

@@ -41,7 +41,8 @@ def reranker(tmp_path_factory, model_dir):
     from hf2triton import triton_local
 
     tmp = tmp_path_factory.mktemp("reranker")
-    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
+    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port(),
+             "openai": {"port": free_port()}}
     spec = load_spec(_spec(tmp, model_dir, ports))
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF2TRITON_HOME", str(tmp / "home"))

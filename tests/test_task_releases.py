@@ -28,7 +28,8 @@ ODD = ["a", "ok", "prices rose 12.5% to $43,210 on tuesday!", "ÄÖÜ ß straße
 def _release(tmp, model_dir: Path, name: str, task: str, **overrides):
     from hf2triton.flows.release import release_model
 
-    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
+    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port(),
+             "openai": {"port": free_port()}}
     spec_path = tiny_spec(
         tmp / f"{name}.yaml", model_dir, ports, name=name, task=task, embedding=None,
         registry__model_name=name, source__model_id=f"fixtures/{name}",

@@ -53,7 +53,8 @@ def test_release_ships_the_searched_config(tiny_bert, tmp_path, monkeypatch):
 
     monkeypatch.setenv("HF2TRITON_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
+    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port(),
+             "openai": {"port": free_port()}}
     # The deploy section's own configuration is a poor one: batches of 8 that wait up to 200 ms,
     # while only 4 clients send. The search must find and ship a better one.
     tuning = {"search": True, "preferred_batch_sizes": [[4, 8]], "max_queue_delay_us": [100],

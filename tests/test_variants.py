@@ -23,7 +23,8 @@ PER_CHANNEL = "dynamic-int8/qint8/per-channel"
 def release_env(tmp_path, monkeypatch):
     monkeypatch.setenv("HF2TRITON_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    yield {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
+    yield {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port(),
+             "openai": {"port": free_port()}}
     from hf2triton import triton_local
 
     triton_local.stop_server()

@@ -118,7 +118,8 @@ def watched(tmp_path_factory, tiny_bert, other_tiny_bert):
     from hf2triton.spec import load_spec
 
     tmp = tmp_path_factory.mktemp("watched")
-    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
+    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port(),
+             "openai": {"port": free_port()}}
     (tmp / "v1").mkdir()
     first = tiny_spec(tmp / "v1" / "tiny-embedder.yaml", tiny_bert, ports, **WATCH)
     second = tiny_spec(tmp / "tiny-embedder.yaml", other_tiny_bert, ports, **WATCH)
