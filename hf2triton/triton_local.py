@@ -16,6 +16,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 from hf2triton.clients.triton import TritonAdmin
 from hf2triton.errors import DeployError, Hf2TritonError, ServiceUnavailableError
@@ -87,12 +88,20 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def read_state() -> ServerState | None:
+T = TypeVar("T", bound=Any)
+
+
+def _read_live(path: Path, cls: type[T]) -> T | None:
+    """The state a process left in `path`, while that process lives."""
     try:
-        state = ServerState(**json.loads(_state_file().read_text()))
+        state = cls(**json.loads(path.read_text()))
     except (OSError, ValueError, TypeError):
         return None
     return state if _alive(state.pid) else None
+
+
+def read_state() -> ServerState | None:
+    return _read_live(_state_file(), ServerState)
 
 
 def is_live(state: ServerState) -> bool:
@@ -358,11 +367,7 @@ def _api_file() -> Path:
 
 
 def read_api() -> ApiState | None:
-    try:
-        state = ApiState(**json.loads(_api_file().read_text()))
-    except (OSError, ValueError, TypeError):
-        return None
-    return state if _alive(state.pid) else None
+    return _read_live(_api_file(), ApiState)
 
 
 def api_live(state: ApiState, timeout_s: float = 2.0) -> bool:

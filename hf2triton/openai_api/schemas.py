@@ -6,10 +6,17 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 MAX_INPUTS = 2048  # texts in one embeddings request, as OpenAI's API allows
+# Generation fields of OpenAI's API that are not served: the one value taken, and why not.
+NOT_SERVED: dict[str, tuple[Any, str]] = {
+    "n": (1, "only one choice per request is served (n=1)"),
+    "presence_penalty": (0.0, "not served: use repetition_penalty"),
+    "frequency_penalty": (0.0, "not served: use repetition_penalty"),
+    "logprobs": (None, "log-probabilities of the generated tokens are not served"),
+}
 
 
 class Request(BaseModel):
@@ -66,25 +73,12 @@ class Generation(Request):
     prompt_logprob: bool = False
 
     # What is not served is refused by the field it is asked in (the error's `param`).
-    @field_validator("n")
+    @field_validator(*NOT_SERVED)
     @classmethod
-    def _one_choice(cls, v: int) -> int:
-        if v != 1:
-            raise ValueError("only one choice per request is served (n=1)")
-        return v
-
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _no_penalties(cls, v: float) -> float:
-        if v:
-            raise ValueError("not served: use repetition_penalty")
-        return v
-
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, v: Any) -> Any:
-        if v:
-            raise ValueError("log-probabilities of the generated tokens are not served")
+    def _not_served(cls, v: Any, info: ValidationInfo) -> Any:
+        served, why = NOT_SERVED[info.field_name]
+        if v != served and v:
+            raise ValueError(why)
         return v
 
     @field_validator("stop")

@@ -8,15 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from hf2triton.runtimes import RUNTIMES
-from hf2triton.runtimes.base import (
-    FP16,
-    PLAIN,
-    Recipe,
-    RuntimePlugin,
-    Variant,
-    VariantContext,
-    build_variant,
-)
+from hf2triton.runtimes.base import (FP16, PLAIN, Recipe, RuntimePlugin, Variant,
+                                     VariantContext, build_variant)
 from hf2triton.workspace import sha256_file
 
 

@@ -190,6 +190,39 @@ class Streaming:
     eos: set[int]
     stream_every: float = 0.0  # the least time between a stream's pieces now
     stream_interval: float = 0.05  # ... when the loop is busy (seconds)
+    loop_name: str = "decode-loop"  # the thread that owns the engine, started by submit()
+
+    def _init_loop(self) -> None:
+        self.waiting: collections.deque[Sequence] = collections.deque()
+        self.wake = threading.Condition()
+        self.stopped = False
+        self.thread: threading.Thread | None = None
+
+    def _loop(self) -> None:
+        raise NotImplementedError
+
+    def _wait_for_work(self) -> bool:
+        """Under `wake`: block while nothing waits or runs; False once closed."""
+        while not self.stopped and not self.waiting and not self.running:
+            self.wake.wait()
+        return not self.stopped
+
+    def submit(self, seqs: list[Sequence]) -> None:
+        """Queue `seqs` for the loop (started with the first)."""
+        with self.wake:
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._loop, name=self.loop_name,
+                                               daemon=True)
+                self.thread.start()
+            self.waiting.extend(seqs)
+            self.wake.notify()
+
+    def close(self) -> None:
+        with self.wake:
+            self.stopped = True
+            self.wake.notify()
+        if self.thread is not None:
+            self.thread.join(timeout=10)
 
     def pace(self, running: int) -> None:
         """Set how often streams send, for `running` sequences."""
@@ -255,37 +288,16 @@ class Engine(Streaming):
         self.processors = processors
         self.max_rows, self.step_tokens = max(1, max_rows), max(1, step_tokens)
         self.request_level = request_level
-        self.waiting: collections.deque[Sequence] = collections.deque()
-        self.wake = threading.Condition()
+        self._init_loop()
         self.running: list[Sequence] = []
         self.past: dict[str, np.ndarray] = {}
         self.mask = np.zeros((0, 0), np.int64)
-        self.stopped = False
-        self.thread: threading.Thread | None = None
 
     # the loop ---------------------------------------------------------------------------------
-    def submit(self, seqs: list[Sequence]) -> None:
-        with self.wake:
-            if self.thread is None:
-                self.thread = threading.Thread(target=self._loop, name="decode-loop",
-                                               daemon=True)
-                self.thread.start()
-            self.waiting.extend(seqs)
-            self.wake.notify()
-
-    def close(self) -> None:
-        with self.wake:
-            self.stopped = True
-            self.wake.notify()
-        if self.thread is not None:
-            self.thread.join(timeout=10)
-
     def _loop(self) -> None:
         while True:
             with self.wake:
-                while not self.stopped and not self.waiting and not self.running:
-                    self.wake.wait()
-                if self.stopped:
+                if not self._wait_for_work():
                     return
             joining: list[Sequence] = []
             try:  # nothing a step raises ends the loop: every later request would hang

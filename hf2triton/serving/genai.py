@@ -21,9 +21,7 @@ Part of the serving core: numpy, openvino and openvino_genai only.
 
 from __future__ import annotations
 
-import collections
 import itertools
-import threading
 from typing import Any
 
 import numpy as np
@@ -111,6 +109,8 @@ class PromptScorer:
 class GenAIEngine(Streaming):
     """The loop around one ContinuousBatchingPipeline (the Generator's `engine`)."""
 
+    loop_name = "genai-loop"
+
     def __init__(self, model: GenAIModel, tokenizer: ChatTokenizer, eos: list[int],
                  processors: DecodeSettings, max_rows: int, step_tokens: int, max_context: int):
         import openvino_genai as ovg
@@ -120,38 +120,20 @@ class GenAIEngine(Streaming):
         self.step_tokens, self.max_context = max(1, step_tokens), max_context
         self.pipe = model.pipeline(self.max_rows, self.step_tokens, max_context)
         self.ids = itertools.count(1)
-        self.waiting: collections.deque[Sequence] = collections.deque()
+        self._init_loop()
         self.running: dict[int, Running] = {}
         self.scorer: PromptScorer | None = None
-        self.wake = threading.Condition()
-        self.stopped = False
-        self.thread: threading.Thread | None = None
 
     # the loop ---------------------------------------------------------------------------------
-    def submit(self, seqs: list[Sequence]) -> None:
-        with self.wake:
-            if self.thread is None:
-                self.thread = threading.Thread(target=self._loop, name="genai-loop",
-                                               daemon=True)
-                self.thread.start()
-            self.waiting.extend(seqs)
-            self.wake.notify()
-
     def close(self) -> None:
-        with self.wake:
-            self.stopped = True
-            self.wake.notify()
-        if self.thread is not None:
-            self.thread.join(timeout=10)
+        super().close()
         self.running.clear()
         self.pipe = None
 
     def _loop(self) -> None:
         while True:
             with self.wake:
-                while not self.stopped and not self.waiting and not self.running:
-                    self.wake.wait()
-                if self.stopped:
+                if not self._wait_for_work():
                     return
                 joining = list(self.waiting)
                 self.waiting.clear()

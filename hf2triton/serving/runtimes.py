@@ -144,18 +144,42 @@ class Runtime:
     precisions: ClassVar[tuple[str, ...]]  # what it can be asked for; `offered` says what runs
     options: ClassVar[dict[str, Any]] = {}  # its own settings and their defaults
 
+    # How its settings are checked: whole numbers with their least value, true/false flags,
+    # and settings that take one of a few values.
+    at_least: ClassVar[dict[str, int]] = {"threads": 0, "streams": 0, "device_id": 0}
+    flags: ClassVar[tuple[str, ...]] = ()
+    choices: ClassVar[dict[str, tuple[str, ...]]] = {}
+
     @classmethod
     def check(cls, options: dict[str, Any]) -> None:
         """ValueError naming a bad setting value."""
-        for key in ("threads", "streams", "device_id"):
-            if key in options and (not isinstance(options[key], int) or options[key] < 0):
-                raise ValueError(f"runtime {cls.name}: {key} must be a whole number >= 0, got "
+        for key, least in cls.at_least.items():
+            if key in options and (not isinstance(options[key], int) or options[key] < least):
+                raise ValueError(f"runtime {cls.name}: {key} must be a whole number >= {least}, "
+                                 f"got {options[key]!r}")
+        for key in cls.flags:
+            if key in options and not isinstance(options[key], bool):
+                raise ValueError(f"runtime {cls.name}: {key} must be true or false, got "
                                  f"{options[key]!r}")
+        for key, allowed in cls.choices.items():
+            if key in options and options[key] not in allowed:
+                raise ValueError(f"runtime {cls.name}: {key} {options[key]!r} is not one of "
+                                 f"{', '.join(a or repr(a) for a in allowed)}")
 
     @classmethod
     def offered(cls, device: str) -> dict[str, Any]:
         """{"precisions": what this machine's device runs, "available": bool, "why": str}."""
         raise NotImplementedError
+
+    @classmethod
+    def require_offered(cls, settings: RuntimeSettings) -> None:
+        """RuntimeUnavailable naming what this device offers, unless it offers the precision."""
+        offered = cls.offered(settings.device)
+        if settings.precision not in offered["precisions"]:
+            raise RuntimeUnavailable(
+                f"runtime {cls.name}: this {settings.device.upper()} does not offer "
+                f"{settings.precision} ({offered['why']}): choose one of "
+                f"{', '.join(offered['precisions']) or 'none'}")
 
     @classmethod
     def open(cls, path: str, settings: RuntimeSettings,
@@ -294,14 +318,8 @@ class OnnxRuntimeTensorrt(OnnxRuntime):
     devices = ("cuda",)
     precisions = ("fp16",)
     options = {"threads": 0, "device_id": 0, "cache_dir": "", "max_rows": 64}
+    at_least = {**Runtime.at_least, "max_rows": 1}
     provider = "TensorrtExecutionProvider"
-
-    @classmethod
-    def check(cls, options):
-        super().check(options)
-        if not isinstance(options["max_rows"], int) or options["max_rows"] < 1:
-            raise ValueError(f"runtime {cls.name}: max_rows must be a whole number >= 1, got "
-                             f"{options['max_rows']!r}")
 
     @classmethod
     def cache_dir(cls, settings: RuntimeSettings) -> str:
@@ -473,13 +491,7 @@ class OpenVino(Runtime):
     # leaves cores idle between small sub-batches (served on 2 cores: 1.12x the rate of LATENCY
     # with one stream; benchmarks/served_runtimes.py).
     options = {"threads": 0, "streams": 0, "hint": "THROUGHPUT"}
-
-    @classmethod
-    def check(cls, options):
-        super().check(options)
-        if options["hint"] not in OV_HINTS:
-            raise ValueError(f"runtime {cls.name}: hint {options['hint']!r} is not one of "
-                             f"{', '.join(OV_HINTS)}")
+    choices = {"hint": OV_HINTS}
 
     @classmethod
     def offered(cls, device):
@@ -506,12 +518,7 @@ class OpenVino(Runtime):
 
     @classmethod
     def open(cls, path, settings, shapes=None):
-        offered = cls.offered(settings.device)
-        if settings.precision not in offered["precisions"]:
-            raise RuntimeUnavailable(
-                f"runtime {cls.name}: this {settings.device.upper()} does not offer "
-                f"{settings.precision} ({offered['why']}): choose one of "
-                f"{', '.join(offered['precisions']) or 'none'}")
+        cls.require_offered(settings)
         core = _ov_core()
         config = cls.config(settings)
         model = core.read_model(path)
@@ -547,19 +554,9 @@ class OpenVinoGenAI(Runtime):
     devices = ("cpu",)
     precisions = ("fp32", "bf16")
     options = {"threads": 0, "kv_cache": "", "cache_gb": 0, "split_prompts": False}
-
-    @classmethod
-    def check(cls, options):
-        super().check(options)
-        if options["kv_cache"] not in GENAI_KV:
-            raise ValueError(f"runtime {cls.name}: kv_cache {options['kv_cache']!r} is not one "
-                             f"of {', '.join(repr(k) for k in GENAI_KV)}")
-        if not isinstance(options["split_prompts"], bool):
-            raise ValueError(f"runtime {cls.name}: split_prompts must be true or false, got "
-                             f"{options['split_prompts']!r}")
-        if not isinstance(options["cache_gb"], int) or options["cache_gb"] < 0:
-            raise ValueError(f"runtime {cls.name}: cache_gb must be a whole number >= 0, got "
-                             f"{options['cache_gb']!r}")
+    at_least = {**Runtime.at_least, "cache_gb": 0}
+    flags = ("split_prompts",)
+    choices = {"kv_cache": GENAI_KV}
 
     @classmethod
     def offered(cls, device):
@@ -584,12 +581,7 @@ class OpenVinoGenAI(Runtime):
 
     @classmethod
     def open(cls, path, settings, shapes=None):
-        offered = cls.offered(settings.device)
-        if settings.precision not in offered["precisions"]:
-            raise RuntimeUnavailable(
-                f"runtime {cls.name}: this {settings.device.upper()} does not offer "
-                f"{settings.precision} ({offered['why']}): choose one of "
-                f"{', '.join(offered['precisions']) or 'none'}")
+        cls.require_offered(settings)
         if os.path.basename(path) != "openvino_model.xml":
             raise RuntimeUnavailable(f"runtime {cls.name} serves a stateful OpenVINO IR "
                                      f"(openvino_model.xml), not {os.path.basename(path)}")
