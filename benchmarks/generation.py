@@ -322,7 +322,8 @@ def main() -> None:
     model_dir = args.model or build_qwen2(work / "qwen2-25m")
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     home = work / "home"
-    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
+    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port(),
+             "openai": {"port": free_port()}}
     rows = max(levels)
     released = {
         "genai": release(model_dir, "bench-genai", {"name": "openvino-genai",

@@ -39,7 +39,8 @@ def spec_for(model_dir: Path, work: Path) -> Path:
     spec["name"] = spec["registry"]["model_name"] = "bench-qwen2-25m"
     spec["text_generation"].update(max_new_tokens=96, max_context=512)
     spec["validation"]["sentences"] = str(ROOT / "releases" / "data" / "generation-prompts.txt")
-    spec["deploy"].update(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
+    spec["deploy"].update(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                          openai={"port": free_port()})
     spec.pop("watch", None)
     path = work / "spec.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))

@@ -24,10 +24,7 @@ Writes benchmarks/results/runtimes-<UTC time>.{json,md}. Everything runs on 127.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import platform
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -97,19 +94,15 @@ def main() -> None:
     quiet = bench.wait_for_quiet(max_wait_s=a.quiet_wait)
     texts = bench.traffic()["mixed"]
     cli = [str(ROOT / ".venv" / "bin" / "hf2triton")]
-    out: dict = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                 "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                                          capture_output=True, text=True).stdout.strip(),
-                 "cpu": platform.processor() or platform.machine(), "quiet": quiet,
-                 "traffic": bench.describe_traffic(texts), "clients": CLIENTS,
-                 "command": "benchmarks/served_runtimes.py " + " ".join(sys.argv[1:])}
+    out: dict = bench.record_header("served_runtimes.py", quiet, texts, CLIENTS)
     from hf2triton.cpu import cpu_features
 
     out["cpu_features"] = cpu_features()
     with tempfile.TemporaryDirectory(prefix="hf2triton-runtimes-") as tmp_dir:
         tmp, home = Path(tmp_dir), Path(tmp_dir) / "home"
-        http, grpc, metrics = free_ports(3)
-        ports = {"http_port": http, "grpc_port": grpc, "metrics_port": metrics}
+        http, grpc, metrics, api = free_ports(4)
+        ports = {"http_port": http, "grpc_port": grpc, "metrics_port": metrics,
+                 "openai": {"port": api}}
         releases = {}
         try:
             for name, runtimes in (("minilm-embedder", None), ("minilm-ort-fp32", ORT_FP32)):
@@ -150,16 +143,12 @@ def main() -> None:
     if out.get("infinity"):
         out["ratios"]["served_default_over_infinity"] = \
             median(lambda r: r[new]["rps"]) / out["infinity"]["rps"]
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    dest = ROOT / "benchmarks" / "results"
-    dest.mkdir(parents=True, exist_ok=True)
-    (dest / f"runtimes-{stamp}.json").write_text(json.dumps(out, indent=1) + "\n")
     lines = [f"# Served runtimes, {out['date']}, commit {out['commit']}", "",
              f"`{out['command']}`; {CLIENTS} gRPC clients, every-length traffic "
              f"{json.dumps(out['traffic'])}", "",
              *(f"- {k}: **{v:.2f}x**" for k, v in out["ratios"].items()), "",
              *(f"- {k} ships `{v['variant']}`" for k, v in out["releases"].items())]
-    (dest / f"runtimes-{stamp}.md").write_text("\n".join(lines) + "\n")
+    bench.save_record("runtimes", out, lines)
     print("\n".join(lines))
 
 

@@ -125,6 +125,28 @@ def describe_traffic(texts: list[str]) -> dict[str, float]:
 # --- releases ----------------------------------------------------------------------------------
 
 
+def record_header(script: str, quiet: dict, texts: list[str], clients: int) -> dict:
+    """What every benchmark record starts with: when, which commit, on what, under what."""
+    import platform
+
+    return {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                                     capture_output=True, text=True).stdout.strip(),
+            "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+            "quiet": quiet, "traffic": describe_traffic(texts), "clients": clients,
+            "command": f"benchmarks/{script} " + " ".join(sys.argv[1:])}
+
+
+def save_record(prefix: str, record: dict, lines: list[str]) -> Path:
+    """benchmarks/results/<prefix>-<UTC time>.json (the record) and .md (its summary)."""
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    dest = ROOT / "benchmarks" / "results"
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / f"{prefix}-{stamp}.json").write_text(json.dumps(record, indent=1) + "\n")
+    (dest / f"{prefix}-{stamp}.md").write_text("\n".join(lines) + "\n")
+    return dest / f"{prefix}-{stamp}.json"
+
+
 def write_spec(path: Path, base: Path, ports: dict[str, int], **deploy: Any) -> Path:
     spec = yaml.safe_load(base.read_text())
     spec["validation"]["sentences"] = str(base.parent / spec["validation"]["sentences"])
@@ -251,8 +273,9 @@ def baseline_main(tmp: Path, mixes: dict, seconds: float) -> dict:
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(base),
                     BASELINE_COMMIT], check=True, capture_output=True)
     try:
-        http, grpc, metrics = free_ports(3)
-        ports = {"http_port": http, "grpc_port": grpc, "metrics_port": metrics}
+        http, grpc, metrics, api = free_ports(4)
+        ports = {"http_port": http, "grpc_port": grpc, "metrics_port": metrics,
+                 "openai": {"port": api}}
         spec = write_spec(base / "releases" / "bench.yaml",
                           base / "releases" / "minilm-embedder.yaml", ports)
         # Its own code first on the path; the pipeline and serving environments are this one's.
@@ -373,7 +396,7 @@ def translation(tmp: Path, seconds: float) -> dict:
 
     model = marian_sized(tmp / "marian-sized")
     texts = read_lines(ROOT / "releases" / "data" / "translation-validation-en.txt", "t")
-    http, grpc, metrics = free_ports(3)
+    http, grpc, metrics, api = free_ports(4)
     spec = {"name": "bench-translator", "task": "translation",
             "source": {"path": str(model), "model_id": "bench/marian-sized"},
             "generation": {"target_lang": "sw", "max_new_tokens": NEW_TOKENS, "num_beams": 1},
@@ -383,7 +406,7 @@ def translation(tmp: Path, seconds: float) -> dict:
                            "smoke_sentences": 8},
             "registry": {"model_name": "bench-translator"}, "image": {"build": False},
             "deploy": {"http_port": http, "grpc_port": grpc, "metrics_port": metrics,
-                       "max_batch_size": 16, "preferred_batch_sizes": [8, 16],
+                       "openai": {"port": api}, "max_batch_size": 16, "preferred_batch_sizes": [8, 16],
                        "max_queue_delay_us": 5000}}
     path = tmp / "translator.yaml"
     path.write_text(yaml.safe_dump(spec))
@@ -583,8 +606,9 @@ def run(a: argparse.Namespace) -> dict:
     res["traffic"] = {k: describe_traffic(v) for k, v in mixes.items()}
     with tempfile.TemporaryDirectory(prefix="hf2triton-bench-") as tmp_name:
         tmp = Path(tmp_name)
-        http, grpc, metrics = free_ports(3)
-        ports = {"http_port": http, "grpc_port": grpc, "metrics_port": metrics}
+        http, grpc, metrics, api = free_ports(4)
+        ports = {"http_port": http, "grpc_port": grpc, "metrics_port": metrics,
+                 "openai": {"port": api}}
         spec = write_spec(tmp / "minilm.yaml", ROOT / "releases" / "minilm-embedder.yaml", ports)
         home, cli = tmp / "home", [str(VENV / "hf2triton")]
         log("this release: the default spec")

@@ -49,8 +49,9 @@ def tree_rss_mb(pid: int) -> float:
 def release(home: Path) -> tuple[str, int, str]:
     spec = yaml.safe_load((ROOT / "releases" / "minilm-embedder.yaml").read_text())
     spec["validation"]["sentences"] = str(ROOT / "releases" / "data" / "embedding-validation.txt")
-    http, grpc, metrics = free_ports(3)
-    spec["deploy"].update(http_port=http, grpc_port=grpc, metrics_port=metrics)
+    http, grpc, metrics, api = free_ports(4)
+    spec["deploy"].update(http_port=http, grpc_port=grpc, metrics_port=metrics,
+                          openai={"port": api})
     spec.pop("schedule", None)
     path = home / "soak-spec.yaml"
     path.write_text(yaml.safe_dump(spec))
