@@ -42,7 +42,12 @@ class Source(Strict):
     (`key`), with its own keys and how it brings the model to a local directory."""
 
     key: ClassVar[str]  # the spec key that names this source: repo_id, path, package, ...
-    name: ClassVar[str]  # its registry name: hub, path, package, mlflow, train
+    name: ClassVar[str]  # its registry name (its key unless it says): hub, path, package, ...
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "key" in cls.__dict__ and "name" not in cls.__dict__:
+            cls.name = cls.key
 
     model_id: str | None = Field(None, description="id recorded as lineage for local sources")
 

@@ -19,7 +19,6 @@ class PathSource(Source):
     """A local Hugging Face model directory."""
 
     key = "path"
-    name = "path"
 
     path: str = Field(description="a local Hugging Face model directory (relative to the spec "
                       "file)")
@@ -44,7 +43,6 @@ class PackageSource(Source):
     """An installed Python package that carries the model directory."""
 
     key = "package"
-    name = "package"
 
     package: str = Field(description="an installed Python package that carries the model "
                          "directory")

@@ -62,7 +62,6 @@ class MlflowSource(Source):
     """A version of an MLflow model registry."""
 
     key = "mlflow"
-    name = "mlflow"
 
     mlflow: MlflowSourceSpec = Field(description="a version of an MLflow registry")
 

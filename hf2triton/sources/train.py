@@ -53,7 +53,6 @@ class TrainSource(Source):
     """A small language model trained here from a text file, once."""
 
     key = "train"
-    name = "train"
 
     train: TrainSourceSpec = Field(description="a small language model trained here from a "
                                    "text file, once")
