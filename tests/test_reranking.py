@@ -43,7 +43,9 @@ def reranker(tmp_path_factory, model_dir):
     tmp = tmp_path_factory.mktemp("reranker")
     ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port(),
              "openai": {"port": free_port()}}
-    spec = load_spec(_spec(tmp, model_dir, ports))
+    # Every candidate judged (not only up to the fastest that passes, which depends on this
+    # machine's timings): the tests read int8's ranking metrics from the report.
+    spec = load_spec(_spec(tmp, model_dir, ports, validation__judge_all=True))
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF2TRITON_HOME", str(tmp / "home"))
         mp.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -135,13 +137,13 @@ def test_a_ranking_gate_int8_cannot_meet_refuses_the_release_naming_the_metric(
 
     report = json.loads(next((reranker["home"] / "work" / "tiny-reranker" / "validate")
                              .glob("*/validation_report.json")).read_text())
-    int8 = report["candidates"][0]
-    assert int8["name"].startswith("dynamic-int8") and int8["metrics"]["min_spearman"] < 1.0
+    int8 = next(c for c in report["candidates"] if c["name"].startswith("dynamic-int8"))
+    assert int8["metrics"]["min_spearman"] < 1.0
     monkeypatch.setenv("HF2TRITON_HOME", str(reranker["home"]))
     spec = load_spec(_spec(tmp_path, model_dir, reranker["ports"],
                            quantization__fallback_to_fp32=False,
                            reranking={"thresholds": {"min_spearman": 1.0}}))
-    with pytest.raises(AccuracyGateError, match=r"min_spearman 0\.\d+ < 1\.0") as err:
+    with pytest.raises(AccuracyGateError, match=r"min_spearman -?[01]\.\d+ < 1\.0") as err:
         release_model(spec)
     assert "worst query" in str(err.value) and "Relax reranking.thresholds" in str(err.value)
 
