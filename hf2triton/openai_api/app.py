@@ -221,6 +221,10 @@ def create_app(triton_url: str, key_hashes: tuple[str, ...] = (), max_body: int 
     async def embeddings(body: EmbeddingRequest, request: Request) -> Json:
         request.state.model = body.model
         model = await triton().model(body.model, ("embedding",), "/v1/embeddings")
+        # A size the model does not make is refused before any inference is run.
+        if body.dimensions is not None and model.width and body.dimensions != model.width:
+            raise bad_request(f"dimensions {body.dimensions}: this model's embeddings have "
+                              f"{model.width}", param="dimensions")
         texts = [body.input] if isinstance(body.input, str) else body.input
         chunk = model.max_batch_size or len(texts)
         parts = await timed(asyncio.gather(*(

@@ -36,6 +36,7 @@ class Model:
     outputs: tuple[str, ...]
     created: int  # when the API first saw this version (seconds)
     labels: tuple[str, ...] = ()  # a classifier's label names, in score order
+    width: int | None = None  # an embedder's embedding size, as its config declares it
 
 
 def kind_of(inputs: set[str], outputs: set[str]) -> str | None:
@@ -131,9 +132,12 @@ class Triton:
         if kind is None:
             return None
         labels = cfg.get("parameters", {}).get("labels", {}).get("string_value")
+        dims = next((t.get("dims", []) for t in cfg.get("output", [])
+                     if t["name"] == "EMBEDDING"), [])
+        width = int(dims[-1]) if dims and int(dims[-1]) > 0 else None
         model = Model(name=name, version=version, kind=kind,
                       max_batch_size=int(cfg.get("max_batch_size", 0) or 0), outputs=outputs,
-                      created=int(time.time()), labels=tuple(json.loads(labels or "[]")))
+                      created=int(time.time()), labels=tuple(json.loads(labels or "[]")), width=width)
         self.known[(name, version)] = model
         return model
 
