@@ -30,6 +30,10 @@ MANIFESTS = {  # file -> (kind, the Kubernetes client model that checks it, or N
     "triton-servicemonitor.yaml": ("ServiceMonitor", None),
 }
 WORK_POOL_TEMPLATE = TEMPLATES / "prefect-work-pool.json"
+# The InferenceService's storageUri when the release has no model repository the cluster reads.
+NO_STORAGE = "s3://CHANGE-ME/triton_repository"
+# Where the rendered objects say which MLflow version they serve.
+VERSION_ANNOTATION = "hf2triton.io/mlflow-version"
 
 
 def render(name: str, model_name: str, version: str, image_reference: str,
@@ -53,7 +57,7 @@ def render(name: str, model_name: str, version: str, image_reference: str,
         "name": name, "namespace": k8s.namespace, "model_name": model_name, "version": version,
         "image": image_reference, "digest": image_reference.split("@", 1)[1],
         # Rendered even without a store, so the plain Deployment can be inspected and applied.
-        "storage_uri": storage_uri or "s3://CHANGE-ME/triton_repository",
+        "storage_uri": storage_uri or NO_STORAGE,
         "min_replicas": k8s.min_replicas, "hpa_min_replicas": max(1, k8s.min_replicas),
         "max_replicas": k8s.max_replicas, "target_cpu_utilization": k8s.target_cpu_utilization,
         "cpu_request": k8s.cpu_request, "memory_request": k8s.memory_request,
@@ -71,6 +75,26 @@ def render(name: str, model_name: str, version: str, image_reference: str,
             raise DeployError(f"{TEMPLATES / file} renders a {obj.get('kind')}, not a {kind}")
         out[kind] = obj
     return out
+
+
+def metrics_url(objs: dict[str, dict[str, Any]]) -> str:
+    """What the ServiceMonitor has Prometheus scrape, by the Service's cluster DNS name: the
+    Service's port of the name the ServiceMonitor's endpoint names, and its path."""
+    service, scrape = objs["Service"], objs["ServiceMonitor"]["spec"]["endpoints"][0]
+    ports = {p["name"]: p["port"] for p in service["spec"]["ports"]}
+    if scrape["port"] not in ports:
+        raise DeployError(f"the ServiceMonitor scrapes port {scrape['port']!r}, which the "
+                          f"Service does not have (it has {', '.join(ports)}): see {TEMPLATES}")
+    meta = service["metadata"]
+    return (f"http://{meta['name']}.{meta['namespace']}.svc.cluster.local:"
+            f"{ports[scrape['port']]}{scrape.get('path', '/metrics')}")
+
+
+def served_version(obj: dict[str, Any] | None) -> str | None:
+    """The MLflow version a rendered (or live) object serves, None where it does not say."""
+    meta = (obj or {}).get("metadata") or {}
+    return (meta.get("annotations") or {}).get(VERSION_ANNOTATION) or \
+        (meta.get("labels") or {}).get("app.kubernetes.io/version")
 
 
 def _api_client():

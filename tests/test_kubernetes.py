@@ -183,11 +183,16 @@ def test_prefect_kubernetes_work_pool_template_renders_a_valid_job():
     assert container["args"] == ["prefect", "flow-run", "execute"]
 
 
-def test_kserve_target_without_a_cluster_fails_saying_so(tmp_path, monkeypatch):
-    # No cluster here: this is the only part of the apply path a test can reach.
+@pytest.fixture()
+def no_cluster(tmp_path, monkeypatch):
+    """No kubeconfig and no pod's service account: the apply path stops before any cluster call
+    (there is no cluster here: this is the only part of it a test can reach)."""
     monkeypatch.delenv("KUBECONFIG", raising=False)
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
+
+
+def test_kserve_target_without_a_cluster_fails_saying_so(tmp_path, no_cluster):
     kube = KubernetesSpec(namespace="serving", storage_uri=STORE)
     target = KServe(KServeDeploy(target="kserve", kubernetes=kube, ready_timeout_s=60),
                     "tiny-embedder", str(tmp_path / "work"), "tiny-embedder")
@@ -211,3 +216,129 @@ def test_kserve_target_needs_the_image():
     with pytest.raises(SpecError, match="not a Kubernetes quantity"):
         parse_spec({**base, "deploy": {"target": "kserve", "kubernetes": {"cpu_limit": "lots"}}})
     assert parse_spec(base).deploy.kubernetes.workload == "inferenceservice"
+
+
+def _image_of(version: str) -> dict:
+    """A pushed image of `version` (each version its own digest), as image.target records it."""
+    digest = "sha256:" + version.zfill(2) * 32
+    return {"tag": f"127.0.0.1:5000/tiny-embedder:{version}-0123456789ab", "digest": digest,
+            "reference": f"127.0.0.1:5000/tiny-embedder@{digest}"}
+
+
+def _storage_of(version: str) -> str:
+    return f"s3://models/tiny-embedder/{version}/triton_repository"
+
+
+@pytest.fixture()
+def kserve_versions(tmp_path, hf2triton_home, no_cluster):
+    """tiny-embedder in a local MLflow store: version 1 with its pushed image recorded (as the
+    release's record-image step tags it), version 2 deployed by the kserve target (its
+    manifests written; no cluster), version 3 released with no image. Each version's model
+    repository is in an object store. Returns the target."""
+    from hf2triton.clients.mlflow import Registry
+    from hf2triton.image.target import image_tags
+
+    registry = Registry()
+    registry.client.create_registered_model("tiny-embedder")
+    for version in ("1", "2", "3"):
+        mv = registry.client.create_model_version("tiny-embedder", _storage_of(version))
+        assert str(mv.version) == version
+    built = {"image_id": "sha256:" + "ee" * 32, "size_bytes": 1, "base_image": "debian:12"}
+    registry.tag_version("tiny-embedder", "1", image_tags(built, _image_of("1")))
+    target = KServe(KServeDeploy(target="kserve", kubernetes=KubernetesSpec(namespace="serving"),
+                                 ready_timeout_s=60),
+                    "tiny-embedder", str(tmp_path / "work"), "tiny-embedder")
+    with pytest.raises(DeployError, match="no Kubernetes cluster is configured"):
+        target.deploy("/nonexistent", "tiny-embedder", "2", {}, _image_of("2"), lambda e: {})
+    return target
+
+
+def _written(folder: Path) -> dict:
+    import yaml
+
+    objs = [yaml.safe_load(p.read_text()) for p in sorted(folder.glob("*.yaml"))]
+    return {obj["kind"]: obj for obj in objs}
+
+
+@pytest.mark.parametrize("version, recorded_by", [("1", "its MLflow version's image tag"),
+                                                  ("2", "its deploy's manifests")])
+def test_restore_without_a_cluster_writes_the_version_pinned_and_applies_nothing(
+        kserve_versions, tmp_path, version, recorded_by):
+    """`hf2triton rollback` to a version: its own image digest and model repository, rendered,
+    checked and written; without a cluster the error names them, and nothing is checked on an
+    endpoint (nothing was applied)."""
+    checked = []
+    with pytest.raises(DeployError, match="no Kubernetes cluster is configured") as err:
+        kserve_versions.restore("tiny-embedder", version, checked.append)
+    folder = tmp_path / "work" / "k8s" / f"{version}-restore"
+    message = str(err.value)
+    assert message.startswith(f"tiny-embedder version {version} is not served again and the "
+                              "champion alias stays where it is")
+    assert str(folder) in message and "kubectl apply -f" in message
+    assert checked == []
+    objs = _written(folder)
+    k8s.check_manifests(objs)
+    image = _image_of(version)
+    model = objs["InferenceService"]["spec"]["predictor"]["model"]
+    assert model["image"] == image["reference"], recorded_by
+    assert model["storageUri"] == _storage_of(version), recorded_by
+    (triton,) = objs["Deployment"]["spec"]["template"]["spec"]["containers"]
+    assert triton["image"] == image["reference"]
+    for kind in ("InferenceService", "Deployment"):
+        meta = objs[kind]["metadata"]
+        assert meta["annotations"]["hf2triton.io/image-digest"] == image["digest"]
+        assert meta["annotations"]["hf2triton.io/mlflow-version"] == version
+        assert meta["labels"]["app.kubernetes.io/version"] == version
+    # The version's deploy manifests are left as they were.
+    deployed = _written(tmp_path / "work" / "k8s" / "2")["InferenceService"]
+    assert deployed["spec"]["predictor"]["model"]["image"] == _image_of("2")["reference"]
+
+
+def test_restore_of_a_version_with_no_recorded_image_says_what_to_do(kserve_versions, tmp_path):
+    with pytest.raises(DeployError, match="tiny-embedder version 3 has no recorded image") as err:
+        kserve_versions.restore("tiny-embedder", "3", lambda e: {})
+    assert "'image.reference' tag" in str(err.value) and "--to VERSION" in str(err.value)
+    with pytest.raises(DeployError, match="tiny-embedder has no version 9 in MLflow"):
+        kserve_versions.restore("tiny-embedder", "9", lambda e: {})
+    assert sorted(p.name for p in (tmp_path / "work" / "k8s").iterdir()) == ["2"]
+
+
+@pytest.mark.parametrize("workload, http, grpc, openai", [
+    ("deployment", "tiny-embedder.serving.svc.cluster.local:8000",
+     "tiny-embedder.serving.svc.cluster.local:8001",
+     "http://tiny-embedder.serving.svc.cluster.local:9000/v1"),
+    ("inferenceservice", "tiny-embedder-predictor.serving.svc.cluster.local:80",
+     "tiny-embedder-predictor.serving.svc.cluster.local:80", None)])
+def test_watch_reads_the_rendered_services_metrics_port_and_probes_the_served_endpoints(
+        workload, http, grpc, openai):
+    kube = KubernetesSpec(namespace="serving", workload=workload)
+    target = KServe(KServeDeploy(target="kserve", kubernetes=kube), "tiny-embedder")
+    (point,) = target.watch_points()
+    objs = _render(workload=workload)
+    (scrape,) = objs["ServiceMonitor"]["spec"]["endpoints"]
+    ports = {p["name"]: p["port"] for p in objs["Service"]["spec"]["ports"]}
+    assert (scrape["port"], ports["metrics"], scrape["path"]) == ("metrics", 8002, "/metrics")
+    assert point["metrics"] == "http://tiny-embedder.serving.svc.cluster.local:8002/metrics"
+    assert (point["http"], point["grpc"], point.get("openai")) == (http, grpc, openai)
+    assert point["name"] == f"{workload} serving/tiny-embedder"
+
+
+def test_watch_follows_the_templates_metrics_port(tmp_path, monkeypatch):
+    """The port comes from the rendered Service, by the name the ServiceMonitor scrapes; a
+    ServiceMonitor naming a port the Service lacks is refused."""
+    templates = tmp_path / "k8s"
+    shutil.copytree(k8s.TEMPLATES, templates)
+    service = templates / "triton-service.yaml"
+    service.write_text(service.read_text().replace("port: 8002", "port: 9102"))
+    monkeypatch.setattr(k8s, "TEMPLATES", templates)
+    kube = KubernetesSpec(namespace="serving", workload="deployment",
+                          endpoint_http="gateway.example.com:80")
+    target = KServe(KServeDeploy(target="kserve", kubernetes=kube), "tiny-embedder")
+    (point,) = target.watch_points()
+    assert point["metrics"] == "http://tiny-embedder.serving.svc.cluster.local:9102/metrics"
+    assert point["http"] == "gateway.example.com:80"
+    monitor = templates / "triton-servicemonitor.yaml"
+    monitor.write_text(monitor.read_text().replace("port: metrics", "port: prometheus"))
+    with pytest.raises(DeployError, match="scrapes port 'prometheus', which the Service does "
+                       "not have"):
+        target.watch_points()

@@ -8,6 +8,13 @@ The InferenceService's model repository is `deploy.kubernetes.storage_uri`, else
 `deploy.model_store` of kind s3 (the version is written there first, like the local target
 does), else the MLflow version's `triton_repository` artifact when it lives in an object store.
 A rollback re-applies the objects that served before (or deletes the new ones).
+
+After promotion, `restore` (`hf2triton rollback`, the watch) renders an earlier version again,
+pinned to that version's own image digest and model repository (as its deploy's manifests in
+`k8s/<version>/` say, else its MLflow version's `image.reference` tag and source), writes them to
+`k8s/<version>-restore/` and applies them as a deploy does; they must pass the version's smoke
+test, else what served before is applied again. The watch reads Triton's metrics through the
+rendered Service at the port the ServiceMonitor scrapes.
 """
 
 from __future__ import annotations
@@ -17,20 +24,24 @@ import time
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
+import yaml
 from pydantic import Field, field_validator, model_validator
 
 from hf2triton import k8s
 from hf2triton.clients.mlflow import Registry
 from hf2triton.errors import DeployError
+from hf2triton.runs import step_logger
 from hf2triton.smoke import Endpoint
 from hf2triton.specbase import Strict, matching
 from hf2triton.stores import ModelStoreSpec, default_store
 from hf2triton.targets import TARGETS
-from hf2triton.targets.base import Check, Deployment, DeploySection, DeployTarget
+from hf2triton.targets.base import Check, Deployment, DeploySection, DeployTarget, WatchPoint
 from hf2triton.targets.local import expected_files
 
 REMOTE_STORES = ("s3://", "gs://", "azureblob://", "https://", "hdfs://", "webhdfs://", "pvc://",
                  "oci://")
+# The MLflow version tag naming the pushed image by digest (hf2triton.image.target.image_tags).
+IMAGE_TAG = "image.reference"
 
 
 def endpoints(name: str, kube: KubernetesSpec) -> tuple[str, str]:
@@ -169,18 +180,17 @@ class KServe(DeployTarget):
             return store.storage_uri()
         return storage_uri_for(kube, Registry().version(self.registry_model, version).source)
 
-    def deploy(self, repository: str, model_name: str, version: str, files: dict[str, str],
-               image: dict[str, Any], check: Check) -> Deployment:
+    def _manifests(self, model_name: str, version: str, image_reference: str,
+                   storage: str | None, folder: str) -> tuple[dict[str, dict[str, Any]],
+                                                          list[str]]:
+        """`version`'s manifests rendered, checked and written to `k8s/<folder>/` under the work
+        directory; raises (naming them) when the InferenceService has no model repository or
+        no cluster is configured to apply them to."""
         kube = self.spec.kubernetes
-        if not image.get("reference"):
-            raise DeployError(
-                "deploy.target 'kserve' runs the release's image, but no image was built: "
-                f"{image.get('skipped', 'unknown reason')}")
-        storage = self._storage(repository, model_name, version, files)
-        objs = k8s.render(self.release, model_name, version, image["reference"], storage, kube,
+        objs = k8s.render(self.release, model_name, version, image_reference, storage, kube,
                           self.spec.openai)
         k8s.check_manifests(objs)
-        written = k8s.write(objs, Path(self.work) / "k8s" / version)
+        written = k8s.write(objs, Path(self.work) / "k8s" / folder)
         if kube.workload == "inferenceservice" and storage is None:
             raise DeployError(
                 "an InferenceService needs a model repository the cluster can read: set "
@@ -189,21 +199,55 @@ class KServe(DeployTarget):
                 f"root; the manifests are rendered in {Path(written[0]).parent}")
         if k8s.configured_cluster(kube) is None:
             raise k8s.no_cluster_error(kube, written)
-        kinds = ["InferenceService"] if kube.workload == "inferenceservice" else \
-            ["Deployment", "Service", "HorizontalPodAutoscaler"]
-        applied = [objs[k] for k in kinds]
-        before = k8s.current(applied, kube)
-        k8s.apply(applied, kube)
-        if kube.workload == "inferenceservice":
-            k8s.wait_inference_service(self.release, kube, self.spec.ready_timeout_s)
-        else:
-            _wait_deployment(self.release, kube, self.spec.ready_timeout_s)
+        return objs, written
+
+    def _endpoint(self, version: str) -> Endpoint:
+        """Where the pipeline reaches the served model (the smoke test's endpoint)."""
+        kube = self.spec.kubernetes
         http, grpc = endpoints(self.release, kube)
         endpoint = Endpoint(name=f"{kube.workload} {kube.namespace}/{self.release}",
                             http=http, grpc=grpc, version=version)
         api = openai_endpoint(self.release, kube, self.spec.openai)
         if api:
             endpoint["openai"] = api
+        return endpoint
+
+    def _roll_out(self, objs: dict[str, dict[str, Any]], version: str,
+                  check: Check | None = None
+                  ) -> tuple[list[dict[str, Any]], list[dict[str, Any] | None], Endpoint]:
+        """Apply the workload's objects, wait until they serve and run `check` on them; on any
+        failure re-apply what the cluster held before (deleting what it did not) and raise.
+        Returns (applied, before, endpoint)."""
+        kube = self.spec.kubernetes
+        kinds = ["InferenceService"] if kube.workload == "inferenceservice" else \
+            ["Deployment", "Service", "HorizontalPodAutoscaler"]
+        applied = [objs[k] for k in kinds]
+        before = k8s.current(applied, kube)
+        endpoint = self._endpoint(version)
+        try:
+            k8s.apply(applied, kube)
+            if kube.workload == "inferenceservice":
+                k8s.wait_inference_service(self.release, kube, self.spec.ready_timeout_s)
+            else:
+                _wait_deployment(self.release, kube, self.spec.ready_timeout_s)
+            if check is not None:
+                check(endpoint)
+        except Exception:
+            k8s.restore(applied, before, kube)
+            raise
+        return applied, before, endpoint
+
+    def deploy(self, repository: str, model_name: str, version: str, files: dict[str, str],
+               image: dict[str, Any], check: Check) -> Deployment:
+        kube = self.spec.kubernetes
+        if not image.get("reference"):
+            raise DeployError(
+                "deploy.target 'kserve' runs the release's image, but no image was built: "
+                f"{image.get('skipped', 'unknown reason')}")
+        storage = self._storage(repository, model_name, version, files)
+        objs, written = self._manifests(model_name, version, image["reference"], storage,
+                                        version)
+        applied, before, endpoint = self._roll_out(objs, version)
         return Deployment(
             target=self.name, model_name=model_name, version=version,
             endpoints=[endpoint],
@@ -211,6 +255,80 @@ class KServe(DeployTarget):
                    "image": image["reference"], "storage_uri": storage, "manifests": written,
                    "applied": applied, "before": before},
             reused=False)
+
+    def _recorded(self, version: str) -> tuple[str, str | None]:
+        """(image reference, model repository) `version` was deployed with: as the manifests
+        its deploy (or an earlier restore) wrote say, else as its MLflow version records."""
+        for folder in (version, f"{version}-restore"):
+            written = Path(self.work) / "k8s" / folder / "inferenceservice.yaml"
+            if written.is_file():
+                isvc = yaml.safe_load(written.read_text())
+                model = isvc["spec"]["predictor"]["model"]
+                if k8s.served_version(isvc) == version and "@sha256:" in model.get("image", ""):
+                    storage = model.get("storageUri")
+                    return model["image"], None if storage == k8s.NO_STORAGE else storage
+        from mlflow.exceptions import MlflowException
+
+        try:
+            mv = Registry().version(self.registry_model, version)
+        except MlflowException as exc:
+            if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
+                raise
+            raise DeployError(f"{self.registry_model} has no version {version} in MLflow, and "
+                              f"{Path(self.work) / 'k8s' / version} holds no manifests of it: "
+                              "give a version that was released (--to VERSION)") from None
+        reference = (mv.tags or {}).get(IMAGE_TAG)
+        if not reference:
+            raise DeployError(
+                f"{self.registry_model} version {version} has no recorded image to run: its "
+                f"MLflow version has no {IMAGE_TAG!r} tag and {Path(self.work) / 'k8s' / version}"
+                " holds no manifests of it (it was released to a target that runs no image, or "
+                "its image was never pushed). Release it again with deploy.target kserve, or "
+                "roll back to a version that has one (--to VERSION)")
+        kube, store = self.spec.kubernetes, self.spec.model_store
+        return reference, kube.storage_uri or store.storage_uri() or \
+            storage_uri_for(kube, mv.source)
+
+    def restore(self, model_name: str, version: str, check: Check) -> list[str]:
+        """`version` applied again, pinned to its own image digest and model repository, and
+        checked on the endpoint a deploy's smoke test uses; a failure re-applies what served
+        before. The workload rolls over as a deploy's does (a Deployment's new pods are ready
+        before old ones go; KServe moves traffic once the new revision is Ready), so `check`
+        runs once `version` alone serves. Returns the version that served before, as its
+        objects said."""
+        reference, storage = self._recorded(version)
+        try:
+            objs, _ = self._manifests(model_name, version, reference, storage,
+                                      f"{version}-restore")
+        except DeployError as exc:  # nothing applied: say so in the rollback's terms
+            raise DeployError(f"{self.registry_model} version {version} is not served again "
+                              f"and the champion alias stays where it is: {exc} (the rollback "
+                              "moves the alias only once it has applied them and version "
+                              f"{version} passed its smoke test)") from None
+        _, before, endpoint = self._roll_out(objs, version, check)
+        stopped = sorted({v for v in map(k8s.served_version, before) if v and v != version},
+                         key=lambda v: (len(v), v))
+        step_logger().info("rollback: %s serves version %s again (%s)%s", endpoint["name"],
+                           version, reference,
+                           f"; version {', '.join(stopped)} stopped" if stopped else "")
+        return stopped
+
+    def watch_points(self) -> list[WatchPoint]:
+        """The served model's endpoints (as the smoke test reaches them), and Triton's metrics
+        where the ServiceMonitor has Prometheus scrape them: the rendered Service's port of that
+        name. A deploy applies that Service with workload deployment; with an InferenceService
+        it is only rendered (KServe's predictor Service carries port 80 alone). No version is at
+        hand: the manifests are rendered with a placeholder image, which neither the Service nor
+        the ServiceMonitor carries."""
+        kube = self.spec.kubernetes
+        objs = k8s.render(self.release, self.release, "0", f"{self.release}@sha256:{'0' * 64}",
+                          None, kube)
+        endpoint = self._endpoint("")
+        point = WatchPoint(name=endpoint["name"], http=endpoint["http"], grpc=endpoint["grpc"],
+                           metrics=k8s.metrics_url(objs))
+        if endpoint.get("openai"):
+            point["openai"] = endpoint["openai"]
+        return [point]
 
     def rollback(self, deployment: Deployment) -> None:
         state = deployment["state"]
