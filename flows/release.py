@@ -13,6 +13,7 @@ from prefect.transactions import transaction
 
 from hf2triton.devices import check_gate_device
 from hf2triton.kinds import kind_for
+from hf2triton.locks import release_lock
 from hf2triton.record import release_record, reused_steps, summary
 from hf2triton.runtimes import runtime_choices
 from hf2triton.spec import ReleaseSpec, parse_spec
@@ -35,8 +36,15 @@ from hf2triton.tasks.validate import validate
 
 @flow(name="release-model", log_prints=False, validate_parameters=False)
 def release_model(spec: ReleaseSpec | dict[str, Any]) -> dict[str, Any]:
-    """Release one model as `spec` describes; returns the release summary."""
+    """Release one model as `spec` describes; returns the release summary. A second run of the
+    same release waits for this one (hf2triton.locks), then reuses its finished steps."""
     spec = parse_spec(spec)
+    with release_lock(spec.name):  # held for the whole release, the watch after it included
+        return _release(spec)
+
+
+def _release(spec: ReleaseSpec) -> dict[str, Any]:
+    """The chain itself, run while the release's lock is held."""
     work = work_dir(spec.name)
     kind, target = kind_for(spec), target_for(spec, work)
     data = kind.read_data()  # bad validation data fails before any work

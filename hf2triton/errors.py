@@ -79,6 +79,13 @@ class ArtifactError(Hf2TritonError):
     code = "ARTIFACT_ERROR"
 
 
+class DiskFullError(ArtifactError):
+    """A step ran out of disk space (or quota) writing its output. What it had written is removed;
+    the message names the folder, the space free there and about how much the step needs."""
+
+    code = "DISK_FULL"
+
+
 class DeployError(Hf2TritonError):
     """Triton could not be set up or refused to load the model."""
 
@@ -141,6 +148,13 @@ class RegistryUnavailableError(TransientError):
     """The image registry or the Docker engine did not answer, or answered 5xx, mid-push."""
 
     code = "REGISTRY_UNAVAILABLE"
+
+
+class ReleaseBusyError(TransientError):
+    """Another run of the same release held its lock (hf2triton.locks) for longer than this run
+    would wait (HF2TRITON_LOCK_WAIT_S): nothing was started. Run again when that one finished."""
+
+    code = "RELEASE_BUSY"
 
 
 def is_retryable(exc: BaseException | None) -> bool:

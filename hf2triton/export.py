@@ -5,6 +5,7 @@ check compares is the model kind's (token states, logits, encoder states and gre
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any, TypedDict
 from hf2triton import quiet
 from hf2triton.errors import ExportError, UnsupportedModelError
 from hf2triton.kinds.base import Data, ModelKind, to_json
-from hf2triton.workspace import cached_step, digest, sha256_file
+from hf2triton.workspace import SpaceEstimate, cached_step, digest, sha256_file
 
 
 class ExportResult(TypedDict):
@@ -30,6 +31,33 @@ def candidate_path(kind: ModelKind, directory: str | Path) -> str:
     """What a variant of this kind is: its one ONNX file, or (seq2seq) its directory."""
     return str(Path(directory) / "model.onnx") if kind.main_file == "model.onnx" \
         else str(directory)
+
+
+# How many fp32 copies of the weights an export writes, by optimum task (others: one graph): a
+# seq2seq export with past writes the encoder, the decoder and the decoder with past again.
+WEIGHT_COPIES = {"text2text-generation-with-past": 2.0}
+# The checkpoint dtypes that an fp32 export writes at twice their size.
+HALF_DTYPES = {"float16", "bfloat16"}
+
+
+def export_space(kind: ModelKind, model_dir: str) -> SpaceEstimate:
+    """About what an export of `model_dir` writes: its weights as fp32, once per graph."""
+    root = Path(model_dir)
+    weights = [p for p in root.glob("*.safetensors") if p.is_file()] or \
+        [p for pattern in ("*.bin", "*.pt", "*.pth") for p in root.glob(pattern) if p.is_file()]
+    size = float(sum(p.stat().st_size for p in weights))
+    try:
+        config = json.loads((root / "config.json").read_text(encoding="utf-8"))
+        dtype = str(config.get("torch_dtype") or config.get("dtype") or "float32")
+    except (OSError, ValueError, AttributeError):
+        dtype = "float32"
+    basis = "the source model's weights as fp32 ONNX"
+    if dtype in HALF_DTYPES:
+        size, basis = size * 2, f"the source model's {dtype} weights as fp32 ONNX"
+    copies = WEIGHT_COPIES.get(kind.onnx_task, 1.0)
+    if copies != 1.0:
+        size, basis = size * copies, f"{basis}, {copies:g} times for its {kind.onnx_task} graphs"
+    return SpaceEstimate(int(size), basis)
 
 
 def optimum_export(model_dir: str, out: Path, onnx_task: str, opset: int, main_file: str) -> None:
@@ -85,7 +113,8 @@ def export_model(kind: ModelKind, model_dir: str, content_hash: str, opset: int,
             )
         return {"max_abs_diff": found["max_abs_diff"], "checked": len(inputs)}
 
-    done = cached_step(work_root, "export", key, build)
+    done = cached_step(work_root, "export", key, build,
+                       needs=lambda: export_space(kind, model_dir))
     return ExportResult(
         onnx_path=candidate_path(kind, done.path), export_dir=str(done.path), opset=opset,
         max_abs_diff=done.result["max_abs_diff"], checked=done.result["checked"],

@@ -4,6 +4,7 @@ for finished work: build in a temporary directory, record content hashes, rename
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -12,9 +13,9 @@ import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from hf2triton.errors import ArtifactError, EnvironmentSetupError
+from hf2triton.errors import ArtifactError, DiskFullError, EnvironmentSetupError
 
 DONE_FILE = "hf2triton-done.json"
 
@@ -163,17 +164,101 @@ def _read_done(final: Path, key: str) -> StepOutput | None:
     return StepOutput(final, done["result"], done["files"], reused=True)
 
 
+class SpaceEstimate(NamedTuple):
+    """About how many bytes a step writes, and what the estimate rests on (for its message)."""
+
+    size: int  # bytes
+    basis: str  # "the source model's weights as fp32 ONNX"
+
+
+# A full disk, or a full quota: what no retry fixes until someone frees space.
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def is_disk_full(exc: BaseException | None) -> bool:
+    """Whether `exc`, or an error it was raised from, says the disk (or quota) is full."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def size_text(n: float) -> str:
+    """A byte count as people read it: '512 B', '3.9 MiB', '1.2 GiB'."""
+    for unit in ("B", "KiB", "MiB"):
+        if abs(n) < 1024:
+            return f"{n:.0f} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def tree_size(path: str | Path) -> int:
+    """Bytes of the files below `path` (0 when it is gone)."""
+    total = 0
+    for p in Path(path).rglob("*"):
+        try:
+            total += p.stat().st_size if p.is_file() else 0
+        except OSError:
+            pass
+    return total
+
+
+def disk_space(path: str | Path) -> tuple[int, int]:
+    """(free, total) bytes of the file system holding `path` (or its nearest existing parent)."""
+    where = Path(path)
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    st = os.statvfs(where)
+    return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+
+
+def disk_full_error(step: str, folder: Path, written: int,
+                    needs: Callable[[], SpaceEstimate] | None) -> DiskFullError:
+    """The one-line error of a step that filled the disk under `folder`, after what it wrote
+    (`written` bytes) was removed: the folder, what is free there, and what the step needs."""
+    try:
+        free, total = disk_space(folder)
+        room = f"{size_text(free)} are free there (of {size_text(total)})"
+    except OSError:
+        room = "the free space there is unknown"
+    estimate = None
+    if needs is not None:
+        try:
+            estimate = needs()
+        except Exception:  # noqa: BLE001 - the message goes without the estimate
+            estimate = None
+    wrote = f"{size_text(written)} had been written when the disk filled (removed again)"
+    if estimate is not None and estimate.size > written:
+        need = f"it needs about {size_text(estimate.size)} (an estimate: {estimate.basis}); " \
+               f"{room}; {wrote}"
+    else:
+        need = f"it needs more than the {size_text(written)} it had written when the disk " \
+               f"filled (removed again); {room}"
+    elsewhere = f", or set HF2TRITON_HOME to a folder on a bigger disk (now {home()})" \
+        if Path(folder).resolve().is_relative_to(home()) else ""
+    return DiskFullError(
+        f"the {step} step ran out of disk space writing {folder}: {need}. Free space on that "
+        f"disk{elsewhere}, then run again: finished steps are reused"
+    )
+
+
 def cached_step(
     root: str | Path,
     step: str,
     key: str,
     build: Callable[[Path], dict[str, Any]],
+    needs: Callable[[], SpaceEstimate] | None = None,
 ) -> StepOutput:
     """Run `build(tmp_dir)` once per `key`; reuse the finished directory when hashes still match.
 
     `build` writes its files into the directory it is given and returns a JSON-able result. The
     directory is renamed into place only after the marker holding every file's sha256 is written,
-    so an interrupted step leaves nothing that looks finished.
+    so an interrupted step leaves nothing that looks finished; a failed one leaves nothing at
+    all. A full disk raises DiskFullError naming the folder, the space free there and what the
+    step needs (`needs()`, an estimate, when the step can tell).
     """
     final = Path(root) / step / key[:16]
     found = _read_done(final, key)
@@ -183,6 +268,8 @@ def cached_step(
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
     except OSError as exc:
+        if is_disk_full(exc):
+            raise disk_full_error(step, final.parent, 0, needs) from exc
         raise ArtifactError(
             f"cannot write to {final.parent}: {exc.strerror or exc}. Free disk space or fix "
             "permissions of the hf2triton home (HF2TRITON_HOME)."
@@ -196,14 +283,18 @@ def cached_step(
         if final.exists():  # a stale, unfinished or tampered copy: replace it
             shutil.rmtree(final)
         os.rename(tmp, final)
-    except OSError as exc:
+    except BaseException as exc:
+        # Whatever it wrote goes, so that a full disk is freed again for the run after.
+        full = is_disk_full(exc) and not isinstance(exc, DiskFullError)
+        written = tree_size(tmp) if full else 0
         shutil.rmtree(tmp, ignore_errors=True)
-        raise ArtifactError(
-            f"writing the {step} step's output under {final.parent} failed: "
-            f"{exc.strerror or exc}. Free disk space or fix permissions and run again."
-        ) from exc
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if full:
+            raise disk_full_error(step, final.parent, written, needs) from exc
+        if isinstance(exc, OSError):
+            raise ArtifactError(
+                f"writing the {step} step's output under {final.parent} failed: "
+                f"{exc.strerror or exc}. Free disk space or fix permissions and run again."
+            ) from exc
         raise
     return StepOutput(final, result, files, reused=False)
 
