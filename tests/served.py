@@ -3,6 +3,7 @@ HTTP), and small readers shared by the test modules."""
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -49,3 +50,65 @@ def embed_remote(protocol: str, url: str, model: str, version: str, texts: list[
         out.append(res.as_numpy("EMBEDDING")[0])
     client.close()
     return np.stack(out), latency
+
+
+SHORT, LONG = "thanks a lot", "a fairly long sentence about prices and markets " * 5
+
+
+class Traffic:
+    """Clients sending short and long texts to each of `urls` (Triton HTTP, host:port) without
+    naming a version, one thread per URL: every request's outcome is noted with its time, the
+    URL and the version that answered, or the error."""
+
+    def __init__(self, urls: str | list[str], model: str):
+        self.urls = [urls] if isinstance(urls, str) else list(urls)
+        self.model = model
+        self.log: list[tuple[float, str, str | None, str | None]] = []  # at, url, version, error
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, args=(u,), daemon=True)
+                         for u in self.urls]
+
+    @property
+    def answered(self) -> list[str]:
+        return [v for _, _, v, e in self.log if e is None]
+
+    @property
+    def failed(self) -> list[str]:
+        return [e for _, _, _, e in self.log if e is not None]
+
+    def failed_at(self, url: str) -> list[str]:
+        return [e for _, u, _, e in self.log if e is not None and u == url]
+
+    def _run(self, url: str) -> None:
+        import tritonclient.http as httpclient
+
+        client = httpclient.InferenceServerClient(url=url, connection_timeout=5.0,
+                                                  network_timeout=30.0)
+        n = 0
+        while not self._stop.is_set():
+            text = LONG if n % 2 else SHORT
+            n += 1
+            x = httpclient.InferInput("TEXT", [1, 1], "BYTES")
+            x.set_data_from_numpy(np.array([[text.encode()]], dtype=np.object_))
+            try:
+                res = client.infer(self.model, [x])
+                self.log.append((time.time(), url, str(res.get_response()["model_version"]),
+                                 None))
+            except Exception as exc:  # noqa: BLE001 - a failed request is what is counted
+                self.log.append((time.time(), url, None, str(exc) or type(exc).__name__))
+                if "planted fault" not in str(exc):
+                    time.sleep(0.05)  # a server that is down is not hammered
+                    client.close()
+                    client = httpclient.InferenceServerClient(url=url, connection_timeout=5.0,
+                                                              network_timeout=30.0)
+        client.close()
+
+    def __enter__(self) -> Traffic:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(60)

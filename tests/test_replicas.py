@@ -4,9 +4,13 @@ version, all three keep serving the old one. Real MLflow (SQLite), tiny real mod
 
 from __future__ import annotations
 
+import json
+import re
 import os
 import signal
 import subprocess
+import threading
+import time
 import venv
 from contextlib import closing, suppress
 from pathlib import Path
@@ -29,18 +33,30 @@ TEXTS = ["the quick brown fox", "thanks a lot", "prices rose 12.5%!"]
 
 class Replica:
     def __init__(self, root: Path, own_env: Path | None = None):
+        self.root, self.own_env = root, own_env
         self.repo = root / "models"
         self.repo.mkdir(parents=True)
         self.ports = {"http": free_port(), "grpc": free_port(), "metrics": free_port()}
-        self.http, self.grpc = (f"127.0.0.1:{self.ports[k]}" for k in ("http", "grpc"))
+        self.http, self.grpc, self.metrics = (f"127.0.0.1:{self.ports[k]}"
+                                              for k in ("http", "grpc", "metrics"))
+        self.start()
+
+    def start(self) -> None:
         # Triton's Python backend imports from the environment whose bin/ is first on PATH.
-        extra = {"PATH": f"{own_env / 'bin'}:/usr/bin:/bin"} if own_env else None
+        extra = {"PATH": f"{self.own_env / 'bin'}:/usr/bin:/bin"} if self.own_env else None
         self.proc = triton_local.launch(self.repo, "127.0.0.1", self.ports["http"],
                                         self.ports["grpc"], self.ports["metrics"],
-                                        root / "server.log", extra_env=extra)
+                                        self.root / "server.log", extra_env=extra)
+
+    def kill(self) -> None:
+        """kill -9 of the server and its Python-backend stubs, as a lost node."""
+        with suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(30)
 
     def spec(self) -> dict[str, str]:
-        return {"http": self.http, "grpc": self.grpc, "model_repository": str(self.repo)}
+        return {"http": self.http, "grpc": self.grpc, "metrics": self.metrics,
+                "model_repository": str(self.repo)}
 
     def serving(self, model: str) -> list[str]:
         with closing(httpclient.InferenceServerClient(url=self.http)) as client:
@@ -97,6 +113,9 @@ def replicas(tmp_path_factory):
 
 def _spec(tmp: Path, model_dir: Path, replicas: list[Replica], name: str, **overrides):
     ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
+    # The release's watch reads every replica's metrics; latency is not judged here (a shared
+    # 2-core machine's p99 is noise, and a version rolled back for it would fail the test).
+    overrides = {"watch__p99_slack_ms": 600_000, **overrides}
     return load_spec(tiny_spec(tmp / name, model_dir, ports, deploy__target="triton-replicas",
                                deploy__replicas=[r.spec() for r in replicas],
                                image__build=False, **overrides))
@@ -115,7 +134,7 @@ def test_spec_needs_replicas_for_the_replica_target():
     base = {"name": "x", "source": {"path": "/m"}, "validation": {"sentences": "/s"},
             "registry": {"model_name": "x"}}
     with pytest.raises(SpecError, match=r"missing key 'deploy.replicas' \(deploy.target "
-                                        "'triton-replicas'\)"):
+                                        r"'triton-replicas'\)"):
         parse_spec({**base, "deploy": {"target": "triton-replicas"}})
     with pytest.raises(SpecError, match="at least 1 item"):
         parse_spec({**base, "deploy": {"target": "triton-replicas", "replicas": []}})
@@ -123,7 +142,7 @@ def test_spec_needs_replicas_for_the_replica_target():
         parse_spec({**base, "deploy": {"target": "triton-replicas", "replicas": [
             {"http": "http://a:8000", "grpc": "a:8001", "model_repository": "/r"}]}})
     with pytest.raises(SpecError, match=r"unknown key 'deploy.replicas' \(deploy.target "
-                                        "'local-triton'\)"):
+                                        r"'local-triton'\)"):
         parse_spec({**base, "deploy": {"replicas": [
             {"http": "a:8000", "grpc": "a:8001", "model_repository": "/r"}]}})
 
@@ -176,3 +195,158 @@ def test_rollout_to_three_replicas_where_one_fails_leaves_all_on_the_old_version
     assert all(np.allclose(a, after[0], atol=1e-5) for a in after)
     assert not np.allclose(after[0], before[0], atol=1e-3)
     assert _champion(model) == new
+
+
+# Short looks; latency is not judged here (a shared 2-core machine's p99 is noise).
+WATCH = {"watch__interval_s": 1.0, "watch__min_requests": 5, "watch__window_s": 900,
+         "watch__max_failure_rate": 0.05, "watch__p99_slack_ms": 600_000}
+
+
+def _cli(args: list[str], home: Path):
+    import sys
+
+    from tests.conftest import ROOT, run_cli
+
+    env = {**os.environ, "HF2TRITON_HOME": str(home), "PYTHONPATH": str(ROOT)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return run_cli([sys.executable, "-m", "hf2triton.cli.main", *args], 600, env=env, cwd=ROOT)
+
+
+def _released_twice(tmp: Path, reps: list[Replica], tiny_bert: Path, other_tiny_bert: Path):
+    """Version 1 (tiny_bert) then version 2 (other weights) promoted over it on every replica
+    (each step reused where an earlier test released them); the spec of version 2."""
+    release_model(_spec(tmp, tiny_bert, reps, "first.yaml", **WATCH))
+    path = tmp / "second.yaml"
+    two = release_model(_spec(tmp, other_tiny_bert, reps, path.name, **WATCH))
+    assert two["mlflow"]["version"] == "2"
+    assert [r.serving("tiny-embedder") for r in reps] == [["2"]] * 3
+    return path
+
+
+def _plant_fault(reps: list[Replica], version: str) -> None:
+    """Every replica's served `version` starts failing inputs longer than any validated one: a
+    regression only live traffic shows (its smoke probe, short texts, still passes)."""
+    from hf2triton.clients.triton import TritonAdmin
+    from tests.test_watch import FAULT
+
+    for r in reps:
+        model_py = r.repo / "tiny-embedder" / version / "model.py"
+        text = model_py.read_text()
+        model_py.write_text(text[:text.index("    def execute")] + FAULT.lstrip("\n"))
+        with TritonAdmin(r.http) as admin:
+            admin.load("tiny-embedder")
+
+
+def test_watch_and_rollback_by_hand_on_every_replica_under_traffic(
+        replicas, tiny_bert, other_tiny_bert, monkeypatch):
+    """After promotion: `hf2triton rollback` puts every replica back to version 1 while clients
+    send to each; released again, version 2 regresses under traffic on every replica and the
+    watch, reading each replica's metrics, rolls all three back within its window. Version 1
+    fails no request, and MLflow says why version 2 was rolled back."""
+    from hf2triton.flows.watch import watch_release
+    from hf2triton.spec import load_spec
+    from tests.served import Traffic
+    from tests.test_watch import _mlflow, _until
+
+    tmp, reps, _ = replicas
+    home = tmp / "home"
+    monkeypatch.setenv("HF2TRITON_HOME", str(home))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    spec_path = _released_twice(tmp, reps, tiny_bert, other_tiny_bert)
+    spec = load_spec(spec_path)
+    assert [p["metrics"] for p in target_points(spec)] == \
+        [f"http://{r.metrics}/metrics" for r in reps]
+
+    # By hand, under traffic to every replica.
+    with Traffic([r.http for r in reps], "tiny-embedder") as traffic:
+        _until(lambda: len(traffic.answered) >= 30, "answers")
+        back = _cli(["rollback", str(spec_path), "--reason", "operator test"], home)
+        after = len(traffic.answered)
+        _until(lambda: len(traffic.answered) >= after + 30, "answers after it")
+    assert back.returncode == 0, back.stderr[-3000:]
+    done = json.loads(back.stdout)
+    assert (done["champion"], done["stopped"]) == ("1", ["2"])
+    assert not traffic.failed, traffic.failed[:3]
+    for r in reps:  # each replica answered 2, then only 1
+        seen = [v for _, u, v, _ in traffic.log if u == r.http]
+        assert "2" in seen and seen[-1] == "1", r.http
+        assert seen[seen.index("1"):] == ["1"] * (len(seen) - seen.index("1")), r.http
+    assert [r.serving("tiny-embedder") for r in reps] == [["1"]] * 3
+    assert _champion("tiny-embedder") == "1"
+
+    # Released again, version 2 regresses under live traffic: the watch rolls every replica back.
+    spec_path = _released_twice(tmp, reps, tiny_bert, other_tiny_bert)
+    _plant_fault(reps, "2")
+    with Traffic([r.http for r in reps], "tiny-embedder") as traffic:
+        _until(lambda: all(len(traffic.failed_at(r.http)) >= 5 for r in reps), "failures")
+        seen = watch_release(spec, duration_s=60)
+        after = len(traffic.answered)
+        _until(lambda: len(traffic.answered) >= after + 30, "answers after it")
+    breached = next(s for s in seen if s["breaches"])
+    assert breached["champion"] == "2" and breached["in_window"]
+    assert {r["endpoint"] for r in breached["rows"]} == {f"replica {r.http}" for r in reps}
+    assert seen[-1]["champion"] == "1" and not seen[-1]["breaches"]
+    # Only version 2 failed requests: none failed once version 1 answered on a replica.
+    assert all("planted fault" in f for f in traffic.failed), traffic.failed[:3]
+    for r in reps:
+        log = [(v, e) for _, u, v, e in traffic.log if u == r.http]
+        first_one = next(i for i, (v, _) in enumerate(log) if v == "1")
+        assert all(e is None and v == "1" for v, e in log[first_one:]), r.http
+    assert [r.serving("tiny-embedder") for r in reps] == [["1"]] * 3
+    client = _mlflow(home)
+    assert str(client.get_model_version_by_alias("tiny-embedder", "champion").version) == "1"
+    why = client.get_model_version("tiny-embedder", "2").tags["hf2triton.rolled_back"]
+    assert "failure rate" in why and reps[0].http in why
+
+
+def target_points(spec) -> list[dict]:
+    from hf2triton.targets import target_for
+
+    return target_for(spec, "").watch_points()
+
+
+def test_replica_killed_during_a_rollout(replicas, tiny_bert, other_tiny_bert, monkeypatch):
+    """kill -9 of one replica while a new version loads: the rollout stops and says which
+    replica died, the other two keep serving version 1 with no failed request, and once the
+    replica is back a re-run completes on all three."""
+    from hf2triton.errors import Hf2TritonError
+    from tests.served import Traffic
+
+    tmp, reps, _ = replicas
+    monkeypatch.setenv("HF2TRITON_HOME", str(tmp / "home"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    release_model(_spec(tmp, tiny_bert, reps, "first.yaml", **WATCH))  # version 1 serves
+    assert [r.serving("tiny-embedder") for r in reps] == [["1"]] * 3
+    victim, others = reps[1], [reps[0], reps[2]]
+    config = victim.repo / "tiny-embedder" / "config.pbtxt"
+    stop = threading.Event()
+
+    def kill_when_loading() -> None:  # the version policy names 2 just before the load
+        while not stop.is_set():
+            if re.search(r"versions: \[ [0-9, ]*\b2 \]", config.read_text()):
+                victim.kill()
+                return
+            time.sleep(0.005)
+
+    killer = threading.Thread(target=kill_when_loading, daemon=True)
+    try:
+        with Traffic([r.http for r in others], "tiny-embedder") as traffic:
+            killer.start()
+            with pytest.raises(Hf2TritonError) as failed:
+                release_model(_spec(tmp, other_tiny_bert, reps, "second.yaml", **WATCH))
+        assert victim.proc.poll() is not None, "the replica was not killed during the rollout"
+        assert victim.http in str(failed.value), str(failed.value)
+        assert not traffic.failed, traffic.failed[:3]
+        assert traffic.answered and traffic.answered[-1] == "1"
+        assert [r.serving("tiny-embedder") for r in others] == [["1"]] * 2
+        assert _champion("tiny-embedder") == "1"
+    finally:
+        stop.set()
+        killer.join(10)
+        if victim.proc.poll() is not None:
+            victim.start()
+            wait_http(f"http://{victim.http}/v2/health/live", timeout=120, proc=victim.proc)
+    again = release_model(_spec(tmp, other_tiny_bert, reps, "second.yaml", **WATCH))
+    assert again["mlflow"]["version"] == "2"
+    assert [r.serving("tiny-embedder") for r in reps] == [["2"]] * 3
+    assert _champion("tiny-embedder") == "2"

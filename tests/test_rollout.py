@@ -170,3 +170,58 @@ def test_tampered_model_file_is_refused_before_loading(tiny_release, tmp_path):
         _deploy(load_spec(rel.spec_path), str(repo), rel.model, "98", files)
     assert _serving(rel) == serving
     assert not (served_dir / "98").exists()
+
+
+def test_local_triton_killed_during_deploy_comes_back_serving_the_champion(
+        own_tiny_release, other_tiny_bert, tmp_path):
+    """kill -9 of the local tritonserver while a new version loads: the release fails in one
+    line saying so, the champion alias does not move, and the target starts Triton again
+    serving the champion. A client sending throughout fails only while no server runs."""
+    import re
+    import signal
+    import time
+
+    from hf2triton import triton_local
+    from hf2triton.errors import Hf2TritonError
+    from tests.served import Traffic
+
+    rel = own_tiny_release
+    killed = triton_local.read_state().pid
+    config = rel.home / "triton" / "models" / rel.model / "config.pbtxt"
+    stop, at = threading.Event(), []
+
+    def kill_when_loading() -> None:  # the version policy names 2 just before the load
+        while not stop.is_set():
+            if re.search(r"versions: \[ [0-9, ]*\b2 \]", config.read_text()):
+                os.killpg(killed, signal.SIGKILL)
+                at.append(time.time())
+                return
+            time.sleep(0.005)
+
+    killer = threading.Thread(target=kill_when_loading, daemon=True)
+    with Traffic(rel.http_url, rel.model) as traffic:
+        killer.start()
+        try:
+            with pytest.raises(Hf2TritonError) as failed:
+                release_model(_spec(rel, tmp_path, other_tiny_bert))
+        finally:
+            stop.set()
+            killer.join(10)
+        answered = len(traffic.answered)
+        from tests.test_watch import _until
+
+        _until(lambda: len(traffic.answered) >= answered + 10, "answers after it")
+    assert at, "the server was not killed during the deploy"
+    message = str(failed.value)
+    assert "\n" not in message and "died during the deploy" in message, message
+    assert "serves version 1" in message, message
+    state = triton_local.read_state()
+    assert state is not None and state.pid != killed
+    assert _serving(rel) == ["1"] and _champion(rel.model) == "1"
+    assert not (rel.home / "triton" / "models" / rel.model / "2").exists()
+    # Requests failed only while no server ran: from the kill until the new one answered.
+    back = next(t for t, _, v, _ in traffic.log if v is not None and t > at[0])
+    assert all(e is None for t, _, _, e in traffic.log if t < at[0] or t > back)
+    assert traffic.answered[-1] == "1"
+    down = [t for t, _, _, e in traffic.log if e is not None]
+    print(f"down {back - at[0]:.1f} s after kill -9; {len(down)} failed request(s)")

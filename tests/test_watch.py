@@ -11,21 +11,18 @@ import math
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
-import numpy as np
 import pytest
 import yaml
 
 from hf2triton.net import free_port
 from tests.conftest import ROOT, tiny_spec
-from tests.served import serving_versions, triton_client
+from tests.served import Traffic, serving_versions, triton_client
 
 pytestmark = pytest.mark.e2e  # every test here starts a server or runs a release
 
 HF2TRITON = str(Path(sys.executable).parent / "hf2triton")
-SHORT, LONG = "thanks a lot", "a fairly long sentence about prices and markets " * 5
 # Short looks; latency is not judged here (a shared 2-core machine's p99 is noise): the p99
 # budget's arithmetic is test_budgets_judge_each_figure's, its PromQL promtool's.
 WATCH = {"watch__interval_s": 1.0, "watch__min_requests": 5, "watch__window_s": 900,
@@ -52,42 +49,6 @@ def test_budgets_judge_each_figure():
     assert judge(few, budget, None) == []  # too few requests to judge rate or latency
     assert "below the floor 0.99" in judge({**row, "grpc_min_cosine": 0.95}, budget, None)[0]
     assert "smoke probe failed" in judge({**row, "probe_error": "refused"}, budget, None)[0]
-
-
-class Traffic:
-    """A client sending short and long texts without naming a version, noting which version
-    answered each request and every failed request."""
-
-    def __init__(self, url: str, model: str):
-        self.url, self.model = url, model
-        self.answered: list[str] = []  # the version that answered
-        self.failed: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        import tritonclient.http as httpclient
-
-        client = httpclient.InferenceServerClient(url=self.url)
-        n = 0
-        while not self._stop.is_set():
-            text = LONG if n % 2 else SHORT
-            n += 1
-            x = httpclient.InferInput("TEXT", [1, 1], "BYTES")
-            x.set_data_from_numpy(np.array([[text.encode()]], dtype=np.object_))
-            try:
-                res = client.infer(self.model, [x])
-                self.answered.append(str(res.get_response()["model_version"]))
-            except Exception as exc:  # noqa: BLE001 - a failed request is what is counted
-                self.failed.append(str(exc))
-
-    def __enter__(self) -> Traffic:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(60)
 
 
 def _until(done, what: str, timeout_s: float = 180) -> None:

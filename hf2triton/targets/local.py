@@ -12,6 +12,7 @@ replica target, which rolls the same steps out to several servers.
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,7 +20,8 @@ from pydantic import Field
 
 from hf2triton import triton_local
 from hf2triton.clients.triton import TritonAdmin
-from hf2triton.errors import DeployError, Hf2TritonError
+from hf2triton.errors import DeployError, Hf2TritonError, ServiceUnavailableError
+from hf2triton.runs import step_logger
 from hf2triton.smoke import Endpoint
 from hf2triton.stores import ModelDir, ModelStoreSpec, default_store, parse_store
 from hf2triton.targets import TARGETS
@@ -103,22 +105,51 @@ class LocalTritonDeploy(PublishedSection):
 class LocalTriton(DeployTarget):
     Spec = LocalTritonDeploy
 
-    def deploy(self, repository: str, model_name: str, version: str, files: dict[str, str],
-               image: dict[str, Any], check: Check) -> Deployment:
+    def _server(self) -> tuple[triton_local.ServerState, str | None]:
+        """The local Triton (started if none runs) and the API beside it (its base URL)."""
         spec, store = self.spec, self.spec.model_store
-        store.prepare()
         server = triton_local.ensure_server(
             spec.host, spec.http_port, spec.grpc_port, spec.metrics_port,
             timeout_s=spec.ready_timeout_s, repository=store.triton_uri(),
             extra_env=store.server_env())
+        if not spec.openai.enabled:
+            triton_local.stop_api()
+            return server, None
+        return server, triton_local.ensure_api(
+            server, spec.host, spec.openai.port, spec.openai.key_hashes(),
+            spec.openai.arguments()).url
+
+    def _revive(self, model_name: str) -> str:
+        """After a failure: a local Triton that died during it (killed, crashed) is started
+        again on its repository, whose version policy names what served before, so that serves
+        again; returns a sentence saying so ('' when the server lives)."""
+        if triton_local.read_state() is not None:
+            return ""
+        started = time.monotonic()
+        try:
+            server, _ = self._server()
+            with TritonAdmin(server.http_url) as admin:
+                serving = admin.serving_versions(model_name)
+        except Hf2TritonError as exc:
+            return (f" The local Triton died during the deploy and could not be started again "
+                    f"({str(exc)[:300]}): run `hf2triton server start`.")
+        step_logger().warning("deploy: the local Triton had died; started again (pid %d) in "
+                              "%.1f s, serving %s version(s) %s", server.pid,
+                              time.monotonic() - started, model_name,
+                              ", ".join(serving) or "none")
+        return (f" The local Triton died during the deploy; it was started again in "
+                f"{time.monotonic() - started:.0f} s and serves version "
+                f"{', '.join(serving) or 'none'} (pid {server.pid}).")
+
+    def deploy(self, repository: str, model_name: str, version: str, files: dict[str, str],
+               image: dict[str, Any], check: Check) -> Deployment:
+        spec, store = self.spec, self.spec.model_store
+        store.prepare()
+        server, api = self._server()
         endpoint = Endpoint(name=f"local Triton {server.http_url}", http=server.http_url,
                             grpc=server.grpc_url, version=version)
-        if spec.openai.enabled:
-            api = triton_local.ensure_api(server, spec.host, spec.openai.port,
-                                          spec.openai.key_hashes(), spec.openai.arguments())
-            endpoint["openai"] = api.url
-        else:
-            triton_local.stop_api()
+        if api:
+            endpoint["openai"] = api
         folder = store.model_dir(model_name, server.model_repository)
         expected = expected_files(files, model_name)
         want = {k: v for k, v in expected.items() if k.startswith("1/")}
@@ -141,11 +172,13 @@ class LocalTriton(DeployTarget):
                                       f"{spec.ready_timeout_s:.0f}s")
             except (Hf2TritonError, OSError) as exc:
                 restore_previous(admin, folder, version, previous)
+                revived = self._revive(model_name)
                 error = exc if isinstance(exc, Hf2TritonError) else DeployError(str(exc))
                 raise type(error)(
                     f"{model_name} version {version} did not load: {str(error)[:500]}. "
-                    f"{'Version ' + previous[-1] + ' keeps serving. ' if previous else ''}"
-                    f"Server log: {server.log_file}") from None
+                    + (f"Version {previous[-1]} keeps serving. " if previous and not revived
+                       else "")
+                    + f"Server log: {server.log_file}.{revived}") from None
         return deployment
 
     def retire(self, deployment: Deployment) -> list[str]:
@@ -153,6 +186,7 @@ class LocalTriton(DeployTarget):
 
     def rollback(self, deployment: Deployment) -> None:
         restore_on(deployment["state"], deployment["model_name"], deployment["version"])
+        self._revive(deployment["model_name"])
 
     def watch_points(self) -> list[WatchPoint]:
         return [self.spec.watch_point("local Triton")]
@@ -169,32 +203,104 @@ class LocalTriton(DeployTarget):
         api = triton_local.read_api()
         if api is not None and self.spec.openai.enabled:
             endpoint["openai"] = api.url
-        return restore_on_server(server, model_name, version, check, self.spec.ready_timeout_s,
-                                 endpoint)
+        return restore_on_servers([server], model_name, version, check,
+                                  self.spec.ready_timeout_s, [endpoint])
 
 
-def restore_on_server(server: dict[str, Any], model_name: str, version: str, check: Check,
-                      timeout_s: float, endpoint: Endpoint) -> list[str]:
-    """`version` (kept on disk by retire) loaded beside what serves, checked, then alone: a
-    client that names no version is answered throughout, by the old and then by `version`."""
-    folder = folder_of(server, model_name)
-    if version not in folder.versions():
-        raise DeployError(f"{model_name} version {version} is not in the model repository "
-                          f"(it holds {', '.join(folder.versions()) or 'nothing'}): release it "
-                          "again instead")
-    with TritonAdmin(server["http"]) as admin:
-        serving = [v for v in admin.serving_versions(model_name) if v != version]
-        set_version_policy(folder, sorted({*serving, version}, key=int))
+def load_on(server: dict[str, Any], model_name: str, version: str, timeout_s: float
+            ) -> str | None:
+    """Load what the repository's version policy says on one server and wait for `version`;
+    None when it is READY, else what went wrong (naming the server)."""
+    with TritonAdmin(server["http"]) as admin:  # tritonclient.http clients stay in one thread
         try:
             admin.load(model_name)
             if not admin.wait_ready(model_name, version, timeout_s):
-                raise DeployError(f"{model_name} version {version} was not ready within "
-                                  f"{timeout_s:.0f}s")
+                raise DeployError(f"not ready within {timeout_s:.0f}s")
+            state, _ = admin.state(model_name, version)
+            if state != "READY":
+                return f"{server['http']}: repository index says {state or 'not listed'}"
+        except Exception as exc:  # noqa: BLE001 - every server's outcome is reported
+            state, reason = "", ""
+            try:
+                state, reason = admin.state(model_name, version)
+            except Exception:  # noqa: BLE001 - the server may be gone altogether
+                pass
+            if not admin.live():
+                return f"{server['http']}: did not answer (the server is down: {str(exc)[:200]})"
+            return (f"{server['http']}: {state or 'failed'}: "
+                    f"{' '.join((reason or str(exc)).split())[:300]}")
+    return None
+
+
+def on_each(servers: list[dict[str, Any]], work: Any) -> list[Any]:
+    """`work(server)` on every server at once (a replica set loads in parallel)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=max(1, len(servers))) as pool:
+        return list(pool.map(work, servers))
+
+
+def restore_on_servers(servers: list[dict[str, Any]], model_name: str, version: str,
+                       check: Check, timeout_s: float, endpoints: list[Endpoint]) -> list[str]:
+    """`version` (kept on disk by retire) back on every server, all or none: it loads beside
+    what each serves and every endpoint passes `check`; only then does it serve alone
+    everywhere. If any server fails, every server keeps (or gets back) what it served. A client
+    that names no version is answered throughout, by the old and then by `version`. Servers may
+    share a repository (each folder's version policy keeps what any of its servers serves).
+    Returns the versions that stopped serving."""
+    folders: dict[str, tuple[ModelDir, list[dict[str, Any]]]] = {}
+    for server in servers:
+        folder = folder_of(server, model_name)
+        if version not in folder.versions():
+            raise DeployError(
+                f"{model_name} version {version} is not in the model repository of "
+                f"{server['http']} (it holds {', '.join(folder.versions()) or 'nothing'}): "
+                "release it again instead")
+        root = server["model_repository"]
+        key = root if root.startswith("s3://") else str(Path(root).resolve())
+        folders.setdefault(key, (folder, []))[1].append(server)
+    serving: dict[str, list[str]] = {}
+    for server in servers:
+        with TritonAdmin(server["http"]) as admin:
+            if not admin.live():
+                raise ServiceUnavailableError(
+                    f"{server['http']} did not answer: nothing was changed on any server; "
+                    f"start it, then roll back again")
+            serving[server["http"]] = [v for v in admin.serving_versions(model_name)
+                                       if v != version]
+
+    def policy(pick: Any) -> None:
+        for folder, group in folders.values():
+            versions = {v for s in group for v in pick(s)}
+            set_version_policy(folder, sorted(versions, key=int))
+
+    def load_all(want: str) -> list[str]:
+        return [f for f in on_each(servers, lambda s: load_on(s, model_name, want, timeout_s))
+                if f]
+
+    policy(lambda s: [*serving[s["http"]], version])
+    try:
+        failures = load_all(version)
+        if failures:
+            raise DeployError(f"{model_name} version {version} did not load on "
+                              f"{len(failures)} of {len(servers)} server(s): "
+                              f"{'; '.join(failures)}")
+        for endpoint in endpoints:
             check(endpoint)
-        except Exception:
-            set_version_policy(folder, serving)  # what served before serves on
+    except Exception:
+        policy(lambda s: serving[s["http"]])  # what served before serves on, everywhere
+        on_each(servers, lambda s: _quietly_load(s, model_name))
+        raise
+    policy(lambda s: [version])
+    on_each(servers, lambda s: _quietly_load(s, model_name))
+    return sorted({v for vs in serving.values() for v in vs}, key=int)
+
+
+def _quietly_load(server: dict[str, Any], model_name: str) -> None:
+    """Apply the version policy on one server; one that does not answer is left to its next
+    start (it loads what the policy says)."""
+    try:
+        with TritonAdmin(server["http"]) as admin:
             admin.load(model_name)
-            raise
-        set_version_policy(folder, [version])
-        admin.load(model_name)
-    return serving
+    except Hf2TritonError:
+        pass

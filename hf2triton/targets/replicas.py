@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import re
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,9 +23,18 @@ from hf2triton.smoke import Endpoint
 from hf2triton.specbase import SpecPath, Strict
 from hf2triton.stores import ModelStoreSpec, default_store
 from hf2triton.targets import TARGETS
-from hf2triton.targets.base import Check, Deployment, DeploySection, DeployTarget
+from hf2triton.targets.base import (
+    Check,
+    Deployment,
+    DeploySection,
+    DeployTarget,
+    WatchPoint,
+)
 from hf2triton.targets.local import (
+    on_each,
     expected_files,
+    load_on,
+    restore_on_servers,
     restore_on,
     retire_on,
     set_version_policy,
@@ -47,27 +55,6 @@ def _serving(replica: Any, model_name: str) -> list[str]:
                 "on any replica; start it or remove it from deploy.replicas") from None
 
 
-def _load(replica: Any, model_name: str, version: str, timeout_s: float) -> str | None:
-    """Load `version` on one replica; None when it is READY, else what went wrong."""
-    with TritonAdmin(replica.http) as admin:  # tritonclient.http clients stay in one thread
-        try:
-            admin.load(model_name)
-            if not admin.wait_ready(model_name, version, timeout_s):
-                raise DeployError(f"not ready within {timeout_s:.0f}s")
-            state, _ = admin.state(model_name, version)
-            if state != "READY":
-                return f"{replica.http}: repository index says {state or 'not listed'}"
-        except Exception as exc:  # noqa: BLE001 - every replica's outcome is reported
-            state, reason = "", ""
-            try:
-                state, reason = admin.state(model_name, version)
-            except Exception:  # noqa: BLE001 - the replica may be gone altogether
-                pass
-            return (f"{replica.http}: {state or 'failed'}: "
-                    f"{' '.join((reason or str(exc)).split())[:300]}")
-    return None
-
-
 ENDPOINT_PATTERN = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?:[0-9]{1,5}$")
 
 
@@ -82,6 +69,10 @@ class ReplicaSpec(Strict):
         None, description="the replica's --model-repository, as a path on this machine; leave "
         "out when the replicas read deploy.model_store (kind s3)"
     )
+    metrics: str | None = Field(
+        None, description="host:port of the replica's Prometheus metrics (Triton's "
+        "--metrics-port): the watch reads its failures and latency there; default: the HTTP "
+        "endpoint's host on 8002")
     openai: str | None = Field(
         None, description="host:port of the OpenAI-compatible API beside the replica (the "
         "serving image starts one on 9000; `python -m hf2triton_openai` elsewhere): the smoke "
@@ -94,7 +85,16 @@ class ReplicaSpec(Strict):
             found["openai"] = f"http://{self.openai}/v1"
         return found
 
-    @field_validator("http", "grpc", "openai")
+    def watch_point(self) -> WatchPoint:
+        """Where the watch reads this replica's metrics and probes it."""
+        metrics = self.metrics or f"{self.http.rsplit(':', 1)[0]}:8002"
+        point = WatchPoint(name=f"replica {self.http}", http=self.http, grpc=self.grpc,
+                           metrics=f"http://{metrics}/metrics")
+        if self.openai:
+            point["openai"] = f"http://{self.openai}/v1"
+        return point
+
+    @field_validator("http", "grpc", "metrics", "openai")
     @classmethod
     def _check_endpoint(cls, v: str | None) -> str | None:
         if v is not None and not ENDPOINT_PATTERN.match(v):
@@ -181,10 +181,8 @@ class TritonReplicas(DeployTarget):
                 keep = sorted({v for s in group for v in s["previous_versions"]} | {version},
                               key=int)
                 set_version_policy(folder, keep)
-            with ThreadPoolExecutor(max_workers=len(opened)) as pool:
-                failures = [f for f in pool.map(
-                    lambda item: _load(item[0], model_name, version, spec.ready_timeout_s),
-                    opened) if f]
+            failures = [f for f in on_each(servers, lambda s: load_on(
+                s, model_name, version, spec.ready_timeout_s)) if f]
         except BaseException:
             self._restore_all(deployment)
             raise
@@ -207,6 +205,19 @@ class TritonReplicas(DeployTarget):
 
     def rollback(self, deployment: Deployment) -> None:
         self._restore_all(deployment)
+
+    def watch_points(self) -> list[WatchPoint]:
+        return [r.watch_point() for r in self.spec.replicas]
+
+    def restore(self, model_name: str, version: str, check: Check) -> list[str]:
+        """Every replica back to `version`, all or none, as a rollout goes forward."""
+        store = self.spec.model_store
+        servers = [{"http": r.http, "grpc": r.grpc,
+                    "model_repository": store.triton_uri() or str(r.model_repository),
+                    "model_store": store.describe()} for r in self.spec.replicas]
+        return restore_on_servers(servers, model_name, version, check,
+                                  self.spec.ready_timeout_s,
+                                  [r.endpoint(version) for r in self.spec.replicas])
 
     def summary(self, deployment: Deployment) -> dict[str, Any]:
         out = super().summary(deployment)
