@@ -15,6 +15,14 @@ from hf2triton.watch.observe import BREACH_EVENT
 from hf2triton.workspace import PROJECT_ROOT
 
 WORK_POOL = "hf2triton-process"
+# Every deployment's first tag; the dead-run automation (hf2triton.prefect_api) acts on its runs.
+RUN_TAG = "hf2triton"
+# What every run does before its flow: its working directory, then the automation that marks a run
+# Crashed when its process died (hf2triton.prefect_api.ensure_dead_run_automation).
+PULL_STEPS = [
+    {"prefect.deployments.steps.set_working_directory": {"directory": "{{ $PWD }}"}},
+    {"hf2triton.prefect_api.ensure_dead_run_automation": {}},
+]
 HEADER = """\
 # Rendered from releases/*.yaml by `hf2triton deployments render`; edit the specs, not this file.
 # Deploy from the project root:  prefect --no-prompt deploy --all
@@ -60,7 +68,7 @@ def deployment(spec: ReleaseSpec, name: str, root: Path = PROJECT_ROOT) -> dict[
         "entrypoint": "flows/release.py:release_model",
         "description": f"Release {spec.source.lineage_id} as {spec.registry.model_name} "
                        f"({spec.task}) to {spec.deploy.target}.",
-        "tags": ["hf2triton", spec.task, release_tag(spec.name)],
+        "tags": [RUN_TAG, spec.task, release_tag(spec.name)],
         "parameters": {"spec": _portable(spec, root)},
         "work_pool": {"name": WORK_POOL, "work_queue_name": "default"},
         # One run per release name at a time; a second waits rather than racing the first.
@@ -83,7 +91,7 @@ def watch_deployments(spec: ReleaseSpec, name: str, root: Path = PROJECT_ROOT
         return []
     # One spec object for all three: YAML writes it once and refers to it (an anchor).
     params = {"spec": _portable(spec, root)}
-    common = {"tags": ["hf2triton", "watch", release_tag(spec.name)],
+    common = {"tags": [RUN_TAG, "watch", release_tag(spec.name)],
               "work_pool": {"name": WORK_POOL, "work_queue_name": "default"}}
     breach = {"type": "event", "enabled": True, "name": f"{name}-rollback-on-breach",
               "match": {"prefect.resource.id": f"hf2triton.release.{spec.name}",
@@ -120,7 +128,7 @@ def training_deployment(spec: TrainingSpec, name: str, root: Path = PROJECT_ROOT
         "entrypoint": "flows/train.py:train_classifier",
         "description": f"Fine-tune {spec.base.lineage_id} on {Path(spec.data).name} and register "
                        f"it as {spec.registry.model_name} (alias {spec.alias}).",
-        "tags": ["hf2triton", "training", f"model:{spec.registry.model_name}"],
+        "tags": [RUN_TAG, "training", f"model:{spec.registry.model_name}"],
         "parameters": {"spec": _relative(spec.model_dump(mode="json", exclude={"schedule"},
                                                          exclude_none=True), root)},
         "work_pool": {"name": WORK_POOL, "work_queue_name": "default"},
@@ -137,8 +145,7 @@ def render(spec_paths: list[Path], root: Path = PROJECT_ROOT,
         "prefect-version": "3.8.8",
         "build": None,
         "push": None,
-        "pull": [{"prefect.deployments.steps.set_working_directory": {
-            "directory": "{{ $PWD }}"}}],
+        "pull": PULL_STEPS,
         # Named after the spec file: two specs may release under the same name (e.g. to two
         # targets), while deployment names must be unique.
         "deployments": [deployment(load_spec(p), p.stem, root) for p in sorted(spec_paths)]

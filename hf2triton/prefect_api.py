@@ -1,6 +1,8 @@
 """The Prefect API a local release talks to: without a Prefect server, Prefect's temporary API is
 started (and its database checked) up front, so that a failure is one line with its cause and fix
 instead of a start-up deadline running out later, and it is stopped before the CLI's last line.
+On a Prefect server, every deployment run makes sure the automation that marks dead runs Crashed
+is there (`ensure_dead_run_automation`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,14 @@ from hf2triton.workspace import ensure_home
 STARTUP_TIMEOUT_S = "180"
 # Exit code of Prefect's API process when its port is taken; Prefect then retries another port.
 PORT_TAKEN = 3
+# A flow run whose process died with its machine (or with its worker, killed) stays Running with
+# nobody left to end it, and keeps its deployment's one-at-a-time slot until the slot's lease runs
+# out (5 minutes): the next run of the release waits behind a run that will never finish. Its
+# heartbeats stop, though (the flow engine sends one every PREFECT_FLOWS_HEARTBEAT_FREQUENCY
+# seconds, 180 by default): after this many missed ones the automation marks it Crashed, which
+# frees the slot (Prefect's "detect zombie flows"; Prefect Cloud has it built in).
+DEAD_RUN_AUTOMATION = "hf2triton: mark runs whose heartbeats stopped as crashed"
+MISSED_HEARTBEATS = 3
 
 
 def set_process_defaults() -> None:
@@ -148,3 +158,73 @@ def deployment_tagged(flow_name: str, tag: str) -> str | None:
             flow_filter=FlowFilter(name=FlowFilterName(any_=[flow_name])),
             deployment_filter=DeploymentFilter(tags=DeploymentFilterTags(all_=[tag])))
     return f"{flow_name}/{found[0].name}" if found else None
+
+
+def dead_run_automation(heartbeat_s: int):
+    """The automation marking an hf2triton flow run (tag hf2triton.deployments.RUN_TAG) Crashed
+    when neither a heartbeat nor its end came for MISSED_HEARTBEATS heartbeats of `heartbeat_s`."""
+    from datetime import timedelta
+
+    from prefect.client.schemas.objects import StateType
+    from prefect.events.actions import ChangeFlowRunState
+    from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
+
+    from hf2triton.deployments import RUN_TAG
+
+    return AutomationCore(
+        name=DEAD_RUN_AUTOMATION,
+        description=f"An hf2triton flow run that missed {MISSED_HEARTBEATS} heartbeats (every "
+                    f"{heartbeat_s} s) lost its process: marked Crashed, its deployment's slot "
+                    "is free for the next run, which reuses the steps it finished.",
+        trigger=EventTrigger(
+            match={"prefect.resource.id": "prefect.flow-run.*"},
+            match_related={"prefect.resource.role": "tag",
+                           "prefect.resource.id": f"prefect.tag.{RUN_TAG}"},
+            after={"prefect.flow-run.heartbeat"},
+            expect={"prefect.flow-run.heartbeat", "prefect.flow-run.Completed",
+                    "prefect.flow-run.Failed", "prefect.flow-run.Cancelled",
+                    "prefect.flow-run.Crashed"},
+            for_each={"prefect.resource.id"}, posture=Posture.Proactive, threshold=1,
+            within=timedelta(seconds=MISSED_HEARTBEATS * heartbeat_s)),
+        actions=[ChangeFlowRunState(
+            state=StateType.CRASHED,
+            message=f"No heartbeat for {MISSED_HEARTBEATS * heartbeat_s} s: the run's process "
+                    "is gone (its machine or worker died). Run the release again: it reuses "
+                    "the steps this run finished and redoes the one it was in.")],
+    )
+
+
+def ensure_dead_run_automation() -> dict[str, str]:
+    """Pull step of every hf2triton deployment (prefect.yaml), so that any Prefect server the
+    releases run on has the dead-run automation before a run of theirs can die: created when
+    missing, its window widened when this run's heartbeats are further apart than it allows
+    (never narrowed: that would crash the live runs of a worker with slower heartbeats).
+
+    A failure here is logged and the run goes on: the slot's lease still frees it, later."""
+    from prefect.client.orchestration import get_client
+    from prefect.logging import get_logger
+    from prefect.settings import get_current_settings
+
+    log = get_logger("hf2triton")
+    heartbeat_s = get_current_settings().flows.heartbeat_frequency
+    if not heartbeat_s:
+        log.warning("flow run heartbeats are off (PREFECT_FLOWS_HEARTBEAT_FREQUENCY): a run "
+                    "whose process dies stays Running until its slot's lease runs out")
+        return {}
+    wanted = dead_run_automation(heartbeat_s)
+    try:
+        with get_client(sync_client=True) as client:
+            found = client.read_automations_by_name(DEAD_RUN_AUTOMATION)
+            if not found:
+                return {"dead_run_automation": str(client.create_automation(wanted))}
+            current = found[0]
+            if current.trigger.within < wanted.trigger.within:
+                client.update_automation(
+                    current.id, wanted.model_copy(update={"enabled": current.enabled}))
+                log.info("%s: window widened to %s", DEAD_RUN_AUTOMATION, wanted.trigger.within)
+            return {"dead_run_automation": str(current.id)}
+    except Exception as exc:  # noqa: BLE001 - the release itself does not depend on it
+        log.warning("could not make sure the automation %r exists (%s: %s): a run whose process "
+                    "dies stays Running until its slot's lease runs out", DEAD_RUN_AUTOMATION,
+                    type(exc).__name__, exc)
+        return {}

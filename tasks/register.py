@@ -29,8 +29,10 @@ class RegisterResult(TypedDict):
 @task(name="register", task_run_name="register {registry.model_name}", **RETRY_TRANSIENT,
       **NO_PREFECT_CACHE)
 def register(registry: RegistrySpec, record: Record) -> RegisterResult:
-    """Log the release and register a model version, unless one with the same release key
-    exists (then it is the candidate again)."""
+    """Log the release and register a model version, unless a complete one with the same
+    release key exists (then it is the candidate again). Retried when MLflow does not answer:
+    what a stopped attempt left is finished or deleted first, never reused half-written
+    (Registry.settle_attempts)."""
     result = RegisterResult(**Registry().register_release(registry.model_name,
                                                           registry.experiment, record))
     step_logger().info("register: %s version %s%s", result["model_name"], result["version"],

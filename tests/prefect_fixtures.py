@@ -125,3 +125,57 @@ def screenshot(url: str, shot: Path, scratch: Path, size: str = "1400,1100") -> 
         capture_output=True, timeout=120, check=False,
     )
     return shot
+
+
+async def _start_run(name: str, flow: str = "release-model") -> str:
+    from prefect.client.orchestration import get_client
+
+    async with get_client() as client:
+        deployment = await client.read_deployment_by_name(f"{flow}/{name}")
+        run = await client.create_flow_run_from_deployment(deployment.id)
+    return str(run.id)
+
+
+def start_run(env: dict, name: str, flow: str = "release-model") -> str:
+    """A new run of deployment `flow/name`, as `prefect deployment run` makes one; its id."""
+    return _with_api(env, _start_run, name, flow)
+
+
+async def _read_run(run_id: str):
+    from prefect.client.orchestration import get_client
+
+    async with get_client() as client:
+        return await client.read_flow_run(run_id)
+
+
+def read_run(env: dict, run_id: str):
+    return _with_api(env, _read_run, run_id)
+
+
+async def _delete_automations(name: str) -> int:
+    from prefect.client.orchestration import get_client
+
+    async with get_client() as client:
+        found = await client.read_automations_by_name(name)
+        for automation in found:
+            await client.delete_automation(automation.id)
+    return len(found)
+
+
+def delete_automations(env: dict, name: str) -> int:
+    """Delete the server's automations called `name`; how many there were."""
+    return _with_api(env, _delete_automations, name)
+
+
+def kill_worker(worker: subprocess.Popen) -> list[int]:
+    """SIGKILL a worker and every process under it at once, as losing its machine would: its
+    flow runs run in sessions of their own, out of reach of a signal to its process group."""
+    import psutil
+
+    procs = [psutil.Process(worker.pid), *psutil.Process(worker.pid).children(recursive=True)]
+    for proc in procs:  # frozen first, so none of them acts on another's death
+        proc.send_signal(signal.SIGSTOP)
+    for proc in procs:
+        proc.send_signal(signal.SIGKILL)
+    worker.wait(30)
+    return [proc.pid for proc in procs]

@@ -11,6 +11,7 @@ environment carries them (`call_with_credentials`), never by changing this proce
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -104,6 +105,26 @@ def _flatten(prefix: str, value: Any, out: dict[str, str]) -> None:
         out[prefix] = json.dumps(value) if isinstance(value, list) else str(value)
 
 
+def _complete(mv: Any, run: Any | None) -> bool:
+    """A registered version whose run finished: its record was written to the end."""
+    return (mv.status == "READY" and run is not None and run.info.status == "FINISHED"
+            and run.info.lifecycle_stage == "active")
+
+
+def _artifact_files(dest: str, src: str) -> dict[str, int]:
+    """The artifact paths `log_release` gives the local file or directory `src` logged as
+    `dest`, with their sizes."""
+    src_path = Path(src)
+    if src_path.is_dir():
+        # __pycache__ is what Triton's Python backend may write beside model.py since.
+        return {f"{dest}/{p.relative_to(src_path).as_posix()}": p.stat().st_size
+                for p in sorted(src_path.rglob("*"))
+                if p.is_file() and "__pycache__" not in p.parts}
+    parent = Path(dest).parent.as_posix()
+    rel = src_path.name if parent == "." else f"{parent}/{src_path.name}"
+    return {rel: src_path.stat().st_size}
+
+
 class Registry:
     """One MLflow tracking and registry URI."""
 
@@ -162,12 +183,25 @@ class Registry:
                 return False
             raise
 
-    def version_with_key(self, name: str, release_key: str) -> Any | None:
+    def versions_with_key(self, name: str, release_key: str) -> list[Any]:
+        """Every version registered with `release_key`, complete or not, oldest first."""
         if not self.has_model(name):
-            return None
+            return []
         found = self.call("search model versions", self.client.search_model_versions,
                           f"name = '{name}' and tags.`{RELEASE_KEY_TAG}` = '{release_key}'")
-        return found[0] if found else None
+        return sorted(found, key=lambda mv: int(mv.version))
+
+    def _run_or_none(self, run_id: str | None) -> Any | None:
+        from mlflow.exceptions import MlflowException
+
+        if not run_id:
+            return None
+        try:
+            return self.run(run_id)
+        except MlflowException as exc:
+            if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+                return None
+            raise
 
     def version(self, name: str, version: str) -> Any:
         return self.call("read the model version", self.client.get_model_version, name, version)
@@ -206,11 +240,16 @@ class Registry:
                          ) -> dict[str, Any]:
         """The release's model version, alias `candidate` on it: the one already registered
         with the same release key (`reused`), else a new run and version carrying the whole
-        record."""
-        existing = self.version_with_key(name, record["release_key"])
-        if existing is not None:
-            version, run_id = str(existing.version), existing.run_id
-            exp_id, reused = self.run(run_id).info.experiment_id, True
+        record.
+
+        Complete or nothing, as a later attempt sees it: an attempt that stopped half-way (MLflow
+        went away, the process was killed) is settled first (`settle_attempts`), so a version
+        found by its release key always carries the whole record and a re-run never adds a
+        second one."""
+        found, finished = self.settle_attempts(name, experiment, record)
+        if found is not None:
+            version, run_id = str(found.version), found.run_id
+            exp_id, reused = self.run(run_id).info.experiment_id, not finished
         else:
             mv, run_id, exp_id = self.log_release(
                 name, experiment, record["release_key"], record["params"], record["metrics"],
@@ -219,6 +258,81 @@ class Registry:
         self.set_alias(name, "candidate", version)
         return {"tracking_uri": self.uri, "model_name": name, "version": version,
                 "run_id": run_id, "experiment_id": exp_id, "reused": reused}
+
+    def settle_attempts(self, name: str, experiment: str, record: dict[str, Any]
+                        ) -> tuple[Any | None, bool]:
+        """What earlier attempts at this release left, made whole or removed: returns (the
+        complete version with the release key or None, whether it was finished just now).
+
+        A version whose run did not finish was created last of the record (`log_release`), so
+        it is finished when its run holds the whole record; any other version or run of the
+        release key that did not finish is deleted, never reused half-done."""
+        key = record["release_key"]
+        found, finished, deleted = None, False, []
+        for mv in self.versions_with_key(name, key):
+            run = self._run_or_none(mv.run_id)
+            if found is None and _complete(mv, run):
+                found = mv
+            elif found is None and run is not None and not self._missing(mv, run, record):
+                self.call("finish the run", self.client.set_terminated, run.info.run_id,
+                          "FINISHED")
+                found, finished = mv, True
+            elif not _complete(mv, run):
+                self.call("delete an incomplete model version",
+                          self.client.delete_model_version, name, mv.version)
+                deleted.append(f"version {mv.version}")
+                if run is not None and run.info.lifecycle_stage == "active":
+                    self.call("delete an incomplete run", self.client.delete_run,
+                              run.info.run_id)
+                    deleted.append(f"run {run.info.run_id}")
+        exp = self.call("look up the experiment", self.client.get_experiment_by_name,
+                        experiment)
+        if exp is not None:
+            runs = self.call("search runs", self.client.search_runs, [exp.experiment_id],
+                             f"tags.`{RELEASE_KEY_TAG}` = '{key}'")
+            for run in runs:  # created by an attempt that never registered its version
+                if run.info.status != "FINISHED":
+                    self.call("delete an incomplete run", self.client.delete_run,
+                              run.info.run_id)
+                    deleted.append(f"run {run.info.run_id}")
+        if finished or deleted:
+            from hf2triton.runs import step_logger
+
+            log = step_logger()
+            if deleted:
+                log.info("register: deleted what an interrupted attempt left unfinished: %s",
+                         ", ".join(deleted))
+            if finished:
+                log.info("register: finished %s version %s, which an interrupted attempt left "
+                         "with its whole record", name, found.version)
+        return found, finished
+
+    def _missing(self, mv: Any, run: Any, record: dict[str, Any]) -> list[str]:
+        """What of the release record `run` and its version `mv` lack (empty: all there)."""
+        if mv.status != "READY" or run.info.lifecycle_stage != "active":
+            return [f"version status {mv.status}, run {run.info.lifecycle_stage}"]
+        flat: dict[str, str] = {}
+        _flatten("", record["params"], flat)
+        missing = [f"tag {k}" for k in record["lineage"] if k not in mv.tags]
+        missing += [f"param {k}" for k in flat if k not in run.data.params]
+        missing += [f"metric {k}" for k in record["metrics"] if k not in run.data.metrics]
+        remote = self._artifact_sizes(run.info.run_id, "")
+        for dest, src in record["artifacts"].items():
+            for rel, size in _artifact_files(dest, src).items():
+                if remote.get(rel) != size:
+                    missing.append(f"artifact {rel}")
+        return missing
+
+    def _artifact_sizes(self, run_id: str, path: str) -> dict[str, int]:
+        """Every artifact file of the run below `path`, with its size."""
+        sizes: dict[str, int] = {}
+        for info in self.call("list the run's artifacts", self.client.list_artifacts, run_id,
+                              path or None):
+            if info.is_dir:
+                sizes.update(self._artifact_sizes(run_id, info.path))
+            else:
+                sizes[info.path] = info.file_size
+        return sizes
 
     def log_artifacts(self, run_id: str, local_dir: str, dest: str) -> None:
         """Every file of `local_dir` into the run's artifacts under `dest`."""
@@ -261,7 +375,10 @@ class Registry:
                            source=f"{run.info.artifact_uri}/triton_repository", run_id=run_id,
                            tags={RELEASE_KEY_TAG: release_key, **tags})
         except BaseException:
-            self.call("mark the run failed", self.client.set_terminated, run_id, "FAILED")
+            # Best effort (MLflow may be what failed): the next attempt settles what this one
+            # left either way, and the error to report is the one that stopped it.
+            with contextlib.suppress(Exception):
+                self.call("mark the run failed", self.client.set_terminated, run_id, "FAILED")
             raise
         self.call("finish the run", self.client.set_terminated, run_id, "FINISHED")
         return mv, run_id, exp_id
