@@ -261,8 +261,6 @@ def _poll(url: str, stop: threading.Event, seen: list) -> None:
 
 def test_second_release_replaces_the_container_blue_green(release, docker_client,
                                                           minilm_reference):
-    from docker.errors import NotFound
-
     from tests.served import embed_remote
 
     first = _summary(release.first)
@@ -292,17 +290,100 @@ def test_second_release_replaces_the_container_blue_green(release, docker_client
     texts = ["the new container answers", "thank you"]
     served, _ = embed_remote("http", release.url("http"), MODEL, "2", texts)
     assert cosine_rows(minilm_reference.embed(texts), served).min() >= 0.99
-    # ... and the old one is gone, with the candidate: no container of the release but the live.
-    with pytest.raises(NotFound):
-        docker_client.containers.get(old_id)
+    # ... and the old one is stopped and kept for a rollback; the candidate is gone.
+    kept = docker_client.containers.get(f"{LIVE}-rollback")
+    assert kept.id == old_id and kept.status == "exited"
     names = {c.name for c in docker_client.containers.list(all=True, filters={"name": PREFIX})}
-    assert names == {LIVE}, "the old and the candidate containers are removed"
+    assert names == {LIVE, f"{LIVE}-rollback"}, "the candidate container is removed"
     # What a client saw meanwhile: version 1, then (after a gap, if any) only version 2.
     answers = [v for v in seen if v is not None]
     assert answers and answers[0] == ["1"], seen[:5]
     switched = answers.index(["2"]) if ["2"] in answers else len(answers)
     assert all(v == ["1"] for v in answers[:switched]), answers
     assert all(v == ["2"] for v in answers[switched:]), answers
+
+
+# Planted in the live container by the watch test: version 2's serving code fails some inputs,
+# a regression only live traffic shows (its smoke probe still passes).
+PLANT = """
+import os, pathlib
+path = pathlib.Path(os.environ["MODEL_PY"])
+text = path.read_text()
+path.write_text(text[:text.index("    def execute")] + os.environ["FAULT"])
+"""
+
+
+def test_watch_rolls_back_a_regression_on_docker_then_rollback_by_hand(
+        release, docker_client, docker_env, monkeypatch):
+    """Version 2 (promoted by the blue/green test, version 1's container kept stopped) starts
+    failing long inputs under live traffic; the watch reads the container's metrics and rolls
+    back blue/green to version 1's image within its window: version 1 fails no request, and
+    MLflow says why. Then `hf2triton rollback --to 2` goes forward again by hand."""
+    from hf2triton.flows.watch import watch_release
+    from hf2triton.spec import load_spec
+    from tests.served import LONG, Traffic
+    from tests.test_watch import FAULT, _until
+
+    if _live_version(docker_client) != "2":  # the blue/green test did not run before this one
+        release.second = release.run("second", max_queue_delay_us=1000)
+        _summary(release.second)
+    assert docker_client.containers.get(f"{LIVE}-rollback").labels[
+        "io.hf2triton.mlflow.model-version"] == "1"
+    live = _live(docker_client)
+    # The image warms its model up on long texts at start, so the fault picks the traffic's
+    # long texts by their words instead of their length (a regression on one kind of input).
+    fault = FAULT.replace("max(len(t[0]) for t in text) > 200",
+                          "any(b'prices and markets' in t[0] for t in text)")
+    assert fault != FAULT
+    done = live.exec_run(["python3", "-c", PLANT], user="0", environment={
+        "MODEL_PY": f"/models/{MODEL}/2/model.py", "FAULT": fault.lstrip("\n")})
+    assert done.exit_code == 0, done.output
+    live.restart(timeout=20)  # Triton reads the changed serving code at start
+    _until(lambda: _versions(release.url("http")) == ["2"], "the planted version to load")
+    for k, v in {**docker_env.env(), "HF2TRITON_HOME": str(release.home),
+                 "MLFLOW_TRACKING_URI": release.mlflow_uri,
+                 "HF2TRITON_CONTAINER_PREFIX": PREFIX}.items():
+        monkeypatch.setenv(k, v)
+    spec = load_spec(release.tmp / "second.yaml")
+    spec = spec.model_copy(update={"watch": spec.watch.model_copy(update={
+        "interval_s": 2.0, "min_requests": 5, "window_s": 3600, "max_failure_rate": 0.05,
+        "p99_slack_ms": 600_000})})
+    with Traffic(release.url("http"), MODEL) as traffic:
+        _until(lambda: len(traffic.failed) >= 10, "failed requests")
+        seen = watch_release(spec, duration_s=120)
+        after = len(traffic.answered)
+        _until(lambda: len(traffic.answered) >= after + 20, "answers after it")
+    breached = next(s for s in seen if s["breaches"])
+    assert breached["champion"] == "2" and breached["in_window"]
+    assert any("failure rate" in b for b in breached["breaches"]), breached["breaches"]
+    assert seen[-1]["champion"] == "1" and not seen[-1]["breaches"]
+    # Version 1's image serves again, run anew; version 2's container is kept in turn.
+    assert _live_version(docker_client) == "1" and _versions(release.url("http")) == ["1"]
+    assert docker_client.containers.get(f"{LIVE}-rollback").labels[
+        "io.hf2triton.mlflow.model-version"] == "2"
+    # What clients saw: version 2's planted failures, then the switch (connections refused for
+    # one container start), then version 1 answering every request.
+    first_one = next(i for i, (_, _, v, _) in enumerate(traffic.log) if v == "1")
+    assert all(e is None and v == "1" for _, _, v, e in traffic.log[first_one:])
+    gap = [(at, e) for at, _, _, e in traffic.log[:first_one] if e and "planted" not in e]
+    if gap:
+        print(f"switch gap: {len(gap)} failed connection(s) over "
+              f"{gap[-1][0] - gap[0][0]:.1f} s")
+    client = _mlflow(release.mlflow_uri)
+    assert str(client.get_model_version_by_alias(MODEL, "champion").version) == "1"
+    assert "failure rate" in client.get_model_version(MODEL, "2").tags["hf2triton.rolled_back"]
+
+    # By hand: forward to version 2 again: its image, run anew, has no planted fault.
+    forward = subprocess.run(
+        [HF2TRITON, "rollback", str(release.tmp / "second.yaml"), "--to", "2", "--reason",
+         "fixed"], env=release.env, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert forward.returncode == 0, forward.stderr[-3000:]
+    assert json.loads(forward.stdout)["champion"] == "2"
+    assert _live_version(docker_client) == "2"
+    from tests.served import embed_remote
+
+    served, _ = embed_remote("http", release.url("http"), MODEL, "2", [LONG])
+    assert served.shape[0] == 1
 
 
 def _tampered_image(release, version: str, mark: str, serving_changes: dict):
@@ -361,7 +442,7 @@ def test_a_failing_new_image_leaves_the_old_container_serving(release, docker_en
                                                _check(kind, MODEL, _reference(release)))
     assert _live(docker_client).id == live_before
     names = {c.name for c in docker_client.containers.list(all=True, filters={"name": PREFIX})}
-    assert names == {LIVE}, "the failed candidate was removed"
+    assert names - {f"{LIVE}-rollback"} == {LIVE}, "the failed candidate was removed"
     texts = ["the old container still answers", "thank you"]
     served, _ = embed_remote("http", release.url("http"), MODEL, version, texts)
     assert cosine_rows(minilm_reference.embed(texts), served).min() >= 0.99

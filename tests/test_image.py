@@ -487,3 +487,110 @@ def test_the_gpu_image_wheels_resolve_for_its_platform(tmp_path):
     assert names["nvidia-cudnn-cu13"].startswith("9.")
     assert {"nvidia-cuda-runtime", "nvidia-cublas"} <= set(names)
     assert names["nvidia-cuda-runtime"].startswith("13.")
+
+
+class Registry:
+    """An open `docker-registry` of the test's own on a fixed port and storage, that can be
+    killed and started again (the same data) like a registry host that restarts."""
+
+    def __init__(self, root: Path):
+        self.root, self.port = root, free_port()
+        self.url = f"127.0.0.1:{self.port}"
+        (root / "config.yml").write_text(
+            "version: 0.1\nlog: {level: warn}\n"
+            f"storage: {{filesystem: {{rootdirectory: {root / 'data'}}}}}\n"
+            f"http: {{addr: {self.url}}}\n")
+        self.proc = None
+
+    def start(self) -> None:
+        log = open(self.root / "registry.log", "ab")
+        self.proc = subprocess.Popen(["docker-registry", "serve", str(self.root / "config.yml")],
+                                     stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while engine_client.registry_answers(self.url) is not None:
+            assert self.proc.poll() is None and time.monotonic() < deadline, \
+                (self.root / "registry.log").read_text()
+            time.sleep(0.1)
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(20)
+
+    def uploading(self) -> bool:
+        return any((self.root / "data").glob("docker/registry/v2/repositories/*/_uploads/*"))
+
+
+@pytest.fixture()
+def own_registry(tmp_path, docker_env):
+    registry = Registry(tmp_path)
+    registry.start()
+    yield registry
+    if registry.proc.poll() is None:
+        registry.kill()
+
+
+def test_registry_down_during_push_is_retried_then_one_clear_error(own_registry, docker_client,
+                                                                  tmp_path):
+    """The registry is killed in the middle of a push (a 96 MB layer on its way): the push step
+    retries; the registry back in time, the push completes and the registry holds the image
+    under the digest the step returns; a registry that stays down ends the step in one error
+    naming it, after the retries (nothing after the push runs: the serving version is never
+    touched by it)."""
+    import os
+    import threading
+
+    from prefect import flow
+
+    from hf2triton.tasks.image import push_image
+
+    def big_image(n: int) -> str:  # a layer the registry does not hold yet
+        ctx = tmp_path / f"big-image-{n}"
+        ctx.mkdir()
+        (ctx / "weights.bin").write_bytes(os.urandom(96 * 1024 * 1024))
+        (ctx / "Dockerfile").write_text("FROM scratch\nCOPY weights.bin /\n")
+        built, _ = docker_client.images.build(path=str(ctx), tag=f"hf2triton-test/big:{n}",
+                                              rm=True)
+        return built.id
+
+    target = _tagged(docker_client, big_image(1), own_registry.url, "outage")
+    spec = parse_spec({"name": "x", "source": {"path": "/m"}, "validation": {"sentences": "/s"},
+                       "registry": {"model_name": "x"}})
+
+    @flow(name="push-during-outage")
+    def push() -> dict:
+        return push_image(target, spec)
+
+    killed = threading.Event()
+
+    def outage(back_after_s: float | None) -> None:
+        deadline = time.monotonic() + 60
+        while not own_registry.uploading() and time.monotonic() < deadline:
+            time.sleep(0.002)
+        own_registry.kill()
+        killed.set()
+        if back_after_s is not None:
+            time.sleep(back_after_s)
+            own_registry.start()
+
+    # Back in time: down for 3 s in the middle of the upload; the retry finishes the push.
+    thread = threading.Thread(target=outage, args=(3.0,), daemon=True)
+    thread.start()
+    pushed = push()
+    thread.join(60)
+    assert killed.is_set()
+    with urllib.request.urlopen(urllib.request.Request(
+            f"http://{own_registry.url}/v2/outage/manifests/{pushed['digest']}", method="HEAD",
+            headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"})) as got:
+        assert got.status == 200
+    assert pushed["reference"] == f"{own_registry.url}/outage@{pushed['digest']}"
+
+    # Stays down: one error naming the registry, once the retries are spent.
+    target = _tagged(docker_client, big_image(2), own_registry.url, "outage-2")
+    killed.clear()
+    thread = threading.Thread(target=outage, args=(None,), daemon=True)
+    thread.start()
+    with pytest.raises(RegistryUnavailableError) as down:
+        push()
+    thread.join(60)
+    assert killed.is_set()
+    assert own_registry.url in str(down.value) and "\n" not in str(down.value)

@@ -6,7 +6,9 @@ smoke check there while the old container keeps serving on the spec's ports. Onl
 container stopped (kept, renamed `-previous`) and the new image started on the spec's ports; if
 it does not come up, the old one is put back. Between stopping the old and the new one answering
 there is a gap of one model load (a few seconds), reported as `switch_seconds`. The smoke test
-then runs on the live container; `rollback` puts `-previous` back, `retire` removes it.
+then runs on the live container; `rollback` puts `-previous` back. `retire` keeps it, stopped,
+as `-rollback` until the next release replaces it: `restore` (the watch, `hf2triton rollback`)
+switches back to its image blue/green the same way, candidate first.
 """
 
 from __future__ import annotations
@@ -46,6 +48,20 @@ def container_names(release: str) -> tuple[str, str, str]:
 def labels(release: str, version: str, reference: str, role: str) -> dict[str, str]:
     return {LABEL_RELEASE: release, LABEL_VERSION: version, LABEL_IMAGE: reference,
             LABEL_ROLE: role}
+
+
+def rollback_name(release: str) -> str:
+    """The stopped container kept after a promotion, for a rollback."""
+    return f"{container_names(release)[0]}-rollback"
+
+
+def keep(client: Any, release: str, stopped: Any) -> None:
+    """`stopped` (the container a switch replaced) becomes the one kept for a rollback; the one
+    kept before it goes."""
+    if stopped is None:
+        return
+    engine_client.remove(engine_client.container(client, rollback_name(release)))
+    stopped.rename(rollback_name(release))
 
 
 def recover(client: Any, live_name: str, prev_name: str) -> None:
@@ -141,40 +157,53 @@ class DockerContainers(DeployTarget):
             if old is not None:
                 self._check_candidate(client, reference, cand_name, model_name, version,
                                       previous, check)
-            switched = time.monotonic()  # the gap clients see: the old stops, the new loads
-            if old is not None:
-                old.stop(timeout=20)
-                old.rename(prev_name)
-            new = None
-            try:
-                new = engine_client.run(
-                    client, reference, live_name, spec.host, self._ports(fixed=True),
-                    labels(self.release, version, reference, "live"), restart=True,
-                    environment=self.spec.openai.container_environment())
-                urls = engine_client.published(new, spec.host)
-                engine_client.wait_ready(new, _ready(urls["http"], model_name, version),
-                                         model_name, version,
-                                         time.monotonic() + spec.ready_timeout_s)
-            except (Hf2TritonError, docker.errors.APIError) as exc:
-                engine_client.remove(new if new is not None else
-                                     engine_client.container(client, live_name))
-                put_back = ""
-                if old is not None:
-                    old.rename(live_name)
-                    old.start()
-                    put_back = (f"; container {live_name} (version {previous['version']}) was "
-                                "put back")
-                if isinstance(exc, docker.errors.APIError):  # e.g. a spec port already taken
-                    raise DeployError(
-                        f"could not run {reference} on {spec.host} ports {spec.http_port}/"
-                        f"{spec.grpc_port}/{spec.metrics_port}: {engine_client.short(exc)}"
-                        f"{put_back}") from None
-                raise type(exc)(f"{exc}{put_back}") from None
+            new, urls, switch = self._switch(client, reference, model_name, version, old,
+                                             previous)
             return self._deployment(new, urls, model_name, version, reference, previous,
-                                    round(time.monotonic() - switched, 2), reused=False)
+                                    switch, reused=False)
         except docker.errors.APIError as exc:
             raise engine_client.engine_error(exc, "run the release's containers",
                                              DeployError) from None
+
+    def _switch(self, client: Any, reference: str, model_name: str, version: str, old: Any,
+                previous: dict[str, str] | None) -> tuple[Any, dict[str, str], float]:
+        """Blue to green on the spec's ports: the old container stopped and kept as `-previous`,
+        `reference` started live; if it does not come up, the old one is put back. Returns the
+        new container, its URLs and the gap clients saw (seconds)."""
+        import docker.errors
+
+        spec = self.spec
+        live_name, _, prev_name = container_names(self.release)
+        switched = time.monotonic()  # the gap clients see: the old stops, the new loads
+        if old is not None:
+            old.stop(timeout=20)
+            old.rename(prev_name)
+        new = None
+        try:
+            new = engine_client.run(
+                client, reference, live_name, spec.host, self._ports(fixed=True),
+                labels(self.release, version, reference, "live"), restart=True,
+                environment=self.spec.openai.container_environment())
+            urls = engine_client.published(new, spec.host)
+            engine_client.wait_ready(new, _ready(urls["http"], model_name, version),
+                                     model_name, version,
+                                     time.monotonic() + spec.ready_timeout_s)
+        except (Hf2TritonError, docker.errors.APIError) as exc:
+            engine_client.remove(new if new is not None else
+                                 engine_client.container(client, live_name))
+            put_back = ""
+            if old is not None:
+                old.rename(live_name)
+                old.start()
+                put_back = (f"; container {live_name} (version {previous['version']}) was "
+                            "put back")
+            if isinstance(exc, docker.errors.APIError):  # e.g. a spec port already taken
+                raise DeployError(
+                    f"could not run {reference} on {spec.host} ports {spec.http_port}/"
+                    f"{spec.grpc_port}/{spec.metrics_port}: {engine_client.short(exc)}"
+                    f"{put_back}") from None
+            raise type(exc)(f"{exc}{put_back}") from None
+        return new, urls, round(time.monotonic() - switched, 2)
 
     def _check_candidate(self, client: Any, reference: str, cand_name: str, model_name: str,
                          version: str, previous: dict[str, str], check: Check) -> None:
@@ -226,14 +255,57 @@ class DockerContainers(DeployTarget):
             prev.start()
 
     def retire(self, deployment: Deployment) -> list[str]:
+        """The replaced container stays, stopped, as `-rollback` (what `restore` starts again
+        after promotion, by the watch or `hf2triton rollback`) until the next release replaces
+        it; the one kept before it is removed."""
         previous = deployment["state"]["previous"]
-        engine_client.remove(engine_client.container(engine_client.engine(),
-                                                     container_names(self.release)[2]))
+        client = engine_client.engine()
+        _, _, prev_name = container_names(self.release)
+        keep(client, self.release, engine_client.container(client, prev_name))
         if previous:
-            step_logger().info("deploy: %s serves version %s; version %s (%s) was removed",
-                               deployment["state"]["container_name"], deployment["version"],
-                               previous["version"], previous["image"])
+            step_logger().info("deploy: %s serves version %s; version %s (%s) is stopped and "
+                               "kept for a rollback", deployment["state"]["container_name"],
+                               deployment["version"], previous["version"], previous["image"])
         return [previous["version"]] if previous else []
+
+    def restore(self, model_name: str, version: str, check: Check) -> list[str]:
+        """Blue/green back to the kept container's image: it runs as a candidate on free ports
+        and passes `check` while the live one serves on; then the switch (one model load, as a
+        deploy's). The replaced container is kept in turn, so the rollback can be undone."""
+        import docker.errors
+
+        client = engine_client.engine()
+        live_name, cand_name, prev_name = container_names(self.release)
+        kept = engine_client.container(client, rollback_name(self.release))
+        held = kept.labels.get(LABEL_VERSION) if kept is not None else None
+        if held != str(version):
+            raise DeployError(
+                f"no container of {self.release} version {version} is kept on this Docker "
+                f"engine ({'it keeps version ' + held if held else 'none is kept'}): release "
+                f"version {version} again instead")
+        reference = kept.labels[LABEL_IMAGE]
+        try:
+            recover(client, live_name, prev_name)
+            old = engine_client.container(client, live_name)
+            if old is None or old.status != "running":
+                raise DeployError(f"container {live_name} does not run: nothing to roll back "
+                                  f"from; `docker start {live_name}` or release again")
+            previous = {"name": live_name, "id": old.id[:12],
+                        "image": old.labels.get(LABEL_IMAGE, "?"),
+                        "version": old.labels.get(LABEL_VERSION, "?")}
+            self._check_candidate(client, reference, cand_name, model_name, version,
+                                  previous, check)
+            new, _, switch = self._switch(client, reference, model_name, version, old,
+                                          previous)
+            engine_client.remove(kept)
+            keep(client, self.release, engine_client.container(client, prev_name))
+        except docker.errors.APIError as exc:
+            raise engine_client.engine_error(exc, "roll the release's container back",
+                                             DeployError) from None
+        step_logger().info("rollback: %s serves version %s again (%s; switch %.1f s); version "
+                           "%s is stopped and kept", new.name, version, reference, switch,
+                           previous["version"])
+        return [previous["version"]]
 
     def summary(self, deployment: Deployment) -> dict[str, Any]:
         out = super().summary(deployment)
