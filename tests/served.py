@@ -112,3 +112,21 @@ class Traffic:
         self._stop.set()
         for t in self._threads:
             t.join(60)
+
+
+def watched_under_traffic(urls: str | list[str], model: str, spec, failures: int = 10,
+                          duration_s: float = 60, answers_after: int = 20):
+    """A planted regression under live traffic: clients send to every URL until each saw
+    `failures` failed requests, the watch (in-process, acting on a breach) runs for
+    `duration_s`, and the clients go on until `answers_after` more answers came, from what
+    serves once the watch acted. Returns (the watch's looks, the traffic)."""
+    from hf2triton.flows.watch import watch_release
+
+    with Traffic(urls, model) as traffic:
+        assert wait_until(lambda: all(len(traffic.failed_at(u)) >= failures
+                                      for u in traffic.urls), 180), "no failed requests came"
+        seen = watch_release(spec, duration_s=duration_s)
+        after = len(traffic.answered)
+        assert wait_until(lambda: len(traffic.answered) >= after + answers_after, 180), \
+            "no answers came after the watch"
+    return seen, traffic

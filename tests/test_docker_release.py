@@ -319,9 +319,8 @@ def test_watch_rolls_back_a_regression_on_docker_then_rollback_by_hand(
     failing long inputs under live traffic; the watch reads the container's metrics and rolls
     back blue/green to version 1's image within its window: version 1 fails no request, and
     MLflow says why. Then `hf2triton rollback --to 2` goes forward again by hand."""
-    from hf2triton.flows.watch import watch_release
     from hf2triton.spec import load_spec
-    from tests.served import LONG, Traffic
+    from tests.served import LONG, watched_under_traffic
     from tests.test_watch import FAULT, _until
 
     if _live_version(docker_client) != "2":  # the blue/green test did not run before this one
@@ -348,11 +347,7 @@ def test_watch_rolls_back_a_regression_on_docker_then_rollback_by_hand(
     spec = spec.model_copy(update={"watch": spec.watch.model_copy(update={
         "interval_s": 2.0, "min_requests": 5, "window_s": 3600, "max_failure_rate": 0.05,
         "p99_slack_ms": 600_000})})
-    with Traffic(release.url("http"), MODEL) as traffic:
-        _until(lambda: len(traffic.failed) >= 10, "failed requests")
-        seen = watch_release(spec, duration_s=120)
-        after = len(traffic.answered)
-        _until(lambda: len(traffic.answered) >= after + 20, "answers after it")
+    seen, traffic = watched_under_traffic(release.url("http"), MODEL, spec, duration_s=120)
     breached = next(s for s in seen if s["breaches"])
     assert breached["champion"] == "2" and breached["in_window"]
     assert any("failure rate" in b for b in breached["breaches"]), breached["breaches"]

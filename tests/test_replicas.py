@@ -243,9 +243,8 @@ def test_watch_and_rollback_by_hand_on_every_replica_under_traffic(
     send to each; released again, version 2 regresses under traffic on every replica and the
     watch, reading each replica's metrics, rolls all three back within its window. Version 1
     fails no request, and MLflow says why version 2 was rolled back."""
-    from hf2triton.flows.watch import watch_release
     from hf2triton.spec import load_spec
-    from tests.served import Traffic
+    from tests.served import Traffic, watched_under_traffic
     from tests.test_watch import _mlflow, _until
 
     tmp, reps, _ = replicas
@@ -277,11 +276,8 @@ def test_watch_and_rollback_by_hand_on_every_replica_under_traffic(
     # Released again, version 2 regresses under live traffic: the watch rolls every replica back.
     spec_path = _released_twice(tmp, reps, tiny_bert, other_tiny_bert)
     _plant_fault(reps, "2")
-    with Traffic([r.http for r in reps], "tiny-embedder") as traffic:
-        _until(lambda: all(len(traffic.failed_at(r.http)) >= 5 for r in reps), "failures")
-        seen = watch_release(spec, duration_s=60)
-        after = len(traffic.answered)
-        _until(lambda: len(traffic.answered) >= after + 30, "answers after it")
+    seen, traffic = watched_under_traffic([r.http for r in reps], "tiny-embedder", spec,
+                                          failures=5, answers_after=30)
     breached = next(s for s in seen if s["breaches"])
     assert breached["champion"] == "2" and breached["in_window"]
     assert {r["endpoint"] for r in breached["rows"]} == {f"replica {r.http}" for r in reps}

@@ -18,7 +18,7 @@ import yaml
 
 from hf2triton.net import free_port
 from tests.conftest import ROOT, tiny_spec
-from tests.served import Traffic, serving_versions, triton_client
+from tests.served import Traffic, serving_versions, triton_client, watched_under_traffic
 
 pytestmark = pytest.mark.e2e  # every test here starts a server or runs a release
 
@@ -202,7 +202,6 @@ def test_watch_rolls_back_a_regression_within_its_window(home_of):
     probe still passes); the watch sees the failure rate, rolls back to 1 within the window, and
     version 1 answers every request sent to it throughout."""
     from hf2triton.flows.release import release_model
-    from hf2triton.flows.watch import watch_release
     from hf2triton.spec import load_spec
 
     rel = home_of
@@ -211,11 +210,8 @@ def test_watch_rolls_back_a_regression_within_its_window(home_of):
     assert released["mlflow"]["version"] == "2"
     assert released["watch"]["breaches"] == []  # it passed its smoke test and first look
     _plant_fault(rel)
-    with Traffic(rel["http"], "tiny-embedder") as traffic:
-        _until(lambda: len(traffic.failed) >= 10, "failed requests")
-        seen = watch_release(spec, duration_s=60)
-        after = len(traffic.answered)
-        _until(lambda: len(traffic.answered) >= after + 10, "answers after it")
+    seen, traffic = watched_under_traffic(rel["http"], "tiny-embedder", spec,
+                                          answers_after=10)
     breached = next(s for s in seen if s["breaches"])
     assert breached["champion"] == "2" and breached["in_window"]
     # The first breaching look does not act; the watch looks again and acts on the second.

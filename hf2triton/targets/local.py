@@ -174,7 +174,9 @@ class LocalTriton(DeployTarget):
                 restore_previous(admin, folder, version, previous)
                 revived = self._revive(model_name)
                 error = exc if isinstance(exc, Hf2TritonError) else DeployError(str(exc))
-                raise type(error)(
+                # A server that died while loading the new version may have been killed by it
+                # (memory, a crashing backend): not retried, so it is not killed again.
+                raise (DeployError if revived else type(error))(
                     f"{model_name} version {version} did not load: {str(error)[:500]}. "
                     + (f"Version {previous[-1]} keeps serving. " if previous and not revived
                        else "")
