@@ -193,8 +193,8 @@ def test_local_triton_killed_during_deploy_comes_back_serving_the_champion(
     def kill_when_loading() -> None:  # the version policy names 2 just before the load
         while not stop.is_set():
             if re.search(r"versions: \[ [0-9, ]*\b2 \]", config.read_text()):
+                at.append(time.time())  # before: a request may fail the moment it dies
                 os.killpg(killed, signal.SIGKILL)
-                at.append(time.time())
                 return
             time.sleep(0.005)
 
@@ -221,7 +221,8 @@ def test_local_triton_killed_during_deploy_comes_back_serving_the_champion(
     assert not (rel.home / "triton" / "models" / rel.model / "2").exists()
     # Requests failed only while no server ran: from the kill until the new one answered.
     back = next(t for t, _, v, _ in traffic.log if v is not None and t > at[0])
-    assert all(e is None for t, _, _, e in traffic.log if t < at[0] or t > back)
+    assert all(e is None for t, _, _, e in traffic.log if t < at[0] or t > back), \
+        [(round(t - at[0], 3), e) for t, _, _, e in traffic.log if e is not None][-5:]
     assert traffic.answered[-1] == "1"
     down = [t for t, _, _, e in traffic.log if e is not None]
     print(f"down {back - at[0]:.1f} s after kill -9; {len(down)} failed request(s)")
