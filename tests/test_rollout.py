@@ -220,9 +220,10 @@ def test_local_triton_killed_during_deploy_comes_back_serving_the_champion(
     assert _serving(rel) == ["1"] and _champion(rel.model) == "1"
     assert not (rel.home / "triton" / "models" / rel.model / "2").exists()
     # Requests failed only while no server ran: from the kill until the new one answered.
-    back = next(t for t, _, v, _ in traffic.log if v is not None and t > at[0])
+    down = next(t for t, _, _, e in traffic.log if e is not None and t >= at[0])
+    back = next(t for t, _, v, _ in traffic.log if v is not None and t > down)
     assert all(e is None for t, _, _, e in traffic.log if t < at[0] or t > back), \
         [(round(t - at[0], 3), e) for t, _, _, e in traffic.log if e is not None][-5:]
     assert traffic.answered[-1] == "1"
-    down = [t for t, _, _, e in traffic.log if e is not None]
-    print(f"down {back - at[0]:.1f} s after kill -9; {len(down)} failed request(s)")
+    refused = [t for t, _, _, e in traffic.log if e is not None]
+    print(f"down {back - at[0]:.1f} s after kill -9; {len(refused)} failed request(s)")

@@ -50,6 +50,13 @@ def labels(release: str, version: str, reference: str, role: str) -> dict[str, s
             LABEL_ROLE: role}
 
 
+def described(container: Any, name: str) -> dict[str, str]:
+    """What a container serves, as a deployment's state records it."""
+    return {"name": name, "id": container.id[:12],
+            "image": container.labels.get(LABEL_IMAGE, "?"),
+            "version": container.labels.get(LABEL_VERSION, "?")}
+
+
 def rollback_name(release: str) -> str:
     """The stopped container kept after a promotion, for a rollback."""
     return f"{container_names(release)[0]}-rollback"
@@ -144,9 +151,7 @@ class DockerContainers(DeployTarget):
                 logger.info("deploy: container %s is %s; replacing it", live_name, old.status)
                 engine_client.remove(old)
                 old = None
-            previous = None if old is None else {
-                "name": live_name, "id": old.id[:12], "image": old.labels.get(LABEL_IMAGE, "?"),
-                "version": old.labels.get(LABEL_VERSION, "?")}
+            previous = None if old is None else described(old, live_name)
             if old is not None and old.labels.get(LABEL_IMAGE) == reference:
                 urls = engine_client.published(old, spec.host)
                 engine_client.wait_ready(old, _ready(urls["http"], model_name, version),
@@ -290,9 +295,7 @@ class DockerContainers(DeployTarget):
             if old is None or old.status != "running":
                 raise DeployError(f"container {live_name} does not run: nothing to roll back "
                                   f"from; `docker start {live_name}` or release again")
-            previous = {"name": live_name, "id": old.id[:12],
-                        "image": old.labels.get(LABEL_IMAGE, "?"),
-                        "version": old.labels.get(LABEL_VERSION, "?")}
+            previous = described(old, live_name)
             self._check_candidate(client, reference, cand_name, model_name, version,
                                   previous, check)
             new, _, switch = self._switch(client, reference, model_name, version, old,

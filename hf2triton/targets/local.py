@@ -11,6 +11,7 @@ replica target, which rolls the same steps out to several servers.
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from pathlib import Path
@@ -209,6 +210,11 @@ class LocalTriton(DeployTarget):
                                   self.spec.ready_timeout_s, [endpoint])
 
 
+def repository_key(root: str) -> str:
+    """What tells apart the repositories of several servers (a shared one is written once)."""
+    return root if root.startswith("s3://") else os.path.realpath(root)
+
+
 def load_on(server: dict[str, Any], model_name: str, version: str, timeout_s: float
             ) -> str | None:
     """Load what the repository's version policy says on one server and wait for `version`;
@@ -258,9 +264,8 @@ def restore_on_servers(servers: list[dict[str, Any]], model_name: str, version: 
                 f"{model_name} version {version} is not in the model repository of "
                 f"{server['http']} (it holds {', '.join(folder.versions()) or 'nothing'}): "
                 "release it again instead")
-        root = server["model_repository"]
-        key = root if root.startswith("s3://") else str(Path(root).resolve())
-        folders.setdefault(key, (folder, []))[1].append(server)
+        folders.setdefault(repository_key(server["model_repository"]),
+                           (folder, []))[1].append(server)
     serving: dict[str, list[str]] = {}
     for server in servers:
         with TritonAdmin(server["http"]) as admin:
@@ -276,13 +281,11 @@ def restore_on_servers(servers: list[dict[str, Any]], model_name: str, version: 
             versions = {v for s in group for v in pick(s)}
             set_version_policy(folder, sorted(versions, key=int))
 
-    def load_all(want: str) -> list[str]:
-        return [f for f in on_each(servers, lambda s: load_on(s, model_name, want, timeout_s))
-                if f]
 
     policy(lambda s: [*serving[s["http"]], version])
     try:
-        failures = load_all(version)
+        failures = [f for f in on_each(servers, lambda s: load_on(s, model_name, version,
+                                                                  timeout_s)) if f]
         if failures:
             raise DeployError(f"{model_name} version {version} did not load on "
                               f"{len(failures)} of {len(servers)} server(s): "

@@ -10,7 +10,6 @@ repository is written once, with a version policy that keeps what any of its rep
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -32,6 +31,7 @@ from hf2triton.targets.base import (
 )
 from hf2triton.targets.local import (
     on_each,
+    repository_key,
     expected_files,
     load_on,
     restore_on_servers,
@@ -165,8 +165,7 @@ class TritonReplicas(DeployTarget):
         shared: dict[str, list[dict[str, Any]]] = {}
         for server in servers:
             root = server["model_repository"]
-            shared.setdefault(root if root.startswith("s3://") else os.path.realpath(root),
-                              []).append(server)
+            shared.setdefault(repository_key(root), []).append(server)
         try:
             store.prepare()
             for root, group in shared.items():
