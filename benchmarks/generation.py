@@ -313,9 +313,9 @@ def main() -> None:
     levels = [int(x) for x in args.levels.split(",")]
     from transformers import AutoTokenizer
 
-    from hf2triton import triton_local
-    from hf2triton.cpu import cpu_features
-    from hf2triton.net import free_port
+    from hf2triton.targets import triton_local
+    from hf2triton.util.cpu import cpu_features
+    from hf2triton.util.net import free_port
     from tests.tiny_models import build_qwen2
 
     work = Path(tempfile.mkdtemp(prefix="generation-bench-"))

@@ -32,7 +32,7 @@ def spec_for(model_dir: Path, work: Path) -> Path:
     """releases/smollm2-135m-instruct.yaml with the model, lengths and free ports of this run."""
     import yaml
 
-    from hf2triton.net import free_port
+    from hf2triton.util.net import free_port
 
     spec = yaml.safe_load((ROOT / "releases" / "smollm2-135m-instruct.yaml").read_text())
     spec["source"] = {"path": str(model_dir), "model_id": "bench/qwen2-25m"}
@@ -54,7 +54,7 @@ import json, resource, sys, time
 sys.path.insert(0, {str(ROOT)!r})
 from hf2triton.flows.release import release_model
 from hf2triton.spec import load_spec
-from hf2triton import triton_local
+from hf2triton.targets import triton_local
 started = time.perf_counter()
 try:
     summary = release_model(load_spec({str(spec)!r}))
@@ -81,7 +81,7 @@ def main() -> None:
     parser.add_argument("--model", type=Path, help="a causal LM directory (default: the random "
                         "25M Qwen2)")
     args = parser.parse_args()
-    from hf2triton.cpu import cpu_features
+    from hf2triton.util.cpu import cpu_features
     from tests.tiny_models import build_qwen2
 
     work = Path(tempfile.mkdtemp(prefix="generation-release-"))

@@ -1,4 +1,4 @@
-"""The serving benchmark's load points: hf2triton.load's closed loop (N concurrent clients, one
+"""The serving benchmark's load points: hf2triton.release.load's closed loop (N concurrent clients, one
 sentence per request, bounded in time and in count) with the CPU time of the client, of the
 server's process tree and of the whole machine measured over the same window, and the clients
 it drives (Triton over gRPC and HTTP, a JSON-over-HTTP baseline).
@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from hf2triton.clients.triton import TritonGrpc as GrpcCall
-from hf2triton.load import closed_loop
+from hf2triton.release.load import closed_loop
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -113,7 +113,7 @@ class PointResult:
 
 class CpuMeter:
     """The CPU of this process, of the server's process tree and of the whole machine over the
-    load's measured window (a `hf2triton.load.Window`)."""
+    load's measured window (a `hf2triton.release.load.Window`)."""
 
     def __init__(self, server_pid: int | None):
         self.server_pid = server_pid
@@ -140,7 +140,7 @@ async def measure(call: Callable[[str], Awaitable[Any]], texts: list[str], concu
                   duration_s: float, warmup_s: float, max_requests: int,
                   server_pid: int | None, label: str = "",
                   request_timeout_s: float = 30.0) -> PointResult:
-    """One load point (hf2triton.load's closed loop) with the CPU everyone used meanwhile.
+    """One load point (hf2triton.release.load's closed loop) with the CPU everyone used meanwhile.
     `warmup_s` should exceed one round of latency at this concurrency, so the window sees
     steady state."""
     meter = CpuMeter(server_pid)
@@ -162,7 +162,7 @@ def text_inputs(text: str) -> dict[str, np.ndarray]:
 
 
 class TritonGrpc:
-    """One text a request to a Triton model over gRPC (hf2triton.load.TritonGrpc: one channel,
+    """One text a request to a Triton model over gRPC (hf2triton.release.load.TritonGrpc: one channel,
     many concurrent calls on it)."""
 
     def __init__(self, url: str, model: str, version: str = "", output: str = "EMBEDDING",

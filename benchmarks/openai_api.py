@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import serving as bench  # noqa: E402
 from load import JsonHttp, TritonGrpc, run_point  # noqa: E402
 
-from hf2triton.net import free_ports  # noqa: E402
+from hf2triton.util.net import free_ports  # noqa: E402
 
 CLIENTS = 64
 AIPERF = "aiperf==0.13.0"

@@ -23,11 +23,11 @@ from pathlib import Path
 
 import numpy as np
 
-from hf2triton.export import export_model
-from hf2triton.kinds import Data, kind_for
+from hf2triton.kinds import Data
+from hf2triton.release.export import export_model
 from hf2triton.serving import runtimes
 from hf2triton.sources.local import package_model_dir
-from hf2triton.spec import load_spec
+from hf2triton.spec import kind_for, load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "releases" / "minilm-embedder.yaml"

@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import serving as bench  # noqa: E402
 from load import TritonGrpc, run_point  # noqa: E402
 
-from hf2triton.net import free_ports  # noqa: E402
+from hf2triton.util.net import free_ports  # noqa: E402
 
 ORT_FP32 = [{"name": "onnxruntime", "precision": "fp32"}]
 CLIENTS = 64
@@ -95,7 +95,7 @@ def main() -> None:
     texts = bench.traffic()["mixed"]
     cli = [str(ROOT / ".venv" / "bin" / "hf2triton")]
     out: dict = bench.record_header("served_runtimes.py", quiet, texts, CLIENTS)
-    from hf2triton.cpu import cpu_features
+    from hf2triton.util.cpu import cpu_features
 
     out["cpu_features"] = cpu_features()
     with tempfile.TemporaryDirectory(prefix="hf2triton-runtimes-") as tmp_dir:

@@ -48,11 +48,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np  # noqa: E402
 import yaml  # noqa: E402
-
 from load import JsonHttp, TritonGrpc, TritonHttp, run_point  # noqa: E402
 
-from hf2triton.net import free_ports  # noqa: E402
-from hf2triton.waiting import http_ok, wait_for, wait_until  # noqa: E402
+from hf2triton.util.net import free_ports  # noqa: E402
+from hf2triton.util.waiting import http_ok, wait_for, wait_until  # noqa: E402
 
 # "Today's main" when issue 14 was taken up: what the served figures are compared with.
 BASELINE_COMMIT = "8fba8d3"
@@ -129,7 +128,7 @@ def record_header(script: str, quiet: dict, texts: list[str], clients: int) -> d
     """What every benchmark record starts with: when, which commit, on what, under what."""
     import platform
 
-    return {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    return {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                                      capture_output=True, text=True).stdout.strip(),
             "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
@@ -139,7 +138,7 @@ def record_header(script: str, quiet: dict, texts: list[str], clients: int) -> d
 
 def save_record(prefix: str, record: dict, lines: list[str]) -> Path:
     """benchmarks/results/<prefix>-<UTC time>.json (the record) and .md (its summary)."""
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     dest = ROOT / "benchmarks" / "results"
     dest.mkdir(parents=True, exist_ok=True)
     (dest / f"{prefix}-{stamp}.json").write_text(json.dumps(record, indent=1) + "\n")
@@ -391,8 +390,11 @@ def marian_sized(out: Path) -> Path:
 
 def translation(tmp: Path, seconds: float) -> dict:
     from hf2triton.kinds.base import read_lines
-    from hf2triton.kinds.translation import TorchTranslator, resolve_translation_config
-    from hf2triton.kinds.translation import GenerationSpec
+    from hf2triton.kinds.translation import (
+        GenerationSpec,
+        TorchTranslator,
+        resolve_translation_config,
+    )
 
     model = marian_sized(tmp / "marian-sized")
     texts = read_lines(ROOT / "releases" / "data" / "translation-validation-en.txt", "t")
@@ -572,7 +574,7 @@ def main() -> None:
     ap.add_argument("--report", type=Path, help="only re-write the report and chart of a run "
                     "directory (benchmarks/results/<time>/)")
     a = ap.parse_args()
-    out = ROOT / "benchmarks" / "results" / dt.datetime.now(dt.timezone.utc).strftime(
+    out = ROOT / "benchmarks" / "results" / dt.datetime.now(dt.UTC).strftime(
         "%Y%m%dT%H%M%SZ")
     if a.report:
         res = json.loads((a.report / "results.json").read_text())
@@ -592,14 +594,14 @@ def main() -> None:
 
 
 def run(a: argparse.Namespace) -> dict:
-    from hf2triton.cpu import cpu_features, describe
+    from hf2triton.util.cpu import cpu_features, describe
 
     seconds = 5.0 if a.quick else a.seconds
     started = time.monotonic()
     quiet = wait_for_quiet()
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
-    res: dict[str, Any] = {"meta": {"date": dt.datetime.now(dt.timezone.utc).strftime(
+    res: dict[str, Any] = {"meta": {"date": dt.datetime.now(dt.UTC).strftime(
         "%Y-%m-%d %H:%M UTC"), "commit": commit, "cpu": describe(cpu_features()),
         "loadavg": quiet["loadavg"], "seconds_per_point": seconds}}
     mixes = traffic()

@@ -17,7 +17,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -29,8 +29,8 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 from load import TritonGrpc, process_tree  # noqa: E402 - benchmarks/, the script's directory
 
-from hf2triton.load import LoadResult, closed_loop  # noqa: E402
-from hf2triton.net import free_ports  # noqa: E402
+from hf2triton.release.load import LoadResult, closed_loop  # noqa: E402
+from hf2triton.util.net import free_ports  # noqa: E402
 
 
 def tree_rss_mb(pid: int) -> float:
@@ -79,7 +79,7 @@ async def soak(url: str, model: str, pid: int, clients: int, seconds: float, war
             memory.append((loop.time() - started, tree_rss_mb(pid)))
             try:
                 await asyncio.wait_for(done.wait(), 5)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     async def drive() -> LoadResult:
@@ -148,7 +148,7 @@ def main() -> int:
         if home is not None:
             subprocess.run([str(Path(sys.executable).parent / "hf2triton"), "server", "stop"],
                            env={**os.environ, "HF2TRITON_HOME": str(home)}, capture_output=True)
-    result["date"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    result["date"] = datetime.now(UTC).isoformat(timespec="seconds")
     result["load_average"] = Path("/proc/loadavg").read_text().split()[:3]
     RESULTS.mkdir(parents=True, exist_ok=True)
     stem = RESULTS / f"soak-{result['date'][:10]}"

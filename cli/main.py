@@ -20,11 +20,10 @@ def _fail(message: str, code: int = 1) -> int:
 
 
 def _release(args: argparse.Namespace) -> int:
-    from hf2triton.devices import check_gate_device
     from hf2triton.errors import Hf2TritonError, SpecError
-    from hf2triton.kinds import kind_for
-    from hf2triton.prefect_api import prepare_local_run
-    from hf2triton.spec import load_spec
+    from hf2triton.orchestration.prefect_api import prepare_local_run
+    from hf2triton.runtimes.devices import check_gate_device
+    from hf2triton.spec import kind_for, load_spec
 
     try:
         spec = load_spec(args.spec)
@@ -43,9 +42,9 @@ def _release(args: argparse.Namespace) -> int:
 
 
 def _run_release(spec) -> int:
-    from hf2triton.flows.release import release_model
     from hf2triton.errors import Hf2TritonError
-    from hf2triton.prefect_api import stop_temporary_api
+    from hf2triton.flows.release import release_model
+    from hf2triton.orchestration.prefect_api import stop_temporary_api
 
     try:
         try:
@@ -67,7 +66,7 @@ def _run_release(spec) -> int:
 
 
 def _server(args: argparse.Namespace) -> int:
-    from hf2triton import triton_local
+    from hf2triton.targets import triton_local
 
     if args.action == "status":
         info = triton_local.status()
@@ -80,9 +79,9 @@ def _server(args: argparse.Namespace) -> int:
 
 
 def _deployments(args: argparse.Namespace) -> int:
-    from hf2triton.deployments import release_specs, render, training_specs
     from hf2triton.errors import SpecError
-    from hf2triton.workspace import PROJECT_ROOT
+    from hf2triton.orchestration.deployments import release_specs, render, training_specs
+    from hf2triton.util.workspace import PROJECT_ROOT
 
     target = PROJECT_ROOT / "prefect.yaml"
     try:
@@ -100,8 +99,8 @@ def _deployments(args: argparse.Namespace) -> int:
 
 
 def _schema(args: argparse.Namespace) -> int:
-    from hf2triton.schema import SCHEMAS, render, stale
-    from hf2triton.workspace import PROJECT_ROOT
+    from hf2triton.spec.schema import SCHEMAS, render, stale
+    from hf2triton.util.workspace import PROJECT_ROOT
 
     which = "training" if args.training else "release"
     if args.check is not None:
@@ -163,8 +162,8 @@ def _image(args: argparse.Namespace) -> int:
 def _release_spec(name: str):
     """A spec file, the name of one in releases/, or a release this home has run."""
     from hf2triton.spec import load_spec, parse_spec
+    from hf2triton.util.workspace import PROJECT_ROOT
     from hf2triton.watch.status import remembered
-    from hf2triton.workspace import PROJECT_ROOT
 
     path = Path(name)
     if not path.is_file() and (PROJECT_ROOT / "releases" / f"{name}.yaml").is_file():
@@ -198,8 +197,8 @@ def _status(args: argparse.Namespace) -> int:
     `--json` the objects for scripts."""
     from hf2triton.errors import Hf2TritonError, SpecError
     from hf2triton.spec import parse_spec
+    from hf2triton.util.workspace import home
     from hf2triton.watch import status
-    from hf2triton.workspace import home
 
     try:
         specs = [_release_spec(args.release)] if args.release else \
@@ -226,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     import faulthandler
     import signal
 
-    from hf2triton.prefect_api import set_process_defaults
+    from hf2triton.orchestration.prefect_api import set_process_defaults
 
     # `kill -USR1 PID` prints where every thread of a release that seems stuck is, to stderr
     # (docs/troubleshooting.md); the release goes on.

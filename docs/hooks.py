@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from hf2triton import errors  # noqa: E402
-from hf2triton.schema import json_schema  # noqa: E402
+from hf2triton.spec.schema import json_schema  # noqa: E402
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:

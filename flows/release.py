@@ -11,16 +11,12 @@ from typing import Any
 from prefect import flow
 from prefect.transactions import transaction
 
-from hf2triton.devices import check_gate_device
-from hf2triton.kinds import kind_for
-from hf2triton.locks import release_lock
-from hf2triton.record import release_record, reused_steps, summary
-from hf2triton.runtimes import runtime_choices
-from hf2triton.spec import ReleaseSpec, parse_spec
-from hf2triton.targets import target_for
-from hf2triton.watch.status import remember
-from hf2triton.workspace import work_dir
 from hf2triton.flows.watch import after_release
+from hf2triton.orchestration.locks import release_lock
+from hf2triton.release.record import release_record, reused_steps, summary
+from hf2triton.runtimes import runtime_choices
+from hf2triton.runtimes.devices import check_gate_device
+from hf2triton.spec import ReleaseSpec, kind_for, parse_spec, target_for
 from hf2triton.tasks.deploy import deploy, retire, smoke
 from hf2triton.tasks.export import export
 from hf2triton.tasks.fetch import fetch
@@ -32,12 +28,14 @@ from hf2triton.tasks.report import report
 from hf2triton.tasks.repository import repository
 from hf2triton.tasks.tune import tune
 from hf2triton.tasks.validate import validate
+from hf2triton.util.workspace import work_dir
+from hf2triton.watch.status import remember
 
 
 @flow(name="release-model", log_prints=False, validate_parameters=False)
 def release_model(spec: ReleaseSpec | dict[str, Any]) -> dict[str, Any]:
     """Release one model as `spec` describes; returns the release summary. A second run of the
-    same release waits for this one (hf2triton.locks), then reuses its finished steps."""
+    same release waits for this one (hf2triton.orchestration.locks), then reuses its finished steps."""
     spec = parse_spec(spec)
     with release_lock(spec.name):  # held for the whole release, the watch after it included
         return _release(spec)
@@ -57,7 +55,7 @@ def _release(spec: ReleaseSpec) -> dict[str, Any]:
     variants = quantize(kind, src["model_dir"], exp, spec.quantization, runtimes,
                         kind.calibration(data), work)
     val = validate(kind, src["model_dir"], exp, variants, data, spec.quantization, spec.deploy,
-                   runtimes, work)
+                   runtimes, work, spec.validation, spec.registry.model_name)
     tuned = tune(kind, spec.triton_model_name, val, exp, data, spec.deploy, work)
     repo = repository(kind, spec.triton_model_name, val, exp, data, spec.deploy, tuned, work)
     record = release_record(spec, src, exp, variants, val, tuned, repo)
@@ -68,7 +66,7 @@ def _release(spec: ReleaseSpec) -> dict[str, Any]:
     monitoring(spec, target, reg)
     with transaction():  # a failure in here rolls the target back; the old version serves on
         dep = deploy(target, kind, repo, reg["version"], image, val)
-        figures = smoke(kind, dep, val)
+        figures = smoke(target, kind, dep, val)
         dep = promote(target, dep, reg, figures)
     retire(target, dep)
 

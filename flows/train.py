@@ -11,9 +11,9 @@ from prefect import flow
 
 from hf2triton.clients.mlflow import tracking_uri
 from hf2triton.spec import TrainingSpec, parse_spec
-from hf2triton.workspace import work_dir
 from hf2triton.tasks.fetch import fetch
 from hf2triton.tasks.train import announce, log_model, train
+from hf2triton.util.workspace import work_dir
 
 
 @flow(name="train-classifier", log_prints=False, validate_parameters=False)

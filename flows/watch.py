@@ -1,4 +1,4 @@
-"""The watch's flows, each also a Prefect deployment (hf2triton.deployments): `watch-release`
+"""The watch's flows, each also a Prefect deployment (hf2triton.orchestration.deployments): `watch-release`
 looks at what a release serves and publishes it, and on a breach emits an event (and, in the
 window, rolls back itself when nothing else answers the event); `rollback-release` is the
 rollback the event's automation and `hf2triton rollback` run; `release-status` reports champion,
@@ -12,11 +12,11 @@ from typing import Any, Literal
 from prefect import flow
 from prefect.deployments import run_deployment
 
-from hf2triton.deployments import release_tag
-from hf2triton.prefect_api import deployment_tagged
-from hf2triton.runs import step_logger
+from hf2triton.orchestration.deployments import release_tag
+from hf2triton.orchestration.prefect_api import deployment_tagged
 from hf2triton.spec import ReleaseSpec, parse_spec
 from hf2triton.tasks.watch import breach, look
+from hf2triton.util.runs import step_logger
 from hf2triton.watch import observe, rollback, status
 
 

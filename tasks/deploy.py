@@ -1,6 +1,6 @@
 """Steps `deploy`, `smoke` and `retire-previous`, for every target (hf2triton.targets): the new
 version serves beside the old one, the smoke test scores what it serves against PyTorch with the
-gate's own metrics (hf2triton.smoke), and only after promotion does the old one go. Deploy,
+gate's own metrics (hf2triton.targets.smoke), and only after promotion does the old one go. Deploy,
 smoke and promote run in one Prefect transaction: if anything after deploy fails, the rollback
 hook below puts the target back to what served before."""
 
@@ -11,20 +11,20 @@ from typing import Any
 from prefect import task
 from prefect.transactions import get_transaction
 
-from hf2triton.gate import GateResult
 from hf2triton.kinds import ModelKind
-from hf2triton.repository import RepositoryResult
-from hf2triton.runs import NO_PREFECT_CACHE, RETRY_TRANSIENT, note_reuse, step_logger
-from hf2triton.smoke import Endpoint, smoke_endpoint, smoke_test
+from hf2triton.release.gate import GateResult
+from hf2triton.release.repository import RepositoryResult
 from hf2triton.targets import Deployment, DeployTarget
+from hf2triton.targets.smoke import Endpoint, smoke_endpoint, smoke_test
+from hf2triton.util.runs import NO_PREFECT_CACHE, RETRY_TRANSIENT, note_reuse, step_logger
 
 
-def _check(kind: ModelKind, model_name: str, reference_path: str):
+def _check(target: DeployTarget, kind: ModelKind, model_name: str, reference_path: str):
     import json
 
     with open(reference_path, encoding="utf-8") as f:
         reference = json.load(f)
-    key = kind.spec.deploy.openai.client_key()
+    key = target.spec.openai.client_key()
     return lambda endpoint: smoke_endpoint(kind, endpoint, model_name, reference, key)
 
 
@@ -34,7 +34,7 @@ def deploy(target: DeployTarget, kind: ModelKind, repo: RepositoryResult, versio
            image: dict[str, Any], val: GateResult) -> Deployment:
     """Put `version` beside what serves (a load that fails cleans up after itself)."""
     deployment = target.deploy(repo["repository"], repo["model_name"], version, repo["files"],
-                               image, _check(kind, repo["model_name"], val["reference_path"]))
+                               image, _check(target, kind, repo["model_name"], val["reference_path"]))
     txn = get_transaction()
     if txn is not None:
         txn.set("rollback", (target, deployment))
@@ -55,11 +55,12 @@ def rollback(txn: Any) -> None:
 
 @task(name="smoke", task_run_name="smoke {deployment[model_name]} v{deployment[version]}",
       **RETRY_TRANSIENT, **NO_PREFECT_CACHE)
-def smoke(kind: ModelKind, deployment: Deployment, val: GateResult) -> dict[str, float]:
+def smoke(target: DeployTarget, kind: ModelKind, deployment: Deployment, val: GateResult
+          ) -> dict[str, float]:
     """The deployed version against PyTorch on every endpoint, with the gate's metrics."""
     endpoints: list[Endpoint] = deployment["endpoints"]
     figures = smoke_test(kind, endpoints, deployment["model_name"], val["reference_path"],
-                         kind.spec.deploy.openai.client_key())
+                         target.spec.openai.client_key())
     step_logger().info("smoke: %d endpoint(s) serve what PyTorch says within the gate over "
                        "gRPC, HTTP%s (%s; gRPC p50 %.1f ms)", len(endpoints),
                        " and the OpenAI-compatible API" if "openai_p50_ms" in figures else "",

@@ -1,5 +1,5 @@
 """Step `export`: the kind's config resolved from the model's own files, then the optimum-onnx
-export checked against PyTorch on real validation inputs (hf2triton.export)."""
+export checked against PyTorch on real validation inputs (hf2triton.release.export)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from typing import Any
 
 from prefect import task
 
-from hf2triton.export import ExportResult, export_model
 from hf2triton.kinds import Data, ModelKind
-from hf2triton.runs import NO_PREFECT_CACHE, note_reuse
+from hf2triton.release.export import ExportResult, export_model
 from hf2triton.sources import FetchResult
 from hf2triton.spec import ExportSpec
+from hf2triton.util.runs import NO_PREFECT_CACHE, note_reuse
 
 
 class Exported(ExportResult):

@@ -6,8 +6,8 @@ from __future__ import annotations
 from prefect import task
 
 from hf2triton.clients.mlflow import tracking_uri
-from hf2triton.runs import NO_PREFECT_CACHE, RETRY_TRANSIENT, step_logger
 from hf2triton.sources import FetchResult, Source, fetch_model
+from hf2triton.util.runs import NO_PREFECT_CACHE, RETRY_TRANSIENT, step_logger
 
 
 @task(name="fetch", task_run_name="fetch {source.lineage_id}", **RETRY_TRANSIENT,

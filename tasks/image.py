@@ -19,10 +19,10 @@ from hf2triton.image import (
     push_serving_image,
 )
 from hf2triton.image.release import image_labels, image_plan, image_summary
-from hf2triton.record import Record
-from hf2triton.repository import RepositoryResult
-from hf2triton.runs import NO_PREFECT_CACHE, RETRY_TRANSIENT, step_logger
+from hf2triton.release.record import Record
+from hf2triton.release.repository import RepositoryResult
 from hf2triton.spec import ReleaseSpec
+from hf2triton.util.runs import NO_PREFECT_CACHE, RETRY_TRANSIENT, step_logger
 
 
 @task(name="build-image", task_run_name="build-image {target[tag]}", **RETRY_TRANSIENT,

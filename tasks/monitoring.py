@@ -9,9 +9,9 @@ from pathlib import Path
 from prefect import task
 
 from hf2triton.clients.mlflow import Registry
-from hf2triton.runs import NO_PREFECT_CACHE, RETRY_TRANSIENT, step_logger
 from hf2triton.spec import ReleaseSpec
 from hf2triton.targets import DeployTarget
+from hf2triton.util.runs import NO_PREFECT_CACHE, RETRY_TRANSIENT, step_logger
 from hf2triton.watch import monitoring as render
 
 

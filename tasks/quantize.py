@@ -8,11 +8,11 @@ from typing import Any
 
 from prefect import task
 
-from hf2triton.export import ExportResult
 from hf2triton.kinds import ModelKind
-from hf2triton.runs import NO_PREFECT_CACHE, note_reuse, step_logger
+from hf2triton.release.export import ExportResult
 from hf2triton.runtimes import RuntimeChoices, Variant, VariantContext, build_variants
 from hf2triton.spec import QuantizationSpec
+from hf2triton.util.runs import NO_PREFECT_CACHE, note_reuse, step_logger
 
 
 @task(name="quantize", task_run_name="quantize {spec.method}", **NO_PREFECT_CACHE)

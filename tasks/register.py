@@ -1,5 +1,5 @@
 """Steps `register` and `promote`: one MLflow run and one model version per distinct release,
-carrying the whole release record (hf2triton.record), alias `candidate`; after the smoke test
+carrying the whole release record (hf2triton.release.record), alias `candidate`; after the smoke test
 the new version becomes what clients reach and `champion` moves to it
 (hf2triton.clients.mlflow)."""
 
@@ -10,10 +10,10 @@ from typing import TypedDict
 from prefect import task
 
 from hf2triton.clients.mlflow import Registry
-from hf2triton.record import Record
-from hf2triton.runs import NO_PREFECT_CACHE, RETRY_TRANSIENT, step_logger
+from hf2triton.release.record import Record
 from hf2triton.spec import RegistrySpec
 from hf2triton.targets import Deployment, DeployTarget
+from hf2triton.util.runs import NO_PREFECT_CACHE, RETRY_TRANSIENT, step_logger
 from hf2triton.watch.registry import promote as record_promotion
 
 

@@ -1,5 +1,5 @@
 """Step `report`: the release report, the accuracy table and the MLflow links in the Prefect UI,
-for every kind (hf2triton.report)."""
+for every kind (hf2triton.release.report)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from typing import Any
 
 from prefect import task
 
-from hf2triton.gate import GateResult
 from hf2triton.kinds import ModelKind
-from hf2triton.report import publish_release_report
-from hf2triton.runs import NO_PREFECT_CACHE
+from hf2triton.release.gate import GateResult
+from hf2triton.release.report import publish_release_report
+from hf2triton.util.runs import NO_PREFECT_CACHE
 
 
 @task(name="report", task_run_name="report {summary[release]}", **NO_PREFECT_CACHE)

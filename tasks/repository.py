@@ -1,6 +1,6 @@
 """Step `build-repository`: the Triton model repository of the release, with the validated
 model, the serving core the gate ran, serving.json and the batching the deploy section (or the
-configuration search) chose (hf2triton.repository)."""
+configuration search) chose (hf2triton.release.repository)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ from typing import Any
 
 from prefect import task
 
-from hf2triton.export import ExportResult
-from hf2triton.gate import GateResult
 from hf2triton.kinds import Data, ModelKind
-from hf2triton.repository import BATCHING, RepositoryResult, build_repository
-from hf2triton.runs import NO_PREFECT_CACHE, note_reuse
-from hf2triton.traffic import warmup_items
-from hf2triton.tuning import TuneResult
+from hf2triton.release.export import ExportResult
+from hf2triton.release.gate import GateResult
+from hf2triton.release.repository import BATCHING, RepositoryResult, build_repository
+from hf2triton.release.traffic import warmup_items
+from hf2triton.release.tuning import TuneResult
+from hf2triton.util.runs import NO_PREFECT_CACHE, note_reuse
 
 
 @task(name="build-repository", task_run_name="build-repository {model_name}", **NO_PREFECT_CACHE)

@@ -1,4 +1,4 @@
-"""Steps of the retraining flow: `train` fine-tunes the encoder (hf2triton.training), `log-model`
+"""Steps of the retraining flow: `train` fine-tunes the encoder (hf2triton.training.classifier), `log-model`
 registers it in MLflow with its alias, and `announce` tells Prefect a new version exists (the
 event the release deployment's trigger waits for), with the training figures in the UI."""
 
@@ -6,17 +6,17 @@ from __future__ import annotations
 
 from prefect import task
 
-from hf2triton.report import publish_training
-from hf2triton.runs import NO_PREFECT_CACHE, RETRY_TRANSIENT, note_reuse, step_logger
+from hf2triton.release.report import publish_training
 from hf2triton.sources import FetchResult
 from hf2triton.spec import TrainingSpec
-from hf2triton.training import (
+from hf2triton.training.classifier import (
     Registered,
     TrainResult,
     announce_version,
     fine_tune,
     log_trained,
 )
+from hf2triton.util.runs import NO_PREFECT_CACHE, RETRY_TRANSIENT, note_reuse, step_logger
 
 
 @task(name="train", task_run_name="train {spec.name}", **NO_PREFECT_CACHE)

@@ -1,6 +1,6 @@
 """Step `tune-triton-config`: with `deploy.tuning.search`, the Triton batching and execution
 settings measured on a private server; the fastest under the latency cap ships
-(hf2triton.tuning). Without it, nothing runs and the deploy section's settings ship."""
+(hf2triton.release.tuning). Without it, nothing runs and the deploy section's settings ship."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from typing import Any
 
 from prefect import task
 
-from hf2triton.export import ExportResult
-from hf2triton.gate import GateResult
 from hf2triton.kinds import Data, ModelKind
-from hf2triton.runs import NO_PREFECT_CACHE, step_logger
-from hf2triton.traffic import search_items, warmup_items
-from hf2triton.tuning import TuneResult, describe, tune_config
+from hf2triton.release.export import ExportResult
+from hf2triton.release.gate import GateResult
+from hf2triton.release.traffic import search_items, warmup_items
+from hf2triton.release.tuning import TuneResult, describe, tune_config
+from hf2triton.util.runs import NO_PREFECT_CACHE, step_logger
 
 
 @task(name="tune-triton-config", **NO_PREFECT_CACHE)

@@ -1,4 +1,4 @@
-"""Step `validate`: the accuracy gate (hf2triton.gate) on the candidates hf2triton.candidates
+"""Step `validate`: the accuracy gate (hf2triton.release.gate) on the candidates hf2triton.release.candidates
 names; the kind scores each against PyTorch as Triton will run it."""
 
 from __future__ import annotations
@@ -7,30 +7,30 @@ from typing import Any
 
 from prefect import task
 
-from hf2triton.candidates import champion_to_face, gate_candidates, selection
 from hf2triton.clients.mlflow import tracking_uri
-from hf2triton.export import ExportResult
-from hf2triton.gate import GateResult, run_gate
 from hf2triton.kinds import Data, ModelKind
+from hf2triton.release.candidates import champion_to_face, gate_candidates, selection
+from hf2triton.release.export import ExportResult
+from hf2triton.release.gate import GateResult, run_gate
 from hf2triton.runtimes import RuntimeChoices
-from hf2triton.runs import NO_PREFECT_CACHE, RETRY_TRANSIENT, note_reuse, step_logger
-from hf2triton.spec import QuantizationSpec
+from hf2triton.spec import QuantizationSpec, ValidationSpec
+from hf2triton.util.runs import NO_PREFECT_CACHE, RETRY_TRANSIENT, note_reuse, step_logger
 
 
 @task(name="validate", task_run_name="validate {kind.name}: the accuracy gate", **RETRY_TRANSIENT,
       **NO_PREFECT_CACHE)
 def validate(kind: ModelKind, model_dir: str, exp: ExportResult, variants: list[dict[str, Any]],
              data: Data, quantization: QuantizationSpec, deploy: Any, runtimes: RuntimeChoices,
-             work: str) -> GateResult:
+             work: str, validation: ValidationSpec, model_name: str) -> GateResult:
     """Gate the candidates; raises AccuracyGateError (with a report) when none passes."""
     cfg = kind.config_from_dict(exp["config"])
     found = run_gate(kind, model_dir, exp["export_dir"],
                      gate_candidates(variants, quantization, runtimes), cfg,
                      data, deploy.max_batch_size, deploy.max_batch_tokens, work,
                      selection(quantization, runtimes),
-                     champion_to_face(kind, data, cfg, tracking_uri()),
-                     kind.spec.validation.max_drop, runtimes.not_offered,
-                     kind.spec.validation.judge_all)
+                     champion_to_face(kind, data, cfg, tracking_uri(), model_name),
+                     validation.max_drop, runtimes.not_offered,
+                     validation.judge_all)
     note_reuse("validate", found)
     step_logger().info("validate: ships %s (%s)", found["chosen"], ", ".join(
         f"{k} {v:.4f}" for k, v in found["metrics"].items() if k in kind.limits()))

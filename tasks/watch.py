@@ -9,8 +9,8 @@ from typing import Any
 from prefect import task
 
 from hf2triton.clients.mlflow import Registry
-from hf2triton.runs import NO_PREFECT_CACHE, step_logger
 from hf2triton.spec import ReleaseSpec
+from hf2triton.util.runs import NO_PREFECT_CACHE, step_logger
 from hf2triton.watch import observe, publish, rollback
 
 

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from hf2triton.net import free_port
-from tests.tiny_models import build_tiny_bert
-from hf2triton.waiting import http_ok, wait_for
+from hf2triton.util.net import free_port
+from hf2triton.util.waiting import http_ok, wait_for
 from tests.docker_fixtures import docker_client, docker_env, serving_wheelhouse  # noqa: F401
 from tests.prefect_fixtures import prefect_server  # noqa: F401
 from tests.tiny_bert_steps import cfg, exported, int8, sentences_file, work  # noqa: F401
+from tests.tiny_models import build_tiny_bert
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no hub here; hub code is tested on a local cache
@@ -155,7 +155,7 @@ def hf2triton_home(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("HF2TRITON_HOME", str(home))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     yield home
-    from hf2triton import triton_local
+    from hf2triton.targets import triton_local
 
     triton_local.stop_server()
 
@@ -275,8 +275,8 @@ def released_tiny_bert(tmp: Path, model_dir: Path):
     """Release `model_dir` in-process from a private home under `tmp`, served by its own local
     Triton on free ports; yields the TinyRelease and stops that server after."""
     from hf2triton.flows.release import release_model
-    from hf2triton import triton_local
     from hf2triton.spec import load_spec
+    from hf2triton.targets import triton_local
 
     ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port(),
              "openai": {"port": free_port()}}

@@ -85,8 +85,11 @@ async def _cancel_open_runs() -> list[str]:
     paused): what one module's release left queued (its watch run, a schedule's next run) must not
     take a later module's worker slot, or the one-at-a-time slot of a deployment."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, \
-        FlowRunFilterStateType
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
     from prefect.client.schemas.objects import StateType
     from prefect.states import Cancelled
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from hf2triton.kinds.base import read_lines
-from hf2triton.waiting import wait_until
+from hf2triton.util.waiting import wait_until
 
 
 def read_sentences(path: str | Path) -> list[str]:

@@ -1,15 +1,14 @@
-"""What the gate is asked to decide (hf2triton.candidates) and which items a served model is
-warmed up and searched with (hf2triton.traffic). The gate itself on real models:
+"""What the gate is asked to decide (hf2triton.release.candidates) and which items a served model is
+warmed up and searched with (hf2triton.release.traffic). The gate itself on real models:
 tests/test_gate.py and tests/test_variants.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from hf2triton.candidates import gate_candidates, selection
-from hf2triton.kinds import kind_for
-from hf2triton.spec import QuantizationSpec
-from hf2triton.traffic import search_items, warmup_items
+from hf2triton.release.candidates import gate_candidates, selection
+from hf2triton.release.traffic import search_items, warmup_items
+from hf2triton.spec import QuantizationSpec, kind_for
 
 EXPORT = {"method": "fp32", "onnx_path": "/x/model.onnx", "graph": "onnx"}
 VARIANTS = [{"method": "dynamic-int8/qint8/per-channel", "onnx_path": "/x/pc.onnx",

@@ -1,4 +1,4 @@
-"""hf2triton.credentials on its own: the three kinds of secret (image registry, MLflow, S3 store)
+"""hf2triton.clients.credentials on its own: the three kinds of secret (image registry, MLflow, S3 store)
 from a saved Prefect block (the session's real test API) or the environment, what each client is
 handed, the one-line errors, and MLflow's child process that carries a block's credentials
 without this process's environment ever holding them."""
@@ -9,13 +9,13 @@ import os
 
 import pytest
 
-from hf2triton.clients.mlflow import call_with_credentials
-from hf2triton.credentials import (
+from hf2triton.clients.credentials import (
     MlflowCredentials,
     RegistryCredentials,
     S3Credentials,
     resolve,
 )
+from hf2triton.clients.mlflow import call_with_credentials
 from hf2triton.errors import (
     Hf2TritonError,
     ModelStoreError,
@@ -173,7 +173,7 @@ def test_failures_in_the_child_keep_their_type_and_retryability():
 def test_links_to_mlflow_in_the_prefect_ui_carry_no_password():
     """The release report's and the watch's links to the MLflow run and version are artifacts
     stored by Prefect and shown in its UI: a tracking URI's user:password stays out of them."""
-    from hf2triton.report import mlflow_links
+    from hf2triton.release.report import mlflow_links
 
     links = mlflow_links("https://alice:s3cret@mlflow.example:5443/", "abc", "7", "m", "3")
     assert links == {"run": "https://mlflow.example:5443/#/experiments/7/runs/abc",

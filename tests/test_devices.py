@@ -9,9 +9,9 @@ import subprocess
 
 import pytest
 
-from hf2triton.devices import gpu_runtime_problem
 from hf2triton.errors import SpecError
-from hf2triton.repository import BATCHING, render_config
+from hf2triton.release.repository import BATCHING, render_config
+from hf2triton.runtimes.devices import gpu_runtime_problem
 from hf2triton.spec import parse_spec
 from tests.conftest import ROOT, write_spec
 
@@ -24,8 +24,8 @@ def _knobs(spec) -> dict:
 
 
 def _config(tmp_path, **deploy) -> str:
-    from hf2triton.kinds import kind_for
     from hf2triton.kinds.embedding import EmbeddingConfig
+    from hf2triton.spec import kind_for
 
     spec = parse_spec(__import__("yaml").safe_load(
         write_spec(tmp_path / "s.yaml", **{f"deploy__{k}": v for k, v in deploy.items()})
@@ -74,10 +74,10 @@ def test_a_cpu_triton_refusing_a_gpu_version_is_a_clear_deploy_error(tmp_path, m
     """A GPU release gated on CPU numerics, deployed to a tritonserver without a GPU: Triton
     refuses the KIND_GPU instances, and the release says so in its own words (not a time-out);
     nothing serves the refused version."""
-    from hf2triton.flows.release import release_model
-    from hf2triton import triton_local
     from hf2triton.errors import DeployError
+    from hf2triton.flows.release import release_model
     from hf2triton.spec import load_spec
+    from hf2triton.targets import triton_local
     from tests.conftest import free_port, tiny_spec
 
     ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port(),

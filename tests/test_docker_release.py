@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 import yaml
 
-from hf2triton.kinds.embedding import TorchEmbedder, cosine_rows, resolve_embedding_config
-from tests.served import read_sentences
 from hf2triton.errors import DeployError, SmokeTestError
+from hf2triton.kinds.embedding import TorchEmbedder, cosine_rows, resolve_embedding_config
 from tests.conftest import ROOT, free_port
+from tests.served import read_sentences
 
 pytestmark = pytest.mark.e2e
 HF2TRITON = str(Path(sys.executable).parent / "hf2triton")
@@ -383,9 +383,8 @@ def test_watch_rolls_back_a_regression_on_docker_then_rollback_by_hand(
 
 def _tampered_image(release, version: str, mark: str, serving_changes: dict):
     """Build and push an image of the served release with serving.json changed: a bad model."""
-    from hf2triton.workspace import hash_files
-    from hf2triton.image import build_serving_image, image_target, push_serving_image
-    from hf2triton.image import ImageSpec
+    from hf2triton.image import ImageSpec, build_serving_image, image_target, push_serving_image
+    from hf2triton.util.workspace import hash_files
 
     src = next((release.home / "work" / MODEL / "repository").glob(f"*/{MODEL}")).parent
     repo = release.tmp / f"tampered-{mark}"
@@ -410,10 +409,8 @@ def _reference(release) -> str:
 def test_a_failing_new_image_leaves_the_old_container_serving(release, docker_env,
                                                               docker_client, case, monkeypatch,
                                                               minilm_reference):
-    from hf2triton.kinds import kind_for
-    from hf2triton.spec import load_spec
-    from hf2triton.targets.docker import DockerDeploy
-    from hf2triton.targets.docker import DockerContainers
+    from hf2triton.spec import kind_for, load_spec
+    from hf2triton.targets.docker import DockerContainers, DockerDeploy
     from hf2triton.tasks.deploy import _check
     from tests.served import embed_remote
 

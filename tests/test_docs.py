@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from hf2triton import errors
-from hf2triton.schema import json_schema
+from hf2triton.spec.schema import json_schema
 from tests.conftest import ROOT
 
 

@@ -9,9 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hf2triton.kinds.embedding import EmbeddingConfig
-from hf2triton.kinds.embedding import resolve_embedding_config
-
+from hf2triton.kinds.embedding import EmbeddingConfig, resolve_embedding_config
 
 
 def _st_dir(tmp_path: Path, cls: bool, normalize: bool, max_seq: int | None) -> Path:

@@ -1,4 +1,4 @@
-"""Step `export` (hf2triton/export.py) on a tiny real BERT: the ONNX graph has dynamic axes, runs any
+"""Step `export` (hf2triton/release/export.py) on a tiny real BERT: the ONNX graph has dynamic axes, runs any
 batch and length, matches PyTorch within atol on real sentences, is reused, and a graph that
 disagrees or an architecture optimum cannot export is refused, leaving nothing behind."""
 
@@ -22,7 +22,6 @@ from tests.tiny_bert_steps import (
     served,
     sha256,
 )
-
 
 
 def test_export_has_dynamic_batch_and_sequence_axes(exported):

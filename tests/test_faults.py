@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import yaml
 
-from hf2triton.workspace import DONE_FILE
+from hf2triton.util.workspace import DONE_FILE
 from tests.conftest import ROOT, free_port, run_cli, tiny_spec, wait_http
 
 HF2TRITON = str(Path(sys.executable).parent / "hf2triton")
@@ -47,8 +47,7 @@ def _mlflow_versions(home: Path) -> list[tuple[str, str]]:
 def _served(rel) -> tuple[list[str], np.ndarray]:
     import tritonclient.http as httpclient
 
-    from tests.served import serving_versions
-    from tests.served import embed_remote
+    from tests.served import embed_remote, serving_versions
 
     client = httpclient.InferenceServerClient(url=rel.http_url)
     emb, _ = embed_remote("grpc", rel.grpc_url, rel.model, "", ["the quick brown fox"])
@@ -286,7 +285,7 @@ def test_planted_secrets_reach_no_log_artifact_record_or_server(tiny_bert, tmp_p
                 data = path.read_bytes()
                 leaked = [k for k, v in SECRETS.items() if v.encode() in data]
                 assert not leaked, f"{leaked} found in {path}"
-        from hf2triton import triton_local
+        from hf2triton.targets import triton_local
 
         os.environ["HF2TRITON_HOME"], saved = str(home), os.environ.get("HF2TRITON_HOME")
         try:

@@ -1,4 +1,4 @@
-"""The accuracy gate (hf2triton/gate.py) on a tiny real BERT: each candidate through the serving
+"""The accuracy gate (hf2triton/release/gate.py) on a tiny real BERT: each candidate through the serving
 core, against PyTorch; the first (or fastest) that passes ships with its evidence, none passing
 stops the release with figures, and a candidate that raises is refused while the others are
 still judged."""
@@ -27,7 +27,6 @@ from tests.tiny_bert_steps import (
     compare_with_torch,
     run_gate,
 )
-
 
 
 def test_fp32_passes_a_lenient_gate_and_writes_its_evidence(

@@ -23,13 +23,13 @@ PROMPTS = list(dict.fromkeys(CORPUS))
 def exported(tmp_path_factory):
     import torch
 
-    from hf2triton.export import optimum_export
     from hf2triton.kinds.base import save_fast_tokenizer
     from hf2triton.kinds.text_generation import (
         TextGenerationKind,
         TextGenerationSpec,
         resolve_text_generation,
     )
+    from hf2triton.release.export import optimum_export
 
     torch.set_num_threads(1)  # tiny model on a shared 2-core machine (see test_text_generation)
     tmp = tmp_path_factory.mktemp("generation-core")
@@ -73,8 +73,7 @@ def engine_settings(request, exported):
 
 def _kind(model_dir):
     """The text-generation kind of a spec for `model_dir` (the gate's requests and scores)."""
-    from hf2triton.kinds import kind_for
-    from hf2triton.spec import parse_spec
+    from hf2triton.spec import kind_for, parse_spec
 
     return kind_for(parse_spec({
         "name": "tiny-llama", "task": "text-generation", "source": {"path": str(model_dir)},

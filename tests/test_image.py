@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from hf2triton import image as image_step
+from hf2triton.clients import docker as engine_client
+from hf2triton.clients.credentials import REGISTRY_PASSWORD, REGISTRY_USERNAME, RegistryCredentials
 from hf2triton.errors import (
     DockerUnavailableError,
     ImageBuildError,
@@ -22,11 +25,8 @@ from hf2triton.errors import (
     is_retryable,
 )
 from hf2triton.image import ImageSpec
-from hf2triton.spec import parse_spec
-from hf2triton import image as image_step
-from hf2triton.clients import docker as engine_client
-from hf2triton.credentials import REGISTRY_PASSWORD, REGISTRY_USERNAME, RegistryCredentials
 from hf2triton.image import build as image_build
+from hf2triton.spec import parse_spec
 from hf2triton.tasks.image import release_image
 from tests.conftest import ROOT, free_port, write_spec
 
@@ -259,7 +259,7 @@ def test_auto_skips_the_image_and_says_why_while_docker_target_fails(docker_env,
 
 
 def _tiny_repository(root: Path) -> tuple[str, dict[str, str]]:
-    from hf2triton.workspace import hash_files
+    from hf2triton.util.workspace import hash_files
 
     (root / "m" / "1").mkdir(parents=True)
     (root / "m" / "config.pbtxt").write_text('name: "m"\nbackend: "python"\n')
@@ -417,9 +417,9 @@ def test_a_gpu_spec_renders_the_gpu_image_installed_like_the_cpu_image(tmp_path)
 def test_the_gpu_image_serves_the_model_on_gpu_instances(tmp_path):
     """The model config the GPU image carries: KIND_GPU instances (the repository step renders
     it; the image copies the repository as it is)."""
-    from hf2triton.kinds import kind_for
     from hf2triton.kinds.embedding import EmbeddingConfig
-    from hf2triton.repository import BATCHING, render_config
+    from hf2triton.release.repository import BATCHING, render_config
+    from hf2triton.spec import kind_for
 
     spec = parse_spec(__import__("yaml").safe_load(write_spec(
         tmp_path / "s.yaml", deploy__device="gpu", deploy__gpu_gate="cpu-numerics",

@@ -1,9 +1,14 @@
 """The layering docs/development.md describes, held against the code: the import graph of
 hf2triton's modules (cli/, flows/ and tasks/ as the package maps them: hf2triton.cli, ...), read
-with ast from every import statement, at module level and inside functions alike (those under
-`if TYPE_CHECKING:` never run and are left out), has no cycle. The one exception: a plug-in
-package's registry importing its own plug-ins (`hf2triton/kinds/__init__.py` imports the kind
-modules, which register themselves in its `KINDS`)."""
+with ast from every import statement, at module level, inside functions and under
+`if TYPE_CHECKING:` alike (a circle of types is a circle of design), has no cycle. The one
+exception: a plug-in package's registry importing its own plug-ins (`hf2triton/kinds/__init__.py`
+imports the kind modules, which register themselves in its `KINDS`).
+
+The packages read top-down: each imports only packages of its own layer or below (`LAYERS`),
+and no two packages import each other, directly or round a circle. The size limits a reader can
+hold in their head: at most three modules at hf2triton's root, no module over 600 lines, no
+function over 80."""
 
 from __future__ import annotations
 
@@ -29,25 +34,13 @@ def modules() -> dict[str, Path]:
     return found
 
 
-def _type_checking(node: ast.If) -> bool:
-    test = node.test
-    return isinstance(test, ast.Name) and test.id == "TYPE_CHECKING" or \
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-
-
 def imports(name: str, path: Path, known: set[str]) -> set[str]:
     """The hf2triton modules `name` imports: `from a.b import c` is a.b.c where that is a module,
     else a.b; relative imports resolved against the module's package."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    skipped: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and _type_checking(node):
-            skipped.update(id(n) for n in ast.walk(node))
     found = set()
     for node in ast.walk(tree):
-        if id(node) in skipped:
-            continue
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -125,3 +118,82 @@ def test_the_graph_sees_function_level_imports():
     assert "hf2triton.flows.release" in graph["hf2triton.cli.main"]  # imported in a function
     assert "hf2triton.kinds" in graph["hf2triton.kinds.embedding"]  # its registry
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+# Top-down: entry points; Prefect glue; the release steps and the watch; the spec that chooses
+# the plug-ins; the plug-ins (sources before the training they run, targets before the image
+# they run); the service clients; the serving core (copied into every version, imports nothing
+# of the rest); the utilities and the error types.
+LAYERS = [
+    {"cli", "flows", "tasks"},
+    {"orchestration"},
+    {"release", "watch"},
+    {"spec"},
+    {"sources", "targets"},
+    {"training", "image", "stores", "runtimes"},
+    {"kinds"},
+    {"clients"},
+    {"openai_api", "serving"},
+    {"util"},
+    {"errors"},
+]
+
+
+def package_of(module: str) -> str:
+    """`hf2triton.release.gate` -> "release"; a root module is its own package."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def package_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for name, targets in import_graph().items():
+        if name == "hf2triton":  # the package's face: `import hf2triton` switches telemetry off
+            continue
+        graph.setdefault(package_of(name), set()).update(
+            package_of(t) for t in targets if package_of(t) != package_of(name))
+    return graph
+
+
+def test_packages_import_downwards_only():
+    layer = {pkg: i for i, pkgs in enumerate(LAYERS) for pkg in pkgs}
+    graph = package_graph()
+    assert set(graph) <= set(layer), f"packages without a layer: {set(graph) - set(layer)}"
+    upwards = sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets
+                     if layer[b] < layer[a])
+    assert not upwards, f"imports pointing back up: {upwards}"
+    assert not cycles(graph), f"packages importing each other: {cycles(graph)}"
+
+
+def test_at_most_three_modules_at_the_root():
+    root = sorted(p.name for p in (ROOT / "hf2triton").glob("*.py") if p.name != "__init__.py")
+    assert len(root) <= 3, root
+
+
+def test_no_module_over_600_lines_and_no_function_over_80():
+    long_modules, long_functions = [], []
+    for name, path in modules().items():
+        text = path.read_text(encoding="utf-8")
+        if text.count("\n") > 600:
+            long_modules.append(f"{name} ({text.count(chr(10))} lines)")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > 80:
+                    long_functions.append(f"{name}.{node.name} ({length} lines)")
+    assert not long_modules, long_modules
+    assert not long_functions, long_functions
+
+
+def test_type_checking_imports_count(tmp_path):
+    """A circle through `if TYPE_CHECKING:` imports is found (it used to be left out)."""
+    import textwrap
+
+    tree = textwrap.dedent("""
+        from typing import TYPE_CHECKING
+        if TYPE_CHECKING:
+            from hf2triton.spec import ReleaseSpec
+    """)
+    path = tmp_path / "probe.py"
+    path.write_text(tree)
+    assert imports("hf2triton.kinds.probe", path, {"hf2triton.spec"}) == {"hf2triton.spec"}

@@ -17,11 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from hf2triton import k8s
 from hf2triton.errors import DeployError, SpecError
 from hf2triton.spec import parse_spec
-from hf2triton.targets.kserve import KServeDeploy, KubernetesSpec
-from hf2triton.targets.kserve import KServe
+from hf2triton.targets import k8s
+from hf2triton.targets.kserve import KServe, KServeDeploy, KubernetesSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 KSERVE_SDK = ROOT / ".cache" / "kserve-sdk"
@@ -69,7 +68,8 @@ def test_every_workload_runs_the_openai_compatible_api_beside_triton(monkeypatch
     """The image's API (same image) on the spec's port, with its limits and only the sha256 of
     its keys in the environment; off when the spec says so."""
     from hf2triton.targets.base import OpenAISpec
-    from hf2triton.targets.kserve import KubernetesSpec as Kube, openai_endpoint
+    from hf2triton.targets.kserve import KubernetesSpec as Kube
+    from hf2triton.targets.kserve import openai_endpoint
 
     monkeypatch.setenv("HF2TRITON_OPENAI_API_KEYS", "sk-one,sk-two")
     api = OpenAISpec(port=9100, max_body_mb=8)
@@ -236,7 +236,7 @@ def kserve_versions(tmp_path, hf2triton_home, no_cluster):
     manifests written; no cluster), version 3 released with no image. Each version's model
     repository is in an object store. Returns the target."""
     from hf2triton.clients.mlflow import Registry
-    from hf2triton.image.target import image_tags
+    from hf2triton.image.release import image_tags
 
     registry = Registry()
     registry.client.create_registered_model("tiny-embedder")

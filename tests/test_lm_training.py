@@ -1,4 +1,4 @@
-"""The embedded default language model's trainer (hf2triton.training, a spec's
+"""The embedded default language model's trainer (hf2triton.training.lm, a spec's
 `source.train`): it trains a Llama-architecture model and its BPE tokenizer on the shipped
 public-domain text, the same text and settings give the same files byte for byte, a second run
 reuses them, and PyTorch generates text from a prompt with them. CI trains with few steps and a
@@ -15,8 +15,8 @@ import yaml
 from hf2triton.errors import SpecError
 from hf2triton.sources.train import TrainSource, TrainSourceSpec
 from hf2triton.spec import parse_spec
-from hf2triton.training import generate, train_lm
-from hf2triton.workspace import hash_files
+from hf2triton.training.lm import generate, train_lm
+from hf2triton.util.workspace import hash_files
 from tests.conftest import ROOT
 
 TEXT = ROOT / "releases" / "data" / "kjv-pentateuch.txt"

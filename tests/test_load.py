@@ -1,4 +1,4 @@
-"""The closed-loop load generator (hf2triton.load) on a call of our own: what it counts, when it
+"""The closed-loop load generator (hf2triton.release.load) on a call of our own: what it counts, when it
 stops, and what it keeps of failures. Driving a real Triton with it: tests/test_tuning.py."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from hf2triton.load import closed_loop
+from hf2triton.release.load import closed_loop
 
 
 class Service:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from hf2triton import triton_local
+from hf2triton.targets import triton_local
 from hf2triton.targets.local import LocalTriton
 from tests.conftest import free_port, graph_file, tiny_spec, wait_http
 
@@ -138,10 +138,10 @@ def test_release_with_mlflow_on_postgresql_and_the_repository_in_s3(
     import psycopg2
     from mlflow import MlflowClient
 
-    from hf2triton.flows.release import release_model
     from hf2triton.errors import DeployError
+    from hf2triton.flows.release import release_model
     from hf2triton.spec import load_spec
-    from hf2triton.workspace import hash_files
+    from hf2triton.util.workspace import hash_files
     from tests.served import serving_versions, triton_client
 
     # Every log record of the release, whatever the process's logging configuration does with it

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hf2triton.credentials import MlflowCredentials
+from hf2triton.clients.credentials import MlflowCredentials
 from hf2triton.errors import SourceError, SpecError
 from hf2triton.sources.mlflow import MlflowSource, MlflowSourceSpec
 from tests.conftest import free_port, wait_http
@@ -154,7 +154,7 @@ def test_a_password_in_the_tracking_uri_is_refused_without_being_echoed(tmp_path
 @pytest.mark.parametrize("candidate, passes", [(0.7, True), (0.75, True), (0.6999, False)])
 def test_mlflow_validation_passes_a_candidate_exactly_at_the_champion_less_max_drop(
         candidate, passes):
-    from hf2triton.champion import mlflow_verdict
+    from hf2triton.release.champion import mlflow_verdict
 
     verdict = mlflow_verdict("accuracy", candidate, 0.8, 0.1)  # 0.8 - 0.1 is 0.7000000000000001
     assert (verdict is None) == passes, verdict

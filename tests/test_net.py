@@ -1,4 +1,4 @@
-"""Free ports (hf2triton.net): a port handed out is free, stays out of the kernel's hands, and is
+"""Free ports (hf2triton.util.net): a port handed out is free, stays out of the kernel's hands, and is
 handed to no one else, in this process or another, until it is released."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import textwrap
 
 import pytest
 
-from hf2triton import net
 from hf2triton.errors import EnvironmentSetupError
+from hf2triton.util import net
 from tests.conftest import ROOT
 
 
@@ -49,7 +49,7 @@ def test_a_port_another_process_reserved_is_not_handed_out():
     net.release(wanted + spare)
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys
-        from hf2triton import net
+        from hf2triton.util import net
         print(net.free_ports(5, candidates={wanted}), flush=True)
         sys.stdin.read()  # hold them until the test closes our stdin
         """)], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)

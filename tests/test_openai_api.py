@@ -58,9 +58,8 @@ def _cos(a, b):
 
 def test_the_release_summary_names_the_api_and_the_server_status_shows_it(tiny_release,
                                                                           monkeypatch):
-    from hf2triton import triton_local
-
     from hf2triton.spec import load_spec
+    from hf2triton.targets import triton_local
 
     url = _api(tiny_release)
     port = load_spec(tiny_release.spec_path).deploy.openai.port
@@ -175,7 +174,7 @@ def test_the_api_exports_its_own_metrics(tiny_release):
 def test_bearer_keys_are_asked_compared_as_hashes_and_never_written(tiny_release, monkeypatch):
     """An API started with keys answers 401 without one and with a wrong one; only the keys'
     sha256 reach the server's files and its process arguments; the key reaches no log."""
-    from hf2triton import triton_local
+    from hf2triton.targets import triton_local
 
     monkeypatch.setenv("HF2TRITON_HOME", str(tiny_release.home))
     server = triton_local.read_state()
@@ -215,7 +214,7 @@ def _arguments(rel):
 
 
 def test_server_stop_stops_the_api_too(own_tiny_release, monkeypatch):
-    from hf2triton import triton_local
+    from hf2triton.targets import triton_local
 
     monkeypatch.setenv("HF2TRITON_HOME", str(own_tiny_release.home))
     api = triton_local.read_api()

@@ -10,10 +10,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from hf2triton import serving
 from hf2triton.clients.triton import inference
-from hf2triton.gate import answer_in_batches
-from hf2triton.kinds import kind_for
+from hf2triton.release.gate import answer_in_batches
+from hf2triton.spec import kind_for
+from tests.conftest import free_port, tiny_spec
 from tests.tiny_models import (
     SEQ2SEQ_CORPUS,
     build_tiny_bert,
@@ -22,7 +24,6 @@ from tests.tiny_models import (
     build_tiny_m2m100,
     rerank_pairs,
 )
-from tests.conftest import free_port, tiny_spec
 
 pytestmark = pytest.mark.e2e  # every test here starts a server or runs a release
 
@@ -76,8 +77,8 @@ def _same(kind_name: str, served: object, in_process: object) -> None:
 @pytest.mark.parametrize("kind_name", list(KINDS))
 def test_every_kind_releases_and_serves_on_openvino(kind_name, tmp_path, monkeypatch):
     from hf2triton.flows.release import release_model
-    from hf2triton import triton_local
     from hf2triton.spec import load_spec
+    from hf2triton.targets import triton_local
 
     model_dir, overrides = KINDS[kind_name](tmp_path)
     name = f"ov-{kind_name}"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from hf2triton.net import free_port
+from hf2triton.util.net import free_port
 from tests.conftest import ROOT, tiny_spec, wait_http
 from tests.test_faults import HF2TRITON, _cli, _error_line, _fresh_env
 
@@ -104,7 +104,7 @@ def _whole_versions(server: MlflowServer, name: str, key: str | None = None) -> 
 
 
 def _record(tmp: Path, key: str) -> dict:
-    """A release record as hf2triton.record builds one, over small local files."""
+    """A release record as hf2triton.release.record builds one, over small local files."""
     repo = tmp / "repo" / "tiny"
     (repo / "1").mkdir(parents=True)
     (repo / "config.pbtxt").write_text('name: "tiny"\n')
@@ -281,7 +281,7 @@ def _reused_steps(env: dict, run_id: str, release: str) -> list[str]:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
-    from hf2triton.report import artifact_key
+    from hf2triton.release.report import artifact_key
     from tests.prefect_fixtures import _with_api
 
     async def artifacts():
@@ -297,9 +297,9 @@ def _reused_steps(env: dict, run_id: str, release: str) -> list[str]:
 
 def test_worker_killed_mid_release_then_the_rerun_finishes_with_one_version_and_no_half_step(
         prefect_server, tiny_bert):
-    from hf2triton.deployments import render
-    from hf2triton.prefect_api import DEAD_RUN_AUTOMATION
-    from hf2triton.workspace import DONE_FILE, hash_files
+    from hf2triton.orchestration.deployments import render
+    from hf2triton.orchestration.prefect_api import DEAD_RUN_AUTOMATION
+    from hf2triton.util.workspace import DONE_FILE, hash_files
     from tests.prefect_fixtures import (
         BIN,
         _run,

@@ -99,7 +99,7 @@ def test_installed_package_releases_the_default_model(installed, tmp_path):
     """The README's release, from the installed package run in another directory."""
     env = {**os.environ, "HF2TRITON_HOME": str(tmp_path / "home"),
            "HF2TRITON_SERVING_ENV": str(ROOT / ".venv-serving"), "PYTHONPATH": ""}
-    from hf2triton.net import free_port
+    from hf2triton.util.net import free_port
 
     ports = [free_port() for _ in range(4)]
     spec = tmp_path / "minilm.yaml"

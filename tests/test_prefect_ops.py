@@ -11,7 +11,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from hf2triton.deployments import render
+from hf2triton.orchestration.deployments import render
 from tests.conftest import ROOT, free_port, tiny_spec
 from tests.prefect_fixtures import (
     BIN,

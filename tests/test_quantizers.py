@@ -22,8 +22,6 @@ from tests.tiny_bert_steps import (
     sha256,
 )
 
-
-
 QUANT_CASES = [
     (QuantizationSpec(), "dynamic-int8/qint8/per-channel"),
     (QuantizationSpec(per_channel=False), "dynamic-int8/qint8/per-tensor"),

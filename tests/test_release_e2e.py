@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from hf2triton.kinds.embedding import TorchEmbedder, cosine_rows, resolve_embedding_config
-from tests.served import read_sentences
 from tests.conftest import ROOT, free_port, graph_file, run_mlflow_server, write_spec
+from tests.served import read_sentences
 
 pytestmark = pytest.mark.e2e
 HF2TRITON = str(Path(sys.executable).parent / "hf2triton")
@@ -153,7 +153,7 @@ def test_release_record_in_mlflow(release):
     assert f"triton_repository/{MODEL}/1/tokenizer.json" in repo
     # Every file Triton serves from the version directory, whichever runtime's graph shipped
     # (model.onnx, or OpenVINO's model.xml and model.bin), has its sha256 in the version's tags.
-    from hf2triton.workspace import sha256_file
+    from hf2triton.util.workspace import sha256_file
 
     served_files = [p for p in served.parent.iterdir() if p.is_file()]
     assert graph_file(served.parent) in {p.name for p in served_files}

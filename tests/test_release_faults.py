@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hf2triton.net import free_port
-from hf2triton.workspace import disk_space, size_text
+from hf2triton.util.net import free_port
+from hf2triton.util.workspace import disk_space, size_text
 from tests.conftest import ROOT, tiny_spec
 from tests.served import embed_remote, serving_versions, triton_client
 from tests.test_faults import HF2TRITON, _cli, _error_line, _fresh_env, _mlflow_versions
@@ -60,7 +60,7 @@ def test_a_held_release_lock_makes_a_second_taker_wait_then_stop_naming_the_hold
     import threading
 
     from hf2triton.errors import ReleaseBusyError
-    from hf2triton.locks import release_lock
+    from hf2triton.orchestration.locks import release_lock
 
     with release_lock("tiny") as path:
         with pytest.raises(ReleaseBusyError, match=rf"by pid {os.getpid()} since .*waited 0 s"):
@@ -87,9 +87,9 @@ def test_a_held_release_lock_makes_a_second_taker_wait_then_stop_naming_the_hold
 
 
 def test_a_killed_holder_leaves_no_stale_lock(hf2triton_home):
-    from hf2triton.locks import read_holder, release_lock
+    from hf2triton.orchestration.locks import read_holder, release_lock
 
-    code = ("import time; from hf2triton.locks import release_lock\n"
+    code = ("import time; from hf2triton.orchestration.locks import release_lock\n"
             "with release_lock('tiny') as p:\n    print('held', p, flush=True); time.sleep(600)")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "HF2TRITON_HOME": str(hf2triton_home)})
@@ -108,7 +108,7 @@ def test_a_killed_holder_leaves_no_stale_lock(hf2triton_home):
 @pytest.mark.parametrize("value", ["soon", "-1", "nan", "inf"])
 def test_a_bad_lock_wait_is_refused_naming_the_variable(monkeypatch, value):
     from hf2triton.errors import EnvironmentSetupError
-    from hf2triton.locks import lock_wait_s
+    from hf2triton.orchestration.locks import lock_wait_s
 
     monkeypatch.setenv("HF2TRITON_LOCK_WAIT_S", value)
     with pytest.raises(EnvironmentSetupError, match=rf"HF2TRITON_LOCK_WAIT_S='{value}'"):
@@ -121,7 +121,7 @@ def test_a_bad_lock_wait_is_refused_naming_the_variable(monkeypatch, value):
 @pytest.mark.e2e
 def test_two_runs_of_a_release_at_once_take_turns_and_register_one_version(
         tiny_bert, tmp_path, monkeypatch):
-    from hf2triton.locks import release_lock
+    from hf2triton.orchestration.locks import release_lock
 
     spec = tiny_spec(tmp_path / "spec.yaml", tiny_bert, _ports(), name="tiny-twice",
                      registry__model_name="tiny-twice")
@@ -195,7 +195,7 @@ def _unmount(path: Path) -> None:
 
 def test_a_step_that_fills_the_disk_says_where_and_how_much_and_leaves_nothing(hf2triton_home):
     from hf2triton.errors import DiskFullError
-    from hf2triton.workspace import SpaceEstimate, cached_step
+    from hf2triton.util.workspace import SpaceEstimate, cached_step
 
     root = hf2triton_home / "work" / "tiny"
     _mount_tmpfs(root, 1)
@@ -231,7 +231,7 @@ def test_the_export_estimate_is_the_weights_as_fp32_once_per_graph(tmp_path, dty
                                                                    basis):
     from types import SimpleNamespace
 
-    from hf2triton.export import export_space
+    from hf2triton.release.export import export_space
 
     (tmp_path / "model.safetensors").write_bytes(b"\0" * 1000)
     (tmp_path / "pytorch_model.bin").write_bytes(b"\0" * 1000)  # the same weights again

@@ -5,8 +5,8 @@ version, all three keep serving the old one. Real MLflow (SQLite), tiny real mod
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from hf2triton.flows.release import release_model
-from hf2triton import triton_local
 from hf2triton.errors import DeployError, SmokeTestError, SpecError
+from hf2triton.flows.release import release_model
 from hf2triton.spec import load_spec, parse_spec
-from tests.served import serving_versions
+from hf2triton.targets import triton_local
 from tests.conftest import free_port, tiny_spec, wait_http
+from tests.served import serving_versions
 
 pytestmark = pytest.mark.e2e  # every test here starts a server or runs a release
 
@@ -296,7 +296,7 @@ def test_watch_and_rollback_by_hand_on_every_replica_under_traffic(
 
 
 def target_points(spec) -> list[dict]:
-    from hf2triton.targets import target_for
+    from hf2triton.spec import target_for
 
     return target_for(spec, "").watch_points()
 

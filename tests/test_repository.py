@@ -1,4 +1,4 @@
-"""The Triton repository a release renders (hf2triton/repository.py): the version directory
+"""The Triton repository a release renders (hf2triton/release/repository.py): the version directory
 holds the shared model.py, the whole serving core and the candidate's files; serving.json is the
 serving core's (it loads the version back as the gate ran it); config.pbtxt declares what the
 served class reads and answers; the same inputs reuse the finished render."""
@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from hf2triton import serving
-from hf2triton.repository import BATCHING, build_repository, render_config
+from hf2triton.release.repository import BATCHING, build_repository, render_config
 from hf2triton.spec import parse_spec
 from tests.conftest import ROOT, write_spec
 from tests.tiny_bert_steps import SENTENCES, embedding_kind

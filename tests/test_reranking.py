@@ -16,8 +16,8 @@ from tritonclient.utils import InferenceServerException
 
 from hf2triton.errors import AccuracyGateError, SpecError
 from hf2triton.spec import load_spec, parse_spec
-from tests.tiny_models import build_tiny_cross_encoder, rerank_pairs
 from tests.conftest import free_port, tiny_spec
+from tests.tiny_models import build_tiny_cross_encoder, rerank_pairs
 
 
 def _spec(tmp: Path, model_dir: Path, ports: dict[str, int], **overrides) -> Path:
@@ -38,7 +38,7 @@ def model_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def reranker(tmp_path_factory, model_dir):
     from hf2triton.flows.release import release_model
-    from hf2triton import triton_local
+    from hf2triton.targets import triton_local
 
     tmp = tmp_path_factory.mktemp("reranker")
     ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port(),
@@ -158,7 +158,7 @@ def test_reranking_spec_and_data_are_checked(tmp_path):
     with pytest.raises(SpecError, match="'reranking.activation'"):
         parse_spec({**base, "reranking": {"activation": "tanh"}})
     (tmp_path / "pairs.tsv").write_text("a query without its passage\n")
-    from hf2triton.kinds import kind_for
+    from hf2triton.spec import kind_for
 
     with pytest.raises(SpecError, match="line 1: a text-ranking release reads 'query<TAB>"):
         kind_for(parse_spec(base)).read_data()

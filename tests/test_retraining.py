@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import yaml
 
-from hf2triton.deployments import render
+from hf2triton.orchestration.deployments import render
 from tests.conftest import ROOT, free_port, run_mlflow_server
 from tests.prefect_fixtures import BIN, _run, _start, _stop, _with_api, cancel_open_runs
 
@@ -149,7 +149,6 @@ def _train(operated, spec: dict):
     """Run the training deployment to its end (run_deployment waits), then wait for the
     release run its event triggered to end; return both."""
     from prefect.deployments import run_deployment
-
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     before = len(_with_api(operated["env"], _runs_of, RELEASED))

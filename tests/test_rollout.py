@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from hf2triton.flows.release import release_model
 from hf2triton.errors import ArtifactError, DeployError, SmokeTestError
+from hf2triton.flows.release import release_model
 from hf2triton.kinds.embedding import TorchEmbedder, cosine_rows, resolve_embedding_config
 from hf2triton.spec import load_spec
-from hf2triton.workspace import hash_files
 from hf2triton.targets.local import LocalTriton
-from tests.served import serving_versions
+from hf2triton.util.workspace import hash_files
 from tests.conftest import graph_file, tiny_spec
+from tests.served import serving_versions
 
 pytestmark = pytest.mark.e2e  # every test here starts a server or runs a release
 
@@ -181,8 +181,8 @@ def test_local_triton_killed_during_deploy_comes_back_serving_the_champion(
     import signal
     import time
 
-    from hf2triton import triton_local
     from hf2triton.errors import Hf2TritonError
+    from hf2triton.targets import triton_local
     from tests.served import Traffic
 
     rel = own_tiny_release

@@ -14,12 +14,20 @@ import numpy as np
 import pytest
 
 from hf2triton import serving
-from hf2triton.kinds import Data, kind_for
+from hf2triton.kinds import Data
 from hf2triton.serving import runtimes
-from hf2triton.spec import parse_spec
-from tests.tiny_models import (CORPUS, SEQ2SEQ_CORPUS, build_tiny_bert, build_tiny_classifier,
-                               build_tiny_cross_encoder, build_tiny_llama, build_tiny_m2m100,
-                               build_tiny_marian, rerank_pairs)
+from hf2triton.spec import kind_for, parse_spec
+from tests.tiny_models import (
+    CORPUS,
+    SEQ2SEQ_CORPUS,
+    build_tiny_bert,
+    build_tiny_classifier,
+    build_tiny_cross_encoder,
+    build_tiny_llama,
+    build_tiny_m2m100,
+    build_tiny_marian,
+    rerank_pairs,
+)
 
 TEXTS = list(dict.fromkeys(CORPUS)) + ["a", "", "word " * 100, "ok thanks", "prices 12.5%"]
 ORT_FP32 = {"name": "onnxruntime", "device": "cpu", "precision": "fp32"}
@@ -58,7 +66,7 @@ def _items(kind: str) -> list:
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     """Per kind, built on first use: (kind, cfg, onnx path, export dir)."""
-    from hf2triton.export import export_model
+    from hf2triton.release.export import export_model
 
     done = {}
 
@@ -403,8 +411,8 @@ def test_triton_serves_the_runtime_serving_json_names(exported, tmp_path, monkey
     import tritonclient.http as httpclient
     from tritonclient.utils import InferenceServerException
 
-    from hf2triton import triton_local
-    from hf2triton.repository import BATCHING, build_repository
+    from hf2triton.release.repository import BATCHING, build_repository
+    from hf2triton.targets import triton_local
     from tests.conftest import free_port, wait_http
 
     monkeypatch.setenv("HF2TRITON_HOME", str(tmp_path / "home"))

@@ -35,9 +35,9 @@ def test_without_a_budget_the_batch_runs_as_one_in_arrival_order():
 
 @pytest.fixture(scope="module")
 def exported(tiny_bert, tmp_path_factory):
-    from hf2triton.export import export_model
     from hf2triton.kinds import Data
     from hf2triton.kinds.embedding import resolve_embedding_config
+    from hf2triton.release.export import export_model
     from tests.tiny_bert_steps import embedding_kind
 
     return export_model(embedding_kind(tiny_bert), str(tiny_bert), "tiny", 18, 1e-3,

@@ -17,9 +17,13 @@ from tritonclient.utils import InferenceServerException
 from hf2triton.errors import SpecError
 from hf2triton.kinds.translation import GenerationSpec
 from hf2triton.spec import load_spec, parse_spec
-from tests.tiny_models import (SEQ2SEQ_CORPUS, build_tiny_classifier, build_tiny_m2m100,
-                               build_tiny_marian)
 from tests.conftest import free_port, tiny_spec
+from tests.tiny_models import (
+    SEQ2SEQ_CORPUS,
+    build_tiny_classifier,
+    build_tiny_m2m100,
+    build_tiny_marian,
+)
 
 ODD = ["a", "ok", "prices rose 12.5% to $43,210 on tuesday!", "ÄÖÜ ß straße 😀",
        "word " * 90]  # the last is cut at the model's 64 positions
@@ -48,7 +52,7 @@ def _release(tmp, model_dir: Path, name: str, task: str, **overrides):
 
 @pytest.fixture(scope="module")
 def translation_release(tmp_path_factory):
-    from hf2triton import triton_local
+    from hf2triton.targets import triton_local
 
     tmp = tmp_path_factory.mktemp("translation-release")
     model_dir = build_tiny_m2m100(tmp / "tiny-m2m100")
@@ -71,7 +75,7 @@ def translation_release(tmp_path_factory):
 def marian_release(tmp_path_factory):
     """A Marian en-de translator (tied embeddings, a zero logits bias) with a plain translation
     spec, as a new user tries one: every runtime this CPU offers."""
-    from hf2triton import triton_local
+    from hf2triton.targets import triton_local
 
     tmp = tmp_path_factory.mktemp("marian-release")
     model_dir = build_tiny_marian(tmp / "tiny-marian")
@@ -88,7 +92,7 @@ def marian_release(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def classification_release(tmp_path_factory):
-    from hf2triton import triton_local
+    from hf2triton.targets import triton_local
 
     tmp = tmp_path_factory.mktemp("classification-release")
     model_dir = build_tiny_classifier(tmp / "tiny-classifier")
@@ -130,8 +134,8 @@ def _translate(url: str, model: str, texts: list[str], **params) -> list[str]:
 
 
 def _torch_translations(rel, texts, **overrides):
-    from hf2triton.kinds import kind_for
     from hf2triton.kinds.translation import TorchTranslator
+    from hf2triton.spec import kind_for
 
     cfg = kind_for(rel["spec"]).resolve(rel["model_dir"])
     ref = TorchTranslator(rel["model_dir"], cfg)

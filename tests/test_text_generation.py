@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from tests.tiny_models import CORPUS, build_tiny_gpt2, build_tiny_llama
 from tests.conftest import free_port, tiny_spec
+from tests.tiny_models import CORPUS, build_tiny_gpt2, build_tiny_llama
 
 PROMPTS = list(dict.fromkeys(CORPUS)) + ["a", "ok then", "prices rose 12.5% to $43,210!",
                                           "ÄÖÜ ß straße 😀", "word " * 20]
@@ -61,7 +61,7 @@ def released(tmp_path_factory):
     """Both tiny models released to one home; the second release's Triton serves both."""
     import torch
 
-    from hf2triton import triton_local
+    from hf2triton.targets import triton_local
 
     tmp = tmp_path_factory.mktemp("text-generation")
     # Tiny models: one thread each. Two threads spinning for each other on a loaded 2-core
@@ -91,8 +91,8 @@ def released(tmp_path_factory):
 
 
 def _torch(rel, prompts, max_new=MAX_NEW):
-    from hf2triton.kinds import kind_for
     from hf2triton.kinds.text_generation import TorchGenerator
+    from hf2triton.spec import kind_for
 
     cfg = kind_for(rel["spec"]).resolve(str(rel["model_dir"]))
     ref = TorchGenerator(rel["model_dir"], cfg)

@@ -9,10 +9,10 @@ import re
 
 import pytest
 
-from hf2triton.flows.release import release_model
 from hf2triton.errors import SpecError
+from hf2triton.flows.release import release_model
+from hf2triton.release.tuning import choose
 from hf2triton.spec import load_spec, parse_spec
-from hf2triton.tuning import choose
 from tests.conftest import free_port, tiny_spec
 
 pytestmark = pytest.mark.e2e  # every test here starts a server or runs a release
@@ -48,7 +48,7 @@ def test_search_is_refused_for_tasks_it_cannot_drive():
 def test_release_ships_the_searched_config(tiny_bert, tmp_path, monkeypatch):
     from mlflow import MlflowClient
 
-    from hf2triton import triton_local
+    from hf2triton.targets import triton_local
     from tests.served import triton_client
 
     monkeypatch.setenv("HF2TRITON_HOME", str(tmp_path / "home"))
@@ -104,9 +104,9 @@ def test_release_ships_the_searched_config(tiny_bert, tmp_path, monkeypatch):
 
 
 def test_the_search_grid_tries_each_token_budget_with_the_batcher_settings():
+    from hf2triton.release.tuning import grid
     from hf2triton.targets.base import DEFAULT_MAX_BATCH_TOKENS, TuningSpec
     from hf2triton.targets.local import LocalTritonDeploy
-    from hf2triton.tuning import grid
 
     deploy = LocalTritonDeploy(tuning=TuningSpec(search=True, max_batch_tokens=[0, 1024],
                                                  max_queue_delay_us=[100],

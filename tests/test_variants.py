@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from hf2triton.flows.release import release_model
 from hf2triton.errors import AccuracyGateError
+from hf2triton.flows.release import release_model
 from hf2triton.spec import load_spec
 from tests.conftest import free_port, tiny_spec
 
@@ -25,7 +25,7 @@ def release_env(tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     yield {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port(),
              "openai": {"port": free_port()}}
-    from hf2triton import triton_local
+    from hf2triton.targets import triton_local
 
     triton_local.stop_server()
 

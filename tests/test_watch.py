@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hf2triton.net import free_port
+from hf2triton.util.net import free_port
 from tests.conftest import ROOT, tiny_spec
 from tests.served import Traffic, serving_versions, triton_client, watched_under_traffic
 
@@ -30,8 +30,8 @@ WATCH = {"watch__interval_s": 1.0, "watch__min_requests": 5, "watch__window_s": 
 
 
 def test_budgets_judge_each_figure():
+    from hf2triton.spec.watch import WatchSpec
     from hf2triton.watch.observe import judge, p99_limit
-    from hf2triton.watch.spec import WatchSpec
 
     budget = WatchSpec(max_failure_rate=0.01, max_p99_ms=100, max_p99_vs_previous=2,
                        p99_slack_ms=5, min_requests=20, smoke_floors={"grpc_min_cosine": 0.99})
@@ -53,7 +53,7 @@ def test_budgets_judge_each_figure():
 
 def _until(done, what: str, timeout_s: float = 180) -> None:
     """Wait for `done()`; fail naming `what` when it does not come (no timing is asserted)."""
-    from hf2triton.waiting import wait_until
+    from hf2triton.util.waiting import wait_until
 
     assert wait_until(done, timeout_s), f"timed out waiting for {what}"
 
@@ -75,8 +75,8 @@ def _mlflow(home: Path):
 def watched(tmp_path_factory, tiny_bert, other_tiny_bert):
     """tiny-embedder released as version 1 (tiny_bert) and then 2 (other weights), watched."""
     from hf2triton.flows.release import release_model
-    from hf2triton import triton_local
     from hf2triton.spec import load_spec
+    from hf2triton.targets import triton_local
 
     tmp = tmp_path_factory.mktemp("watched")
     ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port(),
@@ -312,10 +312,17 @@ def test_prefect_server_runs_the_watch_and_its_automation_rolls_back(home_of, pr
     import shutil
 
     from hf2triton.flows.release import release_model
-    from hf2triton.deployments import render
+    from hf2triton.orchestration.deployments import render
     from hf2triton.spec import load_spec
-    from tests.prefect_fixtures import BIN, _run, _start, _stop, _with_api, cancel_open_runs, \
-        screenshot
+    from tests.prefect_fixtures import (
+        BIN,
+        _run,
+        _start,
+        _stop,
+        _with_api,
+        cancel_open_runs,
+        screenshot,
+    )
 
     rel = home_of
     env = {**prefect_server["env"], "HF2TRITON_HOME": str(rel["home"]), "PYTHONPATH": str(ROOT)}
@@ -335,7 +342,7 @@ def test_prefect_server_runs_the_watch_and_its_automation_rolls_back(home_of, pr
     cancel_open_runs(env)
     import datetime as dt
 
-    began = dt.datetime.now(dt.timezone.utc)
+    began = dt.datetime.now(dt.UTC)
     _plant_fault(rel)
     client = _mlflow(rel["home"])
     worker = _start([str(BIN / "prefect"), "worker", "start", "--pool", "hf2triton-process"],

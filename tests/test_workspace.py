@@ -1,4 +1,4 @@
-"""hf2triton.workspace: a step's output is built once per key, reused only while its files are
+"""hf2triton.util.workspace: a step's output is built once per key, reused only while its files are
 intact, and half-finished work never looks finished."""
 
 from __future__ import annotations
@@ -6,16 +6,16 @@ from __future__ import annotations
 import errno
 import json
 import os
-import subprocess
-import sys
 import shutil
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from hf2triton.errors import ArtifactError
-from hf2triton.workspace import DONE_FILE, atomic_write_text, cached_step, hash_files, home
+from hf2triton.util.workspace import DONE_FILE, atomic_write_text, cached_step, hash_files, home
 
 KEY = "a1b2c3d4e5f60718293a4b5c6d7e8f90" * 2
 
@@ -197,7 +197,7 @@ def test_a_tampered_or_unfinished_directory_is_rebuilt(tmp_path, tamper):
 READ_ONLY_PROBE = """
 import sys
 from hf2triton.errors import ArtifactError
-from hf2triton.workspace import cached_step
+from hf2triton.util.workspace import cached_step
 try:
     cached_step(sys.argv[1], "export", "k" * 64, lambda out: {})
 except ArtifactError as exc:

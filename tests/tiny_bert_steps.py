@@ -9,17 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from hf2triton.export import export_model
-from hf2triton.gate import run_gate as gate
-from hf2triton.kinds import Data, kind_for
+from hf2triton.kinds import Data
 from hf2triton.kinds.embedding import (
     EmbeddingConfig,
     resolve_embedding_config,
 )
+from hf2triton.kinds.embedding import EmbeddingThresholds as Thresholds
+from hf2triton.release.export import export_model
+from hf2triton.release.gate import run_gate as gate
 from hf2triton.runtimes.quantizers import quantize_onnx
 from hf2triton.sources import fetch_model, parse_source
-from hf2triton.kinds.embedding import EmbeddingThresholds as Thresholds
-from hf2triton.spec import QuantizationSpec, parse_spec
+from hf2triton.spec import QuantizationSpec, kind_for, parse_spec
 from tests.tiny_models import CORPUS
 
 ODD = [

@@ -18,7 +18,7 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-from hf2triton.credentials import DockerAuth, RegistryCredentials
+from hf2triton.clients.credentials import DockerAuth, RegistryCredentials
 from hf2triton.errors import (
     DeployError,
     DockerUnavailableError,

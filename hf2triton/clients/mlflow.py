@@ -22,10 +22,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from hf2triton import errors, quiet
-from hf2triton.credentials import MlflowCredentials, child_environment
+from hf2triton import errors
+from hf2triton.clients.credentials import MlflowCredentials, child_environment
 from hf2triton.errors import Hf2TritonError, MlflowAuthError, ServiceUnavailableError
-from hf2triton.workspace import home, redact_uri
+from hf2triton.util import quiet
+from hf2triton.util.workspace import home, redact_uri
 
 T = TypeVar("T")
 RELEASE_KEY_TAG = "hf2triton.release_key"
@@ -296,7 +297,7 @@ class Registry:
                               run.info.run_id)
                     deleted.append(f"run {run.info.run_id}")
         if finished or deleted:
-            from hf2triton.runs import step_logger
+            from hf2triton.util.runs import step_logger
 
             log = step_logger()
             if deleted:

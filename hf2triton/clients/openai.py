@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from hf2triton.errors import DeployError, Hf2TritonError, ServiceUnavailableError
-from hf2triton.waiting import wait_until
+from hf2triton.util.waiting import wait_until
 
 
 class OpenAIInference:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from hf2triton.errors import DeployError, Hf2TritonError, ServiceUnavailableError
-from hf2triton.waiting import wait_for, wait_until
+from hf2triton.util.waiting import wait_for, wait_until
 
 # gRPC status codes a second try can get past.
 TRANSIENT_GRPC = ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED",
@@ -272,7 +272,7 @@ def inference(protocol: str, url: str, model: str, version: str = "",
 
 
 class TritonGrpc:
-    """A Triton model over gRPC as an asyncio `call` (hf2triton.load): one channel, many
+    """A Triton model over gRPC as an asyncio `call` (hf2triton.release.load): one channel, many
     concurrent requests on it; each payload is a request's input arrays by name."""
 
     def __init__(self, url: str, model: str, version: str = "", outputs: tuple[str, ...] = ()):

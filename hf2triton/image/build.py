@@ -17,8 +17,8 @@ from hf2triton.image.dockerfile import DOCKERFILE, render_dockerfile, write_api_
 from hf2triton.image.target import ImageTarget
 from hf2triton.image.variants import image_python, variant_for
 from hf2triton.image.wheelhouse import ensure_wheelhouse
-from hf2triton.runs import step_logger
-from hf2triton.workspace import hash_files, home
+from hf2triton.util.runs import step_logger
+from hf2triton.util.workspace import hash_files, home
 
 
 class ImageBuildResult(TypedDict):

@@ -12,7 +12,7 @@ from pathlib import Path
 from hf2triton.image.target import ImageTarget
 from hf2triton.image.variants import variant_for
 from hf2triton.image.wheelhouse import serving_requirements, write_requirement_lists
-from hf2triton.workspace import atomic_write_text, resource_dir
+from hf2triton.util.workspace import atomic_write_text, resource_dir
 
 DOCKERFILE = resource_dir("infra") / "Dockerfile"
 

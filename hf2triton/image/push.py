@@ -1,5 +1,5 @@
 """Pushing the release's image to its registry with the registry's credentials
-(hf2triton.credentials), and reading back the digest it was stored under."""
+(hf2triton.clients.credentials), and reading back the digest it was stored under."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import time
 from typing import TypedDict
 
 from hf2triton.clients import docker as engine_client
-from hf2triton.credentials import DockerAuth, RegistryCredentials, resolve
-from hf2triton.image.target import ImageTarget
-from hf2triton.runs import step_logger
+from hf2triton.clients.credentials import DockerAuth, RegistryCredentials, resolve
 from hf2triton.image.spec import ImageSpec
+from hf2triton.image.target import ImageTarget
+from hf2triton.util.runs import step_logger
 
 
 class PushResult(TypedDict):

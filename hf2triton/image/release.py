@@ -51,3 +51,10 @@ def image_summary(built: ImageBuildResult, pushed: PushResult) -> dict[str, Any]
             "size_bytes": built["size_bytes"], "size_mb": round(built["size_bytes"] / 1e6, 1),
             "base_image": built["base_image"], "build_seconds": built["seconds"],
             "push_seconds": pushed["seconds"]}
+
+
+def image_tags(built: ImageBuildResult, pushed: PushResult) -> dict[str, str]:
+    """The MLflow version tags that name the image serving it."""
+    return {"image.reference": pushed["reference"], "image.digest": pushed["digest"],
+            "image.tag": pushed["tag"], "image.id": built["image_id"],
+            "image.size_bytes": str(built["size_bytes"]), "image.base": built["base_image"]}

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
-from hf2triton.specbase import Strict, matching
+from hf2triton.util.specbase import Strict, matching
 
 # host[:port] of an image registry, and a repository path in it (Docker's reference grammar).
 REGISTRY_PATTERN = re.compile(r"^[a-zA-Z0-9](?:[a-zA-Z0-9.-]*[a-zA-Z0-9])?(?::[0-9]{1,5})?$")

@@ -1,17 +1,12 @@
-"""Where the release's image goes (registry, repository, tag) and the MLflow version tags that
-name it once pushed."""
+"""Where the release's image goes (registry, repository, tag) and what it is built on."""
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, NotRequired, TypedDict
+from typing import NotRequired, TypedDict
 
-from hf2triton.image.variants import image_python, variant_for
 from hf2triton.image.spec import ImageSpec
-
-if TYPE_CHECKING:
-    from hf2triton.image.build import ImageBuildResult
-    from hf2triton.image.push import PushResult
+from hf2triton.image.variants import image_python, variant_for
 
 
 class ImageTarget(TypedDict):
@@ -34,10 +29,3 @@ def image_target(image: ImageSpec, repository: str, version: str, release_key: s
     return ImageTarget(registry=registry, repository=repo, base_image=base,
                        tag=f"{repo}:{version}-{release_key[:12]}", device=device,
                        python=image_python(base, image.python, variant))
-
-
-def image_tags(built: ImageBuildResult, pushed: PushResult) -> dict[str, str]:
-    """The MLflow version tags that name the image serving it."""
-    return {"image.reference": pushed["reference"], "image.digest": pushed["digest"],
-            "image.tag": pushed["tag"], "image.id": built["image_id"],
-            "image.size_bytes": str(built["size_bytes"]), "image.base": built["base_image"]}

@@ -14,8 +14,8 @@ from typing import Any
 
 from hf2triton.errors import ArtifactError, ImageBuildError, ServiceUnavailableError
 from hf2triton.image.variants import VARIANTS, ImageVariant
-from hf2triton.runs import step_logger
-from hf2triton.workspace import CHECKOUT, cached_step, digest, home, resource_dir
+from hf2triton.util.runs import step_logger
+from hf2triton.util.workspace import CHECKOUT, cached_step, digest, home, resource_dir
 
 SERVING_REQUIREMENTS = resource_dir("infra") / "serving-requirements.txt"
 TRITON_PACKAGE = "nvidia-pytriton"

@@ -5,20 +5,15 @@ outputs). A new kind is a new module (and its serving module), registered where 
 and its name in the import line here.
 
 Example:
-    >>> kind = kind_for(spec)            # chosen once, from spec.task
+    >>> kind = kind_for(spec)            # hf2triton.spec: chosen once, from spec.task
     >>> kind.name, kind.section
     ('embedding', 'embedding')
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from hf2triton import plugins
 from hf2triton.kinds.base import Candidate, Data, ModelKind
-
-if TYPE_CHECKING:
-    from hf2triton.spec import ReleaseSpec
+from hf2triton.util import plugins
 
 # spec `task:` -> the kind's class; each kind's module registers it (`@KINDS.register`).
 KINDS = plugins.Registry(lambda cls: cls.task, default="feature-extraction")
@@ -28,9 +23,4 @@ DEFAULT_TASK = KINDS.default
 kind_class, kind_classes = KINDS.load, KINDS.classes
 
 
-def kind_for(spec: ReleaseSpec) -> ModelKind:
-    """The model kind of a release, from its spec's task."""
-    return kind_class(spec.task)(spec)
-
-
-__all__ = ["DEFAULT_TASK", "KINDS", "Candidate", "Data", "ModelKind", "kind_class", "kind_classes", "kind_for"]
+__all__ = ["DEFAULT_TASK", "KINDS", "Candidate", "Data", "ModelKind", "kind_class", "kind_classes"]

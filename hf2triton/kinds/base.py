@@ -1,7 +1,8 @@
 """The interface every model kind implements, and the parts of it they share.
 
 A kind (embedding, classification, translation, reranking) is chosen once from the spec's `task`
-(`hf2triton.kinds.kind_for`). It knows what the export needs, what its validation data looks
+(`hf2triton.spec.kind_for`) and given the settings it owns: its own spec section and the
+validation data's settings, never the whole spec. It knows what the export needs, what its validation data looks
 like, what the PyTorch reference says, how served answers are scored against it and with which
 limits (the gate and the smoke test use the same ones), and which files its Triton version
 directory holds. Everything else (the gate loop, the repository, the smoke test, the reports) is
@@ -12,19 +13,27 @@ from __future__ import annotations
 
 import json
 import math
-import time
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
 from hf2triton import serving
 from hf2triton.errors import ExportError, SpecError
 
-if TYPE_CHECKING:
-    from hf2triton.spec import ReleaseSpec
+
+class ValidationSettings(Protocol):
+    """What a kind reads of the spec's `validation` section."""
+
+    @property
+    def sentences(self) -> str: ...
+
+    @property
+    def smoke_sentences(self) -> int: ...
+
 
 # A limit is (metric, ">=" or "<=", value): a metric passes when it is on the right side of it.
 Limits = dict[str, tuple[str, float]]
@@ -204,13 +213,11 @@ class ModelKind:
         cls.onnx_task = cls.__dict__.get("onnx_task") or cls.task
         cls.thresholds_key = f"{cls.section}.thresholds"
 
-    def __init__(self, spec: ReleaseSpec):
-        self.spec = spec
-
-    @property
-    def options(self) -> Any:
-        """The kind's own spec section, defaults filled in when the spec leaves it out."""
-        return getattr(self.spec, self.section) or self.Options()
+    def __init__(self, options: Any, validation: ValidationSettings):
+        # Its own spec section (defaults filled in when the spec leaves it out), and where its
+        # validation data lies.
+        self.options = options if options is not None else self.Options()
+        self.validation = validation
 
     @property
     def serving(self) -> tuple[str, str]:
@@ -371,7 +378,7 @@ class ModelKind:
 
     def smoke_indices(self, data: Data) -> list[int]:
         """Which items the smoke test sends: spread over the length range."""
-        n = self.spec.validation.smoke_sentences
+        n = self.validation.smoke_sentences
         order = sorted(range(len(data.items)), key=lambda i: len(str(data.items[i])))
         if len(order) <= n:
             return order

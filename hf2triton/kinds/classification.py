@@ -16,11 +16,10 @@ from pydantic import Field, model_validator
 
 from hf2triton.errors import SpecError, UnsupportedModelError
 from hf2triton.kinds import KINDS
-from hf2triton.kinds.base import Data, Limits, ModelKind, read_lines
-from hf2triton.kinds.base import model_max_length
+from hf2triton.kinds.base import Data, Limits, ModelKind, model_max_length, read_lines
 from hf2triton.kinds.torch_reference import TorchReference, largest_difference
 from hf2triton.serving.classification import activate, label_names
-from hf2triton.specbase import MaxLength, Probability, SpecPath, Strict, unless
+from hf2triton.util.specbase import MaxLength, Probability, SpecPath, Strict, unless
 
 
 class ClassificationThresholds(Strict):
@@ -134,7 +133,7 @@ class ClassificationKind(ModelKind):
         return resolve_classification_config(model_dir, self.options.max_length)
 
     def read_data(self) -> Data:
-        data = Data(read_lines(self.spec.validation.sentences, "validation.sentences"))
+        data = Data(read_lines(self.validation.sentences, "validation.sentences"))
         if self.options.labelled:
             # Readable and not empty now; parsed once the model's labels are known.
             read_lines(self.options.labelled, "classification.labelled", "labelled texts")

@@ -15,13 +15,13 @@ from pydantic import Field
 from hf2triton.errors import SpecError
 from hf2triton.kinds import KINDS
 from hf2triton.kinds.base import Data, Limits, ModelKind, model_max_length, read_json, read_lines
-from hf2triton.specbase import MaxLength, Probability, SpecPath, Strict
 from hf2triton.kinds.torch_reference import (
     TorchReference,
     largest_difference,
     onnx_output,
 )
 from hf2triton.serving.embedding import pool
+from hf2triton.util.specbase import MaxLength, Probability, SpecPath, Strict
 
 
 class EmbeddingThresholds(Strict):
@@ -191,7 +191,7 @@ class EmbeddingKind(ModelKind):
         return resolve_embedding_config(model_dir, e.pooling, e.normalize, e.max_length)
 
     def read_data(self) -> Data:
-        data = Data(read_lines(self.spec.validation.sentences, "validation.sentences"))
+        data = Data(read_lines(self.validation.sentences, "validation.sentences"))
         if self.options.retrieval:
             read_retrieval(self.options.retrieval)  # a bad file fails before any work
         return data

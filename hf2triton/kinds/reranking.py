@@ -20,11 +20,10 @@ from pydantic import Field
 
 from hf2triton.errors import SpecError, UnsupportedModelError
 from hf2triton.kinds import KINDS
-from hf2triton.kinds.base import Data, Limits, ModelKind, read_lines
+from hf2triton.kinds.base import Data, Limits, ModelKind, model_max_length, read_lines
 from hf2triton.kinds.classification import TorchClassifier, check_logits
-from hf2triton.kinds.base import model_max_length
 from hf2triton.serving.reranking import relevance
-from hf2triton.specbase import MaxLength, Probability, Strict
+from hf2triton.util.specbase import MaxLength, Probability, Strict
 
 
 class RerankingThresholds(Strict):
@@ -126,7 +125,7 @@ class RerankingKind(ModelKind):
                                         self.options.activation)
 
     def read_data(self) -> Data:
-        return Data(read_groups(self.spec.validation.sentences))
+        return Data(read_groups(self.validation.sentences))
 
     def export_inputs(self, data: Data) -> list[tuple[str, str]]:
         pairs = [(q, p) for q, passages in data.items for p in passages]

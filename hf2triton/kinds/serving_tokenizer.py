@@ -13,6 +13,7 @@ from hf2triton.errors import UnsupportedModelError
 from hf2triton.kinds.generation_config import load_tokenizer
 from hf2triton.serving.seq2seq import Seq2SeqTokenizer
 
+
 def write_serving_tokenizer(model_dir: str | Path, out: Path,
                             source_lang: str | None) -> dict[str, Any]:
     """Write the files the served tokenizer reads into `out`; return its plan."""

@@ -27,8 +27,7 @@ from hf2triton.kinds.base import (
 )
 from hf2triton.kinds.generation_config import eos_and_pad, model_generation_config
 from hf2triton.serving.decoding import DecodeSettings, stop_at
-from hf2triton.specbase import Strict
-
+from hf2triton.util.specbase import Strict
 
 # New tokens per prompt of the gate's speed probe: enough decode steps that an engine's cost per
 # step (where the engines differ most), not its start-up, decides the ranking.
@@ -226,7 +225,7 @@ class TextGenerationKind(ModelKind):
         return resolve_text_generation(model_dir, self.options)
 
     def read_data(self) -> Data:
-        return Data(read_lines(self.spec.validation.sentences, "validation.sentences",
+        return Data(read_lines(self.validation.sentences, "validation.sentences",
                                "prompts"))
 
     def calibration(self, data: Data) -> list[Any] | None:

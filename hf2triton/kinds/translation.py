@@ -21,8 +21,7 @@ from hf2triton.kinds.generation_config import TranslationConfig, resolve_transla
 from hf2triton.kinds.serving_tokenizer import check_tokenizer, write_serving_tokenizer
 from hf2triton.kinds.torch_reference import TorchTranslator, batched, strip_pad
 from hf2triton.serving.seq2seq import ONNX_FILES, Seq2SeqModel, Seq2SeqTokenizer
-from hf2triton.specbase import MaxLength, SpecPath, Strict, unless
-
+from hf2triton.util.specbase import MaxLength, SpecPath, Strict, unless
 
 Bleu = Annotated[float, Field(ge=0.0, le=100.0)]
 
@@ -154,7 +153,7 @@ class TranslationKind(ModelKind):
         return resolve_translation_config(model_dir, self.options)
 
     def read_data(self) -> Data:
-        items = read_lines(self.spec.validation.sentences, "validation.sentences")
+        items = read_lines(self.validation.sentences, "validation.sentences")
         extra = {}
         if self.options.references:
             refs = read_lines(self.options.references, "generation.references", "translations")

@@ -81,7 +81,7 @@ async def serve(args: argparse.Namespace, command: list[str]) -> int:
             child.send_signal(signal.SIGTERM)
             try:
                 await asyncio.wait_for(loop.run_in_executor(None, child.wait), 60)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 child.kill()
         await watcher
     return child.returncode or 0

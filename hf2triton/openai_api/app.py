@@ -190,7 +190,7 @@ def create_app(triton_url: str, key_hashes: tuple[str, ...] = (), max_body: int 
     async def timed(coro: Any) -> Any:
         try:
             return await asyncio.wait_for(coro, timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise ApiError(504, f"The request took over {timeout_s:.0f} s", type="timeout",
                            code="timeout") from None
 

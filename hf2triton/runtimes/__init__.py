@@ -17,12 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from hf2triton import plugins
-from hf2triton.devices import DEVICES
 from hf2triton.errors import EnvironmentSetupError
 from hf2triton.runtimes.base import RuntimePlugin, Variant, VariantContext, export_variant
+from hf2triton.runtimes.devices import DEVICES
 from hf2triton.serving import runtimes as serving_runtimes
 from hf2triton.serving.runtimes import DEFAULT_RUNTIME
+from hf2triton.util import plugins
 
 RUNTIMES = plugins.Registry(lambda cls: cls.name, default=DEFAULT_RUNTIME["name"])
 from hf2triton.runtimes import cuda, onnxruntime, openvino, openvino_genai  # noqa: E402,F401,I001

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, ClassVar, TypedDict
 
 from hf2triton.serving.runtimes import DEFAULT_RUNTIME, RuntimeSettings, runtime_class
-from hf2triton.workspace import cached_step, digest, source_digest
+from hf2triton.util.workspace import cached_step, digest, source_digest
 
 # Graph formats: what a variant's files are, so a runtime can say whether it reads them.
 PLAIN = "onnx"  # the export as it is: a float ONNX graph every ONNX-reading runtime runs
@@ -67,7 +67,7 @@ class VariantContext:
     export_dir: str
     model_dir: str  # the fetched Hugging Face directory
     kind: Any  # hf2triton.kinds.ModelKind
-    quantization: Any  # hf2triton.spec.QuantizationSpec
+    quantization: Any  # hf2triton.runtimes.quantizers.QuantizationSpec
     calibration: list[Any] | None  # the kind's calibration items; None: not calibrated
     max_length: int | None
     work: str

@@ -1,16 +1,23 @@
 """ONNX Runtime on NVIDIA GPUs: the CUDA provider (fp32, and the fp16 graph this module builds)
 and the TensorRT provider (fp16 engines, built when the model opens). Both serve deploy.device
 gpu; with `deploy.gpu_gate: cpu-numerics` the gate checks their graphs on ONNX Runtime's CPU
-provider at the same precision (hf2triton.devices)."""
+provider at the same precision (hf2triton.runtimes.devices)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from hf2triton.runtimes import RUNTIMES
-from hf2triton.runtimes.base import (FP16, PLAIN, Recipe, RuntimePlugin, Variant,
-                                     VariantContext, build_variant)
-from hf2triton.workspace import sha256_file
+from hf2triton.runtimes.base import (
+    FP16,
+    PLAIN,
+    Recipe,
+    RuntimePlugin,
+    Variant,
+    VariantContext,
+    build_variant,
+)
+from hf2triton.util.workspace import sha256_file
 
 
 @RUNTIMES.register

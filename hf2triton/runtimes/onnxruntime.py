@@ -5,6 +5,8 @@ ORT-optimised fp32 graphs (single-file models)."""
 
 from __future__ import annotations
 
+from hf2triton.runtimes import RUNTIMES
+from hf2triton.runtimes.base import FP16, ORT_ONLY, PLAIN, Recipe, RuntimePlugin, VariantContext
 from hf2triton.runtimes.quantizers import (
     OPTIMIZATION_LEVELS,
     method_name,
@@ -12,8 +14,6 @@ from hf2triton.runtimes.quantizers import (
     quantize_onnx,
     search_grid,
 )
-from hf2triton.runtimes import RUNTIMES
-from hf2triton.runtimes.base import FP16, ORT_ONLY, PLAIN, Recipe, RuntimePlugin, VariantContext
 
 
 @RUNTIMES.register

@@ -21,7 +21,7 @@ from hf2triton.runtimes.base import (
     build_variant,
 )
 from hf2triton.serving.text import OnnxText, plan_sub_batches
-from hf2triton.workspace import sha256_file
+from hf2triton.util.workspace import sha256_file
 
 
 @RUNTIMES.register

@@ -21,7 +21,7 @@ from hf2triton.runtimes.base import (
     VariantContext,
     build_variant,
 )
-from hf2triton.workspace import hash_files, sha256_file
+from hf2triton.util.workspace import hash_files, sha256_file
 
 IR = "openvino_model.xml"
 

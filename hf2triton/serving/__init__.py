@@ -19,7 +19,6 @@ import os
 from typing import Any
 
 
-
 def openvino_telemetry_off() -> None:
     """No usage telemetry from OpenVINO or NNCF in this process. Importing openvino sends an
     event (openvino.tools.ovc), and NNCF one per call, each from a process forked in a thread

@@ -17,11 +17,10 @@ from typing import Any
 import numpy as np
 
 from . import causal
-from .genai import GenAIModel
-from .runtimes import GenAIModelFiles
 from .base import ServedModel, Tensor, column, texts, value_column
 from .decoding import DecodeSettings
-
+from .genai import GenAIModel
+from .runtimes import GenAIModelFiles
 
 # How often a running request asks Triton whether its client left (seconds).
 CANCEL_CHECK_S = 0.5

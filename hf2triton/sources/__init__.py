@@ -15,8 +15,8 @@ from typing import Annotated, Any
 
 from pydantic import Field, TypeAdapter
 
-from hf2triton import plugins
 from hf2triton.sources.base import FetchResult, Source, inspect_model_dir
+from hf2triton.util import plugins
 
 SOURCES = plugins.Registry(lambda cls: cls.name, default="path")
 from hf2triton.sources import hub, local, mlflow, train  # noqa: E402,F401,I001

@@ -12,8 +12,8 @@ from typing import Any, ClassVar, NotRequired, TypedDict
 from pydantic import Field
 
 from hf2triton.errors import SourceError
-from hf2triton.specbase import Strict
-from hf2triton.workspace import digest, hash_files
+from hf2triton.util.specbase import Strict
+from hf2triton.util.workspace import digest, hash_files
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")

@@ -6,12 +6,12 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from pydantic import Field, field_validator, ValidationInfo
+from pydantic import Field, ValidationInfo, field_validator
 
 from hf2triton.errors import SourceError
 from hf2triton.sources import SOURCES
 from hf2triton.sources.base import Source
-from hf2triton.specbase import resolve_path
+from hf2triton.util.specbase import resolve_path
 
 
 @SOURCES.register

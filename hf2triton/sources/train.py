@@ -1,5 +1,5 @@
 """Source `train`: a small Llama-architecture causal language model and its byte-level BPE
-tokenizer, trained here on CPU from a plain-text file (hf2triton.training): seeded and
+tokenizer, trained here on CPU from a plain-text file (hf2triton.training.lm): seeded and
 deterministic, and trained once: the same text and settings reuse the finished model. The
 embedded default LLM (releases/kjv-lm.yaml) is one."""
 
@@ -9,12 +9,12 @@ from pathlib import Path
 
 from pydantic import Field, model_validator
 
-from hf2triton.runs import step_logger
 from hf2triton.sources import SOURCES
 from hf2triton.sources.base import Source
-from hf2triton.specbase import SpecPath, Strict, unless
-from hf2triton.training import PLAIN_CHAT_TEMPLATE, train_lm
-from hf2triton.workspace import home
+from hf2triton.training.lm import PLAIN_CHAT_TEMPLATE, train_lm
+from hf2triton.util.runs import step_logger
+from hf2triton.util.specbase import SpecPath, Strict, unless
+from hf2triton.util.workspace import home
 
 
 class TrainSourceSpec(Strict):

@@ -14,8 +14,8 @@ from typing import Annotated, Any
 
 from pydantic import Field, TypeAdapter
 
-from hf2triton import plugins
 from hf2triton.stores.base import ModelDir, ModelStore
+from hf2triton.util import plugins
 
 # deploy.model_store `kind:` -> the store's class; each store's module registers it.
 STORES = plugins.Registry(lambda cls: plugins.tag_of(cls, "kind"), default="local")

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from hf2triton.errors import ArtifactError
-from hf2triton.specbase import Strict
+from hf2triton.util.specbase import Strict
 
 
 class ModelDir(Protocol):

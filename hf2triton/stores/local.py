@@ -11,7 +11,7 @@ from typing import Literal
 from hf2triton.errors import ModelStoreError
 from hf2triton.stores import STORES
 from hf2triton.stores.base import ModelDir, ModelStore, _mismatch, _refuse
-from hf2triton.workspace import atomic_write_text, hash_files
+from hf2triton.util.workspace import atomic_write_text, hash_files
 
 
 class LocalModelDir:

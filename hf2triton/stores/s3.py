@@ -10,12 +10,12 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
-from hf2triton.credentials import S3Credentials, resolve
+from hf2triton.clients.credentials import S3Credentials, resolve
 from hf2triton.errors import ModelStoreError, ServiceUnavailableError
-from hf2triton.specbase import matching
 from hf2triton.stores import STORES
 from hf2triton.stores.base import ModelDir, ModelStore, _mismatch, _refuse
-from hf2triton.workspace import hash_files
+from hf2triton.util.specbase import matching
+from hf2triton.util.workspace import hash_files
 
 BUCKET_PATTERN = re.compile(r"^(?!.*\.\.)[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 # Triton parses s3://[http(s)://]host:port/bucket/path itself: the port is not optional, and

@@ -4,16 +4,13 @@ whether it runs the release's image) and the rollout. A new target is a new modu
 here.
 
 Example:
-    >>> target = target_for(spec, work)      # chosen once, from spec.deploy.target
+    >>> target = target_for(spec, work)   # hf2triton.spec: chosen once, from deploy.target
     >>> target.name
     'local-triton'
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from hf2triton import plugins
 from hf2triton.targets.base import (
     Check,
     Deployment,
@@ -21,9 +18,7 @@ from hf2triton.targets.base import (
     DeployTarget,
     WatchPoint,
 )
-
-if TYPE_CHECKING:
-    from hf2triton.spec import ReleaseSpec
+from hf2triton.util import plugins
 
 # spec `deploy.target:` -> the target's class; each target's module registers it.
 TARGETS = plugins.Registry(lambda cls: cls.name, default="local-triton")
@@ -38,11 +33,5 @@ def default_deploy() -> DeploySection:
     return target_class(TARGETS.default).Spec()
 
 
-def target_for(spec: ReleaseSpec, work: str) -> DeployTarget:
-    """The deploy target of a release, from its spec's deploy section."""
-    target = target_class(spec.deploy.target)
-    return target(spec.deploy, spec.name, work, spec.registry.model_name, spec.image)
-
-
 __all__ = ["TARGETS", "Check", "DeploySection", "DeploySpec", "DeployTarget", "Deployment",
-           "WatchPoint", "default_deploy", "target_class", "target_for"]
+           "WatchPoint", "default_deploy", "target_class"]

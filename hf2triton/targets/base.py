@@ -15,12 +15,12 @@ from typing import Annotated, Any, ClassVar, Literal, NotRequired, TypedDict
 
 from pydantic import Field, model_validator
 
-from hf2triton.credentials import ApiKeys, resolve
-from hf2triton.devices import DEVICES
+from hf2triton.clients.credentials import ApiKeys, resolve
 from hf2triton.errors import DeployError
-from hf2triton.plugins import tag_of
-from hf2triton.smoke import Endpoint
-from hf2triton.specbase import Strict
+from hf2triton.runtimes.devices import DEVICES
+from hf2triton.targets.smoke import Endpoint
+from hf2triton.util.plugins import tag_of
+from hf2triton.util.specbase import Strict
 
 Check = Callable[[Endpoint], dict[str, float]]  # the kind's smoke test on one endpoint
 

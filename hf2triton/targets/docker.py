@@ -21,8 +21,6 @@ from hf2triton.clients import docker as engine_client
 from hf2triton.clients.triton import TritonAdmin
 from hf2triton.errors import DeployError, Hf2TritonError
 from hf2triton.image import ImageSpec, registry_auth
-from hf2triton.runs import step_logger
-from hf2triton.smoke import Endpoint
 from hf2triton.targets import TARGETS
 from hf2triton.targets.base import (
     Check,
@@ -31,6 +29,8 @@ from hf2triton.targets.base import (
     PublishedSection,
     WatchPoint,
 )
+from hf2triton.targets.smoke import Endpoint
+from hf2triton.util.runs import step_logger
 
 LABEL_RELEASE = "io.hf2triton.release"
 LABEL_ROLE = "io.hf2triton.role"

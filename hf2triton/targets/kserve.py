@@ -1,5 +1,5 @@
 """Target `kserve`: the release's image (by digest) on a Kubernetes cluster, as a KServe
-InferenceService or a plain Deployment + Service + HorizontalPodAutoscaler (hf2triton.k8s).
+InferenceService or a plain Deployment + Service + HorizontalPodAutoscaler (hf2triton.targets.k8s).
 
 The manifests are always rendered from `infra/k8s/`, checked against the Kubernetes client's
 models and written to the release's work directory; they are applied only when a cluster is
@@ -19,28 +19,26 @@ rendered Service at the port the ServiceMonitor scrapes.
 
 from __future__ import annotations
 
-import re
 import time
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field
 
-from hf2triton import k8s
 from hf2triton.clients.mlflow import Registry
 from hf2triton.errors import DeployError
-from hf2triton.runs import step_logger
-from hf2triton.smoke import Endpoint
-from hf2triton.specbase import Strict, matching
 from hf2triton.stores import ModelStoreSpec, default_store
-from hf2triton.targets import TARGETS
+from hf2triton.targets import TARGETS, k8s
 from hf2triton.targets.base import Check, Deployment, DeploySection, DeployTarget, WatchPoint
+from hf2triton.targets.k8s import KubernetesSpec
 from hf2triton.targets.local import expected_files
+from hf2triton.targets.smoke import Endpoint
+from hf2triton.util.runs import step_logger
 
 REMOTE_STORES = ("s3://", "gs://", "azureblob://", "https://", "hdfs://", "webhdfs://", "pvc://",
                  "oci://")
-# The MLflow version tag naming the pushed image by digest (hf2triton.image.target.image_tags).
+# The MLflow version tag naming the pushed image by digest (hf2triton.image.release.image_tags).
 IMAGE_TAG = "image.reference"
 
 
@@ -92,64 +90,6 @@ def _wait_deployment(name: str, kube: KubernetesSpec, timeout_s: float) -> None:
         time.sleep(5)
     raise DeployError(f"Deployment {kube.namespace}/{name} did not roll out within "
                       f"{timeout_s:.0f}s: `kubectl -n {kube.namespace} describe deploy {name}`")
-
-
-K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|M|G|T)?$")
-
-
-class KubernetesSpec(Strict):
-    """`deploy.target: kserve`: where and how the release's image runs on a cluster."""
-
-    namespace: Annotated[str, matching(K8S_NAME, "a Kubernetes namespace name (RFC 1123 "
-                                        "label)")] = "default"
-    workload: Literal["inferenceservice", "deployment"] = Field(
-        "inferenceservice",
-        description="what is applied: a KServe InferenceService (Triton runtime, model from "
-        "storage_uri), or a plain Deployment + Service + HorizontalPodAutoscaler running the "
-        "image with its baked-in model; both are always rendered",
-    )
-    storage_uri: str | None = Field(
-        None, description="the model repository KServe downloads (s3://, gs://, pvc://, https://); "
-        "default: the MLflow version's triton_repository artifact when it is such a URI"
-    )
-    min_replicas: int = Field(1, ge=0, le=1000)
-    max_replicas: int = Field(3, ge=1, le=1000)
-    target_cpu_utilization: int = Field(70, ge=1, le=100, description="HPA target, percent")
-    cpu_request: str = "1"
-    memory_request: str = "1Gi"
-    cpu_limit: str = "2"
-    memory_limit: str = "4Gi"
-    kubeconfig: str | None = Field(
-        None, description="default: $KUBECONFIG, else ~/.kube/config, else the in-cluster "
-        "service account"
-    )
-    context: str | None = None
-    endpoint_http: str | None = Field(
-        None, description="host:port where the pipeline reaches the served model over HTTP for "
-        "the smoke test; default: the cluster-internal Service (a pipeline run as a Prefect "
-        "Kubernetes work pool job reaches it)"
-    )
-    endpoint_grpc: str | None = Field(None, description="as endpoint_http, for gRPC")
-    endpoint_openai: str | None = Field(
-        None, description="base URL (http://host:port/v1) where the pipeline reaches the "
-        "OpenAI-compatible API beside the served model; default: the plain Deployment's "
-        "Service (KServe routes an InferenceService's port 8080 only: without this the smoke "
-        "test does not go through the API there)")
-
-    @field_validator("cpu_request", "memory_request", "cpu_limit", "memory_limit")
-    @classmethod
-    def _check_quantity(cls, v: str) -> str:
-        if not QUANTITY.match(v):
-            raise ValueError(f"{v!r} is not a Kubernetes quantity such as '500m', '2' or '4Gi'")
-        return v
-
-    @model_validator(mode="after")
-    def _replica_range(self) -> KubernetesSpec:
-        if self.min_replicas > self.max_replicas:
-            raise ValueError(f"min_replicas {self.min_replicas} exceeds max_replicas "
-                             f"{self.max_replicas}")
-        return self
 
 
 class KServeDeploy(DeploySection):

@@ -1,4 +1,4 @@
-"""Target `local-triton`: the local tritonserver (hf2triton.triton_local), a rollout without
+"""Target `local-triton`: the local tritonserver (hf2triton.targets.triton_local), a rollout without
 downtime. The new version is written into the model's directory (every file's sha256 checked;
 a local folder or an S3 bucket, `deploy.model_store`) as the MLflow version number and loaded
 *beside* the version that serves, so both answer; the smoke test queries the new one by number;
@@ -19,13 +19,10 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from hf2triton import triton_local
 from hf2triton.clients.triton import TritonAdmin
 from hf2triton.errors import DeployError, Hf2TritonError, ServiceUnavailableError
-from hf2triton.runs import step_logger
-from hf2triton.smoke import Endpoint
 from hf2triton.stores import ModelDir, ModelStoreSpec, default_store, parse_store
-from hf2triton.targets import TARGETS
+from hf2triton.targets import TARGETS, triton_local
 from hf2triton.targets.base import (
     Check,
     Deployment,
@@ -33,6 +30,8 @@ from hf2triton.targets.base import (
     PublishedSection,
     WatchPoint,
 )
+from hf2triton.targets.smoke import Endpoint
+from hf2triton.util.runs import step_logger
 
 POLICY = re.compile(r"^version_policy:.*$", re.MULTILINE)
 

@@ -18,8 +18,6 @@ from pydantic import Field, field_validator, model_validator
 
 from hf2triton.clients.triton import TritonAdmin
 from hf2triton.errors import DeployError, ServiceUnavailableError
-from hf2triton.smoke import Endpoint
-from hf2triton.specbase import SpecPath, Strict
 from hf2triton.stores import ModelStoreSpec, default_store
 from hf2triton.targets import TARGETS
 from hf2triton.targets.base import (
@@ -30,15 +28,17 @@ from hf2triton.targets.base import (
     WatchPoint,
 )
 from hf2triton.targets.local import (
-    on_each,
-    repository_key,
     expected_files,
     load_on,
-    restore_on_servers,
+    on_each,
+    repository_key,
     restore_on,
+    restore_on_servers,
     retire_on,
     set_version_policy,
 )
+from hf2triton.targets.smoke import Endpoint
+from hf2triton.util.specbase import SpecPath, Strict
 
 
 def _serving(replica: Any, model_name: str) -> list[str]:

@@ -16,7 +16,7 @@ COUNTERS = ("nv_inference_request_success", "nv_inference_request_failure",
             "nv_inference_request_duration_us", "nv_inference_queue_duration_us",
             "nv_inference_compute_infer_duration_us")
 # Request latency quantiles over Triton's sliding window (--metrics-config
-# summary_latencies=true, which hf2triton.triton_local starts the server with).
+# summary_latencies=true, which hf2triton.targets.triton_local starts the server with).
 SUMMARY = "nv_inference_request_summary_us"
 
 

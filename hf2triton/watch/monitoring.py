@@ -1,7 +1,7 @@
 """Prometheus, Kubernetes and Grafana files for one release, rendered from its `watch:` budgets:
 a scrape config for its Triton metrics endpoints, alert rules (the watch's budgets as PromQL)
 with promtool unit tests, and a Grafana dashboard (request rate, failures, latency and queue
-time per version). The ServiceMonitor is a Kubernetes manifest (infra/k8s/, hf2triton.k8s)."""
+time per version). The ServiceMonitor is a Kubernetes manifest (infra/k8s/, hf2triton.targets.k8s)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from hf2triton.targets import WatchPoint
-from hf2triton.workspace import atomic_write_text
+from hf2triton.util.workspace import atomic_write_text
 
 P99_RECORD = "hf2triton:request_p99_ms"
 FAILURE_RECORD = "hf2triton:request_failure_ratio"

@@ -13,14 +13,14 @@ from typing import Any, TypedDict
 
 from hf2triton.clients.mlflow import Registry
 from hf2triton.errors import Hf2TritonError
-from hf2triton.kinds import kind_for
-from hf2triton.runs import step_logger
-from hf2triton.smoke import Endpoint, smoke_endpoint
-from hf2triton.targets import WatchPoint, target_for
+from hf2triton.spec import kind_for, target_for
+from hf2triton.spec.watch import WatchSpec
+from hf2triton.targets import WatchPoint
+from hf2triton.targets.smoke import Endpoint, smoke_endpoint
+from hf2triton.util.runs import step_logger
+from hf2triton.util.workspace import atomic_write_text, home, work_dir
 from hf2triton.watch import metrics
 from hf2triton.watch import registry as reg
-from hf2triton.watch.spec import WatchSpec
-from hf2triton.workspace import atomic_write_text, home, work_dir
 
 BREACH_EVENT = "hf2triton.watch.breach"
 

@@ -1,12 +1,12 @@
 """What the watch shows and says: a Prefect table artifact per release (one key, so the UI's
 latest version is the live one) with a link to the MLflow version, and a Prefect event for each
-breach that prefect.yaml's automation answers (hf2triton.deployments)."""
+breach that prefect.yaml's automation answers (hf2triton.orchestration.deployments)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from hf2triton.report import artifact_key, mlflow_links
+from hf2triton.release.report import artifact_key, mlflow_links
 from hf2triton.watch.observe import BREACH_EVENT, Look
 
 COLUMNS = ("endpoint", "version", "request_rate", "requests", "failure_rate", "p50_ms", "p99_ms",

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from hf2triton.clients.mlflow import Registry
-from hf2triton.workspace import home
+from hf2triton.util.workspace import home
 
 PREVIOUS = "hf2triton.previous_champion"
 PROMOTED_AT = "hf2triton.promoted_at"

@@ -9,11 +9,10 @@ from typing import Any
 
 from hf2triton.clients.mlflow import Registry
 from hf2triton.errors import DeployError
-from hf2triton.kinds import kind_for
-from hf2triton.smoke import smoke_endpoint
-from hf2triton.targets import target_for
+from hf2triton.spec import kind_for, target_for
+from hf2triton.targets.smoke import smoke_endpoint
+from hf2triton.util.workspace import work_dir
 from hf2triton.watch import registry as reg
-from hf2triton.workspace import work_dir
 
 
 def checker(spec: Any, client: Registry, version: str):

@@ -10,10 +10,10 @@ from typing import Any
 
 from hf2triton.clients.mlflow import Registry
 from hf2triton.clients.triton import TritonAdmin
-from hf2triton.targets import target_for
+from hf2triton.spec import target_for
+from hf2triton.util.workspace import atomic_write_text, home, work_dir
 from hf2triton.watch import registry as reg
 from hf2triton.watch.observe import read_state
-from hf2triton.workspace import atomic_write_text, home, work_dir
 
 COLUMNS = ("RELEASE", "CHAMPION", "CANDIDATE", "SERVING", "WATCH", "LAST LOOK")
 

@@ -18,21 +18,22 @@ from pydantic import (
     model_validator,
 )
 
+from hf2triton.image.spec import ImageSpec
 from hf2triton.kinds import DEFAULT_TASK, KINDS, kind_class, kind_classes
-from hf2triton.specbase import (
+from hf2triton.runtimes.quantizers import QuantizationSpec
+from hf2triton.serving.runtimes import RuntimeSettings, runtime_class
+from hf2triton.sources import SourceSpec
+from hf2triton.spec import file as specfile
+from hf2triton.spec.watch import WatchSpec
+from hf2triton.targets import DeploySpec, default_deploy
+from hf2triton.targets.base import TuningSpec  # noqa: F401 - the tuning step's section
+from hf2triton.util.specbase import (
     Name,
     SpecPath,
     Strict,
     first_line,
     unless,
 )
-from hf2triton.targets import DeploySpec, default_deploy
-from hf2triton.targets.base import TuningSpec  # noqa: F401 - the tuning step's section
-from hf2triton.watch.spec import WatchSpec
-from hf2triton import specfile
-from hf2triton.image.spec import ImageSpec
-from hf2triton.serving.runtimes import RuntimeSettings, runtime_class
-from hf2triton.sources import SourceSpec
 
 log = logging.getLogger(__name__)
 
@@ -46,41 +47,6 @@ class ExportSpec(Strict):
     opset: int = Field(18, ge=11, le=21, description="ONNX opset of the export")
     atol: float = Field(
         1e-3, gt=0, le=1.0, description="largest allowed |ONNX - PyTorch| on hidden states"
-    )
-
-
-class QuantizationSpec(Strict):
-    method: Literal["dynamic-int8", "int8-blockwise", "int4-blockwise", "none"] = Field(
-        "dynamic-int8", description="dynamic-int8: ONNX Runtime's dynamic quantization (int8 "
-        "weights, activation ranges per batch); int8-blockwise: MatMulNBits, int8 weights in "
-        "blocks of `block_size` with their own scales; int4-blockwise: the same with 4-bit "
-        "weights; none: fp32")
-    weight_type: Literal["qint8", "quint8"] = Field(
-        "qint8", description="dynamic-int8: signed or unsigned int8 weights")
-    # Per-channel keeps the worst-case cosine at 0.989 on MiniLM where per-tensor drops to 0.954.
-    per_channel: bool = Field(True, description="dynamic-int8: a scale per output channel")
-    reduce_range: bool = Field(False, description="dynamic-int8: 7-bit weights (older CPUs "
-                               "without VNNI overflow less)")
-    op_types: list[str] | None = Field(
-        None, description="ONNX op types to quantize; default: ONNX Runtime's own list"
-    )
-    block_size: Literal[16, 32, 64, 128, 256] = Field(
-        32, description="int8-blockwise: weights per scale (smaller: closer to fp32)")
-    accuracy_level: Literal[0, 1, 2, 3, 4] = Field(
-        4, description="int8-blockwise: what the MatMuls compute in (4: int8 activations, which "
-        "CPUs with VNNI or AMX run fastest; 0: as the graph says, fp32)")
-    fuse: bool = Field(
-        False, description="first fuse the graph's attention, LayerNorm and GELU into ONNX "
-        "Runtime's own kernels (onnxruntime.transformers.optimizer, BERT-family encoders)")
-    search: bool = Field(
-        False,
-        description="also build and gate the variant grid (QInt8/QUInt8, per-tensor/channel, "
-        "reduce_range, MatMul-only, int8-blockwise block sizes and accuracy levels, the fused "
-        "graph alone and combined, ORT-optimised fp32) and ship the fastest that passes",
-    )
-    fallback_to_fp32: bool = Field(
-        True,
-        description="when the int8 model misses the gate, validate and ship the fp32 ONNX model",
     )
 
 
@@ -311,7 +277,7 @@ class TrainingSpec(Strict):
 def parse_spec(data: Any, base_dir: str | Path | None = None, origin: str = "spec",
                model: type[Strict] = ReleaseSpec) -> Any:
     """Validate a release spec (or a `model` one) given as a mapping; relative paths are taken
-    from `base_dir`. Reading YAML and describing errors are hf2triton.specfile's."""
+    from `base_dir`. Reading YAML and describing errors are hf2triton.spec.file's."""
     return specfile.parse_spec(data, model, base_dir, origin)
 
 

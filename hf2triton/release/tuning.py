@@ -21,17 +21,17 @@ from typing import Any, TypedDict
 
 import numpy as np
 
-from hf2triton import triton_local
+from hf2triton.clients.triton import TritonAdmin, TritonGrpc
 from hf2triton.errors import DeployError, Hf2TritonError
 from hf2triton.kinds.base import ModelKind, to_json
-from hf2triton.clients.triton import TritonAdmin, TritonGrpc
-from hf2triton.load import closed_loop
-from hf2triton.net import reserved_ports
-from hf2triton.repository import BATCHING, build_repository
-from hf2triton.runs import in_prefect_run, step_logger
+from hf2triton.release.load import closed_loop
+from hf2triton.release.repository import BATCHING, build_repository
 from hf2triton.spec import TuningSpec
-from hf2triton.waiting import wait_for
-from hf2triton.workspace import cached_step, digest, sha256_file
+from hf2triton.targets import triton_local
+from hf2triton.util.net import reserved_ports
+from hf2triton.util.runs import in_prefect_run, step_logger
+from hf2triton.util.waiting import wait_for
+from hf2triton.util.workspace import cached_step, digest, sha256_file
 
 # What the search varies: every serving knob but max_batch_size (the requests' contract).
 SETTINGS = tuple(k for k in BATCHING if k != "max_batch_size")

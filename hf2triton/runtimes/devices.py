@@ -9,8 +9,8 @@ from __future__ import annotations
 import glob
 from typing import Any, ClassVar
 
-from hf2triton import plugins
 from hf2triton.errors import EnvironmentSetupError
+from hf2triton.util import plugins
 
 DEVICES = plugins.Registry(lambda cls: cls.name, default="cpu")
 

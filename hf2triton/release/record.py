@@ -8,10 +8,10 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, TypedDict
 
-from hf2triton.cpu import cpu_features
 from hf2triton.kinds.base import to_json
 from hf2triton.spec import ReleaseSpec
-from hf2triton.workspace import digest, redact_uri
+from hf2triton.util.cpu import cpu_features
+from hf2triton.util.workspace import digest, redact_uri
 
 LIBRARIES = ("torch", "transformers", "optimum", "optimum-onnx", "onnx", "onnxruntime", "mlflow",
              "prefect")

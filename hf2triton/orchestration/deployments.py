@@ -11,17 +11,17 @@ import yaml
 
 from hf2triton.kinds import kind_class, kind_classes
 from hf2triton.spec import ReleaseSpec, TrainingSpec, load_spec
+from hf2triton.util.workspace import PROJECT_ROOT
 from hf2triton.watch.observe import BREACH_EVENT
-from hf2triton.workspace import PROJECT_ROOT
 
 WORK_POOL = "hf2triton-process"
-# Every deployment's first tag; the dead-run automation (hf2triton.prefect_api) acts on its runs.
+# Every deployment's first tag; the dead-run automation (hf2triton.orchestration.prefect_api) acts on its runs.
 RUN_TAG = "hf2triton"
 # What every run does before its flow: its working directory, then the automation that marks a run
-# Crashed when its process died (hf2triton.prefect_api.ensure_dead_run_automation).
+# Crashed when its process died (hf2triton.orchestration.prefect_api.ensure_dead_run_automation).
 PULL_STEPS = [
     {"prefect.deployments.steps.set_working_directory": {"directory": "{{ $PWD }}"}},
-    {"hf2triton.prefect_api.ensure_dead_run_automation": {}},
+    {"hf2triton.orchestration.prefect_api.ensure_dead_run_automation": {}},
 ]
 HEADER = """\
 # Rendered from releases/*.yaml by `hf2triton deployments render`; edit the specs, not this file.

@@ -9,7 +9,6 @@ Layout: `<out>/<model_name>/{config.pbtxt, warmup/, 1/{model.py, hf2triton_servi
 
 from __future__ import annotations
 
-
 import shutil
 import string
 import struct
@@ -20,9 +19,9 @@ from typing import Any, TypedDict
 import numpy as np
 
 from hf2triton import serving
-from hf2triton.devices import DEVICES
 from hf2triton.kinds.base import ModelKind, to_json
-from hf2triton.workspace import cached_step, digest, sha256_file, templates_dir
+from hf2triton.runtimes.devices import DEVICES
+from hf2triton.util.workspace import cached_step, digest, sha256_file, templates_dir
 
 # The deploy section's settings of how Triton batches and runs the model (serving knobs).
 BATCHING = ("max_batch_size", "preferred_batch_sizes", "max_queue_delay_us", "instance_count",

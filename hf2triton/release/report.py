@@ -12,10 +12,10 @@ from typing import Any
 
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 
-from hf2triton.cpu import describe as describe_cpu
 from hf2triton.kinds.base import ModelKind
 from hf2triton.runtimes import label
-from hf2triton.workspace import redact_uri
+from hf2triton.util.cpu import describe as describe_cpu
+from hf2triton.util.workspace import redact_uri
 
 
 def artifact_key(name: str, suffix: str) -> str:

@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from hf2triton.spec import ReleaseSpec, TrainingSpec
-from hf2triton.workspace import PROJECT_ROOT  # noqa: F401 - the example above uses it
+from hf2triton.util.workspace import PROJECT_ROOT  # noqa: F401 - the example above uses it
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"  # what pydantic generates
 

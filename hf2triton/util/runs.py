@@ -57,7 +57,7 @@ RETRY_TRANSIENT: dict[str, Any] = {
     "retry_delay_seconds": RETRY_DELAYS,
     "retry_condition_fn": retry_transient,
 }
-# Reuse across runs is by content (hf2triton.workspace.cached_step), not Prefect's cache.
+# Reuse across runs is by content (hf2triton.util.workspace.cached_step), not Prefect's cache.
 NO_PREFECT_CACHE: dict[str, Any] = {"cache_policy": NO_CACHE, "persist_result": False}
 
 

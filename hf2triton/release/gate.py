@@ -22,8 +22,6 @@ from typing import Any, TypedDict
 import numpy as np
 
 from hf2triton import serving
-from hf2triton.champion import Champion, champion_limit, mlflow_verdict
-from hf2triton.cpu import cpu_features
 from hf2triton.errors import AccuracyGateError
 from hf2triton.kinds.base import (
     Candidate,
@@ -36,9 +34,11 @@ from hf2triton.kinds.base import (
     to_json,
     worst_of,
 )
-from hf2triton.report import publish_gate_failure
-from hf2triton.runs import in_prefect_run, step_logger
-from hf2triton.workspace import atomic_write_text, cached_step, digest, hash_files, sha256_file
+from hf2triton.release.champion import Champion, champion_limit, mlflow_verdict
+from hf2triton.release.report import publish_gate_failure
+from hf2triton.util.cpu import cpu_features
+from hf2triton.util.runs import in_prefect_run, step_logger
+from hf2triton.util.workspace import atomic_write_text, cached_step, digest, hash_files, sha256_file
 
 SERVING_DIR = Path(serving.__file__).parent
 

@@ -15,7 +15,7 @@ from typing import Any, TypedDict
 
 from hf2triton import serving
 from hf2triton.clients.mlflow import Registry
-from hf2triton.workspace import cached_step, digest, hash_files, home
+from hf2triton.util.workspace import cached_step, digest, hash_files, home
 
 
 class Champion(TypedDict):

@@ -20,9 +20,8 @@ from typing import Any, TypeVar
 
 from hf2triton.clients.triton import TritonAdmin
 from hf2triton.errors import DeployError, Hf2TritonError, ServiceUnavailableError
-from hf2triton.waiting import wait_until
-from hf2triton.workspace import CHECKOUT, atomic_write_text, digest, home, sha256_file
-
+from hf2triton.util.waiting import wait_until
+from hf2triton.util.workspace import CHECKOUT, atomic_write_text, digest, home, sha256_file
 
 SERVER_ENV = {"HOME", "LANG", "TZ", "TMPDIR", "USER", "LOGNAME", "OMP_NUM_THREADS"}
 SERVER_ENV_PREFIXES = ("LC_", "OPENBLAS_")

@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 from typing import Any, TypedDict
 
-from hf2triton import quiet
 from hf2triton.errors import ExportError, UnsupportedModelError
 from hf2triton.kinds.base import Data, ModelKind, to_json
-from hf2triton.workspace import SpaceEstimate, cached_step, digest, sha256_file
+from hf2triton.util import quiet
+from hf2triton.util.workspace import SpaceEstimate, cached_step, digest, sha256_file
 
 
 class ExportResult(TypedDict):

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from hf2triton.champion import Champion, find_champion
 from hf2triton.kinds.base import Candidate, Data, ModelKind
+from hf2triton.release.champion import Champion, find_champion
 from hf2triton.runtimes import RuntimeChoices, Variant, plugin
 from hf2triton.runtimes.base import is_default
 from hf2triton.serving.runtimes import DEFAULT_RUNTIME
@@ -56,10 +56,10 @@ def selection(quantization: Any, runtimes: RuntimeChoices | None = None
     return "fastest" if quantization.search or several else "first"
 
 
-def champion_to_face(kind: ModelKind, data: Data, cfg: Any, tracking_uri: str
+def champion_to_face(kind: ModelKind, data: Data, cfg: Any, tracking_uri: str, model_name: str
                      ) -> Champion | None:
     """The serving champion, when the data is labelled (there is a task metric to compare);
     None without labels or before the first release."""
     if not kind.labelled_metrics(kind.gate_data(data, cfg)):
         return None
-    return find_champion(kind.spec.registry.model_name, tracking_uri)
+    return find_champion(model_name, tracking_uri)

@@ -7,18 +7,76 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import string
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Annotated, Any, Literal
 
 import yaml
+from pydantic import Field, field_validator, model_validator
 
 from hf2triton.errors import DeployError, ServiceUnavailableError
-from hf2triton.workspace import resource_dir
+from hf2triton.util.specbase import Strict, matching
+from hf2triton.util.workspace import resource_dir
 
-if TYPE_CHECKING:
-    from hf2triton.targets.kserve import KubernetesSpec
+K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|M|G|T)?$")
+
+
+class KubernetesSpec(Strict):
+    """`deploy.target: kserve`: where and how the release's image runs on a cluster."""
+
+    namespace: Annotated[str, matching(K8S_NAME, "a Kubernetes namespace name (RFC 1123 "
+                                        "label)")] = "default"
+    workload: Literal["inferenceservice", "deployment"] = Field(
+        "inferenceservice",
+        description="what is applied: a KServe InferenceService (Triton runtime, model from "
+        "storage_uri), or a plain Deployment + Service + HorizontalPodAutoscaler running the "
+        "image with its baked-in model; both are always rendered",
+    )
+    storage_uri: str | None = Field(
+        None, description="the model repository KServe downloads (s3://, gs://, pvc://, https://); "
+        "default: the MLflow version's triton_repository artifact when it is such a URI"
+    )
+    min_replicas: int = Field(1, ge=0, le=1000)
+    max_replicas: int = Field(3, ge=1, le=1000)
+    target_cpu_utilization: int = Field(70, ge=1, le=100, description="HPA target, percent")
+    cpu_request: str = "1"
+    memory_request: str = "1Gi"
+    cpu_limit: str = "2"
+    memory_limit: str = "4Gi"
+    kubeconfig: str | None = Field(
+        None, description="default: $KUBECONFIG, else ~/.kube/config, else the in-cluster "
+        "service account"
+    )
+    context: str | None = None
+    endpoint_http: str | None = Field(
+        None, description="host:port where the pipeline reaches the served model over HTTP for "
+        "the smoke test; default: the cluster-internal Service (a pipeline run as a Prefect "
+        "Kubernetes work pool job reaches it)"
+    )
+    endpoint_grpc: str | None = Field(None, description="as endpoint_http, for gRPC")
+    endpoint_openai: str | None = Field(
+        None, description="base URL (http://host:port/v1) where the pipeline reaches the "
+        "OpenAI-compatible API beside the served model; default: the plain Deployment's "
+        "Service (KServe routes an InferenceService's port 8080 only: without this the smoke "
+        "test does not go through the API there)")
+
+    @field_validator("cpu_request", "memory_request", "cpu_limit", "memory_limit")
+    @classmethod
+    def _check_quantity(cls, v: str) -> str:
+        if not QUANTITY.match(v):
+            raise ValueError(f"{v!r} is not a Kubernetes quantity such as '500m', '2' or '4Gi'")
+        return v
+
+    @model_validator(mode="after")
+    def _replica_range(self) -> KubernetesSpec:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas {self.min_replicas} exceeds max_replicas "
+                             f"{self.max_replicas}")
+        return self
+
 
 TEMPLATES = resource_dir("infra") / "k8s"
 MANIFESTS = {  # file -> (kind, the Kubernetes client model that checks it, or None for a CRD)

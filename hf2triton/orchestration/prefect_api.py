@@ -12,8 +12,8 @@ import sqlite3
 import threading
 
 from hf2triton.errors import EnvironmentSetupError
-from hf2triton.net import free_port
-from hf2triton.workspace import ensure_home
+from hf2triton.util.net import free_port
+from hf2triton.util.workspace import ensure_home
 
 # Prefect's 20 s default start-up deadline is too short on a busy 2-core machine.
 STARTUP_TIMEOUT_S = "180"
@@ -161,7 +161,7 @@ def deployment_tagged(flow_name: str, tag: str) -> str | None:
 
 
 def dead_run_automation(heartbeat_s: int):
-    """The automation marking an hf2triton flow run (tag hf2triton.deployments.RUN_TAG) Crashed
+    """The automation marking an hf2triton flow run (tag hf2triton.orchestration.deployments.RUN_TAG) Crashed
     when neither a heartbeat nor its end came for MISSED_HEARTBEATS heartbeats of `heartbeat_s`."""
     from datetime import timedelta
 
@@ -169,7 +169,7 @@ def dead_run_automation(heartbeat_s: int):
     from prefect.events.actions import ChangeFlowRunState
     from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
 
-    from hf2triton.deployments import RUN_TAG
+    from hf2triton.orchestration.deployments import RUN_TAG
 
     return AutomationCore(
         name=DEAD_RUN_AUTOMATION,

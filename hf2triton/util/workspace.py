@@ -23,7 +23,7 @@ DONE_FILE = "hf2triton-done.json"
 def _checkout() -> Path | None:
     """The repository hf2triton runs from (a clone, installed editable), or None for an
     installed wheel: its release specs, prefect.yaml and environments live there."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     return root if (root / "pyproject.toml").is_file() and (root / "releases").is_dir() \
         else None
 

@@ -2,7 +2,7 @@
 <home>/locks/<release>.lock for the whole release, so a second run of the same release (a schedule
 and a training trigger at once) waits for the first, then reuses its finished steps, instead of
 racing it to a second version. Prefect deployments also carry a concurrency limit
-(hf2triton.deployments); this lock covers `hf2triton release` and any run without a server.
+(hf2triton.orchestration.deployments); this lock covers `hf2triton release` and any run without a server.
 
 The lock is the operating system's (flock): it goes with the process that holds it, so a killed
 run never leaves a stale lock behind. A second run waits at most HF2TRITON_LOCK_WAIT_S seconds
@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from hf2triton.errors import EnvironmentSetupError, ReleaseBusyError
-from hf2triton.runs import step_logger
-from hf2triton.workspace import ensure_home
+from hf2triton.util.runs import step_logger
+from hf2triton.util.workspace import ensure_home
 
 LOCK_WAIT_ENV = "HF2TRITON_LOCK_WAIT_S"
 DEFAULT_LOCK_WAIT_S = 3600.0

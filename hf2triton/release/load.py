@@ -1,7 +1,7 @@
 """Closed-loop load on a served model: N concurrent clients on one asyncio loop, each sending its
 next request when its last one was answered, for a time or a count of answers; the latency of
 every request answered inside the measured window, and the failures. The configuration search
-(hf2triton.tuning) and the benchmarks drive Triton with it.
+(hf2triton.release.tuning) and the benchmarks drive Triton with it.
 
     result = asyncio.run(closed_loop(TritonGrpc(url, model), requests, clients=16,
                                      duration_s=10, warmup_s=2))
@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
-
 
 Payload = TypeVar("Payload")
 # One request: send the payload, return when answered, raise when it failed.
@@ -154,7 +153,7 @@ async def closed_loop(call: Call, payloads: Sequence[Payload], clients: int, dur
         opened.append(loop.time())
         try:
             await asyncio.wait_for(stop.wait(), duration_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         closed.append(loop.time())
         if window is not None:

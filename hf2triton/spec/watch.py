@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
-from hf2triton.specbase import Strict
+from hf2triton.util.specbase import Strict
 
 
 class WatchSpec(Strict):

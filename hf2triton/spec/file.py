@@ -13,7 +13,7 @@ from hf2triton.errors import SpecError
 from hf2triton.sources import SOURCES
 from hf2triton.stores import STORES
 from hf2triton.targets import TARGETS
-from hf2triton.workspace import redact_uri
+from hf2triton.util.workspace import redact_uri
 
 # Union sections name their variant in an error's location: (section, {variant names}); a
 # section chosen by the key it holds (a source) has no tag key (None).

@@ -1,0 +1,2 @@
+"""Training on CPU, seeded and deterministic: the retraining example and the embedded language
+model."""
