@@ -68,8 +68,13 @@ def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import uvicorn
 
-    uvicorn.run(build_app(a.backend, a.model_dir, a.onnx, a.endpoint), host=a.host, port=a.port,
-                log_level="warning", access_log=False)
+    uvicorn.run(
+        build_app(a.backend, a.model_dir, a.onnx, a.endpoint),
+        host=a.host,
+        port=a.port,
+        log_level="warning",
+        access_log=False,
+    )
 
 
 if __name__ == "__main__":

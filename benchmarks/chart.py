@@ -39,8 +39,14 @@ def figures(record: dict) -> dict:
             "in-process": statistics.median(r["in_process"] for r in rounds),
         }
     infinity = record.get("infinity", {}).get("rps")
-    return {"date": record["date"], "commit": record["commit"], "releases": releases,
-            "infinity": infinity, "command": record["command"], "clients": record["clients"]}
+    return {
+        "date": record["date"],
+        "commit": record["commit"],
+        "releases": releases,
+        "infinity": infinity,
+        "command": record["command"],
+        "clients": record["clients"],
+    }
 
 
 def draw(records: list[dict], output: Path) -> None:
@@ -49,33 +55,48 @@ def draw(records: list[dict], output: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    matplotlib.rcParams.update({"svg.hashsalt": "hf2triton", "svg.fonttype": "none",
-                                "font.size": 9})
+    matplotlib.rcParams.update(
+        {"svg.hashsalt": "hf2triton", "svg.fonttype": "none", "font.size": 9}
+    )
     runs = [figures(r) for r in records]
-    fig, axes = plt.subplots(1, len(runs), figsize=(4.6 * len(runs), 3.6), sharey=True,
-                             squeeze=False)
-    top = max(max(max(f["served"], f["in-process"]) for f in run["releases"].values())
-              for run in runs)
+    fig, axes = plt.subplots(
+        1, len(runs), figsize=(4.6 * len(runs), 3.6), sharey=True, squeeze=False
+    )
+    top = max(
+        max(max(f["served"], f["in-process"]) for f in run["releases"].values()) for run in runs
+    )
     for ax, run in zip(axes[0], runs):
         names = list(run["releases"])
         x = range(len(names))
         served = [run["releases"][n]["served"] for n in names]
         limit = [run["releases"][n]["in-process"] for n in names]
-        bars = ax.bar([i - 0.2 for i in x], served, 0.4, color=COLOURS["served"],
-                      label="served (Triton, 64 gRPC clients)")
-        ax.bar([i + 0.2 for i in x], limit, 0.4, color=COLOURS["in-process"],
-               label="in-process limit")
+        bars = ax.bar(
+            [i - 0.2 for i in x],
+            served,
+            0.4,
+            color=COLOURS["served"],
+            label="served (Triton, 64 gRPC clients)",
+        )
+        ax.bar(
+            [i + 0.2 for i in x], limit, 0.4, color=COLOURS["in-process"], label="in-process limit"
+        )
         ax.bar_label(bars, fmt="%.0f", padding=2)
         ticks = [f"{LABELS.get(n, n)}\n{run['releases'][n]['variant']}" for n in names]
         if run["infinity"]:
-            inf = ax.bar([len(names)], [run["infinity"]], 0.4, color=COLOURS["infinity"],
-                         label="infinity-emb 0.0.78 (torch)")
+            inf = ax.bar(
+                [len(names)],
+                [run["infinity"]],
+                0.4,
+                color=COLOURS["infinity"],
+                label="infinity-emb 0.0.78 (torch)",
+            )
             ax.bar_label(inf, fmt="%.0f", padding=2)
             ticks.append("infinity-emb")
         ax.set_xticks(range(len(ticks)), ticks, fontsize=7)
         ax.set_ylim(0, top * 1.15)
-        ax.set_title(f"{run['date'][:16].replace('T', ' ')} UTC, commit {run['commit']}",
-                     fontsize=9)
+        ax.set_title(
+            f"{run['date'][:16].replace('T', ' ')} UTC, commit {run['commit']}", fontsize=9
+        )
         ax.grid(axis="y", alpha=0.3)
         ax.set_axisbelow(True)
     axes[0][0].set_ylabel("texts/s (median of rounds)")
@@ -108,24 +129,37 @@ def draw_generation(record: dict, output: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    matplotlib.rcParams.update({"svg.hashsalt": "hf2triton", "svg.fonttype": "none",
-                                "font.size": 9})
+    matplotlib.rcParams.update(
+        {"svg.hashsalt": "hf2triton", "svg.fonttype": "none", "font.size": 9}
+    )
     fig, (rate, ttft) = plt.subplots(1, 2, figsize=(9.2, 3.8))
     for way, per in record["results"].items():
         levels = sorted(per, key=int)
         if len(levels) < 2:  # one point (PyTorch one at a time): a marker, no line
-            rate.plot([int(x) for x in levels], [per[x]["tokens_per_s"] for x in levels], "o",
-                      label=way)
-            ttft.plot([int(x) for x in levels], [per[x]["ttft_p50_ms"] for x in levels], "o",
-                      label=way)
+            rate.plot(
+                [int(x) for x in levels], [per[x]["tokens_per_s"] for x in levels], "o", label=way
+            )
+            ttft.plot(
+                [int(x) for x in levels], [per[x]["ttft_p50_ms"] for x in levels], "o", label=way
+            )
             continue
-        rate.plot([int(x) for x in levels], [per[x]["tokens_per_s"] for x in levels],
-                  marker="o", label=way)
-        ttft.plot([int(x) for x in levels], [per[x]["ttft_p50_ms"] for x in levels],
-                  marker="o", label=way)
+        rate.plot(
+            [int(x) for x in levels],
+            [per[x]["tokens_per_s"] for x in levels],
+            marker="o",
+            label=way,
+        )
+        ttft.plot(
+            [int(x) for x in levels], [per[x]["ttft_p50_ms"] for x in levels], marker="o", label=way
+        )
         last = levels[-1]
-        rate.annotate(f"{per[last]['tokens_per_s']:.0f}", (int(last), per[last]["tokens_per_s"]),
-                      textcoords="offset points", xytext=(4, 0), fontsize=7)
+        rate.annotate(
+            f"{per[last]['tokens_per_s']:.0f}",
+            (int(last), per[last]["tokens_per_s"]),
+            textcoords="offset points",
+            xytext=(4, 0),
+            fontsize=7,
+        )
     for ax, label in ((rate, "generated tokens/s"), (ttft, "time to first token, p50 (ms)")):
         ax.set_xscale("log", base=2)
         ax.set_xticks(record["levels"], [str(x) for x in record["levels"]])
@@ -135,20 +169,35 @@ def draw_generation(record: dict, output: Path) -> None:
     ttft.set_yscale("log")
     handles, labels = rate.get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=3, frameon=False)
-    fig.suptitle(f"{record['model']}, every-length traffic, 2-core AMD EPYC; "
-                 f"{record['when'][:8]}, commit {record['commit']}", fontsize=10)
+    fig.suptitle(
+        f"{record['model']}, every-length traffic, 2-core AMD EPYC; "
+        f"{record['when'][:8]}, commit {record['commit']}",
+        fontsize=10,
+    )
     fig.tight_layout(rect=(0, 0.12, 1, 1))
     save(fig, output)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("results", nargs="*", type=Path,
-                        help="runtimes-*.json records (default: all in benchmarks/results)")
-    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT,
-                        help=f"the chart, .svg or .png (default: {DEFAULT_OUTPUT.relative_to(ROOT)})")
-    parser.add_argument("--generation", type=Path, metavar="RECORD",
-                        help="draw this generation-*.json record instead")
+    parser.add_argument(
+        "results",
+        nargs="*",
+        type=Path,
+        help="runtimes-*.json records (default: all in benchmarks/results)",
+    )
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=DEFAULT_OUTPUT,
+        help=f"the chart, .svg or .png (default: {DEFAULT_OUTPUT.relative_to(ROOT)})",
+    )
+    parser.add_argument(
+        "--generation",
+        type=Path,
+        metavar="RECORD",
+        help="draw this generation-*.json record instead",
+    )
     args = parser.parse_args(argv)
     if args.generation:
         draw_generation(json.loads(args.generation.read_text()), args.output)
@@ -156,8 +205,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     paths = args.results or sorted((ROOT / "benchmarks" / "results").glob("runtimes-*.json"))
     if not paths:
-        print("chart: no runtimes-*.json records: run benchmarks/served_runtimes.py first",
-              file=sys.stderr)
+        print(
+            "chart: no runtimes-*.json records: run benchmarks/served_runtimes.py first",
+            file=sys.stderr,
+        )
         return 2
     records = [json.loads(p.read_text()) for p in paths]
     draw(sorted(records, key=lambda r: r["date"]), args.output)

@@ -57,12 +57,13 @@ def traffic(tokenizer, n: int, max_new: int, seed: int = 0) -> list[tuple[str, i
         # Most prompts short, some long: lengths log-uniform between 3 and 240 words.
         length = int(np.exp(rng.uniform(np.log(3), np.log(240))))
         start = int(rng.integers(0, len(words) - length))
-        out.append((" ".join(words[start:start + length]), int(rng.integers(8, max_new + 1))))
+        out.append((" ".join(words[start : start + length]), int(rng.integers(8, max_new + 1))))
     return out
 
 
-def release(model_dir: Path, name: str, runtime: dict, home: Path, ports: dict,
-            max_new: int, max_rows: int) -> dict:
+def release(
+    model_dir: Path, name: str, runtime: dict, home: Path, ports: dict, max_new: int, max_rows: int
+) -> dict:
     """Release `model_dir` as `name` pinned to `runtime`, in a child process (its own
     Prefect, MLflow and the local Triton it leaves running)."""
     import yaml
@@ -72,22 +73,40 @@ def release(model_dir: Path, name: str, runtime: dict, home: Path, ports: dict,
     prompts = home.parent / "prompts.txt"
     prompts.write_text("\n".join(p for p, _ in traffic(None, 12, 16, seed=1)) + "\n")
     spec = write_spec(
-        home.parent / f"{name}.yaml", name=name, task="text-generation", embedding=None,
-        source__package=None, source__subdir=None, source__path=str(model_dir),
-        source__model_id="bench/qwen2", registry__model_name=name,
-        text_generation={"max_new_tokens": max_new, "max_context": 512, "max_rows": max_rows,
-                         "gate_tokens": 16},
-        runtime__candidates=[runtime], quantization__method="none",
-        validation__sentences=str(prompts), validation__smoke_sentences=4,
-        deploy__max_batch_size=max_rows, deploy__preferred_batch_sizes=[max_rows],
-        **{f"deploy__{k}": v for k, v in ports.items()})
+        home.parent / f"{name}.yaml",
+        name=name,
+        task="text-generation",
+        embedding=None,
+        source__package=None,
+        source__subdir=None,
+        source__path=str(model_dir),
+        source__model_id="bench/qwen2",
+        registry__model_name=name,
+        text_generation={
+            "max_new_tokens": max_new,
+            "max_context": 512,
+            "max_rows": max_rows,
+            "gate_tokens": 16,
+        },
+        runtime__candidates=[runtime],
+        quantization__method="none",
+        validation__sentences=str(prompts),
+        validation__smoke_sentences=4,
+        deploy__max_batch_size=max_rows,
+        deploy__preferred_batch_sizes=[max_rows],
+        **{f"deploy__{k}": v for k, v in ports.items()},
+    )
     data = yaml.safe_load(spec.read_text())
     data.pop("watch", None)
     spec.write_text(yaml.safe_dump(data, sort_keys=False))
     env = {**os.environ, "HF2TRITON_HOME": str(home), "HF_HUB_OFFLINE": "1"}
     env.pop("MLFLOW_TRACKING_URI", None)
-    proc = subprocess.run([str(ROOT / ".venv" / "bin" / "hf2triton"), "release", str(spec)],
-                          env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "hf2triton"), "release", str(spec)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode:
         raise SystemExit(f"release {name} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -133,10 +152,12 @@ class Served:
         before = (resource.getrusage(resource.RUSAGE_SELF), cpu_seconds(server))
         found = self._run(jobs, clients)
         after = (resource.getrusage(resource.RUSAGE_SELF), cpu_seconds(server))
-        client = (after[0].ru_utime + after[0].ru_stime) - (before[0].ru_utime +
-                                                            before[0].ru_stime)
-        return {**found, "client_cpu_s": round(client, 2),
-                "server_cpu_s": round(after[1] - before[1], 2)}
+        client = (after[0].ru_utime + after[0].ru_stime) - (before[0].ru_utime + before[0].ru_stime)
+        return {
+            **found,
+            "client_cpu_s": round(client, 2),
+            "server_cpu_s": round(after[1] - before[1], 2),
+        }
 
     def _run(self, jobs: list[tuple[str, int]], clients: int) -> dict:
         import tritonclient.grpc as grpcclient
@@ -150,8 +171,9 @@ class Served:
         def client() -> None:
             conn = grpcclient.InferenceServerClient(url=self.url)
             got: queue.Queue = queue.Queue()
-            conn.start_stream(callback=lambda result, error: got.put((result, error,
-                                                                     time.perf_counter())))
+            conn.start_stream(
+                callback=lambda result, error: got.put((result, error, time.perf_counter()))
+            )
             try:
                 while True:
                     try:
@@ -160,9 +182,10 @@ class Served:
                         return
                     inputs = []
                     for name, value, kind in (
-                            ("text_input", np.array([[prompt.encode()]], dtype=object), "BYTES"),
-                            ("max_tokens", np.array([[max_tokens]], np.int32), "INT32"),
-                            ("stream", np.array([[True]]), "BOOL")):
+                        ("text_input", np.array([[prompt.encode()]], dtype=object), "BYTES"),
+                        ("max_tokens", np.array([[max_tokens]], np.int32), "INT32"),
+                        ("stream", np.array([[True]]), "BOOL"),
+                    ):
                         x = grpcclient.InferInput(name, list(value.shape), kind)
                         x.set_data_from_numpy(value)
                         inputs.append(x)
@@ -201,9 +224,16 @@ class InProcess:
         scheduler.cache_size, scheduler.num_kv_blocks = 0, 0
         scheduler.max_num_seqs, scheduler.max_num_batched_tokens = max_rows, 512
         scheduler.dynamic_split_fuse = True
-        self.pipe = ovg.ContinuousBatchingPipeline(ir_dir, scheduler, "CPU", {
-            "INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32",
-            "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0"})
+        self.pipe = ovg.ContinuousBatchingPipeline(
+            ir_dir,
+            scheduler,
+            "CPU",
+            {
+                "INFERENCE_PRECISION_HINT": "f32",
+                "KV_CACHE_PRECISION": "f32",
+                "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0",
+            },
+        )
         self.eos = tokenizer.eos_token_id
         self.ids = 0
 
@@ -222,8 +252,7 @@ class InProcess:
             cfg.set_eos_token_id(self.eos)
             self.ids += 1
             ids = ov.Tensor(np.asarray([self.tok(prompt)["input_ids"]], np.int64))
-            live[self.ids] = (self.pipe.add_request(self.ids, ids, cfg), time.perf_counter(),
-                              [])
+            live[self.ids] = (self.pipe.add_request(self.ids, ids, cfg), time.perf_counter(), [])
 
         while todo or live:
             while todo and len(live) < clients:
@@ -256,26 +285,36 @@ class Torch:
         torch, records = self.torch, []
         started = time.perf_counter()
         for i in range(0, len(jobs), clients):
-            batch = jobs[i:i + clients]
+            batch = jobs[i : i + clients]
             enc = self.tok([p for p, _ in batch], return_tensors="pt", padding=True)
             sent = time.perf_counter()
             stamps: list[float] = []
 
             class Clock:  # when each step's tokens exist (the first call is the prompt)
+                def __init__(self, stamps: list[float]):
+                    self.stamps = stamps
+
                 def put(self, value):
-                    stamps.append(time.perf_counter())
+                    self.stamps.append(time.perf_counter())
 
                 def end(self):
                     pass
 
             with torch.inference_mode():
-                self.model.generate(**enc, do_sample=False, streamer=Clock() if clients == 1
-                                    else None, max_new_tokens=max(m for _, m in batch),
-                                    pad_token_id=self.tok.eos_token_id)
+                self.model.generate(
+                    **enc,
+                    do_sample=False,
+                    streamer=Clock(stamps) if clients == 1 else None,
+                    max_new_tokens=max(m for _, m in batch),
+                    pad_token_id=self.tok.eos_token_id,
+                )
             done = time.perf_counter()
             for _, max_tokens in batch:  # each request counts the tokens it asked for
-                times = stamps[1:1 + max_tokens] if clients == 1 else \
-                    list(np.linspace(sent, done, max_tokens + 1)[1:])
+                times = (
+                    stamps[1 : 1 + max_tokens]
+                    if clients == 1
+                    else list(np.linspace(sent, done, max_tokens + 1)[1:])
+                )
                 records.append((sent, times, max_tokens))
         return figures(records, time.perf_counter() - started)
 
@@ -294,13 +333,19 @@ def figures(records: list[tuple[float, list[float], int]], seconds: float) -> di
     ttft = [times[0] - sent for sent, times, _ in records if times]
     # Inter-token latency per request, as AIPerf counts it: (last token - first) / (tokens - 1)
     # (pieces gathered into one response under load arrive together).
-    itl = [(times[-1] - times[0]) / (len(times) - 1) for _, times, _ in records
-           if len(times) > 1]
+    itl = [(times[-1] - times[0]) / (len(times) - 1) for _, times, _ in records if len(times) > 1]
     tokens = sum(n for _, _, n in records)
     pct = lambda xs, q: round(float(np.percentile(xs, q)) * 1000, 1) if xs else None  # noqa: E731
-    return {"tokens_per_s": round(tokens / seconds, 1), "ttft_p50_ms": pct(ttft, 50),
-            "ttft_p99_ms": pct(ttft, 99), "itl_p50_ms": pct(itl, 50), "itl_p99_ms": pct(itl, 99),
-            "requests": len(records), "tokens": tokens, "seconds": round(seconds, 2)}
+    return {
+        "tokens_per_s": round(tokens / seconds, 1),
+        "ttft_p50_ms": pct(ttft, 50),
+        "ttft_p99_ms": pct(ttft, 99),
+        "itl_p50_ms": pct(itl, 50),
+        "itl_p99_ms": pct(itl, 99),
+        "requests": len(records),
+        "tokens": tokens,
+        "seconds": round(seconds, 2),
+    }
 
 
 def main() -> None:
@@ -322,22 +367,42 @@ def main() -> None:
     model_dir = args.model or build_qwen2(work / "qwen2-25m")
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     home = work / "home"
-    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port(),
-             "openai": {"port": free_port()}}
+    ports = {
+        "http_port": free_port(),
+        "grpc_port": free_port(),
+        "metrics_port": free_port(),
+        "openai": {"port": free_port()},
+    }
     rows = max(levels)
     released = {
-        "genai": release(model_dir, "bench-genai", {"name": "openvino-genai",
-                                                     "precision": "fp32"}, home, ports,
-                         args.max_new, rows),
-        "today": release(model_dir, "bench-today", {"name": "onnxruntime", "precision": "fp32"},
-                         home, ports, args.max_new, rows),
+        "genai": release(
+            model_dir,
+            "bench-genai",
+            {"name": "openvino-genai", "precision": "fp32"},
+            home,
+            ports,
+            args.max_new,
+            rows,
+        ),
+        "today": release(
+            model_dir,
+            "bench-today",
+            {"name": "onnxruntime", "precision": "fp32"},
+            home,
+            ports,
+            args.max_new,
+            rows,
+        ),
     }
     url = f"127.0.0.1:{ports['grpc_port']}"
-    ir_dir = next((home / "work" / "bench-genai" / "openvino-ir").glob("*/openvino_model.xml")
-                  ).parent
-    ways = {"genai (served)": Served(url, "bench-genai", home),
-            "today (served)": Served(url, "bench-today", home),
-            "genai in-process (limit)": InProcess(str(ir_dir), tok, rows)}
+    ir_dir = next(
+        (home / "work" / "bench-genai" / "openvino-ir").glob("*/openvino_model.xml")
+    ).parent
+    ways = {
+        "genai (served)": Served(url, "bench-genai", home),
+        "today (served)": Served(url, "bench-today", home),
+        "genai in-process (limit)": InProcess(str(ir_dir), tok, rows),
+    }
     if not args.skip_pytorch:
         ways["pytorch"] = Torch(model_dir)
     results: dict = {name: {} for name in ways}
@@ -355,8 +420,9 @@ def main() -> None:
                 print(name, c, json.dumps(results[name][str(c)]), flush=True)
             if "pytorch" in ways:
                 results.setdefault("pytorch batched", {})[str(c)] = ways["pytorch"].run(jobs, c)
-                print("pytorch batched", c, json.dumps(results["pytorch batched"][str(c)]),
-                      flush=True)
+                print(
+                    "pytorch batched", c, json.dumps(results["pytorch batched"][str(c)]), flush=True
+                )
     finally:
         env = {**os.environ, "HF2TRITON_HOME": str(home)}
         os.environ.update(env)
@@ -366,27 +432,44 @@ def main() -> None:
         x, y = results.get(a, {}).get(str(c)), results.get(b, {}).get(str(c))
         return round(x["tokens_per_s"] / y["tokens_per_s"], 2) if x and y else None
 
-    ratios = {f"genai_served_over_{other}_at_{c}": ratio("genai (served)", name, c)
-              for c in levels for other, name in (
-                  ("limit", "genai in-process (limit)"), ("today", "today (served)"),
-                  ("pytorch_batched", "pytorch batched"))}
+    ratios = {
+        f"genai_served_over_{other}_at_{c}": ratio("genai (served)", name, c)
+        for c in levels
+        for other, name in (
+            ("limit", "genai in-process (limit)"),
+            ("today", "today (served)"),
+            ("pytorch_batched", "pytorch batched"),
+        )
+    }
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip()
-    record = {"when": stamp, "commit": commit, "machine": platform.processor(),
-              "cpu": cpu_features(), "model": str(args.model or "random Qwen2 25M"),
-              "max_new_tokens": args.max_new, "levels": levels,
-              "shipped": {k: v["variant"] for k, v in released.items()},
-              "results": results, "ratios": ratios}
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    record = {
+        "when": stamp,
+        "commit": commit,
+        "machine": platform.processor(),
+        "cpu": cpu_features(),
+        "model": str(args.model or "random Qwen2 25M"),
+        "max_new_tokens": args.max_new,
+        "levels": levels,
+        "shipped": {k: v["variant"] for k, v in released.items()},
+        "results": results,
+        "ratios": ratios,
+    }
     out = ROOT / "benchmarks" / "results"
     out.mkdir(parents=True, exist_ok=True)
     (out / f"generation-{stamp}.json").write_text(json.dumps(record, indent=1))
-    lines = ["| way | streams | tokens/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| way | streams | tokens/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, per in results.items():
         for c, r in per.items():
-            lines.append(f"| {name} | {c} | {r['tokens_per_s']} | {r['ttft_p50_ms']} | "
-                         f"{r['ttft_p99_ms']} | {r['itl_p50_ms']} | {r['itl_p99_ms']} |")
+            lines.append(
+                f"| {name} | {c} | {r['tokens_per_s']} | {r['ttft_p50_ms']} | "
+                f"{r['ttft_p99_ms']} | {r['itl_p50_ms']} | {r['itl_p99_ms']} |"
+            )
     lines += ["", *(f"- {k}: {v}x" for k, v in ratios.items() if v is not None)]
     (out / f"generation-{stamp}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

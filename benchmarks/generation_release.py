@@ -39,8 +39,12 @@ def spec_for(model_dir: Path, work: Path) -> Path:
     spec["name"] = spec["registry"]["model_name"] = "bench-qwen2-25m"
     spec["text_generation"].update(max_new_tokens=96, max_context=512)
     spec["validation"]["sentences"] = str(ROOT / "releases" / "data" / "generation-prompts.txt")
-    spec["deploy"].update(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                          openai={"port": free_port()})
+    spec["deploy"].update(
+        http_port=free_port(),
+        grpc_port=free_port(),
+        metrics_port=free_port(),
+        openai={"port": free_port()},
+    )
     spec.pop("watch", None)
     path = work / "spec.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
@@ -68,8 +72,11 @@ print("RESULT " + json.dumps({{"seconds": round(seconds, 1), "variant": summary[
     env = {**os.environ, "HF2TRITON_HOME": str(home), "HF_HUB_OFFLINE": "1"}
     env.pop("MLFLOW_TRACKING_URI", None)
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    steps = [line for line in proc.stderr.splitlines() if "validate:" in line or
-             "Finished in state" in line]
+    steps = [
+        line
+        for line in proc.stderr.splitlines()
+        if "validate:" in line or "Finished in state" in line
+    ]
     found = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode or not found:
         raise SystemExit(f"the release failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
@@ -78,8 +85,9 @@ print("RESULT " + json.dumps({{"seconds": round(seconds, 1), "variant": summary[
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, help="a causal LM directory (default: the random "
-                        "25M Qwen2)")
+    parser.add_argument(
+        "--model", type=Path, help="a causal LM directory (default: the random 25M Qwen2)"
+    )
     args = parser.parse_args()
     from hf2triton.util.cpu import cpu_features
     from tests.tiny_models import build_qwen2
@@ -89,13 +97,21 @@ def main() -> None:
     started = time.perf_counter()
     result = release(spec_for(model_dir, work), work / "home")
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip()
-    record = {"when": stamp, "commit": commit, "machine": platform.processor(),
-              "cpu": cpu_features(), "model": str(args.model or "random Qwen2 25M"),
-              "wall_seconds": round(time.perf_counter() - started, 1), **result,
-              "children_peak_rss_mb": round(
-                  resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)}
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    record = {
+        "when": stamp,
+        "commit": commit,
+        "machine": platform.processor(),
+        "cpu": cpu_features(),
+        "model": str(args.model or "random Qwen2 25M"),
+        "wall_seconds": round(time.perf_counter() - started, 1),
+        **result,
+        "children_peak_rss_mb": round(
+            resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+        ),
+    }
     out = ROOT / "benchmarks" / "results"
     out.mkdir(parents=True, exist_ok=True)
     (out / f"generation-release-{stamp}.json").write_text(json.dumps(record, indent=1))

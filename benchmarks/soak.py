@@ -50,14 +50,20 @@ def release(home: Path) -> tuple[str, int, str]:
     spec = yaml.safe_load((ROOT / "releases" / "minilm-embedder.yaml").read_text())
     spec["validation"]["sentences"] = str(ROOT / "releases" / "data" / "embedding-validation.txt")
     http, grpc, metrics, api = free_ports(4)
-    spec["deploy"].update(http_port=http, grpc_port=grpc, metrics_port=metrics,
-                          openai={"port": api})
+    spec["deploy"].update(
+        http_port=http, grpc_port=grpc, metrics_port=metrics, openai={"port": api}
+    )
     spec.pop("schedule", None)
     path = home / "soak-spec.yaml"
     path.write_text(yaml.safe_dump(spec))
     env = {**os.environ, "HF2TRITON_HOME": str(home)}
-    proc = subprocess.run([str(Path(sys.executable).parent / "hf2triton"), "release", str(path)],
-                          env=env, capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "hf2triton"), "release", str(path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     if proc.returncode != 0:
         sys.exit(f"release failed: {proc.stderr[-2000:]}")
     summary = json.loads(proc.stdout)
@@ -65,10 +71,16 @@ def release(home: Path) -> tuple[str, int, str]:
     return summary["endpoint"]["grpc"], state["pid"], summary["endpoint"]["model"]
 
 
-async def soak(url: str, model: str, pid: int, clients: int, seconds: float, warmup: float,
-               window: float) -> dict:
-    sentences = [line for line in (ROOT / "releases" / "data" / "embedding-validation.txt")
-                 .read_text().splitlines() if 3 <= len(line.split()) <= 40]
+async def soak(
+    url: str, model: str, pid: int, clients: int, seconds: float, warmup: float, window: float
+) -> dict:
+    sentences = [
+        line
+        for line in (ROOT / "releases" / "data" / "embedding-validation.txt")
+        .read_text()
+        .splitlines()
+        if 3 <= len(line.split()) <= 40
+    ]
     loop = asyncio.get_running_loop()
     started = loop.time()
     memory: list[tuple[float, float]] = []
@@ -86,7 +98,7 @@ async def soak(url: str, model: str, pid: int, clients: int, seconds: float, war
         call = TritonGrpc(url, model, output="EMBEDDING")
         try:
             # Every request counts, warm-up included: the windows show the warm-up apart.
-            return await closed_loop(call, sentences, clients, seconds, max_errors=10 ** 9)
+            return await closed_loop(call, sentences, clients, seconds, max_errors=10**9)
         finally:
             done.set()
             await call.close()
@@ -100,15 +112,23 @@ async def soak(url: str, model: str, pid: int, clients: int, seconds: float, war
     for lo in np.arange(0, seconds, window):
         ms = [m for t, m in latencies if lo <= t < lo + window]
         if ms:
-            windows.append({"from_s": float(lo), "requests": len(ms),
-                            "rps": round(len(ms) / window, 1),
-                            "p50_ms": round(float(np.percentile(ms, 50)), 1),
-                            "p99_ms": round(float(np.percentile(ms, 99)), 1)})
+            windows.append(
+                {
+                    "from_s": float(lo),
+                    "requests": len(ms),
+                    "rps": round(len(ms) / window, 1),
+                    "p50_ms": round(float(np.percentile(ms, 50)), 1),
+                    "p99_ms": round(float(np.percentile(ms, 99)), 1),
+                }
+            )
     after_warmup = next((m for t, m in memory if t >= warmup), memory[0][1])
     steady = [w["p99_ms"] for w in windows if w["from_s"] >= warmup]
     return {
-        "clients": clients, "seconds": seconds, "requests": len(latencies),
-        "failed": found.errors, "failures": failures,
+        "clients": clients,
+        "seconds": seconds,
+        "requests": len(latencies),
+        "failed": found.errors,
+        "failures": failures,
         "rps": round(len(latencies) / seconds, 1),
         "p50_ms": round(float(np.percentile([m for _, m in latencies], 50)), 1),
         "p99_ms": round(float(np.percentile([m for _, m in latencies], 99)), 1),
@@ -117,7 +137,8 @@ async def soak(url: str, model: str, pid: int, clients: int, seconds: float, war
         "memory_growth": round(memory[-1][1] / after_warmup - 1, 4),
         "p99_steady_min_ms": min(steady) if steady else None,
         "p99_steady_max_ms": max(steady) if steady else None,
-        "windows": windows, "memory": memory,
+        "windows": windows,
+        "memory": memory,
     }
 
 
@@ -142,26 +163,41 @@ def main() -> int:
         home = Path(tempfile.mkdtemp(prefix="hf2triton-soak-"))
         url, pid, model = release(home)
     try:
-        result = asyncio.run(soak(url, model, pid, args.clients, args.minutes * 60,
-                                  args.warmup_seconds, args.window_seconds))
+        result = asyncio.run(
+            soak(
+                url,
+                model,
+                pid,
+                args.clients,
+                args.minutes * 60,
+                args.warmup_seconds,
+                args.window_seconds,
+            )
+        )
     finally:
         if home is not None:
-            subprocess.run([str(Path(sys.executable).parent / "hf2triton"), "server", "stop"],
-                           env={**os.environ, "HF2TRITON_HOME": str(home)}, capture_output=True)
+            subprocess.run(
+                [str(Path(sys.executable).parent / "hf2triton"), "server", "stop"],
+                env={**os.environ, "HF2TRITON_HOME": str(home)},
+                capture_output=True,
+            )
     result["date"] = datetime.now(UTC).isoformat(timespec="seconds")
     result["load_average"] = Path("/proc/loadavg").read_text().split()[:3]
     RESULTS.mkdir(parents=True, exist_ok=True)
     stem = RESULTS / f"soak-{result['date'][:10]}"
     stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
-    table = "\n".join(f"| {w['from_s']:.0f} | {w['rps']} | {w['p50_ms']} | {w['p99_ms']} |"
-                      for w in result["windows"])
+    table = "\n".join(
+        f"| {w['from_s']:.0f} | {w['rps']} | {w['p50_ms']} | {w['p99_ms']} |"
+        for w in result["windows"]
+    )
     stem.with_suffix(".md").write_text(
         f"# Soak {result['date']}: {args.clients} clients, {args.minutes:g} min\n\n"
         f"requests {result['requests']}, failed {result['failed']}, {result['rps']} req/s, "
         f"p50 {result['p50_ms']} ms, p99 {result['p99_ms']} ms; memory after warm-up "
         f"{result['memory_mb_after_warmup']} MB, at the end {result['memory_mb_end']} MB "
         f"(growth {result['memory_growth']:+.1%}); load average {result['load_average']}\n\n"
-        f"| from s | req/s | p50 ms | p99 ms |\n|---|---|---|---|\n{table}\n")
+        f"| from s | req/s | p50 ms | p99 ms |\n|---|---|---|---|\n{table}\n"
+    )
     print(json.dumps({k: v for k, v in result.items() if k not in ("windows", "memory")}))
     return 1 if result["failed"] else 0
 

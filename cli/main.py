@@ -59,8 +59,10 @@ def _run_release(spec) -> int:
     except KeyboardInterrupt:
         return _fail("interrupted; finished steps are kept and a re-run reuses them", 130)
     except Exception as exc:  # noqa: BLE001 - the last line of defence prints one line
-        return _fail(f"[UNEXPECTED] {type(exc).__name__}: {exc}. Re-run with "
-                     "PREFECT_LOGGING_LEVEL=DEBUG for details and report it.")
+        return _fail(
+            f"[UNEXPECTED] {type(exc).__name__}: {exc}. Re-run with "
+            "PREFECT_LOGGING_LEVEL=DEBUG for details and report it."
+        )
     print(json.dumps(summary, sort_keys=False), flush=True)
     return 0
 
@@ -73,8 +75,11 @@ def _server(args: argparse.Namespace) -> int:
         print(json.dumps(info, indent=1))
         return 0 if info["running"] else 3
     stopped = triton_local.stop_server()
-    print(f"stopped tritonserver pid {stopped.pid} and the OpenAI-compatible API beside it"
-          if stopped else "no local Triton server runs")
+    print(
+        f"stopped tritonserver pid {stopped.pid} and the OpenAI-compatible API beside it"
+        if stopped
+        else "no local Triton server runs"
+    )
     return 0
 
 
@@ -90,8 +95,9 @@ def _deployments(args: argparse.Namespace) -> int:
         return _fail(str(exc), 2)
     if args.check:
         if not target.is_file() or target.read_text() != text:
-            return _fail(f"{target} is out of date with releases/: run `hf2triton deployments "
-                         "render`")
+            return _fail(
+                f"{target} is out of date with releases/: run `hf2triton deployments render`"
+            )
         return 0
     target.write_text(text)
     print(f"wrote {target}", file=sys.stderr)
@@ -127,9 +133,12 @@ def _store(args: argparse.Namespace) -> int:
     except SpecError as exc:
         return _fail(str(exc), 2)
     if store is None or not store.shared:
-        return _fail(f"{args.spec}: deploy.model_store is "
-                     f"{store.kind if store else 'not read by this target'!r}; `store init` "
-                     "prepares a store that servers share (kind s3)", 2)
+        return _fail(
+            f"{args.spec}: deploy.model_store is "
+            f"{store.kind if store else 'not read by this target'!r}; `store init` "
+            "prepares a store that servers share (kind s3)",
+            2,
+        )
     try:
         store.prepare()
     except Hf2TritonError as exc:
@@ -149,13 +158,17 @@ def _image(args: argparse.Namespace) -> int:
     except SpecError as exc:
         return _fail(str(exc), 2)
     # The version and release key are only known after registration: the tag shown is a sample.
-    target = image_target(spec.image, spec.image_repository, "VERSION", "0" * 64,
-                          spec.deploy.device)
+    target = image_target(
+        spec.image, spec.image_repository, "VERSION", "0" * 64, spec.deploy.device
+    )
     out = Path(args.output)
     for path in render_context(target, out):
         print(f"wrote {path}", file=sys.stderr)
-    print(f"build it (once the release's wheelhouse/ and model_repository/ are beside it): "
-          f"docker build --build-arg BASE_IMAGE={target['base_image']} {out}", file=sys.stderr)
+    print(
+        f"build it (once the release's wheelhouse/ and model_repository/ are beside it): "
+        f"docker build --build-arg BASE_IMAGE={target['base_image']} {out}",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -201,8 +214,11 @@ def _status(args: argparse.Namespace) -> int:
     from hf2triton.watch import status
 
     try:
-        specs = [_release_spec(args.release)] if args.release else \
-            [parse_spec(data) for data in status.remembered()]
+        specs = (
+            [_release_spec(args.release)]
+            if args.release
+            else [parse_spec(data) for data in status.remembered()]
+        )
     except SpecError as exc:
         return _fail(str(exc), 2)
     if not specs:
@@ -249,34 +265,65 @@ def main(argv: list[str] | None = None) -> int:
     sch = sub.add_parser("schema", help="print the release spec's JSON Schema (for editors)")
     sch.add_argument("--training", action="store_true", help="the training spec's instead")
     sch.add_argument("--output", metavar="FILE", help="write it to FILE instead of stdout")
-    sch.add_argument("--check", metavar="FILE", nargs="?", const="",
-                     help="fail if FILE (default: the committed schema/*.json) is stale")
+    sch.add_argument(
+        "--check",
+        metavar="FILE",
+        nargs="?",
+        const="",
+        help="fail if FILE (default: the committed schema/*.json) is stale",
+    )
     sch.set_defaults(func=_schema)
     sto = sub.add_parser("store", help="the spec's S3 model store")
-    sto.add_argument("action", choices=["init"], help="init: check the bucket and credentials and "
-                     "create the repository folder Triton replicas start on")
+    sto.add_argument(
+        "action",
+        choices=["init"],
+        help="init: check the bucket and credentials and "
+        "create the repository folder Triton replicas start on",
+    )
     sto.add_argument("spec", help="release spec YAML with deploy.model_store kind s3")
     sto.set_defaults(func=_store)
     img = sub.add_parser("image", help="the spec's serving image, without building it")
-    img.add_argument("action", choices=["render"], help="render: write its Dockerfile, the "
-                     "requirement lists it installs from the wheelhouse and its build arguments")
+    img.add_argument(
+        "action",
+        choices=["render"],
+        help="render: write its Dockerfile, the "
+        "requirement lists it installs from the wheelhouse and its build arguments",
+    )
     img.add_argument("spec", help="release spec YAML (deploy.device picks the CPU or GPU image)")
-    img.add_argument("--output", metavar="DIR", default="image-context",
-                     help="where to write them (default: ./image-context)")
+    img.add_argument(
+        "--output",
+        metavar="DIR",
+        default="image-context",
+        help="where to write them (default: ./image-context)",
+    )
     img.set_defaults(func=_image)
-    st = sub.add_parser("status", help="every release this home has run, as a table: champion, "
-                        "candidate, what serves where, the watch's verdict; or one in full")
-    st.add_argument("release", nargs="?", help="one release: its spec YAML, its name in "
-                    "releases/, or the name of a release this home has run")
+    st = sub.add_parser(
+        "status",
+        help="every release this home has run, as a table: champion, "
+        "candidate, what serves where, the watch's verdict; or one in full",
+    )
+    st.add_argument(
+        "release",
+        nargs="?",
+        help="one release: its spec YAML, its name in "
+        "releases/, or the name of a release this home has run",
+    )
     st.add_argument("--json", action="store_true", help="the status objects, for scripts")
     st.set_defaults(func=_status)
-    rb = sub.add_parser("rollback", help="serve the previous champion again (checked before the "
-                        "alias moves back)")
+    rb = sub.add_parser(
+        "rollback", help="serve the previous champion again (checked before the alias moves back)"
+    )
     rb.add_argument("release", help="release spec YAML, or its name in releases/")
-    rb.add_argument("--to", metavar="VERSION", help="the version to serve (default: the one "
-                    "the champion replaced)")
-    rb.add_argument("--reason", default="rolled back by hand (hf2triton rollback)",
-                    help="why, recorded on the MLflow version rolled back from")
+    rb.add_argument(
+        "--to",
+        metavar="VERSION",
+        help="the version to serve (default: the one the champion replaced)",
+    )
+    rb.add_argument(
+        "--reason",
+        default="rolled back by hand (hf2triton rollback)",
+        help="why, recorded on the MLflow version rolled back from",
+    )
     rb.set_defaults(func=_rollback)
     args = parser.parse_args(argv)
     # The tokenizers thread pool warns (and can deadlock) once Prefect forks workers.

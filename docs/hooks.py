@@ -54,8 +54,14 @@ class _Reference:
 
     # -- sections
 
-    def _section(self, path: str, node: dict[str, Any], title: str, anchor: str = "",
-                 skip: frozenset[str] = frozenset()) -> None:
+    def _section(
+        self,
+        path: str,
+        node: dict[str, Any],
+        title: str,
+        anchor: str = "",
+        skip: frozenset[str] = frozenset(),
+    ) -> None:
         self.out += [f"## {title} {{ #{anchor or self._anchor(path or 'top-level')} }}", ""]
         if node.get("description"):
             self.out += [_escape(" ".join(node["description"].split())), ""]
@@ -66,9 +72,14 @@ class _Reference:
             if key in skip:
                 continue
             key_path = f"{path}.{key}" if path else key
-            rows.append((f"`{key_path}`", self._type(key_path, prop, nested),
-                         self._default(key, prop, required),
-                         _escape(" ".join(self._description(prop).split()))))
+            rows.append(
+                (
+                    f"`{key_path}`",
+                    self._type(key_path, prop, nested),
+                    self._default(key, prop, required),
+                    _escape(" ".join(self._description(prop).split())),
+                )
+            )
         if rows:
             self.out += ["| key | type | default | description |", "| --- | --- | --- | --- |"]
             self.out += ["| " + " | ".join(row) + " |" for row in rows]
@@ -95,34 +106,51 @@ class _Reference:
         # In the order the code lists them (the default first), not the mapping's A-Z.
         variants = {value_of[v["$ref"]]: v["$ref"].rsplit("/", 1)[1] for v in node["oneOf"]}
         schemas = [self.defs[name] for name in variants.values()]
-        shared = {key: prop for key, prop in schemas[0].get("properties", {}).items()
-                  if key != tag and all(s.get("properties", {}).get(key) == prop
-                                        for s in schemas[1:])}
-        common = {"description": f"`{path}` is one section per `{tag}`; these keys are read "
-                  f"whatever the `{tag}`.", "properties": shared}
+        shared = {
+            key: prop
+            for key, prop in schemas[0].get("properties", {}).items()
+            if key != tag and all(s.get("properties", {}).get(key) == prop for s in schemas[1:])
+        }
+        common = {
+            "description": f"`{path}` is one section per `{tag}`; these keys are read "
+            f"whatever the `{tag}`.",
+            "properties": shared,
+        }
         self._section(path, common, f"`{path}`: every `{tag}`")
         for value, name in variants.items():
             anchor = self._anchor(f"{path}-{tag}-{value}")
             self.anchor_of.setdefault(name, anchor)
-            self._section(path, self.defs[name], f"`{path}` with `{tag}: {value}`", anchor,
-                          skip=frozenset(shared))
+            self._section(
+                path,
+                self.defs[name],
+                f"`{path}` with `{tag}: {value}`",
+                anchor,
+                skip=frozenset(shared),
+            )
 
     def _keyed_union(self, path: str, node: dict[str, Any]) -> None:
         """A section that is the variant whose own key it holds (a source): the keys every
         variant shares first, then each variant's own."""
         variants = {key: ref.rsplit("/", 1)[1] for key, ref in node["x-chosen-by-key"].items()}
         schemas = [self.defs[name] for name in variants.values()]
-        shared = {key: prop for key, prop in schemas[0].get("properties", {}).items()
-                  if all(s.get("properties", {}).get(key) == prop for s in schemas[1:])}
-        common = {"description": f"`{path}` holds exactly one of "
-                  f"{', '.join(f'`{k}`' for k in variants)}, which says what else it may hold; "
-                  "these keys it may hold whichever it is.", "properties": shared}
+        shared = {
+            key: prop
+            for key, prop in schemas[0].get("properties", {}).items()
+            if all(s.get("properties", {}).get(key) == prop for s in schemas[1:])
+        }
+        common = {
+            "description": f"`{path}` holds exactly one of "
+            f"{', '.join(f'`{k}`' for k in variants)}, which says what else it may hold; "
+            "these keys it may hold whichever it is.",
+            "properties": shared,
+        }
         self._section(path, common, f"`{path}`: every kind")
         for key, name in variants.items():
             anchor = self._anchor(f"{path}-{key}")
             self.anchor_of.setdefault(name, anchor)
-            self._section(path, self.defs[name], f"`{path}` with `{key}`", anchor,
-                          skip=frozenset(shared))
+            self._section(
+                path, self.defs[name], f"`{path}` with `{key}`", anchor, skip=frozenset(shared)
+            )
 
     def _anchor(self, path: str) -> str:
         return self.prefix + _anchor(path)
@@ -138,8 +166,10 @@ class _Reference:
                 nested.append((path, prop))
             first = self.union_at[variants]
             value_of = {ref: value for value, ref in prop["discriminator"]["mapping"].items()}
-            values = ", ".join(f"[`{value}`](#{self._anchor(f'{first}-{tag}-{value}')})"
-                               for value in (value_of[ref] for ref in variants))
+            values = ", ".join(
+                f"[`{value}`](#{self._anchor(f'{first}-{tag}-{value}')})"
+                for value in (value_of[ref] for ref in variants)
+            )
             return f"section, by `{tag}`: {values}"
         if "oneOf" in prop and "x-chosen-by-key" in prop:
             variants = tuple(o["$ref"] for o in prop["oneOf"])
@@ -147,12 +177,16 @@ class _Reference:
                 self.union_at[variants] = path
                 nested.append((path, prop))
             first = self.union_at[variants]
-            keys = ", ".join(f"[`{key}`](#{self._anchor(f'{first}-{key}')})"
-                             for key in prop["x-chosen-by-key"])
+            keys = ", ".join(
+                f"[`{key}`](#{self._anchor(f'{first}-{key}')})" for key in prop["x-chosen-by-key"]
+            )
             return f"section, by the key it holds: {keys}"
         options = prop.get("anyOf", [prop])
-        parts = [self._plain_type(path, option, nested) for option in options
-                 if option.get("type") != "null"]
+        parts = [
+            self._plain_type(path, option, nested)
+            for option in options
+            if option.get("type") != "null"
+        ]
         nullable = len(parts) < len(options)
         return " or ".join(parts) + (" or `null`" if nullable else "")
 
@@ -199,9 +233,12 @@ class _Reference:
         section = self.defs[refs[0].rsplit("/", 1)[1]] if refs else {}
         text = " ".join(section.get("description", "").split())
         # A sentence ends at ". " before a capital or code, outside code spans ("e.g. a" does not).
-        ends = [m.end() for m in re.finditer(r"\.\s(?=[A-Z`])", text)
-                if text[:m.start()].count("`") % 2 == 0]
-        return text[:ends[0]].strip() if ends else text
+        ends = [
+            m.end()
+            for m in re.finditer(r"\.\s(?=[A-Z`])", text)
+            if text[: m.start()].count("`") % 2 == 0
+        ]
+        return text[: ends[0]].strip() if ends else text
 
 
 def _bounds(node: dict[str, Any]) -> str:
@@ -211,15 +248,18 @@ def _bounds(node: dict[str, Any]) -> str:
     high_op = "<" if "exclusiveMaximum" in node else "<="
     if low is not None and high is not None and low_op == ">=" and high_op == "<=":
         return f" ({low} to {high})"
-    bounds = [f"{low_op} {low}" if low is not None else "",
-              f"{high_op} {high}" if high is not None else ""]
+    bounds = [
+        f"{low_op} {low}" if low is not None else "",
+        f"{high_op} {high}" if high is not None else "",
+    ]
     shown = ", ".join(b for b in bounds if b)
     return _escape(f" ({shown})") if shown else ""
 
 
 def _one_of(values: list[Any]) -> str:
-    return "one of " + ", ".join(f"`{json.dumps(v) if not isinstance(v, str) else v}`"
-                                 for v in values)
+    return "one of " + ", ".join(
+        f"`{json.dumps(v) if not isinstance(v, str) else v}`" for v in values
+    )
 
 
 def _anchor(path: str) -> str:
@@ -230,8 +270,12 @@ def _escape(text: str) -> str:
     """Text for a table cell: Markdown's special characters outside code spans are literal."""
     parts = text.split("`")
     for i in range(0, len(parts), 2):  # even parts lie outside code spans
-        parts[i] = (re.sub(r"([\\*_\[\]{}])", r"\\\1", parts[i]).replace("<", "&lt;")
-                    .replace(">", "&gt;").replace("|", "&#124;"))
+        parts[i] = (
+            re.sub(r"([\\*_\[\]{}])", r"\\\1", parts[i])
+            .replace("<", "&lt;")
+            .replace(">", "&gt;")
+            .replace("|", "&#124;")
+        )
     return "`".join(parts)
 
 
@@ -256,8 +300,10 @@ def error_codes() -> str:
     for cls in _error_classes():
         meaning = _escape(" ".join((cls.__doc__ or "").split()))
         retried = "yes" if cls.retryable else "no"
-        rows.append(f"| `{cls.code}` | {cls.exit_code} | {retried} | {meaning} | "
-                    f"[what to do](#{cls.code.lower()}) |")
+        rows.append(
+            f"| `{cls.code}` | {cls.exit_code} | {retried} | {meaning} | "
+            f"[what to do](#{cls.code.lower()}) |"
+        )
     return "\n".join(rows) + "\n"
 
 
@@ -268,9 +314,11 @@ def _check_every_code_has_a_remedy(markdown: str, page: str) -> None:
     headed = set(re.findall(r"^### `?([A-Z0-9_]+)`?\s*$", markdown, re.M))
     missing, unknown = codes - headed, headed - codes - {"UNEXPECTED"}
     if missing or unknown:
-        raise PluginError(f"{page}: error codes without a '### CODE' section: {sorted(missing)}; "
-                          f"sections for codes hf2triton/errors.py does not define: "
-                          f"{sorted(unknown)}")
+        raise PluginError(
+            f"{page}: error codes without a '### CODE' section: {sorted(missing)}; "
+            f"sections for codes hf2triton/errors.py does not define: "
+            f"{sorted(unknown)}"
+        )
 
 
 GENERATED = {

@@ -35,7 +35,8 @@ from hf2triton.watch.status import remember
 @flow(name="release-model", log_prints=False, validate_parameters=False)
 def release_model(spec: ReleaseSpec | dict[str, Any]) -> dict[str, Any]:
     """Release one model as `spec` describes; returns the release summary. A second run of the
-    same release waits for this one (hf2triton.orchestration.locks), then reuses its finished steps."""
+    same release waits for this one (hf2triton.orchestration.locks), then reuses its finished
+    steps."""
     spec = parse_spec(spec)
     with release_lock(spec.name):  # held for the whole release, the watch after it included
         return _release(spec)
@@ -52,10 +53,22 @@ def _release(spec: ReleaseSpec) -> dict[str, Any]:
 
     src = fetch(spec.source)
     exp = export(kind, src, spec.export, data, work)
-    variants = quantize(kind, src["model_dir"], exp, spec.quantization, runtimes,
-                        kind.calibration(data), work)
-    val = validate(kind, src["model_dir"], exp, variants, data, spec.quantization, spec.deploy,
-                   runtimes, work, spec.validation, spec.registry.model_name)
+    variants = quantize(
+        kind, src["model_dir"], exp, spec.quantization, runtimes, kind.calibration(data), work
+    )
+    val = validate(
+        kind,
+        src["model_dir"],
+        exp,
+        variants,
+        data,
+        spec.quantization,
+        spec.deploy,
+        runtimes,
+        work,
+        spec.validation,
+        spec.registry.model_name,
+    )
     tuned = tune(kind, spec.triton_model_name, val, exp, data, spec.deploy, work)
     repo = repository(kind, spec.triton_model_name, val, exp, data, spec.deploy, tuned, work)
     record = release_record(spec, src, exp, variants, val, tuned, repo)
@@ -70,9 +83,18 @@ def _release(spec: ReleaseSpec) -> dict[str, Any]:
         dep = promote(target, dep, reg, figures)
     retire(target, dep)
 
-    result = summary(spec, src, val, reg, image, target.summary(dep), figures,
-                     reused_steps(exp=exp, quantize=variants[0], validate=val,
-                                  repository=repo, register=reg, deploy=dep))
+    result = summary(
+        spec,
+        src,
+        val,
+        reg,
+        image,
+        target.summary(dep),
+        figures,
+        reused_steps(
+            exp=exp, quantize=variants[0], validate=val, repository=repo, register=reg, deploy=dep
+        ),
+    )
     report(kind, result, val, reg["experiment_id"])
     result["watch"] = after_release(spec)  # its first minutes watched (docs/watch.md)
     return result

@@ -24,5 +24,9 @@ def train_classifier(spec: TrainingSpec | dict[str, Any]) -> dict[str, Any]:
     trained = train(src, spec, work_dir(spec.name))
     registered = log_model(trained, spec, tracking_uri())
     announce(registered, trained, spec)
-    return {**registered, "train_accuracy": trained["train_accuracy"],
-            "eval_accuracy": trained["eval_accuracy"], "reused": trained["reused"]}
+    return {
+        **registered,
+        "train_accuracy": trained["train_accuracy"],
+        "eval_accuracy": trained["eval_accuracy"],
+        "reused": trained["reused"],
+    }

@@ -1,4 +1,5 @@
-"""The watch's flows, each also a Prefect deployment (hf2triton.orchestration.deployments): `watch-release`
+"""The watch's flows, each also a Prefect deployment (hf2triton.orchestration.deployments):
+`watch-release`
 looks at what a release serves and publishes it, and on a breach emits an event (and, in the
 window, rolls back itself when nothing else answers the event); `rollback-release` is the
 rollback the event's automation and `hf2triton rollback` run; `release-status` reports champion,
@@ -21,8 +22,11 @@ from hf2triton.watch import observe, rollback, status
 
 
 @flow(name="watch-release", log_prints=False, validate_parameters=False)
-def watch_release(spec: ReleaseSpec | dict[str, Any], duration_s: float = 0,
-                  act: Literal["rollback", "event"] = "rollback") -> list[observe.Look]:
+def watch_release(
+    spec: ReleaseSpec | dict[str, Any],
+    duration_s: float = 0,
+    act: Literal["rollback", "event"] = "rollback",
+) -> list[observe.Look]:
     """Look every `watch.interval_s` for `duration_s` (at least once, and on until a breach is
     confirmed or gone). A breach seen `watch.confirm_looks` looks in a row emits
     `hf2triton.watch.breach`; in the window, `act: rollback` rolls back here (a local release),
@@ -32,9 +36,12 @@ def watch_release(spec: ReleaseSpec | dict[str, Any], duration_s: float = 0,
 
 
 @flow(name="rollback-release", log_prints=False, validate_parameters=False)
-def rollback_release(spec: ReleaseSpec | dict[str, Any], to: str | None = None,
-                     reason: str = "rolled back by hand", only_if_champion: str | None = None
-                     ) -> dict[str, Any]:
+def rollback_release(
+    spec: ReleaseSpec | dict[str, Any],
+    to: str | None = None,
+    reason: str = "rolled back by hand",
+    only_if_champion: str | None = None,
+) -> dict[str, Any]:
     """`hf2triton rollback` as a deployment, and what the watch's breach event starts."""
     spec = parse_spec(spec)
     done = rollback.roll_back(spec, reason, to=to, only_if_champion=only_if_champion or None)
@@ -58,14 +65,19 @@ def after_release(spec: ReleaseSpec) -> dict[str, Any]:
     try:
         name = deployment_tagged("watch-release", release_tag(spec.name))
         if name is not None:
-            run = run_deployment(name, parameters={"duration_s": spec.watch.window_s},
-                                 timeout=0, as_subflow=False)
-            log.info("watch: started %s (flow run %s) for %.0f s", name, run.id,
-                     spec.watch.window_s)
+            run = run_deployment(
+                name, parameters={"duration_s": spec.watch.window_s}, timeout=0, as_subflow=False
+            )
+            log.info(
+                "watch: started %s (flow run %s) for %.0f s", name, run.id, spec.watch.window_s
+            )
             return {"watch": name, "flow_run": str(run.id)}
         seen = watch_release(spec, duration_s=spec.watch.after_release_s)
-        return {"watch": "in-process", "breaches": seen[-1]["breaches"],
-                "champion": seen[-1]["champion"]}
+        return {
+            "watch": "in-process",
+            "breaches": seen[-1]["breaches"],
+            "champion": seen[-1]["champion"],
+        }
     except Exception as exc:  # noqa: BLE001 - the release is done; the watch says why it is not
         log.warning("watch: could not watch %s after the release: %s", spec.name, exc)
         return {"watch": "failed", "error": str(exc)}

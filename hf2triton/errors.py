@@ -151,7 +151,8 @@ class RegistryUnavailableError(TransientError):
 
 
 class ReleaseBusyError(TransientError):
-    """Another run of the same release held its lock (hf2triton.orchestration.locks) for longer than this run
+    """Another run of the same release held its lock (hf2triton.orchestration.locks) for longer
+    than this run
     would wait (HF2TRITON_LOCK_WAIT_S): nothing was started. Run again when that one finished."""
 
     code = "RELEASE_BUSY"

@@ -1,6 +1,7 @@
 """Triton Python-backend entry point of every hf2triton model. It parses nothing itself: the
 serving core beside it (hf2triton_serving/, the code the release's gate ran on this version's
 files) reads the requests and answers them, as serving.json says."""
+
 import os
 import sys
 
@@ -16,8 +17,11 @@ class TritonPythonModel:
 
         self.serving = hf2triton_serving
         # A KIND_GPU instance runs on the GPU Triton chose for it.
-        gpu = int(args["model_instance_device_id"]) \
-            if args.get("model_instance_kind") == "GPU" else None
+        gpu = (
+            int(args["model_instance_device_id"])
+            if args.get("model_instance_kind") == "GPU"
+            else None
+        )
         self.model = hf2triton_serving.load(version_dir, gpu=gpu)
 
     def execute(self, requests):

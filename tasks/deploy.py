@@ -28,13 +28,29 @@ def _check(target: DeployTarget, kind: ModelKind, model_name: str, reference_pat
     return lambda endpoint: smoke_endpoint(kind, endpoint, model_name, reference, key)
 
 
-@task(name="deploy", task_run_name="deploy {repo[model_name]} v{version} to {target.name}",
-      **RETRY_TRANSIENT, **NO_PREFECT_CACHE)
-def deploy(target: DeployTarget, kind: ModelKind, repo: RepositoryResult, version: str,
-           image: dict[str, Any], val: GateResult) -> Deployment:
+@task(
+    name="deploy",
+    task_run_name="deploy {repo[model_name]} v{version} to {target.name}",
+    **RETRY_TRANSIENT,
+    **NO_PREFECT_CACHE,
+)
+def deploy(
+    target: DeployTarget,
+    kind: ModelKind,
+    repo: RepositoryResult,
+    version: str,
+    image: dict[str, Any],
+    val: GateResult,
+) -> Deployment:
     """Put `version` beside what serves (a load that fails cleans up after itself)."""
-    deployment = target.deploy(repo["repository"], repo["model_name"], version, repo["files"],
-                               image, _check(target, kind, repo["model_name"], val["reference_path"]))
+    deployment = target.deploy(
+        repo["repository"],
+        repo["model_name"],
+        version,
+        repo["files"],
+        image,
+        _check(target, kind, repo["model_name"], val["reference_path"]),
+    )
     txn = get_transaction()
     if txn is not None:
         txn.set("rollback", (target, deployment))
@@ -48,34 +64,54 @@ def rollback(txn: Any) -> None:
     serving before this run is left alone)."""
     target, deployment = txn.get("rollback", (None, None))
     if target is not None and not deployment["reused"]:
-        step_logger().warning("deploy: rolling %s back; the previous version keeps serving",
-                              target.name)
+        step_logger().warning(
+            "deploy: rolling %s back; the previous version keeps serving", target.name
+        )
         target.rollback(deployment)
 
 
-@task(name="smoke", task_run_name="smoke {deployment[model_name]} v{deployment[version]}",
-      **RETRY_TRANSIENT, **NO_PREFECT_CACHE)
-def smoke(target: DeployTarget, kind: ModelKind, deployment: Deployment, val: GateResult
-          ) -> dict[str, float]:
+@task(
+    name="smoke",
+    task_run_name="smoke {deployment[model_name]} v{deployment[version]}",
+    **RETRY_TRANSIENT,
+    **NO_PREFECT_CACHE,
+)
+def smoke(
+    target: DeployTarget, kind: ModelKind, deployment: Deployment, val: GateResult
+) -> dict[str, float]:
     """The deployed version against PyTorch on every endpoint, with the gate's metrics."""
     endpoints: list[Endpoint] = deployment["endpoints"]
-    figures = smoke_test(kind, endpoints, deployment["model_name"], val["reference_path"],
-                         target.spec.openai.client_key())
-    step_logger().info("smoke: %d endpoint(s) serve what PyTorch says within the gate over "
-                       "gRPC, HTTP%s (%s; gRPC p50 %.1f ms)", len(endpoints),
-                       " and the OpenAI-compatible API" if "openai_p50_ms" in figures else "",
-                       ", ".join(f"{k} {figures[k]:.4f}" for k in kind.smoke_limits()
-                                 if k in figures),
-                       figures.get("grpc_p50_ms", float("nan")))
+    figures = smoke_test(
+        kind,
+        endpoints,
+        deployment["model_name"],
+        val["reference_path"],
+        target.spec.openai.client_key(),
+    )
+    step_logger().info(
+        "smoke: %d endpoint(s) serve what PyTorch says within the gate over "
+        "gRPC, HTTP%s (%s; gRPC p50 %.1f ms)",
+        len(endpoints),
+        " and the OpenAI-compatible API" if "openai_p50_ms" in figures else "",
+        ", ".join(f"{k} {figures[k]:.4f}" for k in kind.smoke_limits() if k in figures),
+        figures.get("grpc_p50_ms", float("nan")),
+    )
     return figures
 
 
-@task(name="retire-previous", task_run_name="retire-previous {deployment[model_name]}",
-      **RETRY_TRANSIENT, **NO_PREFECT_CACHE)
+@task(
+    name="retire-previous",
+    task_run_name="retire-previous {deployment[model_name]}",
+    **RETRY_TRANSIENT,
+    **NO_PREFECT_CACHE,
+)
 def retire(target: DeployTarget, deployment: Deployment) -> list[str]:
     """After promotion: what served before stops serving (kept on disk where it can be)."""
     retired = target.retire(deployment)
     if retired:
-        step_logger().info("deploy: version %s serves; retired version(s) %s",
-                           deployment["version"], ", ".join(retired))
+        step_logger().info(
+            "deploy: version %s serves; retired version(s) %s",
+            deployment["version"],
+            ", ".join(retired),
+        )
     return retired

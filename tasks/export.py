@@ -19,11 +19,11 @@ class Exported(ExportResult):
 
 
 @task(name="export", task_run_name="export {kind.name}", **NO_PREFECT_CACHE)
-def export(kind: ModelKind, src: FetchResult, spec: ExportSpec, data: Data,
-           work: str) -> Exported:
+def export(kind: ModelKind, src: FetchResult, spec: ExportSpec, data: Data, work: str) -> Exported:
     """Export the fetched model for `kind`; fails when the graph disagrees with PyTorch."""
     cfg = kind.resolve(src["model_dir"])
-    result = export_model(kind, src["model_dir"], src["content_hash"], spec.opset, spec.atol,
-                          cfg, data, work)
+    result = export_model(
+        kind, src["model_dir"], src["content_hash"], spec.opset, spec.atol, cfg, data, work
+    )
     note_reuse("export", result)
     return Exported(**result, config=cfg.to_dict())

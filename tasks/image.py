@@ -25,42 +25,67 @@ from hf2triton.spec import ReleaseSpec
 from hf2triton.util.runs import NO_PREFECT_CACHE, RETRY_TRANSIENT, step_logger
 
 
-@task(name="build-image", task_run_name="build-image {target[tag]}", **RETRY_TRANSIENT,
-      **NO_PREFECT_CACHE)
-def build_image(repo: RepositoryResult, version: str, target: ImageTarget,
-                labels: dict[str, str], timeout_s: float) -> ImageBuildResult:
-    return build_serving_image(repo["repository"], repo["model_name"], version, repo["files"],
-                               target, labels, timeout_s)
+@task(
+    name="build-image",
+    task_run_name="build-image {target[tag]}",
+    **RETRY_TRANSIENT,
+    **NO_PREFECT_CACHE,
+)
+def build_image(
+    repo: RepositoryResult,
+    version: str,
+    target: ImageTarget,
+    labels: dict[str, str],
+    timeout_s: float,
+) -> ImageBuildResult:
+    return build_serving_image(
+        repo["repository"], repo["model_name"], version, repo["files"], target, labels, timeout_s
+    )
 
 
-@task(name="push-image", task_run_name="push-image {target[tag]}", **RETRY_TRANSIENT,
-      **NO_PREFECT_CACHE)
+@task(
+    name="push-image",
+    task_run_name="push-image {target[tag]}",
+    **RETRY_TRANSIENT,
+    **NO_PREFECT_CACHE,
+)
 def push_image(target: ImageTarget, spec: ReleaseSpec) -> PushResult:
     return push_serving_image(target, spec.image)
 
 
 @task(name="record-image", **RETRY_TRANSIENT, **NO_PREFECT_CACHE)
 def record_image(reg: dict[str, Any], built: ImageBuildResult, pushed: PushResult) -> None:
-    Registry(reg["tracking_uri"]).tag_version(reg["model_name"], reg["version"],
-                                              image_tags(built, pushed))
+    Registry(reg["tracking_uri"]).tag_version(
+        reg["model_name"], reg["version"], image_tags(built, pushed)
+    )
 
 
-def release_image(spec: ReleaseSpec, repo: RepositoryResult, reg: dict[str, Any],
-                  record: Record) -> dict[str, Any]:
+def release_image(
+    spec: ReleaseSpec, repo: RepositoryResult, reg: dict[str, Any], record: Record
+) -> dict[str, Any]:
     """Build, push and record the image, or say plainly why it is skipped."""
     logger = step_logger()
     plan = image_plan(spec, reg["version"], record["release_key"], logger)
     if plan["target"] is None:
         if plan["say"]:
-            logger.info("image: skipped (set image.build: true to require it): %s",
-                        plan["skipped"])
+            logger.info("image: skipped (set image.build: true to require it): %s", plan["skipped"])
         return {"skipped": plan["skipped"]}
     target = plan["target"]
-    built = build_image(repo, reg["version"], target,
-                        image_labels(spec, reg["model_name"], record),
-                        spec.image.build_timeout_s)
+    built = build_image(
+        repo,
+        reg["version"],
+        target,
+        image_labels(spec, reg["model_name"], record),
+        spec.image.build_timeout_s,
+    )
     pushed = push_image(target, spec)
     record_image(reg, built, pushed)
-    logger.info("image: %s is %.0f MB; %s version %s carries its digest %s", pushed["tag"],
-                built["size_bytes"] / 1e6, reg["model_name"], reg["version"], pushed["digest"])
+    logger.info(
+        "image: %s is %.0f MB; %s version %s carries its digest %s",
+        pushed["tag"],
+        built["size_bytes"] / 1e6,
+        reg["model_name"],
+        reg["version"],
+        pushed["digest"],
+    )
     return image_summary(built, pushed)

@@ -15,8 +15,9 @@ from hf2triton.util.runs import NO_PREFECT_CACHE, RETRY_TRANSIENT, step_logger
 from hf2triton.watch import monitoring as render
 
 
-@task(name="monitoring", task_run_name="monitoring {spec.name}", **RETRY_TRANSIENT,
-      **NO_PREFECT_CACHE)
+@task(
+    name="monitoring", task_run_name="monitoring {spec.name}", **RETRY_TRANSIENT, **NO_PREFECT_CACHE
+)
 def monitoring(spec: ReleaseSpec, target: DeployTarget, reg: dict) -> dict[str, str]:
     out = Path(target.work) / "monitoring" / reg["version"]
     written = render.write(spec, target.watch_points(), out)

@@ -16,14 +16,26 @@ from hf2triton.util.runs import NO_PREFECT_CACHE, note_reuse, step_logger
 
 
 @task(name="quantize", task_run_name="quantize {spec.method}", **NO_PREFECT_CACHE)
-def quantize(kind: ModelKind, model_dir: str, exp: ExportResult, spec: QuantizationSpec,
-             runtimes: RuntimeChoices, calibration: list[Any] | None, work: str
-             ) -> list[Variant]:
+def quantize(
+    kind: ModelKind,
+    model_dir: str,
+    exp: ExportResult,
+    spec: QuantizationSpec,
+    runtimes: RuntimeChoices,
+    calibration: list[Any] | None,
+    work: str,
+) -> list[Variant]:
     """The variants to gate; one whose build fails is kept with why (the gate refuses it)."""
-    ctx = VariantContext(onnx_path=exp["onnx_path"], export_dir=exp["export_dir"],
-                         model_dir=model_dir, kind=kind, quantization=spec,
-                         calibration=calibration, max_length=exp["config"].get("max_length"),
-                         work=work)
+    ctx = VariantContext(
+        onnx_path=exp["onnx_path"],
+        export_dir=exp["export_dir"],
+        model_dir=model_dir,
+        kind=kind,
+        quantization=spec,
+        calibration=calibration,
+        max_length=exp["config"].get("max_length"),
+        work=work,
+    )
     variants = build_variants(ctx, runtimes)
     log = step_logger()
     for v in variants:

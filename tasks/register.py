@@ -1,5 +1,6 @@
 """Steps `register` and `promote`: one MLflow run and one model version per distinct release,
-carrying the whole release record (hf2triton.release.record), alias `candidate`; after the smoke test
+carrying the whole release record (hf2triton.release.record), alias `candidate`; after the smoke
+test
 the new version becomes what clients reach and `champion` moves to it
 (hf2triton.clients.mlflow)."""
 
@@ -26,28 +27,41 @@ class RegisterResult(TypedDict):
     reused: bool
 
 
-@task(name="register", task_run_name="register {registry.model_name}", **RETRY_TRANSIENT,
-      **NO_PREFECT_CACHE)
+@task(
+    name="register",
+    task_run_name="register {registry.model_name}",
+    **RETRY_TRANSIENT,
+    **NO_PREFECT_CACHE,
+)
 def register(registry: RegistrySpec, record: Record) -> RegisterResult:
     """Log the release and register a model version, unless a complete one with the same
     release key exists (then it is the candidate again). Retried when MLflow does not answer:
     what a stopped attempt left is finished or deleted first, never reused half-written
     (Registry.settle_attempts)."""
-    result = RegisterResult(**Registry().register_release(registry.model_name,
-                                                          registry.experiment, record))
-    step_logger().info("register: %s version %s%s", result["model_name"], result["version"],
-                       " (already registered: same release key)" if result["reused"] else "")
+    result = RegisterResult(
+        **Registry().register_release(registry.model_name, registry.experiment, record)
+    )
+    step_logger().info(
+        "register: %s version %s%s",
+        result["model_name"],
+        result["version"],
+        " (already registered: same release key)" if result["reused"] else "",
+    )
     return result
 
 
-@task(name="promote", task_run_name="promote {reg[model_name]} v{reg[version]}",
-      **RETRY_TRANSIENT, **NO_PREFECT_CACHE)
-def promote(target: DeployTarget, deployment: Deployment, reg: RegisterResult,
-            smoke: dict[str, float]) -> Deployment:
+@task(
+    name="promote",
+    task_run_name="promote {reg[model_name]} v{reg[version]}",
+    **RETRY_TRANSIENT,
+    **NO_PREFECT_CACHE,
+)
+def promote(
+    target: DeployTarget, deployment: Deployment, reg: RegisterResult, smoke: dict[str, float]
+) -> Deployment:
     """The smoke test passed: the new version becomes what clients reach, its smoke figures go
     on the MLflow version, and the `champion` alias moves to it."""
     promoted = target.promote(deployment)
     record_promotion(Registry(reg["tracking_uri"]), reg["model_name"], reg["version"], smoke)
-    step_logger().info("promote: champion is now %s version %s", reg["model_name"],
-                       reg["version"])
+    step_logger().info("promote: champion is now %s version %s", reg["model_name"], reg["version"])
     return promoted

@@ -14,6 +14,7 @@ from hf2triton.util.runs import NO_PREFECT_CACHE
 
 
 @task(name="report", task_run_name="report {summary[release]}", **NO_PREFECT_CACHE)
-def report(kind: ModelKind, summary: dict[str, Any], val: GateResult,
-           experiment_id: str | None) -> str:
+def report(
+    kind: ModelKind, summary: dict[str, Any], val: GateResult, experiment_id: str | None
+) -> str:
     return publish_release_report(kind, summary, val["report_path"], experiment_id)

@@ -18,13 +18,29 @@ from hf2triton.util.runs import NO_PREFECT_CACHE, note_reuse
 
 
 @task(name="build-repository", task_run_name="build-repository {model_name}", **NO_PREFECT_CACHE)
-def repository(kind: ModelKind, model_name: str, val: GateResult, exp: ExportResult,
-               data: Data, deploy: Any, tuned: TuneResult | None, work: str) -> RepositoryResult:
+def repository(
+    kind: ModelKind,
+    model_name: str,
+    val: GateResult,
+    exp: ExportResult,
+    data: Data,
+    deploy: Any,
+    tuned: TuneResult | None,
+    work: str,
+) -> RepositoryResult:
     knobs = {k: getattr(deploy, k) for k in BATCHING}
     knobs.update(tuned["chosen"] if tuned else {})
     knobs["runtime"] = val.get("runtime")  # what the gate ran is what serves
-    built = build_repository(kind, model_name, val["onnx_path"], exp["export_dir"],
-                             kind.config_from_dict(exp["config"]), val["info"], knobs,
-                             warmup_items(data.items), work)
+    built = build_repository(
+        kind,
+        model_name,
+        val["onnx_path"],
+        exp["export_dir"],
+        kind.config_from_dict(exp["config"]),
+        val["info"],
+        knobs,
+        warmup_items(data.items),
+        work,
+    )
     note_reuse("build-repository", built)
     return built

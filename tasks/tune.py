@@ -17,13 +17,29 @@ from hf2triton.util.runs import NO_PREFECT_CACHE, step_logger
 
 
 @task(name="tune-triton-config", **NO_PREFECT_CACHE)
-def tune(kind: ModelKind, model_name: str, val: GateResult, exp: ExportResult, data: Data,
-         deploy: Any, work: str) -> TuneResult | None:
+def tune(
+    kind: ModelKind,
+    model_name: str,
+    val: GateResult,
+    exp: ExportResult,
+    data: Data,
+    deploy: Any,
+    work: str,
+) -> TuneResult | None:
     if not deploy.tuning.search:
         return None
-    tuned = tune_config(kind, model_name, val["onnx_path"], exp["export_dir"],
-                        kind.config_from_dict(exp["config"]), val["info"], deploy,
-                        warmup_items(data.items), search_items(data.items), work,
-                        val.get("runtime"))
+    tuned = tune_config(
+        kind,
+        model_name,
+        val["onnx_path"],
+        exp["export_dir"],
+        kind.config_from_dict(exp["config"]),
+        val["info"],
+        deploy,
+        warmup_items(data.items),
+        search_items(data.items),
+        work,
+        val.get("runtime"),
+    )
     step_logger().info("tune: ships %s", describe(tuned["chosen"]))
     return tuned

@@ -1,4 +1,5 @@
-"""Step `validate`: the accuracy gate (hf2triton.release.gate) on the candidates hf2triton.release.candidates
+"""Step `validate`: the accuracy gate (hf2triton.release.gate) on the candidates
+hf2triton.release.candidates
 names; the kind scores each against PyTorch as Triton will run it."""
 
 from __future__ import annotations
@@ -17,21 +18,47 @@ from hf2triton.spec import QuantizationSpec, ValidationSpec
 from hf2triton.util.runs import NO_PREFECT_CACHE, RETRY_TRANSIENT, note_reuse, step_logger
 
 
-@task(name="validate", task_run_name="validate {kind.name}: the accuracy gate", **RETRY_TRANSIENT,
-      **NO_PREFECT_CACHE)
-def validate(kind: ModelKind, model_dir: str, exp: ExportResult, variants: list[dict[str, Any]],
-             data: Data, quantization: QuantizationSpec, deploy: Any, runtimes: RuntimeChoices,
-             work: str, validation: ValidationSpec, model_name: str) -> GateResult:
+@task(
+    name="validate",
+    task_run_name="validate {kind.name}: the accuracy gate",
+    **RETRY_TRANSIENT,
+    **NO_PREFECT_CACHE,
+)
+def validate(
+    kind: ModelKind,
+    model_dir: str,
+    exp: ExportResult,
+    variants: list[dict[str, Any]],
+    data: Data,
+    quantization: QuantizationSpec,
+    deploy: Any,
+    runtimes: RuntimeChoices,
+    work: str,
+    validation: ValidationSpec,
+    model_name: str,
+) -> GateResult:
     """Gate the candidates; raises AccuracyGateError (with a report) when none passes."""
     cfg = kind.config_from_dict(exp["config"])
-    found = run_gate(kind, model_dir, exp["export_dir"],
-                     gate_candidates(variants, quantization, runtimes), cfg,
-                     data, deploy.max_batch_size, deploy.max_batch_tokens, work,
-                     selection(quantization, runtimes),
-                     champion_to_face(kind, data, cfg, tracking_uri(), model_name),
-                     validation.max_drop, runtimes.not_offered,
-                     validation.judge_all)
+    found = run_gate(
+        kind,
+        model_dir,
+        exp["export_dir"],
+        gate_candidates(variants, quantization, runtimes),
+        cfg,
+        data,
+        deploy.max_batch_size,
+        deploy.max_batch_tokens,
+        work,
+        selection(quantization, runtimes),
+        champion_to_face(kind, data, cfg, tracking_uri(), model_name),
+        validation.max_drop,
+        runtimes.not_offered,
+        validation.judge_all,
+    )
     note_reuse("validate", found)
-    step_logger().info("validate: ships %s (%s)", found["chosen"], ", ".join(
-        f"{k} {v:.4f}" for k, v in found["metrics"].items() if k in kind.limits()))
+    step_logger().info(
+        "validate: ships %s (%s)",
+        found["chosen"],
+        ", ".join(f"{k} {v:.4f}" for k, v in found["metrics"].items() if k in kind.limits()),
+    )
     return found

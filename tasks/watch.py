@@ -19,19 +19,27 @@ def look(spec: ReleaseSpec) -> observe.Look:
     """Read and probe every endpoint, judge the figures, publish the table."""
     seen = observe.look(spec)
     publish.publish(seen, Registry().uri)
-    step_logger().info("watch: %s champion %s: %s", spec.name, seen["champion"],
-                       "; ".join(seen["breaches"]) or "within budget")
+    step_logger().info(
+        "watch: %s champion %s: %s",
+        spec.name,
+        seen["champion"],
+        "; ".join(seen["breaches"]) or "within budget",
+    )
     return seen
 
 
-@task(name="watch-breach", task_run_name="breach {seen[release]} v{seen[champion]}",
-      **NO_PREFECT_CACHE)
+@task(
+    name="watch-breach",
+    task_run_name="breach {seen[release]} v{seen[champion]}",
+    **NO_PREFECT_CACHE,
+)
 def breach(spec: ReleaseSpec, seen: observe.Look, act: str) -> dict[str, Any] | None:
     """Say so (a Prefect event); in the window, with act `rollback`, roll back here too."""
     publish.emit_breach(seen)
     if not seen["in_window"] or act != "rollback":
         return None
-    done = rollback.roll_back(spec, "watch: " + "; ".join(seen["breaches"]),
-                              only_if_champion=seen["champion"])
+    done = rollback.roll_back(
+        spec, "watch: " + "; ".join(seen["breaches"]), only_if_champion=seen["champion"]
+    )
     step_logger().warning("watch: rolled %s back to version %s", spec.name, done["champion"])
     return done

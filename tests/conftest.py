@@ -29,9 +29,19 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 # Every test that starts a server (Triton, MLflow, Prefect, a Docker engine or registry,
 # PostgreSQL, an S3 server, Prometheus) or a whole release carries the `e2e` marker, so that
 # `pytest -m "not e2e"` is the quick run. A test without it that starts one fails, naming it.
-SERVERS = {"tritonserver": None, "mlflow": "server", "prefect": "server", "docker-env.sh": None,
-           "docker-registry": None, "dockerd": None, "pg_ctl": None, "postgres": None,
-           "moto_server": None, "prometheus": None, "hf2triton": "release"}
+SERVERS = {
+    "tritonserver": None,
+    "mlflow": "server",
+    "prefect": "server",
+    "docker-env.sh": None,
+    "docker-registry": None,
+    "dockerd": None,
+    "pg_ctl": None,
+    "postgres": None,
+    "moto_server": None,
+    "prometheus": None,
+    "hf2triton": "release",
+}
 _running = {"item": "", "e2e": True}
 
 
@@ -42,16 +52,28 @@ def starts_server(args) -> str | None:
     cmd = [str(a) for a in args] if isinstance(args, (list, tuple)) else shlex.split(str(args))
     for i, part in enumerate(cmd[:4]):
         name = Path(part).name
-        if name in SERVERS and (SERVERS[name] is None or SERVERS[name] in cmd[i + 1:i + 3]):
-            return " ".join(cmd[i:i + 3])
+        if name in SERVERS and (SERVERS[name] is None or SERVERS[name] in cmd[i + 1 : i + 3]):
+            return " ".join(cmd[i : i + 3])
     return None
 
 
 # Fixtures that start servers or run releases: a test that uses one is an e2e test.
-SERVER_FIXTURES = {"docker_env", "docker_client", "serving_wheelhouse", "auth_registry",
-                   "tiny_image", "mlflow_server", "prefect_server", "tiny_release",
-                   "own_tiny_release", "translation_release", "marian_release",
-                   "classification_release", "reranker", "released"}
+SERVER_FIXTURES = {
+    "docker_env",
+    "docker_client",
+    "serving_wheelhouse",
+    "auth_registry",
+    "tiny_image",
+    "mlflow_server",
+    "prefect_server",
+    "tiny_release",
+    "own_tiny_release",
+    "translation_release",
+    "marian_release",
+    "classification_release",
+    "reranker",
+    "released",
+}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -66,8 +88,10 @@ def pytest_sessionstart(session):
     def guarded(self, args, *rest, **kwargs):
         found = None if _running["e2e"] else starts_server(args)
         if found:
-            raise RuntimeError(f"{_running['item']} starts a server ({found}) but has no e2e "
-                               "marker: mark it @pytest.mark.e2e (or its module)")
+            raise RuntimeError(
+                f"{_running['item']} starts a server ({found}) but has no e2e "
+                "marker: mark it @pytest.mark.e2e (or its module)"
+            )
         return real(self, args, *rest, **kwargs)
 
     subprocess.Popen.__init__ = guarded
@@ -90,8 +114,14 @@ def run_cli(cmd: list[str], timeout: float, **kwargs) -> subprocess.CompletedPro
 
     # Its own process group: whatever it leaves behind holding its output (a forked child) is
     # killed with it, so reading that output ends.
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, **kwargs)
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        **kwargs,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -109,9 +139,10 @@ def run_cli(cmd: list[str], timeout: float, **kwargs) -> subprocess.CompletedPro
             out, err = out or more_out, err or more_err
         except subprocess.TimeoutExpired:
             pass
-        raise AssertionError(f"{' '.join(map(str, cmd))} ran past {timeout} s; where its "
-                             f"threads were, and its last output:\n{(err or '')[-12000:]}"
-                             ) from None
+        raise AssertionError(
+            f"{' '.join(map(str, cmd))} ran past {timeout} s; where its "
+            f"threads were, and its last output:\n{(err or '')[-12000:]}"
+        ) from None
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
@@ -170,10 +201,18 @@ def run_mlflow_server(root: Path):
     """Start `mlflow server` with its store under `root`; yields its URI, stops it after."""
     port = free_port()
     cmd = [
-        str(Path(sys.executable).parent / "mlflow"), "server",
-        "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
-        "--artifacts-destination", str(root / "artifacts"),
-        "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+        str(Path(sys.executable).parent / "mlflow"),
+        "server",
+        "--backend-store-uri",
+        f"sqlite:///{root / 'mlflow.db'}",
+        "--artifacts-destination",
+        str(root / "artifacts"),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
     ]
     log = open(root / "server.log", "wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -191,8 +230,12 @@ def run_mlflow_server(root: Path):
 
 @pytest.fixture()
 def deploy_ports() -> dict:
-    return {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port(),
-             "openai": {"port": free_port()}}
+    return {
+        "http_port": free_port(),
+        "grpc_port": free_port(),
+        "metrics_port": free_port(),
+        "openai": {"port": free_port()},
+    }
 
 
 def graph_file(version_dir: Path) -> str:
@@ -259,11 +302,15 @@ def tiny_spec(path: Path, model_dir: Path, ports: dict[str, int], **overrides) -
     extra = ["ok", "thanks", "", "a " * 80, "prices rose 12.5%!", "😀 great"]
     sentences.write_text("\n".join(dict.fromkeys(CORPUS + extra)) + "\n", encoding="utf-8")
     base = {
-        "name": "tiny-embedder", "source__path": str(model_dir), "source__package": None,
-        "source__subdir": None, "source__model_id": "fixtures/tiny-bert",
+        "name": "tiny-embedder",
+        "source__path": str(model_dir),
+        "source__package": None,
+        "source__subdir": None,
+        "source__model_id": "fixtures/tiny-bert",
         "validation__sentences": str(sentences),
         "embedding__thresholds": {"min_cosine": 0.98, "mean_cosine": 0.99, "spearman": 0.98},
-        "registry__model_name": "tiny-embedder", "deploy__max_batch_size": 8,
+        "registry__model_name": "tiny-embedder",
+        "deploy__max_batch_size": 8,
         "deploy__preferred_batch_sizes": [4, 8],
         **{f"deploy__{k}": v for k, v in ports.items()},
     }
@@ -278,8 +325,12 @@ def released_tiny_bert(tmp: Path, model_dir: Path):
     from hf2triton.spec import load_spec
     from hf2triton.targets import triton_local
 
-    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port(),
-             "openai": {"port": free_port()}}
+    ports = {
+        "http_port": free_port(),
+        "grpc_port": free_port(),
+        "metrics_port": free_port(),
+        "openai": {"port": free_port()},
+    }
     spec_path = tiny_spec(tmp / "tiny.yaml", model_dir, ports)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF2TRITON_HOME", str(tmp / "home"))

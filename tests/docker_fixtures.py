@@ -32,18 +32,23 @@ class DockerEnv:
 def docker_env(tmp_path_factory) -> DockerEnv:
     state = tmp_path_factory.mktemp("docker-env")
     env = {**os.environ, "HF2TRITON_DOCKER_STATE": str(state), "HF2TRITON_REGISTRY_PORT": "0"}
-    proc = subprocess.run(["bash", str(SCRIPT), "up"], env=env, capture_output=True, text=True,
-                          timeout=1200)
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), "up"], env=env, capture_output=True, text=True, timeout=1200
+    )
     if proc.returncode != 0:
         message = f"no Docker engine, registry or base image could be had:\n{proc.stderr[-2000:]}"
         if os.environ.get("CI") == "true":
             pytest.fail(message)
         pytest.skip(message)
-    values = dict(line.removeprefix("export ").split("=", 1)
-                  for line in proc.stdout.splitlines() if "=" in line)
+    values = dict(
+        line.removeprefix("export ").split("=", 1)
+        for line in proc.stdout.splitlines()
+        if "=" in line
+    )
     try:
-        yield DockerEnv(registry=values["HF2TRITON_REGISTRY"],
-                        base_image=values["HF2TRITON_BASE_IMAGE"])
+        yield DockerEnv(
+            registry=values["HF2TRITON_REGISTRY"], base_image=values["HF2TRITON_BASE_IMAGE"]
+        )
     finally:
         subprocess.run(["bash", str(SCRIPT), "down"], env=env, capture_output=True, timeout=120)
 

@@ -24,8 +24,14 @@ def _run(cmd: list[str], env: dict, timeout: float = 300, cwd: Path = ROOT):
 
 
 def _start(cmd: list[str], env: dict, log: Path) -> subprocess.Popen:
-    return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=open(log, "wb"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        cmd,
+        env=env,
+        cwd=ROOT,
+        stdout=open(log, "wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -44,16 +50,26 @@ def prefect_server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("prefect-server")
     port = free_port()
     api = f"http://127.0.0.1:{port}/api"
-    env = {**os.environ, "PREFECT_HOME": str(tmp / "prefect-home"), "PREFECT_API_URL": api,
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "2", "PWD": str(ROOT)}
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(tmp / "prefect-home"),
+        "PREFECT_API_URL": api,
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "2",
+        "PWD": str(ROOT),
+    }
     env.pop("PREFECT_API_KEY", None)
-    server = _start([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port",
-                     str(port)], env, tmp / "server.log")
+    server = _start(
+        [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env,
+        tmp / "server.log",
+    )
     try:
         wait_http(f"{api}/health", timeout=180, proc=server)
-        _run([str(BIN / "prefect"), "work-pool", "create", "hf2triton-process", "--type",
-              "process"], env)
+        _run(
+            [str(BIN / "prefect"), "work-pool", "create", "hf2triton-process", "--type", "process"],
+            env,
+        )
         yield {"env": env, "api": api, "ui": f"http://127.0.0.1:{port}", "tmp": tmp}
     finally:
         _stop(server)
@@ -73,10 +89,12 @@ async def _flow_runs(api_env: dict, **filters):
     async with get_client() as client:
         deployments = await client.read_deployments(
             flow_filter=FlowFilter(name=FlowFilterName(any_=[flow])),
-            deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[filters["name"]])))
+            deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[filters["name"]])),
+        )
         assert deployments, f"no deployment {filters['name']}"
         runs = await client.read_flow_runs(
-            deployment_filter=DeploymentFilter(id={"any_": [deployments[0].id]}))
+            deployment_filter=DeploymentFilter(id={"any_": [deployments[0].id]})
+        )
         return deployments[0], runs
 
 
@@ -93,11 +111,19 @@ async def _cancel_open_runs() -> list[str]:
     from prefect.client.schemas.objects import StateType
     from prefect.states import Cancelled
 
-    open_types = [StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING, StateType.PAUSED,
-                  StateType.CANCELLING]
+    open_types = [
+        StateType.SCHEDULED,
+        StateType.PENDING,
+        StateType.RUNNING,
+        StateType.PAUSED,
+        StateType.CANCELLING,
+    ]
     async with get_client() as client:
-        runs = await client.read_flow_runs(flow_run_filter=FlowRunFilter(
-            state=FlowRunFilterState(type=FlowRunFilterStateType(any_=open_types))))
+        runs = await client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(
+                state=FlowRunFilterState(type=FlowRunFilterStateType(any_=open_types))
+            )
+        )
         for run in runs:
             await client.set_flow_run_state(run.id, Cancelled(message="test clean-up"), force=True)
     return [run.name for run in runs]
@@ -121,11 +147,25 @@ def screenshot(url: str, shot: Path, scratch: Path, size: str = "1400,1100") -> 
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     assert chromium, "chromium is needed for the UI screenshot (infra/setup.sh --test installs it)"
     subprocess.run(
-        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-         "--no-first-run", "--disable-background-networking", "--disable-component-update",
-         "--disable-sync", f"--user-data-dir={scratch / 'chrome'}", f"--window-size={size}",
-         "--virtual-time-budget=15000", f"--screenshot={shot}", url],
-        capture_output=True, timeout=120, check=False,
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={scratch / 'chrome'}",
+            f"--window-size={size}",
+            "--virtual-time-budget=15000",
+            f"--screenshot={shot}",
+            url,
+        ],
+        capture_output=True,
+        timeout=120,
+        check=False,
     )
     return shot
 

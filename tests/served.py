@@ -25,21 +25,28 @@ def triton_client(url: str):
 
 def serving_versions(client, model: str) -> list[str]:
     """Versions of `model` a server's repository index lists READY."""
-    return sorted((str(m["version"]) for m in client.get_model_repository_index()
-                   if m.get("name") == model and m.get("state") == "READY" and m.get("version")),
-                  key=int)
+    return sorted(
+        (
+            str(m["version"])
+            for m in client.get_model_repository_index()
+            if m.get("name") == model and m.get("state") == "READY" and m.get("version")
+        ),
+        key=int,
+    )
 
 
-def embed_remote(protocol: str, url: str, model: str, version: str, texts: list[str],
-                 timeout_s: float = 60) -> tuple[np.ndarray, list[float]]:
+def embed_remote(
+    protocol: str, url: str, model: str, version: str, texts: list[str], timeout_s: float = 60
+) -> tuple[np.ndarray, list[float]]:
     """Embed each text as its own request; embeddings and per-request latency (ms)."""
     if protocol == "grpc":
         import tritonclient.grpc as module
     else:
         import tritonclient.http as module
     client = module.InferenceServerClient(url=url)
-    assert wait_until(lambda: client.is_model_ready(model, version), timeout_s), \
+    assert wait_until(lambda: client.is_model_ready(model, version), timeout_s), (
         f"{model} {version} not ready on {url}"
+    )
     out, latency = [], []
     for text in texts:
         x = module.InferInput("TEXT", [1, 1], "BYTES")
@@ -65,8 +72,9 @@ class Traffic:
         self.model = model
         self.log: list[tuple[float, str, str | None, str | None]] = []  # at, url, version, error
         self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, args=(u,), daemon=True)
-                         for u in self.urls]
+        self._threads = [
+            threading.Thread(target=self._run, args=(u,), daemon=True) for u in self.urls
+        ]
 
     @property
     def answered(self) -> list[str]:
@@ -82,8 +90,9 @@ class Traffic:
     def _run(self, url: str) -> None:
         import tritonclient.http as httpclient
 
-        client = httpclient.InferenceServerClient(url=url, connection_timeout=5.0,
-                                                  network_timeout=30.0)
+        client = httpclient.InferenceServerClient(
+            url=url, connection_timeout=5.0, network_timeout=30.0
+        )
         n = 0
         while not self._stop.is_set():
             text = LONG if n % 2 else SHORT
@@ -92,15 +101,15 @@ class Traffic:
             x.set_data_from_numpy(np.array([[text.encode()]], dtype=np.object_))
             try:
                 res = client.infer(self.model, [x])
-                self.log.append((time.time(), url, str(res.get_response()["model_version"]),
-                                 None))
+                self.log.append((time.time(), url, str(res.get_response()["model_version"]), None))
             except Exception as exc:  # noqa: BLE001 - a failed request is what is counted
                 self.log.append((time.time(), url, None, str(exc) or type(exc).__name__))
                 if "planted fault" not in str(exc):
                     time.sleep(0.05)  # a server that is down is not hammered
                     client.close()
-                    client = httpclient.InferenceServerClient(url=url, connection_timeout=5.0,
-                                                              network_timeout=30.0)
+                    client = httpclient.InferenceServerClient(
+                        url=url, connection_timeout=5.0, network_timeout=30.0
+                    )
         client.close()
 
     def __enter__(self) -> Traffic:
@@ -114,8 +123,14 @@ class Traffic:
             t.join(60)
 
 
-def watched_under_traffic(urls: str | list[str], model: str, spec, failures: int = 10,
-                          duration_s: float = 60, answers_after: int = 20):
+def watched_under_traffic(
+    urls: str | list[str],
+    model: str,
+    spec,
+    failures: int = 10,
+    duration_s: float = 60,
+    answers_after: int = 20,
+):
     """A planted regression under live traffic: clients send to every URL until each saw
     `failures` failed requests, the watch (in-process, acting on a breach) runs for
     `duration_s`, and the clients go on until `answers_after` more answers came, from what
@@ -123,10 +138,12 @@ def watched_under_traffic(urls: str | list[str], model: str, spec, failures: int
     from hf2triton.flows.watch import watch_release
 
     with Traffic(urls, model) as traffic:
-        assert wait_until(lambda: all(len(traffic.failed_at(u)) >= failures
-                                      for u in traffic.urls), 180), "no failed requests came"
+        assert wait_until(
+            lambda: all(len(traffic.failed_at(u)) >= failures for u in traffic.urls), 180
+        ), "no failed requests came"
         seen = watch_release(spec, duration_s=duration_s)
         after = len(traffic.answered)
-        assert wait_until(lambda: len(traffic.answered) >= after + answers_after, 180), \
+        assert wait_until(lambda: len(traffic.answered) >= after + answers_after, 180), (
             "no answers came after the watch"
+        )
     return seen, traffic

@@ -11,22 +11,32 @@ from hf2triton.release.traffic import search_items, warmup_items
 from hf2triton.spec import QuantizationSpec, kind_for
 
 EXPORT = {"method": "fp32", "onnx_path": "/x/model.onnx", "graph": "onnx"}
-VARIANTS = [{"method": "dynamic-int8/qint8/per-channel", "onnx_path": "/x/pc.onnx",
-             "graph": "onnx-ort"},
-            {"method": "dynamic-int8/qint8/per-tensor", "onnx_path": "/x/pt.onnx",
-             "graph": "onnx-ort"}, EXPORT]
+VARIANTS = [
+    {"method": "dynamic-int8/qint8/per-channel", "onnx_path": "/x/pc.onnx", "graph": "onnx-ort"},
+    {"method": "dynamic-int8/qint8/per-tensor", "onnx_path": "/x/pt.onnx", "graph": "onnx-ort"},
+    EXPORT,
+]
 
 
-@pytest.mark.parametrize(("section", "names", "select"), [
-    # The spec's variant, then fp32 should it miss the gate: the first that passes ships.
-    ({}, ["dynamic-int8/qint8/per-channel", "dynamic-int8/qint8/per-tensor", "fp32"], "first"),
-    # No fallback: a variant that misses stops the release.
-    ({"fallback_to_fp32": False},
-     ["dynamic-int8/qint8/per-channel", "dynamic-int8/qint8/per-tensor"], "first"),
-    # A search gates fp32 too, fallback or not, and ships the fastest that passes.
-    ({"fallback_to_fp32": False, "search": True},
-     ["dynamic-int8/qint8/per-channel", "dynamic-int8/qint8/per-tensor", "fp32"], "fastest"),
-])
+@pytest.mark.parametrize(
+    ("section", "names", "select"),
+    [
+        # The spec's variant, then fp32 should it miss the gate: the first that passes ships.
+        ({}, ["dynamic-int8/qint8/per-channel", "dynamic-int8/qint8/per-tensor", "fp32"], "first"),
+        # No fallback: a variant that misses stops the release.
+        (
+            {"fallback_to_fp32": False},
+            ["dynamic-int8/qint8/per-channel", "dynamic-int8/qint8/per-tensor"],
+            "first",
+        ),
+        # A search gates fp32 too, fallback or not, and ships the fastest that passes.
+        (
+            {"fallback_to_fp32": False, "search": True},
+            ["dynamic-int8/qint8/per-channel", "dynamic-int8/qint8/per-tensor", "fp32"],
+            "fastest",
+        ),
+    ],
+)
 def test_candidates_are_the_variants_in_order_then_fp32(section, names, select):
     quantization = QuantizationSpec(**section)
     found = gate_candidates(VARIANTS, quantization)
@@ -42,18 +52,32 @@ def test_without_quantization_the_export_is_the_only_candidate():
 
 
 def test_a_variant_that_could_not_be_built_is_a_candidate_the_gate_refuses():
-    broken = {"method": "int4-blockwise/b32/acc4", "onnx_path": "", "graph": "onnx-ort",
-              "error": "building it failed: ValueError: no MatMul"}
+    broken = {
+        "method": "int4-blockwise/b32/acc4",
+        "onnx_path": "",
+        "graph": "onnx-ort",
+        "error": "building it failed: ValueError: no MatMul",
+    }
     found = gate_candidates([broken, EXPORT], QuantizationSpec())
     assert [(c.name, c.error) for c in found] == [
-        ("int4-blockwise/b32/acc4", broken["error"]), ("fp32", None)]
+        ("int4-blockwise/b32/acc4", broken["error"]),
+        ("fp32", None),
+    ]
 
 
 def test_warmup_is_the_longest_items_and_never_a_blank_one():
-    items = ["short", "", "a much longer sentence than the rest", "   ", "medium one",
-             "the longest sentence of all the items given here"]
-    assert warmup_items(items) == ["a much longer sentence than the rest",
-                                   "the longest sentence of all the items given here"]
+    items = [
+        "short",
+        "",
+        "a much longer sentence than the rest",
+        "   ",
+        "medium one",
+        "the longest sentence of all the items given here",
+    ]
+    assert warmup_items(items) == [
+        "a much longer sentence than the rest",
+        "the longest sentence of all the items given here",
+    ]
     assert warmup_items(["", " "]) == []
 
 
@@ -86,8 +110,12 @@ def test_auto_runtimes_run_the_plain_graph_everywhere_and_int8_on_onnxruntime():
     found = gate_candidates(VARIANTS, spec.quantization, runtimes)
     bf16 = "bf16" in runtime_info()["openvino"]["cpu"]["precisions"]
     assert [c.name for c in found] == [
-        "dynamic-int8/qint8/per-channel", "dynamic-int8/qint8/per-tensor", "fp32",
-        "fp32 on openvino fp32", *(["fp32 on openvino bf16"] if bf16 else [])]
+        "dynamic-int8/qint8/per-channel",
+        "dynamic-int8/qint8/per-tensor",
+        "fp32",
+        "fp32 on openvino fp32",
+        *(["fp32 on openvino bf16"] if bf16 else []),
+    ]
     # What serving.json will name: the precision always pinned, OpenVINO's settings written out.
     ov = found[3].runtime
     assert ov["name"] == "openvino" and ov["precision"] == "fp32" and ov["device"] == "cpu"
@@ -104,8 +132,16 @@ def test_a_precision_the_cpu_lacks_is_left_out_and_said(monkeypatch):
     from hf2triton.serving import runtimes as serving_runtimes
 
     real = serving_runtimes.runtime_info()
-    fake = {**real, "openvino": {"cpu": {"precisions": ["fp32"], "available": True,
-                                         "why": "OPTIMIZATION_CAPABILITIES: FP32 INT8"}}}
+    fake = {
+        **real,
+        "openvino": {
+            "cpu": {
+                "precisions": ["fp32"],
+                "available": True,
+                "why": "OPTIMIZATION_CAPABILITIES: FP32 INT8",
+            }
+        },
+    }
     monkeypatch.setattr(serving_runtimes, "runtime_info", lambda: fake)
     spec = _spec()
     runtimes = runtime_choices(spec.deploy, spec.runtime, kind_for(spec))
@@ -122,17 +158,26 @@ def test_a_gpu_release_gated_on_cpu_numerics_runs_the_gpu_graph_on_the_cpu():
     found = gate_candidates(variants, QuantizationSpec(), runtimes)
     assert [(c.name, c.runtime["name"], c.runtime["precision"]) for c in found] == [
         ("fp32 on onnxruntime-cuda fp32", "onnxruntime-cuda", "fp32"),
-        ("fp16 on onnxruntime-cuda fp16", "onnxruntime-cuda", "fp16")]
+        ("fp16 on onnxruntime-cuda fp16", "onnxruntime-cuda", "fp16"),
+    ]
     assert [c.gate_runtime for c in found] == [
         {"name": "onnxruntime", "device": "cpu", "precision": "fp32"},
-        {"name": "onnxruntime", "device": "cpu", "precision": "fp16"}]
+        {"name": "onnxruntime", "device": "cpu", "precision": "fp16"},
+    ]
 
 
 def test_a_listed_runtime_is_the_only_one_tried():
     from hf2triton.runtimes import runtime_choices
 
-    spec = _spec(runtime__candidates=[{"name": "openvino", "precision": "fp32",
-                                       "options": {"streams": 2, "hint": "THROUGHPUT"}}])
+    spec = _spec(
+        runtime__candidates=[
+            {
+                "name": "openvino",
+                "precision": "fp32",
+                "options": {"streams": 2, "hint": "THROUGHPUT"},
+            }
+        ]
+    )
     runtimes = runtime_choices(spec.deploy, spec.runtime, kind_for(spec))
     found = gate_candidates(VARIANTS, spec.quantization, runtimes)
     assert [c.name for c in found] == ["fp32 on openvino fp32"]

@@ -27,9 +27,14 @@ def _config(tmp_path, **deploy) -> str:
     from hf2triton.kinds.embedding import EmbeddingConfig
     from hf2triton.spec import kind_for
 
-    spec = parse_spec(__import__("yaml").safe_load(
-        write_spec(tmp_path / "s.yaml", **{f"deploy__{k}": v for k, v in deploy.items()})
-        .read_text()), base_dir=ROOT / "releases")
+    spec = parse_spec(
+        __import__("yaml").safe_load(
+            write_spec(
+                tmp_path / "s.yaml", **{f"deploy__{k}": v for k, v in deploy.items()}
+            ).read_text()
+        ),
+        base_dir=ROOT / "releases",
+    )
     cfg = EmbeddingConfig(pooling="mean", normalize=True, max_length=16)
     return render_config(kind_for(spec), "m", cfg, {"embedding_dim": 8}, _knobs(spec), "")
 
@@ -56,9 +61,13 @@ def test_gpus_without_a_gpu_device_are_refused(tmp_path):
 def test_a_gpu_release_without_a_gpu_stops_in_one_line_before_any_work(tmp_path):
     home = tmp_path / "home"
     spec = write_spec(tmp_path / "gpu.yaml", deploy__device="gpu")
-    proc = subprocess.run([HF2TRITON, "release", str(spec)], capture_output=True, text=True,
-                          env={"PATH": "/usr/bin:/bin", "HF2TRITON_HOME": str(home)},
-                          timeout=300)
+    proc = subprocess.run(
+        [HF2TRITON, "release", str(spec)],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "HF2TRITON_HOME": str(home)},
+        timeout=300,
+    )
     assert proc.returncode == 3, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("hf2triton: error: [ENVIRONMENT]"), lines
@@ -69,8 +78,9 @@ def test_a_gpu_release_without_a_gpu_stops_in_one_line_before_any_work(tmp_path)
 
 @pytest.mark.e2e
 @pytest.mark.skipif(not NO_GPU, reason="this machine has a GPU: Triton would load the version")
-def test_a_cpu_triton_refusing_a_gpu_version_is_a_clear_deploy_error(tmp_path, monkeypatch,
-                                                                      tiny_bert):
+def test_a_cpu_triton_refusing_a_gpu_version_is_a_clear_deploy_error(
+    tmp_path, monkeypatch, tiny_bert
+):
     """A GPU release gated on CPU numerics, deployed to a tritonserver without a GPU: Triton
     refuses the KIND_GPU instances, and the release says so in its own words (not a time-out);
     nothing serves the refused version."""
@@ -80,11 +90,24 @@ def test_a_cpu_triton_refusing_a_gpu_version_is_a_clear_deploy_error(tmp_path, m
     from hf2triton.targets import triton_local
     from tests.conftest import free_port, tiny_spec
 
-    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port(),
-             "openai": {"port": free_port()}}
-    spec = load_spec(tiny_spec(tmp_path / "gpu.yaml", tiny_bert, ports, name="tiny-gpu",
-                               registry__model_name="tiny-gpu", deploy__device="gpu",
-                               deploy__gpu_gate="cpu-numerics", deploy__ready_timeout_s=600))
+    ports = {
+        "http_port": free_port(),
+        "grpc_port": free_port(),
+        "metrics_port": free_port(),
+        "openai": {"port": free_port()},
+    }
+    spec = load_spec(
+        tiny_spec(
+            tmp_path / "gpu.yaml",
+            tiny_bert,
+            ports,
+            name="tiny-gpu",
+            registry__model_name="tiny-gpu",
+            deploy__device="gpu",
+            deploy__gpu_gate="cpu-numerics",
+            deploy__ready_timeout_s=600,
+        )
+    )
     monkeypatch.setenv("HF2TRITON_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     try:
@@ -95,9 +118,15 @@ def test_a_cpu_triton_refusing_a_gpu_version_is_a_clear_deploy_error(tmp_path, m
     message = str(err.value)
     assert "KIND_GPU" in message and "no GPU" in message, message
     assert "not ready within" not in message  # refused at once, not waited out
-    config = next((tmp_path / "home" / "work" / "tiny-gpu" / "repository")
-                  .glob("*/tiny-gpu/config.pbtxt")).read_text()
+    config = next(
+        (tmp_path / "home" / "work" / "tiny-gpu" / "repository").glob("*/tiny-gpu/config.pbtxt")
+    ).read_text()
     assert "kind: KIND_GPU" in config
-    served = json.loads(next((tmp_path / "home" / "work" / "tiny-gpu" / "repository")
-                             .glob("*/tiny-gpu/1/serving.json")).read_text())
+    served = json.loads(
+        next(
+            (tmp_path / "home" / "work" / "tiny-gpu" / "repository").glob(
+                "*/tiny-gpu/1/serving.json"
+            )
+        ).read_text()
+    )
     assert served["runtime"]["name"] == "onnxruntime-cuda"  # the GPU runtime, gated on CPU

@@ -30,10 +30,12 @@ LIVE = f"{PREFIX}-{MODEL}"
 # Planted in the release's environment, as a scheduled release has them: a hub token, the
 # registry's password (this test registry needs none and ignores it) and a model store's secret.
 # None may reach the image (test_planted_secrets_are_in_no_image_layer).
-SECRETS = {"HF_TOKEN": f"hf_planted{os.getpid()}TokenValue",
-           "HF2TRITON_REGISTRY_USERNAME": "ci",
-           "HF2TRITON_REGISTRY_PASSWORD": f"planted-registry-pw-{os.getpid()}",
-           "AWS_SECRET_ACCESS_KEY": f"planted-s3-secret-{os.getpid()}"}
+SECRETS = {
+    "HF_TOKEN": f"hf_planted{os.getpid()}TokenValue",
+    "HF2TRITON_REGISTRY_USERNAME": "ci",
+    "HF2TRITON_REGISTRY_PASSWORD": f"planted-registry-pw-{os.getpid()}",
+    "AWS_SECRET_ACCESS_KEY": f"planted-s3-secret-{os.getpid()}",
+}
 
 
 def _spec(path: Path, ports: dict[str, int], **deploy) -> Path:
@@ -47,18 +49,33 @@ def _spec(path: Path, ports: dict[str, int], **deploy) -> Path:
 class DockerRelease:
     def __init__(self, tmp: Path, mlflow_uri: str, docker_env):
         self.tmp, self.mlflow_uri, self.docker_env = tmp, mlflow_uri, docker_env
-        self.ports = {"http_port": free_port(), "grpc_port": free_port(),
-                      "metrics_port": free_port(), "openai": {"port": free_port()}}
+        self.ports = {
+            "http_port": free_port(),
+            "grpc_port": free_port(),
+            "metrics_port": free_port(),
+            "openai": {"port": free_port()},
+        }
         self.home = tmp / "home"
-        self.env = {**os.environ, "HF2TRITON_HOME": str(self.home),
-                    "MLFLOW_TRACKING_URI": mlflow_uri, "HF2TRITON_CONTAINER_PREFIX": PREFIX,
-                    **docker_env.env(), **SECRETS}
+        self.env = {
+            **os.environ,
+            "HF2TRITON_HOME": str(self.home),
+            "MLFLOW_TRACKING_URI": mlflow_uri,
+            "HF2TRITON_CONTAINER_PREFIX": PREFIX,
+            **docker_env.env(),
+            **SECRETS,
+        }
         self.env.pop("PREFECT_API_URL", None)
 
     def run(self, name: str, **deploy) -> subprocess.CompletedProcess:
         spec = _spec(self.tmp / f"{name}.yaml", self.ports, **deploy)
-        return subprocess.run([HF2TRITON, "release", str(spec)], env=self.env, cwd=ROOT,
-                              capture_output=True, text=True, timeout=1500)
+        return subprocess.run(
+            [HF2TRITON, "release", str(spec)],
+            env=self.env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=1500,
+        )
 
     def url(self, protocol: str) -> str:
         return f"127.0.0.1:{self.ports[protocol + '_port']}"
@@ -117,13 +134,18 @@ def test_the_digest_that_runs_is_the_digest_in_mlflow(release, docker_client):
     # The live container (version 1, or 2 once the blue/green test ran) runs, by digest, the
     # image its MLflow version records.
     live = _live(docker_client)
-    reference = _mlflow(release.mlflow_uri).get_model_version(
-        MODEL, _live_version(docker_client)).tags["image.reference"]
+    reference = (
+        _mlflow(release.mlflow_uri)
+        .get_model_version(MODEL, _live_version(docker_client))
+        .tags["image.reference"]
+    )
     assert live.attrs["Config"]["Image"] == reference
     assert reference in docker_client.images.get(live.attrs["Image"]).attrs["RepoDigests"]
     # The registry itself holds that digest under the tag.
-    assert docker_client.api.inspect_distribution(image["tag"])["Descriptor"]["digest"] == \
-        image["digest"]
+    assert (
+        docker_client.api.inspect_distribution(image["tag"])["Descriptor"]["digest"]
+        == image["digest"]
+    )
     assert summary["container"]["container_name"] == LIVE
     # The release's watch looked at the container: its Triton metrics (latency quantiles on)
     # and a smoke probe on the published ports.
@@ -160,9 +182,11 @@ def test_image_carries_lineage_labels_and_runs_as_non_root(release, docker_clien
     assert uid != b"0" and uid.isdigit()
     # The runtime user can read the model but not change it (the live version's folder).
     # The graph file serving.json names (model.onnx, or OpenVINO's model.xml).
-    probe = (f"import json, os; d='/models/{MODEL}/{_live_version(docker_client)}'; "
-             "p=os.path.join(d, json.load(open(os.path.join(d, 'serving.json')))['onnx']); "
-             "print(os.access(p, os.R_OK), os.access(p, os.W_OK), os.access(d, os.W_OK))")
+    probe = (
+        f"import json, os; d='/models/{MODEL}/{_live_version(docker_client)}'; "
+        "p=os.path.join(d, json.load(open(os.path.join(d, 'serving.json')))['onnx']); "
+        "print(os.access(p, os.R_OK), os.access(p, os.W_OK), os.access(d, os.W_OK))"
+    )
     assert live.exec_run(["python3", "-c", probe]).output.strip() == b"True False False"
 
 
@@ -176,7 +200,8 @@ def test_planted_secrets_are_in_no_image_layer(release, docker_client, tmp_path)
     saved = tmp_path / "image.tar"
     with open(saved, "wb") as f:
         for chunk in docker_client.images.get(summary["image"]["reference"]).save(
-                chunk_size=1 << 20):
+            chunk_size=1 << 20
+        ):
             f.write(chunk)
     needles = [v.encode() for k, v in SECRETS.items() if k != "HF2TRITON_REGISTRY_USERNAME"]
     # A control the search must find: the model's config.pbtxt, inside a layer.
@@ -195,7 +220,7 @@ def test_planted_secrets_are_in_no_image_layer(release, docker_client, tmp_path)
                 stream = gzip.GzipFile(fileobj=stream)
             layers += member.size > 1 << 20
             tail = b""
-            for chunk in iter(lambda: stream.read(1 << 20), b""):
+            for chunk in iter(lambda: stream.read(1 << 20), b""):  # noqa: B023 - read at once
                 window = tail + chunk
                 found += [(member.name, n.decode()[:12]) for n in needles if n in window]
                 tail = window[-keep:]
@@ -222,14 +247,16 @@ def test_healthcheck_reports_healthy(release, docker_client):
     assert health.get("Status") == "healthy", health
 
 
-def test_container_serves_pytorch_embeddings_on_unseen_sentences(release, minilm_reference,
-                                                                  docker_client):
+def test_container_serves_pytorch_embeddings_on_unseen_sentences(
+    release, minilm_reference, docker_client
+):
     from tests.served import embed_remote
 
     _summary(release.first)
     heldout = read_sentences(ROOT / "tests" / "data" / "heldout-sentences.txt")[:40]
-    served, _ = embed_remote("grpc", release.url("grpc"), MODEL, _live_version(docker_client),
-                             heldout)
+    served, _ = embed_remote(
+        "grpc", release.url("grpc"), MODEL, _live_version(docker_client), heldout
+    )
     assert cosine_rows(minilm_reference.embed(heldout), served).min() >= 0.99
     # The same container serves the OpenAI-compatible API (its entrypoint runs Triton as its
     # child), on the spec's port, as the release summary says.
@@ -237,8 +264,9 @@ def test_container_serves_pytorch_embeddings_on_unseen_sentences(release, minilm
 
     api = _summary(release.first)["endpoint"]["openai"]
     assert api.endswith(f":{release.ports['openai']['port']}/v1")
-    got = openai.OpenAI(base_url=api, api_key="unused").embeddings.create(model=MODEL,
-                                                                          input=heldout)
+    got = openai.OpenAI(base_url=api, api_key="unused").embeddings.create(
+        model=MODEL, input=heldout
+    )
     assert cosine_rows(np.array([d.embedding for d in got.data]), served).min() >= 0.9999
 
 
@@ -259,8 +287,7 @@ def _poll(url: str, stop: threading.Event, seen: list) -> None:
         time.sleep(0.2)
 
 
-def test_second_release_replaces_the_container_blue_green(release, docker_client,
-                                                          minilm_reference):
+def test_second_release_replaces_the_container_blue_green(release, docker_client, minilm_reference):
     from tests.served import embed_remote
 
     first = _summary(release.first)
@@ -314,7 +341,8 @@ path.write_text(text[:text.index("    def execute")] + os.environ["FAULT"])
 
 
 def test_watch_rolls_back_a_regression_on_docker_then_rollback_by_hand(
-        release, docker_client, docker_env, monkeypatch):
+    release, docker_client, docker_env, monkeypatch
+):
     """Version 2 (promoted by the blue/green test, version 1's container kept stopped) starts
     failing long inputs under live traffic; the watch reads the container's metrics and rolls
     back blue/green to version 1's image within its window: version 1 fails no request, and
@@ -326,27 +354,46 @@ def test_watch_rolls_back_a_regression_on_docker_then_rollback_by_hand(
     if _live_version(docker_client) != "2":  # the blue/green test did not run before this one
         release.second = release.run("second", max_queue_delay_us=1000)
         _summary(release.second)
-    assert docker_client.containers.get(f"{LIVE}-rollback").labels[
-        "io.hf2triton.mlflow.model-version"] == "1"
+    assert (
+        docker_client.containers.get(f"{LIVE}-rollback").labels["io.hf2triton.mlflow.model-version"]
+        == "1"
+    )
     live = _live(docker_client)
     # The image warms its model up on long texts at start, so the fault picks the traffic's
     # long texts by their words instead of their length (a regression on one kind of input).
-    fault = FAULT.replace("max(len(t[0]) for t in text) > 200",
-                          "any(b'prices and markets' in t[0] for t in text)")
+    fault = FAULT.replace(
+        "max(len(t[0]) for t in text) > 200", "any(b'prices and markets' in t[0] for t in text)"
+    )
     assert fault != FAULT
-    done = live.exec_run(["python3", "-c", PLANT], user="0", environment={
-        "MODEL_PY": f"/models/{MODEL}/2/model.py", "FAULT": fault.lstrip("\n")})
+    done = live.exec_run(
+        ["python3", "-c", PLANT],
+        user="0",
+        environment={"MODEL_PY": f"/models/{MODEL}/2/model.py", "FAULT": fault.lstrip("\n")},
+    )
     assert done.exit_code == 0, done.output
     live.restart(timeout=20)  # Triton reads the changed serving code at start
     _until(lambda: _versions(release.url("http")) == ["2"], "the planted version to load")
-    for k, v in {**docker_env.env(), "HF2TRITON_HOME": str(release.home),
-                 "MLFLOW_TRACKING_URI": release.mlflow_uri,
-                 "HF2TRITON_CONTAINER_PREFIX": PREFIX}.items():
+    for k, v in {
+        **docker_env.env(),
+        "HF2TRITON_HOME": str(release.home),
+        "MLFLOW_TRACKING_URI": release.mlflow_uri,
+        "HF2TRITON_CONTAINER_PREFIX": PREFIX,
+    }.items():
         monkeypatch.setenv(k, v)
     spec = load_spec(release.tmp / "second.yaml")
-    spec = spec.model_copy(update={"watch": spec.watch.model_copy(update={
-        "interval_s": 2.0, "min_requests": 5, "window_s": 3600, "max_failure_rate": 0.05,
-        "p99_slack_ms": 600_000})})
+    spec = spec.model_copy(
+        update={
+            "watch": spec.watch.model_copy(
+                update={
+                    "interval_s": 2.0,
+                    "min_requests": 5,
+                    "window_s": 3600,
+                    "max_failure_rate": 0.05,
+                    "p99_slack_ms": 600_000,
+                }
+            )
+        }
+    )
     seen, traffic = watched_under_traffic(release.url("http"), MODEL, spec, duration_s=120)
     breached = next(s for s in seen if s["breaches"])
     assert breached["champion"] == "2" and breached["in_window"]
@@ -354,24 +401,30 @@ def test_watch_rolls_back_a_regression_on_docker_then_rollback_by_hand(
     assert seen[-1]["champion"] == "1" and not seen[-1]["breaches"]
     # Version 1's image serves again, run anew; version 2's container is kept in turn.
     assert _live_version(docker_client) == "1" and _versions(release.url("http")) == ["1"]
-    assert docker_client.containers.get(f"{LIVE}-rollback").labels[
-        "io.hf2triton.mlflow.model-version"] == "2"
+    assert (
+        docker_client.containers.get(f"{LIVE}-rollback").labels["io.hf2triton.mlflow.model-version"]
+        == "2"
+    )
     # What clients saw: version 2's planted failures, then the switch (connections refused for
     # one container start), then version 1 answering every request.
     first_one = next(i for i, (_, _, v, _) in enumerate(traffic.log) if v == "1")
     assert all(e is None and v == "1" for _, _, v, e in traffic.log[first_one:])
     gap = [(at, e) for at, _, _, e in traffic.log[:first_one] if e and "planted" not in e]
     if gap:
-        print(f"switch gap: {len(gap)} failed connection(s) over "
-              f"{gap[-1][0] - gap[0][0]:.1f} s")
+        print(f"switch gap: {len(gap)} failed connection(s) over {gap[-1][0] - gap[0][0]:.1f} s")
     client = _mlflow(release.mlflow_uri)
     assert str(client.get_model_version_by_alias(MODEL, "champion").version) == "1"
     assert "failure rate" in client.get_model_version(MODEL, "2").tags["hf2triton.rolled_back"]
 
     # By hand: forward to version 2 again: its image, run anew, has no planted fault.
     forward = subprocess.run(
-        [HF2TRITON, "rollback", str(release.tmp / "second.yaml"), "--to", "2", "--reason",
-         "fixed"], env=release.env, cwd=ROOT, capture_output=True, text=True, timeout=900)
+        [HF2TRITON, "rollback", str(release.tmp / "second.yaml"), "--to", "2", "--reason", "fixed"],
+        env=release.env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert forward.returncode == 0, forward.stderr[-3000:]
     assert json.loads(forward.stdout)["champion"] == "2"
     assert _live_version(docker_client) == "2"
@@ -395,8 +448,15 @@ def _tampered_image(release, version: str, mark: str, serving_changes: dict):
     files.pop("hf2triton-done.json", None)
     key = mark * 64
     target = image_target(ImageSpec(), MODEL, version, key)
-    lineage = {"release": MODEL, "source_id": "test/tampered", "revision": "local",
-               "content_hash": key, "release_key": key, "variant": "fp32", "model_name": MODEL}
+    lineage = {
+        "release": MODEL,
+        "source_id": "test/tampered",
+        "revision": "local",
+        "content_hash": key,
+        "release_key": key,
+        "variant": "fp32",
+        "model_name": MODEL,
+    }
     build_serving_image(str(repo), MODEL, version, files, target, lineage)
     return push_serving_image(target)["reference"]
 
@@ -406,9 +466,9 @@ def _reference(release) -> str:
 
 
 @pytest.mark.parametrize("case", ["smoke-fails", "model-fails-to-load"])
-def test_a_failing_new_image_leaves_the_old_container_serving(release, docker_env,
-                                                              docker_client, case, monkeypatch,
-                                                              minilm_reference):
+def test_a_failing_new_image_leaves_the_old_container_serving(
+    release, docker_env, docker_client, case, monkeypatch, minilm_reference
+):
     from hf2triton.spec import kind_for, load_spec
     from hf2triton.targets.docker import DockerContainers, DockerDeploy
     from hf2triton.tasks.deploy import _check
@@ -423,15 +483,19 @@ def test_a_failing_new_image_leaves_the_old_container_serving(release, docker_en
     # CLS pooling serves embeddings unlike PyTorch's mean pooling; an unknown pooling makes the
     # model's initialize() raise, so Triton exits at start.
     changes = {"pooling": "cls"} if case == "smoke-fails" else {"pooling": "bogus"}
-    reference = _tampered_image(release, version, "9" if case == "smoke-fails" else "8",
-                                changes)
-    deploy = DockerDeploy(target="docker", host="127.0.0.1", ready_timeout_s=120,
-                          **release.ports)
+    reference = _tampered_image(release, version, "9" if case == "smoke-fails" else "8", changes)
+    deploy = DockerDeploy(target="docker", host="127.0.0.1", ready_timeout_s=120, **release.ports)
     kind = kind_for(load_spec(release.tmp / "first.yaml"))
     expected = SmokeTestError if case == "smoke-fails" else DeployError
     with pytest.raises(expected, match=f"{LIVE} \\(version {version}\\) keeps serving"):
-        DockerContainers(deploy, MODEL).deploy("", MODEL, version, {}, {"reference": reference},
-                                               _check(kind, MODEL, _reference(release)))
+        DockerContainers(deploy, MODEL).deploy(
+            "",
+            MODEL,
+            version,
+            {},
+            {"reference": reference},
+            _check(kind, MODEL, _reference(release)),
+        )
     assert _live(docker_client).id == live_before
     names = {c.name for c in docker_client.containers.list(all=True, filters={"name": PREFIX})}
     assert names - {f"{LIVE}-rollback"} == {LIVE}, "the failed candidate was removed"

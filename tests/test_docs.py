@@ -21,9 +21,14 @@ from tests.conftest import ROOT
 def site(tmp_path_factory):
     out = tmp_path_factory.mktemp("site")
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir",
-                           str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return out
 
@@ -92,12 +97,22 @@ def test_the_served_runtimes_chart_is_drawn_from_the_committed_records(site, tmp
     records = sorted((ROOT / "docs" / "data").glob("runtimes-*.json"))
     assert records
     out = tmp_path / "chart.svg"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "chart.py"),
-                           *map(str, records), "--output", str(out)], capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "chart.py"),
+            *map(str, records),
+            "--output",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
-    assert out.read_bytes() == (ROOT / "docs" / "served-runtimes.svg").read_bytes(), \
+    assert out.read_bytes() == (ROOT / "docs" / "served-runtimes.svg").read_bytes(), (
         "docs/served-runtimes.svg is stale: re-run the command on docs/benchmarks.md"
+    )
     svg = out.read_text()
     for path in records:
         record = json.loads(path.read_text())

@@ -17,15 +17,26 @@ def _st_dir(tmp_path: Path, cls: bool, normalize: bool, max_seq: int | None) -> 
     (d / "1_Pooling").mkdir(parents=True)
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling",
-         "type": "sentence_transformers.models.Pooling"},
+        {
+            "idx": 1,
+            "name": "1",
+            "path": "1_Pooling",
+            "type": "sentence_transformers.models.Pooling",
+        },
     ]
     if normalize:
-        modules.append({"idx": 2, "name": "2", "path": "2_Normalize",
-                        "type": "sentence_transformers.models.Normalize"})
+        modules.append(
+            {
+                "idx": 2,
+                "name": "2",
+                "path": "2_Normalize",
+                "type": "sentence_transformers.models.Normalize",
+            }
+        )
     (d / "modules.json").write_text(json.dumps(modules))
-    (d / "1_Pooling" / "config.json").write_text(json.dumps(
-        {"pooling_mode_cls_token": cls, "pooling_mode_mean_tokens": not cls}))
+    (d / "1_Pooling" / "config.json").write_text(
+        json.dumps({"pooling_mode_cls_token": cls, "pooling_mode_mean_tokens": not cls})
+    )
     if max_seq is not None:
         (d / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": max_seq}))
     (d / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 384}))
@@ -44,11 +55,14 @@ def test_tiny_bert_without_sentence_transformers_files(tiny_bert):
     assert resolve_embedding_config(tiny_bert) == EmbeddingConfig("mean", False, 64)
 
 
-@pytest.mark.parametrize("cls, normalize, max_seq, expected", [
-    (True, False, 128, EmbeddingConfig("cls", False, 128)),
-    (False, True, None, EmbeddingConfig("mean", True, 384)),
-    (True, True, 200, EmbeddingConfig("cls", True, 200)),
-])
+@pytest.mark.parametrize(
+    "cls, normalize, max_seq, expected",
+    [
+        (True, False, 128, EmbeddingConfig("cls", False, 128)),
+        (False, True, None, EmbeddingConfig("mean", True, 384)),
+        (True, True, 200, EmbeddingConfig("cls", True, 200)),
+    ],
+)
 def test_sentence_transformers_files_decide_auto(tmp_path, cls, normalize, max_seq, expected):
     assert resolve_embedding_config(_st_dir(tmp_path, cls, normalize, max_seq)) == expected
 

@@ -1,4 +1,5 @@
-"""Step `export` (hf2triton/release/export.py) on a tiny real BERT: the ONNX graph has dynamic axes, runs any
+"""Step `export` (hf2triton/release/export.py) on a tiny real BERT: the ONNX graph has dynamic
+axes, runs any
 batch and length, matches PyTorch within atol on real sentences, is reused, and a graph that
 disagrees or an architecture optimum cannot export is refused, leaving nothing behind."""
 
@@ -10,18 +11,9 @@ from pathlib import Path
 import pytest
 
 from hf2triton import errors
-from hf2triton.errors import (
-    ExportError,
-    UnsupportedModelError,
-)
+from hf2triton.errors import ExportError, UnsupportedModelError
 from hf2triton.kinds.embedding import TorchEmbedder, cosine_rows
-from tests.tiny_bert_steps import (
-    SENTENCES,
-    compare_with_torch,
-    do_export,
-    served,
-    sha256,
-)
+from tests.tiny_bert_steps import SENTENCES, compare_with_torch, do_export, served, sha256
 
 
 def test_export_has_dynamic_batch_and_sequence_axes(exported):
@@ -49,12 +41,15 @@ def test_export_runs_with_any_batch_and_length(exported, tiny_bert, cfg):
 
     tok = AutoTokenizer.from_pretrained(exported["export_dir"])
     for texts in (["a"], SENTENCES[:3], SENTENCES):
-        enc = tok(texts, padding=True, truncation=True, max_length=cfg.max_length,
-                  return_tensors="np")
+        enc = tok(
+            texts, padding=True, truncation=True, max_length=cfg.max_length, return_tensors="np"
+        )
         states = onnx_hidden_states(exported["onnx_path"], dict(enc))
         assert states.shape == (len(texts), enc["input_ids"].shape[1], 32)
-    assert served(tiny_bert, exported, exported["onnx_path"], cfg).embed(SENTENCES).shape == \
-        (len(SENTENCES), 32)
+    assert served(tiny_bert, exported, exported["onnx_path"], cfg).embed(SENTENCES).shape == (
+        len(SENTENCES),
+        32,
+    )
 
 
 def test_export_matches_pytorch_within_atol(exported, tiny_bert, cfg):
@@ -130,8 +125,14 @@ def ernie_dir(tiny_bert, tmp_path_factory) -> Path:
             "ernie", exporter="onnx", library_name="transformers"
         )
     out = tmp_path_factory.mktemp("models") / "tiny-ernie"
-    config = ErnieConfig(vocab_size=200, hidden_size=16, num_hidden_layers=1,
-                         num_attention_heads=2, intermediate_size=32, max_position_embeddings=64)
+    config = ErnieConfig(
+        vocab_size=200,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=64,
+    )
     ErnieModel(config).eval().save_pretrained(out)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         shutil.copyfile(tiny_bert / name, out / name)

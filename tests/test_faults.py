@@ -74,9 +74,16 @@ def _broken_model(kind: str, tiny_bert: Path, tmp: Path) -> Path:
         from transformers import ErnieConfig, ErnieModel
 
         shutil.rmtree(model)
-        ErnieModel(ErnieConfig(vocab_size=200, hidden_size=16, num_hidden_layers=1,
-                               num_attention_heads=2, intermediate_size=32,
-                               max_position_embeddings=64)).save_pretrained(model)
+        ErnieModel(
+            ErnieConfig(
+                vocab_size=200,
+                hidden_size=16,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                intermediate_size=32,
+                max_position_embeddings=64,
+            )
+        ).save_pretrained(model)
         for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
             shutil.copyfile(tiny_bert / name, model / name)
     return model
@@ -92,13 +99,15 @@ BAD_MODELS = {
 
 
 @pytest.mark.parametrize("kind", BAD_MODELS)
-def test_bad_model_directory_is_refused_and_serving_untouched(tiny_release, tiny_bert, tmp_path,
-                                                               kind):
+def test_bad_model_directory_is_refused_and_serving_untouched(
+    tiny_release, tiny_bert, tmp_path, kind
+):
     rel = tiny_release
     before_versions, before = _served(rel), _mlflow_versions(rel.home)
     model = _broken_model(kind, tiny_bert, tmp_path)
-    spec = tiny_spec(tmp_path / "bad.yaml", model, rel.ports, name="tiny-bad",
-                     registry__model_name="tiny-bad")
+    spec = tiny_spec(
+        tmp_path / "bad.yaml", model, rel.ports, name="tiny-bad", registry__model_name="tiny-bad"
+    )
     proc = _cli(["release", str(spec)])
     assert proc.returncode == 1
     line = _error_line(proc)
@@ -114,10 +123,14 @@ BAD_SPECS = {
     "name with a path separator": ({"name": "team/model"}, "'name' = 'team/model'"),
     "name with ..": ({"name": ".."}, "'name' = '..'"),
     "upper-case name": ({"name": "MyModel"}, "'name' = 'MyModel'"),
-    "name with a space": ({"registry": {"model_name": "my model"}},
-                          "'registry.model_name' = 'my model'"),
-    "threshold above 1": ({"embedding": {"thresholds": {"min_cosine": 1.5}}},
-                          "'embedding.thresholds.min_cosine' = 1.5"),
+    "name with a space": (
+        {"registry": {"model_name": "my model"}},
+        "'registry.model_name' = 'my model'",
+    ),
+    "threshold above 1": (
+        {"embedding": {"thresholds": {"min_cosine": 1.5}}},
+        "'embedding.thresholds.min_cosine' = 1.5",
+    ),
     "unknown key": ({"deploy": {"colour": "blue"}}, "unknown key 'deploy.colour'"),
 }
 
@@ -148,11 +161,15 @@ def test_bad_spec_is_refused_with_the_key_and_value(tiny_release, tiny_bert, tmp
     assert _mlflow_versions(rel.home) == before
 
 
-@pytest.mark.parametrize("content, expected", [
-    (b"", "holds no sentences"),
-    (b"\n   \n", "holds no sentences"),
-    (b"caf\xe9 latin-1 text\n", "is not UTF-8 text"),
-], ids=["empty", "blank lines", "not utf-8"])
+@pytest.mark.parametrize(
+    "content, expected",
+    [
+        (b"", "holds no sentences"),
+        (b"\n   \n", "holds no sentences"),
+        (b"caf\xe9 latin-1 text\n", "is not UTF-8 text"),
+    ],
+    ids=["empty", "blank lines", "not utf-8"],
+)
 def test_bad_validation_file_is_refused(tiny_release, tiny_bert, tmp_path, content, expected):
     rel = tiny_release
     sentences = tmp_path / "sentences.txt"
@@ -172,8 +189,7 @@ def test_bad_validation_file_is_refused(tiny_release, tiny_bert, tmp_path, conte
 
 
 def _fresh_env(home: Path, **extra) -> dict:
-    env = {**os.environ, "HF2TRITON_HOME": str(home), "HF2TRITON_RETRY_DELAYS": "0.5,0.5",
-           **extra}
+    env = {**os.environ, "HF2TRITON_HOME": str(home), "HF2TRITON_RETRY_DELAYS": "0.5,0.5", **extra}
     env.pop("MLFLOW_TRACKING_URI", None)
     env.update(extra)
     return env
@@ -183,8 +199,12 @@ def _fresh_env(home: Path, **extra) -> dict:
 def test_mlflow_down_at_registration_then_rerun_registers_once(tiny_bert, tmp_path):
     port = free_port()
     uri = f"http://127.0.0.1:{port}"
-    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port(),
-             "openai": {"port": free_port()}}
+    ports = {
+        "http_port": free_port(),
+        "grpc_port": free_port(),
+        "metrics_port": free_port(),
+        "openai": {"port": free_port()},
+    }
     spec = tiny_spec(tmp_path / "spec.yaml", tiny_bert, ports)
     env = _fresh_env(tmp_path / "home", MLFLOW_TRACKING_URI=uri)
     try:
@@ -196,12 +216,24 @@ def test_mlflow_down_at_registration_then_rerun_registers_once(tiny_bert, tmp_pa
         assert "Task run 'deploy" not in down.stderr
 
         server = subprocess.Popen(
-            [str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri",
-             f"sqlite:///{tmp_path / 'mlflow.db'}", "--artifacts-destination",
-             str(tmp_path / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
-             "--workers", "1"],
-            stdout=open(tmp_path / "mlflow.log", "wb"), stderr=subprocess.STDOUT,
-            start_new_session=True)
+            [
+                str(Path(sys.executable).parent / "mlflow"),
+                "server",
+                "--backend-store-uri",
+                f"sqlite:///{tmp_path / 'mlflow.db'}",
+                "--artifacts-destination",
+                str(tmp_path / "artifacts"),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--workers",
+                "1",
+            ],
+            stdout=open(tmp_path / "mlflow.log", "wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             wait_http(f"{uri}/health", timeout=120, proc=server)
             up = _cli(["release", str(spec)], env)
@@ -212,7 +244,8 @@ def test_mlflow_down_at_registration_then_rerun_registers_once(tiny_bert, tmp_pa
             from mlflow import MlflowClient
 
             versions = MlflowClient(uri, registry_uri=uri).search_model_versions(
-                "name = 'tiny-embedder'")
+                "name = 'tiny-embedder'"
+            )
             assert len(versions) == 1
         finally:
             os.killpg(server.pid, signal.SIGTERM)
@@ -223,17 +256,32 @@ def test_mlflow_down_at_registration_then_rerun_registers_once(tiny_bert, tmp_pa
 
 @pytest.mark.e2e
 def test_killed_mid_export_leaves_nothing_that_looks_finished_and_rerun_completes(
-        tiny_bert, tmp_path):
-    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port(),
-             "openai": {"port": free_port()}}
-    spec = tiny_spec(tmp_path / "spec.yaml", tiny_bert, ports, name="tiny-killed",
-                     registry__model_name="tiny-killed")
+    tiny_bert, tmp_path
+):
+    ports = {
+        "http_port": free_port(),
+        "grpc_port": free_port(),
+        "metrics_port": free_port(),
+        "openai": {"port": free_port()},
+    }
+    spec = tiny_spec(
+        tmp_path / "spec.yaml",
+        tiny_bert,
+        ports,
+        name="tiny-killed",
+        registry__model_name="tiny-killed",
+    )
     home = tmp_path / "home"
     env = _fresh_env(home)
     export_dir = home / "work" / "tiny-killed" / "export"
-    proc = subprocess.Popen([HF2TRITON, "release", str(spec)], env=env, cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [HF2TRITON, "release", str(spec)],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and proc.poll() is None:
@@ -268,10 +316,19 @@ SECRETS = {
 
 @pytest.mark.e2e
 def test_planted_secrets_reach_no_log_artifact_record_or_server(tiny_bert, tmp_path):
-    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port(),
-             "openai": {"port": free_port()}}
-    spec = tiny_spec(tmp_path / "spec.yaml", tiny_bert, ports, name="tiny-secrets",
-                     registry__model_name="tiny-secrets")
+    ports = {
+        "http_port": free_port(),
+        "grpc_port": free_port(),
+        "metrics_port": free_port(),
+        "openai": {"port": free_port()},
+    }
+    spec = tiny_spec(
+        tmp_path / "spec.yaml",
+        tiny_bert,
+        ports,
+        name="tiny-secrets",
+        registry__model_name="tiny-secrets",
+    )
     home = tmp_path / "home"
     env = _fresh_env(home, **SECRETS)
     try:
@@ -297,7 +354,8 @@ def test_planted_secrets_reach_no_log_artifact_record_or_server(tiny_bert, tmp_p
                 os.environ["HF2TRITON_HOME"] = saved
         assert state is not None
         environ = Path(f"/proc/{state.pid}/environ").read_bytes()
-        assert not [k for k, v in SECRETS.items() if v.encode() in environ], \
+        assert not [k for k, v in SECRETS.items() if v.encode() in environ], (
             "the Triton process was given a secret it does not need"
+        )
     finally:
         _cli(["server", "stop"], env)

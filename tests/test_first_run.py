@@ -22,8 +22,11 @@ HF2TRITON = str(Path(sys.executable).parent / "hf2triton")
 
 
 def _env(**changes: str | None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PREFECT_", "HF2TRITON_", "MLFLOW_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PREFECT_", "HF2TRITON_", "MLFLOW_"))
+    }
     env["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
     for key, value in changes.items():
         if value is None:
@@ -33,10 +36,14 @@ def _env(**changes: str | None) -> dict[str, str]:
     return env
 
 
-def _release(spec: Path, cwd: Path, env: dict[str, str], timeout: float = 900,
-             prefix: list[str] | None = None) -> subprocess.CompletedProcess:
-    return run_cli([*(prefix or []), HF2TRITON, "release", str(spec)], timeout, cwd=cwd,
-                   env=env)
+def _release(
+    spec: Path,
+    cwd: Path,
+    env: dict[str, str],
+    timeout: float = 900,
+    prefix: list[str] | None = None,
+) -> subprocess.CompletedProcess:
+    return run_cli([*(prefix or []), HF2TRITON, "release", str(spec)], timeout, cwd=cwd, env=env)
 
 
 def _one_error_line(proc: subprocess.CompletedProcess) -> str:
@@ -47,14 +54,22 @@ def _one_error_line(proc: subprocess.CompletedProcess) -> str:
 
 
 def _stop_server(home: Path) -> None:
-    subprocess.run([HF2TRITON, "server", "stop"], env=_env(HF2TRITON_HOME=str(home)),
-                   capture_output=True, timeout=120)
+    subprocess.run(
+        [HF2TRITON, "server", "stop"],
+        env=_env(HF2TRITON_HOME=str(home)),
+        capture_output=True,
+        timeout=120,
+    )
 
 
 @pytest.fixture()
 def spec(tmp_path, tiny_bert) -> Path:
-    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port(),
-             "openai": {"port": free_port()}}
+    ports = {
+        "http_port": free_port(),
+        "grpc_port": free_port(),
+        "metrics_port": free_port(),
+        "openai": {"port": free_port()},
+    }
     (tmp_path / "specs").mkdir()
     return tiny_spec(tmp_path / "specs" / "tiny.yaml", tiny_bert, ports)
 
@@ -93,8 +108,9 @@ def test_a_nested_home_that_does_not_exist_yet_is_created(spec, tmp_path):
 def test_a_read_only_working_directory_fails_at_once_naming_it(spec, tmp_path):
     cwd = tmp_path / "read-only"
     cwd.mkdir()
-    cwd.chmod(stat.S_IRUSR | stat.S_IXUSR | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH
-              | stat.S_IXOTH)
+    cwd.chmod(
+        stat.S_IRUSR | stat.S_IXUSR | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH
+    )
     prefix = []
     if os.geteuid() == 0:
         # Root ignores directory permissions: run the CLI as an ordinary user instead.
@@ -129,8 +145,10 @@ def test_a_file_in_the_way_of_the_home_fails_at_once(spec, tmp_path):
 @pytest.mark.e2e
 def test_a_prefect_database_that_cannot_be_opened_is_named(spec, tmp_path):
     db = tmp_path / "no-such-folder" / "prefect.db"
-    env = _env(HF2TRITON_HOME=str(tmp_path / "home"),
-               PREFECT_SERVER_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{db}")
+    env = _env(
+        HF2TRITON_HOME=str(tmp_path / "home"),
+        PREFECT_SERVER_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{db}",
+    )
     proc = _release(spec, tmp_path, env, timeout=120)
     line = _one_error_line(proc)
     assert proc.returncode == 3, proc.stderr[-2000:]
@@ -147,11 +165,13 @@ def test_a_prefect_api_that_does_not_start_in_time_says_what_to_do(spec, tmp_pat
         silent.bind(("127.0.0.1", 0))
         silent.listen(64)
         url = f"postgresql+asyncpg://prefect:unused@127.0.0.1:{silent.getsockname()[1]}/prefect"
-        env = _env(HF2TRITON_HOME=str(tmp_path / "home"),
-                   PREFECT_SERVER_DATABASE_CONNECTION_URL=url,
-                   PREFECT_SERVER_DATABASE_CONNECTION_TIMEOUT="600",
-                   PREFECT_SERVER_DATABASE_TIMEOUT="600",
-                   PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="5")
+        env = _env(
+            HF2TRITON_HOME=str(tmp_path / "home"),
+            PREFECT_SERVER_DATABASE_CONNECTION_URL=url,
+            PREFECT_SERVER_DATABASE_CONNECTION_TIMEOUT="600",
+            PREFECT_SERVER_DATABASE_TIMEOUT="600",
+            PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="5",
+        )
         proc = _release(spec, tmp_path, env, timeout=300)
     line = _one_error_line(proc)
     assert proc.returncode == 3, proc.stderr[-2000:]
@@ -183,8 +203,11 @@ def _readme_commands() -> list[str]:
 def test_ci_runs_the_readme_commands_in_order():
     main, tests = _readme_commands()
     assert "hf2triton release" in main and "pytest" in tests
-    lines = [ln.strip() for ln in (ROOT / ".ci" / "run").read_text().splitlines()
-             if ln.strip() and not ln.lstrip().startswith("#")]
+    lines = [
+        ln.strip()
+        for ln in (ROOT / ".ci" / "run").read_text().splitlines()
+        if ln.strip() and not ln.lstrip().startswith("#")
+    ]
     assert main in lines, f".ci/run does not run the README's main command {main!r}"
     assert tests in lines, f".ci/run does not run the README's test command {tests!r}"
     assert lines.index(main) < lines.index(tests)

@@ -1,4 +1,5 @@
-"""The accuracy gate (hf2triton/release/gate.py) on a tiny real BERT: each candidate through the serving
+"""The accuracy gate (hf2triton/release/gate.py) on a tiny real BERT: each candidate through the
+serving
 core, against PyTorch; the first (or fastest) that passes ships with its evidence, none passing
 stops the release with figures, and a candidate that raises is refused while the others are
 still judged."""
@@ -12,10 +13,7 @@ import numpy as np
 import pytest
 
 from hf2triton import errors
-from hf2triton.errors import (
-    AccuracyGateError,
-    SpecError,
-)
+from hf2triton.errors import AccuracyGateError, SpecError
 from hf2triton.kinds import Candidate
 from hf2triton.kinds.embedding import TorchEmbedder
 from tests.tiny_bert_steps import (
@@ -96,8 +94,9 @@ def test_when_int8_misses_the_fp32_fallback_is_chosen(
         Candidate(name=int8["method"], onnx_path=int8["onnx_path"]),
         Candidate(name="fp32", onnx_path=exported["onnx_path"]),
     ]
-    result = run_gate(tiny_bert, exported, cfg, sentences_file, candidates,
-                      INT8_MISSES_FP32_MEETS, work)
+    result = run_gate(
+        tiny_bert, exported, cfg, sentences_file, candidates, INT8_MISSES_FP32_MEETS, work
+    )
     assert result["chosen"] == "fp32"
     assert result["onnx_path"] == exported["onnx_path"]
     assert set(result["candidates"]) == {int8["method"], "fp32"}
@@ -149,8 +148,7 @@ def nan_onnx(exported, tmp_path_factory) -> Path:
     return path
 
 
-def test_nan_embeddings_fail_the_gate(tiny_bert, exported, nan_onnx, cfg, sentences_file,
-                                      tmp_path):
+def test_nan_embeddings_fail_the_gate(tiny_bert, exported, nan_onnx, cfg, sentences_file, tmp_path):
     cand = Candidate(name="broken", onnx_path=str(nan_onnx))
     with pytest.raises(AccuracyGateError):
         run_gate(tiny_bert, exported, cfg, sentences_file, [cand], Thresholds(), tmp_path)
@@ -170,8 +168,9 @@ SENTENCE_FILES = [
 ]
 
 
-@pytest.mark.parametrize("content, fragment", [c[1:] for c in SENTENCE_FILES],
-                         ids=[c[0] for c in SENTENCE_FILES])
+@pytest.mark.parametrize(
+    "content, fragment", [c[1:] for c in SENTENCE_FILES], ids=[c[0] for c in SENTENCE_FILES]
+)
 def test_bad_validation_sentence_files_are_spec_errors(
     tiny_bert, exported, cfg, tmp_path, content, fragment
 ):
@@ -189,7 +188,8 @@ def test_bad_validation_sentence_files_are_spec_errors(
 
 
 def test_candidates_that_raise_are_refused_and_the_gate_goes_on(
-        tiny_bert, exported, cfg, sentences_file, tmp_path):
+    tiny_bert, exported, cfg, sentences_file, tmp_path
+):
     """A graph that cannot be opened and a variant whose build failed: each refused with its
     error in the report, and the next candidate is still judged and ships."""
     unreadable = tmp_path / "bad" / "model.onnx"
@@ -200,23 +200,28 @@ def test_candidates_that_raise_are_refused_and_the_gate_goes_on(
         Candidate(name="unbuilt", onnx_path="", error="building it failed: ValueError: planted"),
         Candidate(name="fp32", onnx_path=exported["onnx_path"]),
     ]
-    result = run_gate(tiny_bert, exported, cfg, sentences_file, candidates, LENIENT,
-                      tmp_path / "work")
+    result = run_gate(
+        tiny_bert, exported, cfg, sentences_file, candidates, LENIENT, tmp_path / "work"
+    )
     assert result["chosen"] == "fp32"
     report = json.loads(Path(result["report_path"]).read_text(encoding="utf-8"))
     by_name = {c["name"]: c for c in report["candidates"]}
-    assert "InvalidProtobuf" in by_name["unreadable"]["error"] or \
-        "protobuf" in by_name["unreadable"]["error"].lower()
+    assert (
+        "InvalidProtobuf" in by_name["unreadable"]["error"]
+        or "protobuf" in by_name["unreadable"]["error"].lower()
+    )
     assert by_name["unbuilt"]["error"] == "building it failed: ValueError: planted"
     assert "error" not in by_name["fp32"]
 
 
 def test_when_every_candidate_raises_the_gate_names_each_reason(
-        tiny_bert, exported, cfg, sentences_file, tmp_path):
-    candidates = [Candidate(name="a", onnx_path="", error="building it failed: A"),
-                  Candidate(name="b", onnx_path="", error="building it failed: B")]
+    tiny_bert, exported, cfg, sentences_file, tmp_path
+):
+    candidates = [
+        Candidate(name="a", onnx_path="", error="building it failed: A"),
+        Candidate(name="b", onnx_path="", error="building it failed: B"),
+    ]
     with pytest.raises(AccuracyGateError) as info:
-        run_gate(tiny_bert, exported, cfg, sentences_file, candidates, LENIENT,
-                 tmp_path / "work")
+        run_gate(tiny_bert, exported, cfg, sentences_file, candidates, LENIENT, tmp_path / "work")
     assert "a: refused, it raised building it failed: A" in str(info.value)
     assert "b: refused, it raised building it failed: B" in str(info.value)

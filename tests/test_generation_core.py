@@ -39,8 +39,11 @@ def exported(tmp_path_factory):
     save_fast_tokenizer(str(model_dir), out)
     cfg = resolve_text_generation(model_dir, TextGenerationSpec(max_new_tokens=20))
     kind = TextGenerationKind.__new__(TextGenerationKind)
-    settings = {**kind.serving_json(cfg, str(out), threads=1),
-                "onnx": str(out / "model.onnx"), "tokenizer_file": str(out / "tokenizer.json")}
+    settings = {
+        **kind.serving_json(cfg, str(out), threads=1),
+        "onnx": str(out / "model.onnx"),
+        "tokenizer_file": str(out / "tokenizer.json"),
+    }
     return {"model_dir": model_dir, "out": out, "cfg": cfg, "settings": settings}
 
 
@@ -51,15 +54,22 @@ def genai_exported(exported, tmp_path_factory):
     from hf2triton.runtimes.openvino_genai import stateful_ir
     from hf2triton.spec import QuantizationSpec
 
-    ctx = VariantContext(onnx_path=str(exported["out"] / "model.onnx"),
-                         export_dir=str(exported["out"]), model_dir=str(exported["model_dir"]),
-                         kind=None, quantization=QuantizationSpec(method="int8-blockwise",
-                                                                  block_size=16),
-                         calibration=None, max_length=None,
-                         work=str(tmp_path_factory.mktemp("genai-work")))
+    ctx = VariantContext(
+        onnx_path=str(exported["out"] / "model.onnx"),
+        export_dir=str(exported["out"]),
+        model_dir=str(exported["model_dir"]),
+        kind=None,
+        quantization=QuantizationSpec(method="int8-blockwise", block_size=16),
+        calibration=None,
+        max_length=None,
+        work=str(tmp_path_factory.mktemp("genai-work")),
+    )
     ir = stateful_ir(ctx)
-    settings = {**exported["settings"], "onnx": ir["onnx_path"],
-                "runtime": {"name": "openvino-genai", "device": "cpu", "precision": "fp32"}}
+    settings = {
+        **exported["settings"],
+        "onnx": ir["onnx_path"],
+        "runtime": {"name": "openvino-genai", "device": "cpu", "precision": "fp32"},
+    }
     return {**exported, "ctx": ctx, "ir": ir, "settings": settings}
 
 
@@ -75,10 +85,18 @@ def _kind(model_dir):
     """The text-generation kind of a spec for `model_dir` (the gate's requests and scores)."""
     from hf2triton.spec import kind_for, parse_spec
 
-    return kind_for(parse_spec({
-        "name": "tiny-llama", "task": "text-generation", "source": {"path": str(model_dir)},
-        "registry": {"model_name": "tiny-llama"}, "validation": {"sentences": "unused.txt"},
-        "text_generation": {"max_new_tokens": 20}}))
+    return kind_for(
+        parse_spec(
+            {
+                "name": "tiny-llama",
+                "task": "text-generation",
+                "source": {"path": str(model_dir)},
+                "registry": {"model_name": "tiny-llama"},
+                "validation": {"sentences": "unused.txt"},
+                "text_generation": {"max_new_tokens": 20},
+            }
+        )
+    )
 
 
 def _load(settings, **changes):
@@ -118,6 +136,7 @@ def test_prompts_that_join_a_running_batch_get_what_they_get_alone(exported):
                 got[i] = got.get(i, "") + text
                 if last:
                     done.release()
+
             return emit
 
         # Count the prompts that joined a batch that was already decoding others.
@@ -131,8 +150,13 @@ def test_prompts_that_join_a_running_batch_get_what_they_get_alone(exported):
         model.engine._join = counting_join
         rows = [model.parse(_request(p, stream=True))[0] for p in PROMPTS]
         for i, row in enumerate(rows):
-            model.engine.submit([causal.Sequence(prompt=row["ids"], sampling=row["sampling"],
-                                                 emit=emit_for(i), stream=True)])
+            model.engine.submit(
+                [
+                    causal.Sequence(
+                        prompt=row["ids"], sampling=row["sampling"], emit=emit_for(i), stream=True
+                    )
+                ]
+            )
             time.sleep(0.002 * (i % 3))
         for _ in rows:
             done.acquire()
@@ -150,7 +174,7 @@ def test_stop_strings_end_the_text_before_them(engine_settings):
         stop = full[5:8]
         assert stop and full.find(stop) >= 0
         cut = model.answer([_request(PROMPTS[1], stop_words=[stop])])[0]
-        assert _text(cut) == full[:full.find(stop)]
+        assert _text(cut) == full[: full.find(stop)]
         assert cut["finish_reason"][0, 0] == b"stop"
     finally:
         model.close()
@@ -159,10 +183,14 @@ def test_stop_strings_end_the_text_before_them(engine_settings):
 def test_bad_parameters_and_long_prompts_are_refused(engine_settings):
     model = _load(engine_settings)
     try:
-        answers = model.answer([_request("hello", max_tokens=0),
-                                _request("hello", top_p=1.5),
-                                _request("the quick brown fox " * 40),
-                                _request("hello")])
+        answers = model.answer(
+            [
+                _request("hello", max_tokens=0),
+                _request("hello", top_p=1.5),
+                _request("the quick brown fox " * 40),
+                _request("hello"),
+            ]
+        )
         assert answers[0] == "max_tokens 0 is outside 1..127"
         assert answers[1].startswith("top_p 1.5 is outside")
         assert "over this model's context length 128" in answers[2]
@@ -174,6 +202,7 @@ def test_bad_parameters_and_long_prompts_are_refused(engine_settings):
 def test_seeded_sampling_repeats_and_differs_from_greedy(engine_settings):
     model = _load(engine_settings)
     try:
+
         def ids(**params):
             return model.answer([_request(PROMPTS[0], **params)])[0]["output_ids"][0].tolist()
 
@@ -201,8 +230,9 @@ def test_a_client_that_leaves_frees_its_row(engine_settings):
             if last:
                 finished.set()
 
-        seq = causal.Sequence(prompt=row["ids"], sampling=row["sampling"], emit=emit,
-                              stream=True, gone=left.is_set)
+        seq = causal.Sequence(
+            prompt=row["ids"], sampling=row["sampling"], emit=emit, stream=True, gone=left.is_set
+        )
         model.engine.submit([seq])
         assert finished.wait(60)
         assert seq.finish == "cancelled" and len(seq.generated) < 90
@@ -225,12 +255,18 @@ def test_staggered_streams_get_what_they_get_alone_on_either_engine(engine_setti
                 got[i] = got.get(i, "") + text
                 if last:
                     done.release()
+
             return emit
 
         rows = [model.parse(_request(p, stream=True))[0] for p in PROMPTS]
         for i, row in enumerate(rows):
-            model.engine.submit([causal.Sequence(prompt=row["ids"], sampling=row["sampling"],
-                                                 emit=emit_for(i), stream=True)])
+            model.engine.submit(
+                [
+                    causal.Sequence(
+                        prompt=row["ids"], sampling=row["sampling"], emit=emit_for(i), stream=True
+                    )
+                ]
+            )
             time.sleep(0.002 * (i % 3))
         for _ in rows:
             done.acquire()
@@ -264,16 +300,17 @@ def test_openvino_genai_refuses_what_it_would_not_generate_faithfully(genai_expo
     from hf2triton.serving.runtimes import RuntimeUnavailable
 
     with pytest.raises(RuntimeUnavailable, match="no_repeat_ngram_size"):
-        _load(genai_exported["settings"], processors={**genai_exported["settings"]["processors"],
-                                                      "no_repeat_ngram_size": 3})
+        _load(
+            genai_exported["settings"],
+            processors={**genai_exported["settings"]["processors"], "no_repeat_ngram_size": 3},
+        )
     bf16 = {**genai_exported["settings"]["runtime"], "precision": "bf16", "kv_cache": "f32"}
     with pytest.raises((RuntimeUnavailable, ValueError), match="bf16|offer"):
         _load(genai_exported["settings"], runtime=bf16)
 
 
 @pytest.mark.parametrize("split", [False, True])
-def test_openvino_genai_prompts_longer_than_a_step_get_what_they_get_alone(genai_exported,
-                                                                           split):
+def test_openvino_genai_prompts_longer_than_a_step_get_what_they_get_alone(genai_exported, split):
     """With a step of 8 tokens, prompts several steps long are prefilled whole in a step of
     their own (the default) or split over steps fused with decoding (`split_prompts`): either
     way each prompt, alone or among others, gets the text the default engine gives it."""
@@ -282,7 +319,7 @@ def test_openvino_genai_prompts_longer_than_a_step_get_what_they_get_alone(genai
     settings = genai_exported["settings"]
     reference = _load(settings)
     try:
-        long_prompts = [" ".join(PROMPTS[i:i + 2]) for i in range(0, 8, 2)]
+        long_prompts = [" ".join(PROMPTS[i : i + 2]) for i in range(0, 8, 2)]
         answers = [reference.answer([_request(p)])[0] for p in long_prompts]
         assert all(isinstance(a, dict) for a in answers), answers
         alone = [_text(a) for a in answers]
@@ -302,11 +339,17 @@ def test_openvino_genai_prompts_longer_than_a_step_get_what_they_get_alone(genai
                 got[i] = got.get(i, "") + text
                 if last:
                     done.release()
+
             return emit
 
         for i, row in enumerate(rows):
-            model.engine.submit([causal.Sequence(prompt=row["ids"], sampling=row["sampling"],
-                                                 emit=emit_for(i), stream=True)])
+            model.engine.submit(
+                [
+                    causal.Sequence(
+                        prompt=row["ids"], sampling=row["sampling"], emit=emit_for(i), stream=True
+                    )
+                ]
+            )
             time.sleep(0.003)
         for _ in rows:
             done.acquire()
@@ -316,12 +359,15 @@ def test_openvino_genai_prompts_longer_than_a_step_get_what_they_get_alone(genai
 
 
 def test_request_level_batching_serves_the_same_text(exported):
-    inflight, request_level = _load(exported["settings"]), _load(exported["settings"],
-                                                                 batching="request")
+    inflight, request_level = (
+        _load(exported["settings"]),
+        _load(exported["settings"], batching="request"),
+    )
     try:
         reqs = [_request(p) for p in PROMPTS[:8]]
-        assert [_text(a) for a in inflight.answer(reqs)] == \
-            [_text(a) for a in request_level.answer(reqs)]
+        assert [_text(a) for a in inflight.answer(reqs)] == [
+            _text(a) for a in request_level.answer(reqs)
+        ]
     finally:
         inflight.close()
         request_level.close()
@@ -338,8 +384,11 @@ def test_int8_and_int4_blockwise_candidates_are_scored_by_the_gate_metrics(expor
     reference = kind.reference(str(exported["model_dir"]), cfg, data)
     scores = {}
     for method in ("none", "int8-blockwise", "int4-blockwise"):
-        variant = quantize_onnx(str(exported["out"] / "model.onnx"),
-                                QuantizationSpec(method=method, block_size=16), str(tmp_path))
+        variant = quantize_onnx(
+            str(exported["out"] / "model.onnx"),
+            QuantizationSpec(method=method, block_size=16),
+            str(tmp_path),
+        )
         model = _load(exported["settings"], onnx=variant["onnx_path"])
         try:
             outputs = kind.extract(model.answer(kind.requests(PROMPTS)))
@@ -350,8 +399,11 @@ def test_int8_and_int4_blockwise_candidates_are_scored_by_the_gate_metrics(expor
     assert scores["none"]["token_match"] == 1.0
     assert abs(scores["none"]["perplexity_increase"]) < 1e-5
     # Fewer bits, further from PyTorch: each figure is measured, none is a copy of fp32's.
-    assert abs(scores["int4-blockwise"]["perplexity_increase"]) > \
-        abs(scores["int8-blockwise"]["perplexity_increase"]) > 0.0
+    assert (
+        abs(scores["int4-blockwise"]["perplexity_increase"])
+        > abs(scores["int8-blockwise"]["perplexity_increase"])
+        > 0.0
+    )
     assert scores["int4-blockwise"]["token_match"] < 1.0
 
 
@@ -372,13 +424,21 @@ def test_a_stream_with_clean_up_spaces_holds_back_what_a_later_token_rewrites():
         def decode(self, ids):
             return clean_up_tokenization("".join(self.tokens[i] for i in ids))
 
-    for tokens in (["It", " '", "s", " fine", " ."], ["I", " do", " n", "'t", " know", " !"],
-                   ["he", " said", " '", " yes", " '", " ,", " then"], ["a", " ", "b", " 've"]):
+    for tokens in (
+        ["It", " '", "s", " fine", " ."],
+        ["I", " do", " n", "'t", " know", " !"],
+        ["he", " said", " '", " yes", " '", " ,", " then"],
+        ["a", " ", "b", " 've"],
+    ):
         tok = Pieces(tokens)
         engine = causal.Engine(None, tok, eos=[], processors=None)
         sent: list[str] = []
-        seq = causal.Sequence(prompt=[], sampling=causal.Sampling(max_new_tokens=99),
-                              emit=lambda text, ids, last, s: sent.append(text), stream=True)
+        seq = causal.Sequence(
+            prompt=[],
+            sampling=causal.Sampling(max_new_tokens=99),
+            emit=lambda text, ids, last, s: sent.append(text),  # noqa: B023 - used in the loop
+            stream=True,
+        )
         for i in range(len(tokens)):
             seq.generated.append(i)
             engine._stream(seq)
@@ -397,9 +457,11 @@ def test_openvino_genai_compressed_candidates_are_scored_by_the_gate_metrics(gen
     data = Data(PROMPTS)
     reference = kind.reference(str(genai_exported["model_dir"]), cfg, data)
     scores = {}
-    for name, variant in (("f32", genai_exported["ir"]),
-                          ("int8", compressed(genai_exported["ctx"], "INT8_ASYM", 0)),
-                          ("int4", compressed(genai_exported["ctx"], "INT4_ASYM", 16))):
+    for name, variant in (
+        ("f32", genai_exported["ir"]),
+        ("int8", compressed(genai_exported["ctx"], "INT8_ASYM", 0)),
+        ("int4", compressed(genai_exported["ctx"], "INT4_ASYM", 16)),
+    ):
         model = _load(genai_exported["settings"], onnx=variant["onnx_path"])
         try:
             outputs = kind.extract(model.answer(kind.requests(PROMPTS)))

@@ -41,12 +41,15 @@ def _spec(**image) -> dict:
     return data
 
 
-@pytest.mark.parametrize("image, problem", [
-    ({"registry": "http://reg:5000"}, "'image.registry' = 'http://reg:5000'"),
-    ({"repository": "Team/Embedder"}, "'image.repository' = 'Team/Embedder'"),
-    ({"build": "sometimes"}, "'image.build"),
-    ({"colour": "blue"}, "unknown key 'image.colour'"),
-])
+@pytest.mark.parametrize(
+    "image, problem",
+    [
+        ({"registry": "http://reg:5000"}, "'image.registry' = 'http://reg:5000'"),
+        ({"repository": "Team/Embedder"}, "'image.repository' = 'Team/Embedder'"),
+        ({"build": "sometimes"}, "'image.build"),
+        ({"colour": "blue"}, "unknown key 'image.colour'"),
+    ],
+)
 def test_bad_image_section_names_the_key(image, problem):
     with pytest.raises(SpecError, match=problem.replace("(", r"\(").replace(".", r"\.")):
         parse_spec(_spec(**image), ROOT / "releases")
@@ -73,8 +76,9 @@ def test_tag_carries_name_version_and_short_content_hash(monkeypatch):
     monkeypatch.delenv("HF2TRITON_REGISTRY", raising=False)
     monkeypatch.delenv("HF2TRITON_BASE_IMAGE", raising=False)
     key = "0123456789abcdef" * 4
-    target = image_step.image_target(ImageSpec(registry="reg.example:5000"), "my-embedder", "7",
-                                     key)
+    target = image_step.image_target(
+        ImageSpec(registry="reg.example:5000"), "my-embedder", "7", key
+    )
     assert target["tag"] == "reg.example:5000/my-embedder:7-0123456789ab"
     assert target["base_image"] == "python:3.11-slim-bookworm" and target["python"] == "3.11"
     gpu = image_step.image_target(ImageSpec(), "my-embedder", "7", key, "gpu")
@@ -91,14 +95,21 @@ def test_credentials_from_env_or_a_prefect_block(monkeypatch):
     monkeypatch.delenv(REGISTRY_PASSWORD, raising=False)
     assert image_step.registry_auth(ImageSpec(), "r:5000") is None
     monkeypatch.setenv(REGISTRY_USERNAME, "ci")
-    with pytest.raises(RegistryAuthError, match=f"{REGISTRY_PASSWORD} is not set, but "
-                       f"{REGISTRY_USERNAME} is: set {REGISTRY_USERNAME} and {REGISTRY_PASSWORD}"):
+    with pytest.raises(
+        RegistryAuthError,
+        match=f"{REGISTRY_PASSWORD} is not set, but "
+        f"{REGISTRY_USERNAME} is: set {REGISTRY_USERNAME} and {REGISTRY_PASSWORD}",
+    ):
         image_step.registry_auth(ImageSpec(), "r:5000")
     monkeypatch.setenv(REGISTRY_PASSWORD, PASSWORD)
     assert image_step.registry_auth(ImageSpec(), "r:5000") == {
-        "username": "ci", "password": PASSWORD, "serveraddress": "r:5000"}
-    RegistryCredentials(username="blockuser", password="block-pw").save("test-registry",
-                                                                        overwrite=True)
+        "username": "ci",
+        "password": PASSWORD,
+        "serveraddress": "r:5000",
+    }
+    RegistryCredentials(username="blockuser", password="block-pw").save(
+        "test-registry", overwrite=True
+    )
     auth = image_step.registry_auth(ImageSpec(credentials_block="test-registry"), "r:5000")
     assert auth["username"] == "blockuser" and auth["password"] == "block-pw"
     with pytest.raises(RegistryAuthError, match="image.credentials_block 'nope': no saved"):
@@ -163,21 +174,25 @@ def auth_registry(tmp_path_factory, docker_env):
 
     root = tmp_path_factory.mktemp("auth-registry")
     (root / "htpasswd").write_text(
-        f"ci:{crypt.crypt(PASSWORD, crypt.mksalt(crypt.METHOD_BLOWFISH))}\n")
+        f"ci:{crypt.crypt(PASSWORD, crypt.mksalt(crypt.METHOD_BLOWFISH))}\n"
+    )
     port = free_port()
     (root / "config.yml").write_text(
         "version: 0.1\nlog: {level: warn}\n"
         f"storage: {{filesystem: {{rootdirectory: {root / 'data'}}}}}\n"
         f"http: {{addr: 127.0.0.1:{port}}}\n"
-        f"auth: {{htpasswd: {{realm: hf2triton-test, path: {root / 'htpasswd'}}}}}\n")
+        f"auth: {{htpasswd: {{realm: hf2triton-test, path: {root / 'htpasswd'}}}}}\n"
+    )
     log = open(root / "registry.log", "wb")
-    proc = subprocess.Popen(["docker-registry", "serve", str(root / "config.yml")], stdout=log,
-                            stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        ["docker-registry", "serve", str(root / "config.yml")], stdout=log, stderr=subprocess.STDOUT
+    )
     try:
         deadline = time.monotonic() + 30
         while engine_client.registry_answers(f"127.0.0.1:{port}") is not None:
-            assert proc.poll() is None and time.monotonic() < deadline, \
-                (root / "registry.log").read_text()
+            assert proc.poll() is None and time.monotonic() < deadline, (
+                root / "registry.log"
+            ).read_text()
             time.sleep(0.3)
         yield f"127.0.0.1:{port}"
     finally:
@@ -199,12 +214,14 @@ def tiny_image(docker_client, tmp_path_factory) -> str:
 def _tagged(docker_client, tiny_image: str, registry: str, name: str) -> image_step.ImageTarget:
     tag = f"{registry}/{name}:1-abc"
     docker_client.images.get(tiny_image).tag(tag)
-    return image_step.ImageTarget(registry=registry, repository=f"{registry}/{name}",
-                                  base_image="scratch", tag=tag)
+    return image_step.ImageTarget(
+        registry=registry, repository=f"{registry}/{name}", base_image="scratch", tag=tag
+    )
 
 
-def test_push_needs_the_right_credentials_and_never_logs_them(auth_registry, tiny_image,
-                                                              docker_client, monkeypatch, caplog):
+def test_push_needs_the_right_credentials_and_never_logs_them(
+    auth_registry, tiny_image, docker_client, monkeypatch, caplog
+):
     caplog.set_level(logging.DEBUG)
     target = _tagged(docker_client, tiny_image, auth_registry, "auth-check")
     monkeypatch.delenv(REGISTRY_USERNAME, raising=False)
@@ -234,8 +251,9 @@ def test_prerequisites_say_what_is_missing(docker_env, monkeypatch):
     monkeypatch.setenv("HF2TRITON_BASE_IMAGE", docker_env.base_image)
     ok = image_step.image_target(ImageSpec(registry=docker_env.registry), "x", "1", "a" * 64)
     assert image_step.check_prerequisites(ok) is None
-    nowhere = image_step.image_target(ImageSpec(registry=f"127.0.0.1:{free_port()}"), "x", "1",
-                                      "a" * 64)
+    nowhere = image_step.image_target(
+        ImageSpec(registry=f"127.0.0.1:{free_port()}"), "x", "1", "a" * 64
+    )
     assert "no registry answers" in image_step.check_prerequisites(nowhere)
     monkeypatch.setenv("HF2TRITON_BASE_IMAGE", "hf2triton-test/no-such-base:1")
     missing = image_step.image_target(ImageSpec(registry=docker_env.registry), "x", "1", "a" * 64)
@@ -254,8 +272,12 @@ def test_auto_skips_the_image_and_says_why_while_docker_target_fails(docker_env,
     data = _spec(build=True)
     data["deploy"]["target"] = "docker"
     with pytest.raises(DockerUnavailableError, match="needs its image .deploy.target is docker"):
-        release_image(parse_spec(data, ROOT / "releases"),
-                      {"repository": "/nonexistent", "files": {}}, reg, record)
+        release_image(
+            parse_spec(data, ROOT / "releases"),
+            {"repository": "/nonexistent", "files": {}},
+            reg,
+            record,
+        )
 
 
 def _tiny_repository(root: Path) -> tuple[str, dict[str, str]]:
@@ -267,29 +289,38 @@ def _tiny_repository(root: Path) -> tuple[str, dict[str, str]]:
     return str(root), hash_files(root)
 
 
-LINEAGE = {"release": "m", "source_id": "t/m", "revision": "local", "content_hash": "c" * 64,
-           "release_key": "k" * 64, "variant": "fp32", "model_name": "m"}
+LINEAGE = {
+    "release": "m",
+    "source_id": "t/m",
+    "revision": "local",
+    "content_hash": "c" * 64,
+    "release_key": "k" * 64,
+    "variant": "fp32",
+    "model_name": "m",
+}
 
 
-def test_an_error_in_the_build_stream_raises(docker_env, serving_wheelhouse, tmp_path,
-                                             monkeypatch):
+def test_an_error_in_the_build_stream_raises(docker_env, serving_wheelhouse, tmp_path, monkeypatch):
     broken = tmp_path / "Dockerfile"
     broken.write_text("ARG BASE_IMAGE\nFROM ${BASE_IMAGE}\nRUN echo building && exit 3\n")
     monkeypatch.setattr(image_build, "DOCKERFILE", broken)
     monkeypatch.setenv("HF2TRITON_HOME", str(tmp_path / "home"))
     repo, files = _tiny_repository(tmp_path / "repo")
-    target = image_step.ImageTarget(registry=docker_env.registry,
-                                    repository=f"{docker_env.registry}/m",
-                                    base_image=docker_env.base_image,
-                                    tag=f"{docker_env.registry}/m:1-kkkk")
+    target = image_step.ImageTarget(
+        registry=docker_env.registry,
+        repository=f"{docker_env.registry}/m",
+        base_image=docker_env.base_image,
+        tag=f"{docker_env.registry}/m:1-kkkk",
+    )
     with pytest.raises(ImageBuildError, match="returned a non-zero code: 3") as err:
         image_step.build_serving_image(repo, "m", "1", files, target, LINEAGE)
     assert "building" in str(err.value)  # the last build output comes with the error
     assert not is_retryable(err.value)
 
 
-def test_build_is_offline_and_refuses_a_tampered_repository(docker_env, serving_wheelhouse,
-                                                            tmp_path, monkeypatch):
+def test_build_is_offline_and_refuses_a_tampered_repository(
+    docker_env, serving_wheelhouse, tmp_path, monkeypatch
+):
     monkeypatch.setenv("HF2TRITON_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("HF2TRITON_BASE_IMAGE", docker_env.base_image)
     repo, files = _tiny_repository(tmp_path / "repo")
@@ -299,8 +330,10 @@ def test_build_is_offline_and_refuses_a_tampered_repository(docker_env, serving_
         image_step.build_serving_image(repo, "m", "1", files, target, LINEAGE)
     # No RUN step of the build can reach the network: the Dockerfile's steps get none.
     probe = tmp_path / "Dockerfile"
-    probe.write_text("ARG BASE_IMAGE\nFROM ${BASE_IMAGE}\nRUN python3 -c \"import socket; "
-                     "socket.create_connection(('deb.debian.org', 80), 5)\"\n")
+    probe.write_text(
+        'ARG BASE_IMAGE\nFROM ${BASE_IMAGE}\nRUN python3 -c "import socket; '
+        "socket.create_connection(('deb.debian.org', 80), 5)\"\n"
+    )
     monkeypatch.setattr(image_build, "DOCKERFILE", probe)
     repo, files = _tiny_repository(tmp_path / "repo2")
     with pytest.raises(ImageBuildError, match="non-zero code") as err:
@@ -326,8 +359,11 @@ def test_registry_answers_over_http_on_loopback(docker_env):
 HF2TRITON = str(ROOT / ".venv" / "bin" / "hf2triton")
 SERVING_SITE = next((ROOT / ".venv-serving" / "lib").glob("python3.*/site-packages"))
 # Planted in the render's environment: none may reach what it writes.
-SECRETS = {"HF_TOKEN": "hf_renderSecret0123", "HF2TRITON_REGISTRY_PASSWORD": PASSWORD,
-           "AWS_SECRET_ACCESS_KEY": "aws-render-secret-4567"}
+SECRETS = {
+    "HF_TOKEN": "hf_renderSecret0123",
+    "HF2TRITON_REGISTRY_PASSWORD": PASSWORD,
+    "AWS_SECRET_ACCESS_KEY": "aws-render-secret-4567",
+}
 
 
 def _rendered(tmp_path: Path, **overrides) -> tuple[Path, list[dict]]:
@@ -340,9 +376,13 @@ def _rendered(tmp_path: Path, **overrides) -> tuple[Path, list[dict]]:
     tmp_path.mkdir(parents=True, exist_ok=True)
     spec = write_spec(tmp_path / "spec.yaml", **overrides)
     out = tmp_path / "context"
-    proc = subprocess.run([HF2TRITON, "image", "render", str(spec), "--output", str(out)],
-                          capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **SECRETS})
+    proc = subprocess.run(
+        [HF2TRITON, "image", "render", str(spec), "--output", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **SECRETS},
+    )
     assert proc.returncode == 0, proc.stderr
     for secret in SECRETS.values():
         assert secret not in proc.stdout + proc.stderr
@@ -375,19 +415,23 @@ def test_a_gpu_spec_renders_the_gpu_image_installed_like_the_cpu_image(tmp_path)
     import re
 
     cpu, cpu_df = _rendered(tmp_path / "cpu")
-    gpu, gpu_df = _rendered(tmp_path / "gpu", deploy__device="gpu",
-                            deploy__gpu_gate="cpu-numerics")
+    gpu, gpu_df = _rendered(tmp_path / "gpu", deploy__device="gpu", deploy__gpu_gate="cpu-numerics")
     # onnxruntime-gpu with its CUDA 13 libraries at the pinned ORT version, in place of
     # onnxruntime, and every other serving package pinned as in the CPU image.
     cpu_pins, gpu_pins = (_requirements(d / "wheelhouse" / "runtime.txt") for d in (cpu, gpu))
     assert gpu_pins.pop("onnxruntime-gpu[cuda,cudnn]") == cpu_pins.pop("onnxruntime") == "1.31.1"
     assert gpu_pins == cpu_pins
-    assert (gpu / "wheelhouse" / "triton.txt").read_text() == \
-        (cpu / "wheelhouse" / "triton.txt").read_text()
+    assert (gpu / "wheelhouse" / "triton.txt").read_text() == (
+        cpu / "wheelhouse" / "triton.txt"
+    ).read_text()
+
     # ... installed the same way: offline, from the wheelhouse only, by the same instruction.
     def installs(structure: list[dict]) -> list[str]:
-        return [" ".join(cmd.split()) for run in _runs(structure)
-                for cmd in re.findall(r"pip install [^&]*", run)]
+        return [
+            " ".join(cmd.split())
+            for run in _runs(structure)
+            for cmd in re.findall(r"pip install [^&]*", run)
+        ]
 
     assert installs(gpu_df) == installs(cpu_df) and len(installs(gpu_df)) == 2
     assert all("--no-index --find-links /wheelhouse" in cmd for cmd in installs(gpu_df))
@@ -400,18 +444,21 @@ def test_a_gpu_spec_renders_the_gpu_image_installed_like_the_cpu_image(tmp_path)
     # for the GPUs; the CPU image has none of it.
     build, final = _stages(gpu_df)
     assert any("nvidia/*/lib" in i["value"] for i in build if i["instruction"] == "RUN")
-    assert any("ldconfig" in r and "libonnxruntime_providers_cuda.so" in r
-               for r in _runs(final))
+    assert any("ldconfig" in r and "libonnxruntime_providers_cuda.so" in r for r in _runs(final))
     env = " ".join(i["value"] for i in final if i["instruction"] == "ENV")
     assert "NVIDIA_VISIBLE_DEVICES=all" in env and "NVIDIA_DRIVER_CAPABILITIES=compute" in env
-    assert "NVIDIA" not in (cpu / "Dockerfile").read_text().replace("nvidia-pytriton", "") \
-        .replace("nvidia_pytriton", "")
+    assert "NVIDIA" not in (cpu / "Dockerfile").read_text().replace("nvidia-pytriton", "").replace(
+        "nvidia_pytriton", ""
+    )
     # It still runs as the unprivileged user, on the base given as a build argument.
     assert [i["value"] for i in final if i["instruction"] == "USER"][-1] == "triton:triton"
-    assert [i["value"] for i in gpu_df if i["instruction"] == "FROM"] == \
-        ["${BASE_IMAGE} AS build", "${BASE_IMAGE}"]
-    assert json.loads((gpu / "build-args.json").read_text()) == \
-        {"BASE_IMAGE": "python:3.12-slim-bookworm"}
+    assert [i["value"] for i in gpu_df if i["instruction"] == "FROM"] == [
+        "${BASE_IMAGE} AS build",
+        "${BASE_IMAGE}",
+    ]
+    assert json.loads((gpu / "build-args.json").read_text()) == {
+        "BASE_IMAGE": "python:3.12-slim-bookworm"
+    }
 
 
 def test_the_gpu_image_serves_the_model_on_gpu_instances(tmp_path):
@@ -421,22 +468,45 @@ def test_the_gpu_image_serves_the_model_on_gpu_instances(tmp_path):
     from hf2triton.release.repository import BATCHING, render_config
     from hf2triton.spec import kind_for
 
-    spec = parse_spec(__import__("yaml").safe_load(write_spec(
-        tmp_path / "s.yaml", deploy__device="gpu", deploy__gpu_gate="cpu-numerics",
-        deploy__gpus=[0]).read_text()), ROOT / "releases")
-    config = render_config(kind_for(spec), "m", EmbeddingConfig(pooling="mean", normalize=True, max_length=16),
-                           {"embedding_dim": 8},
-                           {k: getattr(spec.deploy, k) for k in BATCHING}, "")
+    spec = parse_spec(
+        __import__("yaml").safe_load(
+            write_spec(
+                tmp_path / "s.yaml",
+                deploy__device="gpu",
+                deploy__gpu_gate="cpu-numerics",
+                deploy__gpus=[0],
+            ).read_text()
+        ),
+        ROOT / "releases",
+    )
+    config = render_config(
+        kind_for(spec),
+        "m",
+        EmbeddingConfig(pooling="mean", normalize=True, max_length=16),
+        {"embedding_dim": 8},
+        {k: getattr(spec.deploy, k) for k in BATCHING},
+        "",
+    )
     assert "kind: KIND_GPU\n    gpus: [ 0 ]" in config and "KIND_CPU" not in config
 
 
-@pytest.mark.parametrize("overrides, python", [
-    ({}, "3.11"),
-    ({"deploy__device": "gpu", "deploy__gpu_gate": "cpu-numerics"}, "3.12"),
-    ({"image__base_image": "python:3.12-slim-bookworm"}, "3.12"),
-    ({"deploy__device": "gpu", "deploy__gpu_gate": "cpu-numerics",
-      "image__base_image": "registry.example/cuda-py:13", "image__python": "3.11"}, "3.11"),
-])
+@pytest.mark.parametrize(
+    "overrides, python",
+    [
+        ({}, "3.11"),
+        ({"deploy__device": "gpu", "deploy__gpu_gate": "cpu-numerics"}, "3.12"),
+        ({"image__base_image": "python:3.12-slim-bookworm"}, "3.12"),
+        (
+            {
+                "deploy__device": "gpu",
+                "deploy__gpu_gate": "cpu-numerics",
+                "image__base_image": "registry.example/cuda-py:13",
+                "image__python": "3.11",
+            },
+            "3.11",
+        ),
+    ],
+)
 def test_the_python_backend_stub_follows_the_image_python(tmp_path, overrides, python):
     import re
 
@@ -447,14 +517,26 @@ def test_the_python_backend_stub_follows_the_image_python(tmp_path, overrides, p
     # The build stops, saying so, on a base whose python3 is another version.
     assert f'if [ "$have" != "{python}" ]' in runs
     # The Triton wheel has that stub where the Dockerfile copies it from.
-    assert (SERVING_SITE / "pytriton" / "tritonserver" / "python_backend_stubs" / python /
-            "triton_python_backend_stub").is_file()
+    assert (
+        SERVING_SITE
+        / "pytriton"
+        / "tritonserver"
+        / "python_backend_stubs"
+        / python
+        / "triton_python_backend_stub"
+    ).is_file()
     # And the wheelhouse is downloaded for that Python.
     from hf2triton.image.wheelhouse import pip_platform
 
-    assert pip_platform(python)[:7] == ["--only-binary=:all:", "--python-version", python,
-                                        "--implementation", "cp", "--abi",
-                                        "cp" + python.replace(".", "")]
+    assert pip_platform(python)[:7] == [
+        "--only-binary=:all:",
+        "--python-version",
+        python,
+        "--implementation",
+        "cp",
+        "--abi",
+        "cp" + python.replace(".", ""),
+    ]
 
 
 def test_an_image_python_without_a_triton_stub_or_unquoted_is_refused():
@@ -476,13 +558,31 @@ def test_the_gpu_image_wheels_resolve_for_its_platform(tmp_path):
     triton, runtime = serving_requirements(VARIANTS["gpu"])
     report = tmp_path / "report.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--ignore-installed",
-         "--disable-pip-version-check", "--target", str(tmp_path / "t"), "--report",
-         str(report), *pip_platform("3.12"), *runtime], capture_output=True, text=True,
-        timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--quiet",
+            "--ignore-installed",
+            "--disable-pip-version-check",
+            "--target",
+            str(tmp_path / "t"),
+            "--report",
+            str(report),
+            *pip_platform("3.12"),
+            *runtime,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    names = {i["metadata"]["name"].lower(): i["metadata"]["version"]
-             for i in json.loads(report.read_text())["install"]}
+    names = {
+        i["metadata"]["name"].lower(): i["metadata"]["version"]
+        for i in json.loads(report.read_text())["install"]
+    }
     assert names["onnxruntime-gpu"] == "1.31.1" and "onnxruntime" not in names
     assert names["nvidia-cudnn-cu13"].startswith("9.")
     assert {"nvidia-cuda-runtime", "nvidia-cublas"} <= set(names)
@@ -499,17 +599,22 @@ class Registry:
         (root / "config.yml").write_text(
             "version: 0.1\nlog: {level: warn}\n"
             f"storage: {{filesystem: {{rootdirectory: {root / 'data'}}}}}\n"
-            f"http: {{addr: {self.url}}}\n")
+            f"http: {{addr: {self.url}}}\n"
+        )
         self.proc = None
 
     def start(self) -> None:
         log = open(self.root / "registry.log", "ab")
-        self.proc = subprocess.Popen(["docker-registry", "serve", str(self.root / "config.yml")],
-                                     stdout=log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            ["docker-registry", "serve", str(self.root / "config.yml")],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.monotonic() + 30
         while engine_client.registry_answers(self.url) is not None:
-            assert self.proc.poll() is None and time.monotonic() < deadline, \
-                (self.root / "registry.log").read_text()
+            assert self.proc.poll() is None and time.monotonic() < deadline, (
+                self.root / "registry.log"
+            ).read_text()
             time.sleep(0.1)
 
     def kill(self) -> None:
@@ -529,8 +634,9 @@ def own_registry(tmp_path, docker_env):
         registry.kill()
 
 
-def test_registry_down_during_push_is_retried_then_one_clear_error(own_registry, docker_client,
-                                                                  tmp_path):
+def test_registry_down_during_push_is_retried_then_one_clear_error(
+    own_registry, docker_client, tmp_path
+):
     """The registry is killed in the middle of a push (a 96 MB layer on its way): the push step
     retries; the registry back in time, the push completes and the registry holds the image
     under the digest the step returns; a registry that stays down ends the step in one error
@@ -548,13 +654,18 @@ def test_registry_down_during_push_is_retried_then_one_clear_error(own_registry,
         ctx.mkdir()
         (ctx / "weights.bin").write_bytes(os.urandom(96 * 1024 * 1024))
         (ctx / "Dockerfile").write_text("FROM scratch\nCOPY weights.bin /\n")
-        built, _ = docker_client.images.build(path=str(ctx), tag=f"hf2triton-test/big:{n}",
-                                              rm=True)
+        built, _ = docker_client.images.build(path=str(ctx), tag=f"hf2triton-test/big:{n}", rm=True)
         return built.id
 
     target = _tagged(docker_client, big_image(1), own_registry.url, "outage")
-    spec = parse_spec({"name": "x", "source": {"path": "/m"}, "validation": {"sentences": "/s"},
-                       "registry": {"model_name": "x"}})
+    spec = parse_spec(
+        {
+            "name": "x",
+            "source": {"path": "/m"},
+            "validation": {"sentences": "/s"},
+            "registry": {"model_name": "x"},
+        }
+    )
 
     @flow(name="push-during-outage")
     def push() -> dict:
@@ -578,9 +689,13 @@ def test_registry_down_during_push_is_retried_then_one_clear_error(own_registry,
     pushed = push()
     thread.join(60)
     assert killed.is_set()
-    with urllib.request.urlopen(urllib.request.Request(
-            f"http://{own_registry.url}/v2/outage/manifests/{pushed['digest']}", method="HEAD",
-            headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"})) as got:
+    with urllib.request.urlopen(
+        urllib.request.Request(
+            f"http://{own_registry.url}/v2/outage/manifests/{pushed['digest']}",
+            method="HEAD",
+            headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"},
+        )
+    ) as got:
         assert got.status == 200
     assert pushed["reference"] == f"{own_registry.url}/outage@{pushed['digest']}"
 

@@ -17,8 +17,12 @@ from pathlib import Path
 
 from tests.conftest import ROOT
 
-FOLDERS = {"hf2triton": "hf2triton", "cli": "hf2triton.cli", "flows": "hf2triton.flows",
-           "tasks": "hf2triton.tasks"}
+FOLDERS = {
+    "hf2triton": "hf2triton",
+    "cli": "hf2triton.cli",
+    "flows": "hf2triton.flows",
+    "tasks": "hf2triton.tasks",
+}
 
 
 def modules() -> dict[str, Path]:
@@ -48,8 +52,9 @@ def imports(name: str, path: Path, known: set[str]) -> set[str]:
             if node.level:
                 up = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(up + ([base] if base else []))
-            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base
-                       for a in node.names]
+            targets = [
+                f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names
+            ]
         else:
             continue
         for target in targets:
@@ -102,8 +107,10 @@ def import_graph(registries: bool = False) -> dict[str, set[str]]:
     known = set(found)
     graph = {name: imports(name, path, known) for name, path in found.items()}
     if not registries:
-        graph = {name: {t for t in targets if not name.startswith(t + ".")}
-                 for name, targets in graph.items()}
+        graph = {
+            name: {t for t in targets if not name.startswith(t + ".")}
+            for name, targets in graph.items()
+        }
     return graph
 
 
@@ -151,7 +158,8 @@ def package_graph() -> dict[str, set[str]]:
         if name == "hf2triton":  # the package's face: `import hf2triton` switches telemetry off
             continue
         graph.setdefault(package_of(name), set()).update(
-            package_of(t) for t in targets if package_of(t) != package_of(name))
+            package_of(t) for t in targets if package_of(t) != package_of(name)
+        )
     return graph
 
 
@@ -159,8 +167,9 @@ def test_packages_import_downwards_only():
     layer = {pkg: i for i, pkgs in enumerate(LAYERS) for pkg in pkgs}
     graph = package_graph()
     assert set(graph) <= set(layer), f"packages without a layer: {set(graph) - set(layer)}"
-    upwards = sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets
-                     if layer[b] < layer[a])
+    upwards = sorted(
+        f"{a} -> {b}" for a, targets in graph.items() for b in targets if layer[b] < layer[a]
+    )
     assert not upwards, f"imports pointing back up: {upwards}"
     assert not cycles(graph), f"packages importing each other: {cycles(graph)}"
 

@@ -25,15 +25,24 @@ from hf2triton.targets.kserve import KServe, KServeDeploy, KubernetesSpec
 ROOT = Path(__file__).resolve().parents[1]
 KSERVE_SDK = ROOT / ".cache" / "kserve-sdk"
 # What hf2triton/image.py's PushResult records for a pushed release image.
-PUSHED = {"tag": "127.0.0.1:5000/tiny-embedder:3-0123456789ab",
-          "digest": "sha256:" + "ab" * 32,
-          "reference": "127.0.0.1:5000/tiny-embedder@sha256:" + "ab" * 32}
+PUSHED = {
+    "tag": "127.0.0.1:5000/tiny-embedder:3-0123456789ab",
+    "digest": "sha256:" + "ab" * 32,
+    "reference": "127.0.0.1:5000/tiny-embedder@sha256:" + "ab" * 32,
+}
 STORE = "s3://models/hf2triton/3/triton_repository"
 
 
 def _render(openai=None, **kube) -> dict:
-    return k8s.render("tiny-embedder", "tiny-embedder", "3", PUSHED["reference"], STORE,
-                      KubernetesSpec(namespace="serving", **kube), openai)
+    return k8s.render(
+        "tiny-embedder",
+        "tiny-embedder",
+        "3",
+        PUSHED["reference"],
+        STORE,
+        KubernetesSpec(namespace="serving", **kube),
+        openai,
+    )
 
 
 def test_rendered_manifests_are_valid_kubernetes_objects_pinned_to_the_digest():
@@ -49,8 +58,12 @@ def test_rendered_manifests_are_valid_kubernetes_objects_pinned_to_the_digest():
     assert triton["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": "http"}
     assert dep["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
     assert pod["securityContext"]["runAsNonRoot"] is True
-    assert {p["name"]: p["port"] for p in objs["Service"]["spec"]["ports"]} == \
-        {"http": 8000, "grpc": 8001, "metrics": 8002, "openai": 9000}
+    assert {p["name"]: p["port"] for p in objs["Service"]["spec"]["ports"]} == {
+        "http": 8000,
+        "grpc": 8001,
+        "metrics": 8002,
+        "openai": 9000,
+    }
     hpa = objs["HorizontalPodAutoscaler"]["spec"]
     assert (hpa["minReplicas"], hpa["maxReplicas"]) == (2, 6)
     assert hpa["metrics"][0]["resource"]["target"]["averageUtilization"] == 60
@@ -80,16 +93,19 @@ def test_every_workload_runs_the_openai_compatible_api_beside_triton(monkeypatch
     env = {e["name"]: e["value"] for e in triton["env"]}
     assert "--max-body-mb=8" in env["HF2TRITON_OPENAI_ARGS"]
     assert "sk-one" not in json.dumps(objs) and len(env["HF2TRITON_OPENAI_KEY_SHA256"]) == 129
-    assert {"name": "openai", "port": 9100, "targetPort": "openai"} in \
-        objs["Service"]["spec"]["ports"]
+    assert {"name": "openai", "port": 9100, "targetPort": "openai"} in objs["Service"]["spec"][
+        "ports"
+    ]
     model = objs["InferenceService"]["spec"]["predictor"]["model"]
     assert model["command"] == ["python3", "-m", "hf2triton_openai"]
     at = model["args"].index("--")
     assert "--port=9100" in model["args"][:at] and model["args"][at + 1] == "tritonserver"
     assert "--triton=127.0.0.1:8081" in model["args"] and "--grpc-port=8081" in model["args"]
     assert {e["name"] for e in model["env"]} == set(env)
-    assert openai_endpoint("e", Kube(namespace="s", workload="deployment"), api) == \
-        "http://e.s.svc.cluster.local:9100/v1"
+    assert (
+        openai_endpoint("e", Kube(namespace="s", workload="deployment"), api)
+        == "http://e.s.svc.cluster.local:9100/v1"
+    )
     assert openai_endpoint("e", Kube(namespace="s", workload="inferenceservice"), api) is None
     off = _render(OpenAISpec(enabled=False))
     (triton,) = off["Deployment"]["spec"]["template"]["spec"]["containers"]
@@ -142,8 +158,9 @@ def _build(models, data, klass: str):
     by_key = {v: k for k, v in cls.attribute_map.items()}
     unknown = sorted(set(data) - set(by_key))
     assert not unknown, f"{klass} has no field(s) {unknown}"
-    return cls(**{by_key[k]: _build(models, v, cls.openapi_types[by_key[k]])
-                  for k, v in data.items()})
+    return cls(
+        **{by_key[k]: _build(models, v, cls.openapi_types[by_key[k]]) for k, v in data.items()}
+    )
 
 
 def test_inference_service_matches_the_kserve_sdk_models():
@@ -194,23 +211,42 @@ def no_cluster(tmp_path, monkeypatch):
 
 def test_kserve_target_without_a_cluster_fails_saying_so(tmp_path, no_cluster):
     kube = KubernetesSpec(namespace="serving", storage_uri=STORE)
-    target = KServe(KServeDeploy(target="kserve", kubernetes=kube, ready_timeout_s=60),
-                    "tiny-embedder", str(tmp_path / "work"), "tiny-embedder")
+    target = KServe(
+        KServeDeploy(target="kserve", kubernetes=kube, ready_timeout_s=60),
+        "tiny-embedder",
+        str(tmp_path / "work"),
+        "tiny-embedder",
+    )
     with pytest.raises(DeployError, match="no Kubernetes cluster is configured") as err:
         target.deploy("/nonexistent", "tiny-embedder", "3", {}, PUSHED, lambda e: {})
     written = tmp_path / "work" / "k8s" / "3"
     assert str(written) in str(err.value)
     assert sorted(p.name for p in written.iterdir()) == [
-        "deployment.yaml", "horizontalpodautoscaler.yaml", "inferenceservice.yaml",
-        "service.yaml", "servicemonitor.yaml"]
+        "deployment.yaml",
+        "horizontalpodautoscaler.yaml",
+        "inferenceservice.yaml",
+        "service.yaml",
+        "servicemonitor.yaml",
+    ]
     with pytest.raises(DeployError, match="no image was built: no registry answers"):
-        target.deploy("/nonexistent", "tiny-embedder", "3", {},
-                      {"skipped": "no registry answers"}, lambda e: {})
+        target.deploy(
+            "/nonexistent",
+            "tiny-embedder",
+            "3",
+            {},
+            {"skipped": "no registry answers"},
+            lambda e: {},
+        )
 
 
 def test_kserve_target_needs_the_image():
-    base = {"name": "x", "source": {"path": "/m"}, "validation": {"sentences": "/s"},
-            "registry": {"model_name": "x"}, "deploy": {"target": "kserve"}}
+    base = {
+        "name": "x",
+        "source": {"path": "/m"},
+        "validation": {"sentences": "/s"},
+        "registry": {"model_name": "x"},
+        "deploy": {"target": "kserve"},
+    }
     with pytest.raises(SpecError, match="'kserve' runs the release's image"):
         parse_spec({**base, "image": {"build": False}})
     with pytest.raises(SpecError, match="not a Kubernetes quantity"):
@@ -221,8 +257,11 @@ def test_kserve_target_needs_the_image():
 def _image_of(version: str) -> dict:
     """A pushed image of `version` (each version its own digest), as image.target records it."""
     digest = "sha256:" + version.zfill(2) * 32
-    return {"tag": f"127.0.0.1:5000/tiny-embedder:{version}-0123456789ab", "digest": digest,
-            "reference": f"127.0.0.1:5000/tiny-embedder@{digest}"}
+    return {
+        "tag": f"127.0.0.1:5000/tiny-embedder:{version}-0123456789ab",
+        "digest": digest,
+        "reference": f"127.0.0.1:5000/tiny-embedder@{digest}",
+    }
 
 
 def _storage_of(version: str) -> str:
@@ -245,9 +284,14 @@ def kserve_versions(tmp_path, hf2triton_home, no_cluster):
         assert str(mv.version) == version
     built = {"image_id": "sha256:" + "ee" * 32, "size_bytes": 1, "base_image": "debian:12"}
     registry.tag_version("tiny-embedder", "1", image_tags(built, _image_of("1")))
-    target = KServe(KServeDeploy(target="kserve", kubernetes=KubernetesSpec(namespace="serving"),
-                                 ready_timeout_s=60),
-                    "tiny-embedder", str(tmp_path / "work"), "tiny-embedder")
+    target = KServe(
+        KServeDeploy(
+            target="kserve", kubernetes=KubernetesSpec(namespace="serving"), ready_timeout_s=60
+        ),
+        "tiny-embedder",
+        str(tmp_path / "work"),
+        "tiny-embedder",
+    )
     with pytest.raises(DeployError, match="no Kubernetes cluster is configured"):
         target.deploy("/nonexistent", "tiny-embedder", "2", {}, _image_of("2"), lambda e: {})
     return target
@@ -260,10 +304,13 @@ def _written(folder: Path) -> dict:
     return {obj["kind"]: obj for obj in objs}
 
 
-@pytest.mark.parametrize("version, recorded_by", [("1", "its MLflow version's image tag"),
-                                                  ("2", "its deploy's manifests")])
+@pytest.mark.parametrize(
+    "version, recorded_by",
+    [("1", "its MLflow version's image tag"), ("2", "its deploy's manifests")],
+)
 def test_restore_without_a_cluster_writes_the_version_pinned_and_applies_nothing(
-        kserve_versions, tmp_path, version, recorded_by):
+    kserve_versions, tmp_path, version, recorded_by
+):
     """`hf2triton rollback` to a version: its own image digest and model repository, rendered,
     checked and written; without a cluster the error names them, and nothing is checked on an
     endpoint (nothing was applied)."""
@@ -272,8 +319,10 @@ def test_restore_without_a_cluster_writes_the_version_pinned_and_applies_nothing
         kserve_versions.restore("tiny-embedder", version, checked.append)
     folder = tmp_path / "work" / "k8s" / f"{version}-restore"
     message = str(err.value)
-    assert message.startswith(f"tiny-embedder version {version} is not served again and the "
-                              "champion alias stays where it is")
+    assert message.startswith(
+        f"tiny-embedder version {version} is not served again and the "
+        "champion alias stays where it is"
+    )
     assert str(folder) in message and "kubectl apply -f" in message
     assert checked == []
     objs = _written(folder)
@@ -303,14 +352,26 @@ def test_restore_of_a_version_with_no_recorded_image_says_what_to_do(kserve_vers
     assert sorted(p.name for p in (tmp_path / "work" / "k8s").iterdir()) == ["2"]
 
 
-@pytest.mark.parametrize("workload, http, grpc, openai", [
-    ("deployment", "tiny-embedder.serving.svc.cluster.local:8000",
-     "tiny-embedder.serving.svc.cluster.local:8001",
-     "http://tiny-embedder.serving.svc.cluster.local:9000/v1"),
-    ("inferenceservice", "tiny-embedder-predictor.serving.svc.cluster.local:80",
-     "tiny-embedder-predictor.serving.svc.cluster.local:80", None)])
+@pytest.mark.parametrize(
+    "workload, http, grpc, openai",
+    [
+        (
+            "deployment",
+            "tiny-embedder.serving.svc.cluster.local:8000",
+            "tiny-embedder.serving.svc.cluster.local:8001",
+            "http://tiny-embedder.serving.svc.cluster.local:9000/v1",
+        ),
+        (
+            "inferenceservice",
+            "tiny-embedder-predictor.serving.svc.cluster.local:80",
+            "tiny-embedder-predictor.serving.svc.cluster.local:80",
+            None,
+        ),
+    ],
+)
 def test_watch_reads_the_rendered_services_metrics_port_and_probes_the_served_endpoints(
-        workload, http, grpc, openai):
+    workload, http, grpc, openai
+):
     kube = KubernetesSpec(namespace="serving", workload=workload)
     target = KServe(KServeDeploy(target="kserve", kubernetes=kube), "tiny-embedder")
     (point,) = target.watch_points()
@@ -331,14 +392,16 @@ def test_watch_follows_the_templates_metrics_port(tmp_path, monkeypatch):
     service = templates / "triton-service.yaml"
     service.write_text(service.read_text().replace("port: 8002", "port: 9102"))
     monkeypatch.setattr(k8s, "TEMPLATES", templates)
-    kube = KubernetesSpec(namespace="serving", workload="deployment",
-                          endpoint_http="gateway.example.com:80")
+    kube = KubernetesSpec(
+        namespace="serving", workload="deployment", endpoint_http="gateway.example.com:80"
+    )
     target = KServe(KServeDeploy(target="kserve", kubernetes=kube), "tiny-embedder")
     (point,) = target.watch_points()
     assert point["metrics"] == "http://tiny-embedder.serving.svc.cluster.local:9102/metrics"
     assert point["http"] == "gateway.example.com:80"
     monitor = templates / "triton-servicemonitor.yaml"
     monitor.write_text(monitor.read_text().replace("port: metrics", "port: prometheus"))
-    with pytest.raises(DeployError, match="scrapes port 'prometheus', which the Service does "
-                       "not have"):
+    with pytest.raises(
+        DeployError, match="scrapes port 'prometheus', which the Service does not have"
+    ):
         target.watch_points()

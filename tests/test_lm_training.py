@@ -21,9 +21,19 @@ from tests.conftest import ROOT
 
 TEXT = ROOT / "releases" / "data" / "kjv-pentateuch.txt"
 SPEC = ROOT / "releases" / "kjv-lm.yaml"
-TINY = {"text": str(TEXT), "vocab_size": 512, "layers": 1, "hidden": 64, "heads": 2,
-        "context": 32, "max_positions": 128, "steps": 40, "batch_size": 8,
-        "learning_rate": 0.01, "seed": 3}
+TINY = {
+    "text": str(TEXT),
+    "vocab_size": 512,
+    "layers": 1,
+    "hidden": 64,
+    "heads": 2,
+    "context": 32,
+    "max_positions": 128,
+    "steps": 40,
+    "batch_size": 8,
+    "learning_rate": 0.01,
+    "seed": 3,
+}
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +63,8 @@ def test_it_trains_a_llama_with_its_tokenizer_and_chat_template(trained):
     saved = json.loads((ROOT / result["model_dir"] / "tokenizer_config.json").read_text())
     assert saved["chat_template"] == spec.chat_template
     chat = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "And Moses said "}], tokenize=False)
+        [{"role": "user", "content": "And Moses said "}], tokenize=False
+    )
     assert chat == "And Moses said\n"
 
 
@@ -89,11 +100,14 @@ def test_a_second_run_reuses_the_model_and_the_source_fetches_it(trained, home, 
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(found["files"])
 
 
-@pytest.mark.parametrize("train, problem", [
-    ({"hidden": 100, "heads": 3}, "hidden 100 is not a multiple of heads 3"),
-    ({"context": 512, "max_positions": 256}, "context 512 is more than max_positions 256"),
-    ({"text": "data/no-such.txt"}, "no-such.txt"),
-])
+@pytest.mark.parametrize(
+    "train, problem",
+    [
+        ({"hidden": 100, "heads": 3}, "hidden 100 is not a multiple of heads 3"),
+        ({"context": 512, "max_positions": 256}, "context 512 is more than max_positions 256"),
+        ({"text": "data/no-such.txt"}, "no-such.txt"),
+    ],
+)
 def test_bad_training_settings_are_refused_by_name(train, problem):
     spec = yaml.safe_load((ROOT / "releases" / "minilm-embedder.yaml").read_text())
     spec["source"] = {"train": {"text": "data/kjv-pentateuch.txt", **train}}
@@ -114,8 +128,7 @@ def test_the_release_spec_trains_from_the_shipped_text():
 
     from hf2triton.sources import SourceSpec
 
-    spec = TypeAdapter(SourceSpec).validate_python(source,
-                                                  context={"base_dir": ROOT / "releases"})
+    spec = TypeAdapter(SourceSpec).validate_python(source, context={"base_dir": ROOT / "releases"})
     assert isinstance(spec, TrainSource) and spec.train.text == str(TEXT)
 
 

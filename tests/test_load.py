@@ -1,4 +1,5 @@
-"""The closed-loop load generator (hf2triton.release.load) on a call of our own: what it counts, when it
+"""The closed-loop load generator (hf2triton.release.load) on a call of our own: what it counts,
+when it
 stops, and what it keeps of failures. Driving a real Triton with it: tests/test_tuning.py."""
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ class Service:
 
 def test_clients_are_concurrent_and_a_request_count_ends_the_window():
     service = Service()
-    found = asyncio.run(closed_loop(service, ["a", "b", "c"], clients=8, duration_s=60,
-                                    max_requests=200))
+    found = asyncio.run(
+        closed_loop(service, ["a", "b", "c"], clients=8, duration_s=60, max_requests=200)
+    )
     assert service.most_open == 8  # each client one request at a time, all at once
     assert 200 <= found.requests <= 208  # the count ended it, long before 60 s
     assert found.errors == 0 and found.rps > 0
@@ -45,8 +47,9 @@ def test_clients_are_concurrent_and_a_request_count_ends_the_window():
 
 def test_failures_are_counted_and_described_and_never_counted_as_answers():
     service = Service()
-    found = asyncio.run(closed_loop(service, ["ok", "bad"], clients=2, duration_s=60,
-                                    max_requests=50))
+    found = asyncio.run(
+        closed_loop(service, ["ok", "bad"], clients=2, duration_s=60, max_requests=50)
+    )
     assert found.requests >= 50 and found.errors > 0
     assert "ValueError: refused bad" in found.failures[0]
     assert found.summary()["first_error"] == found.failures[0]
@@ -54,8 +57,9 @@ def test_failures_are_counted_and_described_and_never_counted_as_answers():
 
 def test_warmup_failures_are_kept_apart_from_the_window():
     service = Service(fail_first=3)  # a server still starting refuses its first requests
-    found = asyncio.run(closed_loop(service, ["ok"], clients=1, duration_s=60, warmup_s=0.3,
-                                    max_requests=20))
+    found = asyncio.run(
+        closed_loop(service, ["ok"], clients=1, duration_s=60, warmup_s=0.3, max_requests=20)
+    )
     assert (found.warmup_errors, found.errors) == (3, 0)
     assert found.requests >= 20
 

@@ -37,22 +37,47 @@ def auth_registry(tmp_path_factory, tiny_bert):
         "[mlflow]\ndefault_permission = READ\n"
         f"database_uri = sqlite:///{tmp / 'auth.db'}\n"
         f"admin_username = {ADMIN}\nadmin_password = {ADMIN_PASSWORD}\n"
-        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
+        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+    )
     port = free_port()
-    env = {**os.environ, "MLFLOW_AUTH_CONFIG_PATH": str(tmp / "basic_auth.ini"),
-           "MLFLOW_FLASK_SERVER_SECRET_KEY": "test-only-csrf-key"}
+    env = {
+        **os.environ,
+        "MLFLOW_AUTH_CONFIG_PATH": str(tmp / "basic_auth.ini"),
+        "MLFLOW_FLASK_SERVER_SECRET_KEY": "test-only-csrf-key",
+    }
     for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN"):
         env.pop(key, None)
     server = subprocess.Popen(
-        [str(Path(sys.executable).parent / "mlflow"), "server", "--app-name", "basic-auth",
-         "--backend-store-uri", f"sqlite:///{tmp / 'mlflow.db'}", "--artifacts-destination",
-         str(tmp / "artifacts"), "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-        env=env, cwd=tmp, stdout=open(tmp / "server.log", "wb"), stderr=subprocess.STDOUT,
-        start_new_session=True)
+        [
+            str(Path(sys.executable).parent / "mlflow"),
+            "server",
+            "--app-name",
+            "basic-auth",
+            "--backend-store-uri",
+            f"sqlite:///{tmp / 'mlflow.db'}",
+            "--artifacts-destination",
+            str(tmp / "artifacts"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        env=env,
+        cwd=tmp,
+        stdout=open(tmp / "server.log", "wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     uri = f"http://127.0.0.1:{port}"
     try:
         wait_http(f"{uri}/health", timeout=120, proc=server)
-        publish = subprocess.run([sys.executable, "-c", f"""
+        publish = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                f"""
 import mlflow
 from mlflow import MlflowClient
 mlflow.set_tracking_uri({uri!r})
@@ -64,8 +89,17 @@ client.create_registered_model({MODEL!r})
 mv = client.create_model_version({MODEL!r}, source=f"{{run.info.artifact_uri}}/model",
                                  run_id=run.info.run_id)
 client.set_registered_model_alias({MODEL!r}, "trained", mv.version)
-"""], env={**env, "MLFLOW_TRACKING_USERNAME": ADMIN, "MLFLOW_TRACKING_PASSWORD": ADMIN_PASSWORD},
-            capture_output=True, text=True, timeout=300)
+""",
+            ],
+            env={
+                **env,
+                "MLFLOW_TRACKING_USERNAME": ADMIN,
+                "MLFLOW_TRACKING_PASSWORD": ADMIN_PASSWORD,
+            },
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert publish.returncode == 0, publish.stderr[-3000:]
         yield uri
     finally:
@@ -80,7 +114,8 @@ def no_mlflow_env(monkeypatch, hf2triton_home):
 
 
 def test_without_credentials_the_source_fails_in_one_line_naming_what_to_set(
-        auth_registry, no_mlflow_env):
+    auth_registry, no_mlflow_env
+):
     spec = MlflowSourceSpec(model=MODEL, alias="trained", tracking_uri=auth_registry)
     with pytest.raises(SourceError) as caught:
         _fetch(spec, auth_registry)
@@ -98,26 +133,30 @@ def test_credentials_from_the_environment(auth_registry, no_mlflow_env, monkeypa
 
 
 def test_credentials_from_a_prefect_block_never_enter_this_process_environment(
-        auth_registry, no_mlflow_env, environ_writes):
-    MlflowCredentials(username=ADMIN, password=ADMIN_PASSWORD).save("test-mlflow-auth",
-                                                                     overwrite=True)
-    spec = MlflowSourceSpec(model=MODEL, version="1", tracking_uri=auth_registry,
-                            credentials_block="test-mlflow-auth")
+    auth_registry, no_mlflow_env, environ_writes
+):
+    MlflowCredentials(username=ADMIN, password=ADMIN_PASSWORD).save(
+        "test-mlflow-auth", overwrite=True
+    )
+    spec = MlflowSourceSpec(
+        model=MODEL, version="1", tracking_uri=auth_registry, credentials_block="test-mlflow-auth"
+    )
     got = _fetch(spec, "http://127.0.0.1:1")
     # The server demands a password and this process's environment has none: the block's
     # reached MLflow, and at no moment of the download was it written into os.environ.
     assert got["revision"] == "1" and got["content_hash"]
-    assert not [k for k, v in environ_writes if ADMIN_PASSWORD in v or k.startswith(
-        "MLFLOW_TRACKING_")], environ_writes
+    assert not [
+        k for k, v in environ_writes if ADMIN_PASSWORD in v or k.startswith("MLFLOW_TRACKING_")
+    ], environ_writes
     assert "MLFLOW_TRACKING_PASSWORD" not in os.environ
     assert ADMIN_PASSWORD not in repr(got)
     with pytest.raises(SpecError, match="credentials_block 'no-such-block': no saved"):
-        _fetch(spec.model_copy(update={"credentials_block": "no-such-block"}),
-                     auth_registry)
+        _fetch(spec.model_copy(update={"credentials_block": "no-such-block"}), auth_registry)
 
 
-def test_a_block_with_a_token_replaces_the_environment_credentials(auth_registry, no_mlflow_env,
-                                                                    monkeypatch):
+def test_a_block_with_a_token_replaces_the_environment_credentials(
+    auth_registry, no_mlflow_env, monkeypatch
+):
     """Another registry's user and password (e.g. the release's own MLflow) must not go to the
     source's registry beside the block's token: MLflow prefers basic auth when both are set.
     Here the environment's are the ones this server takes, so the fetch succeeding would mean
@@ -125,8 +164,12 @@ def test_a_block_with_a_token_replaces_the_environment_credentials(auth_registry
     monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", ADMIN)
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", ADMIN_PASSWORD)
     MlflowCredentials(token="source-token").save("test-mlflow-token", overwrite=True)
-    spec = MlflowSourceSpec(model=MODEL, alias="trained", tracking_uri=auth_registry,
-                            credentials_block="test-mlflow-token")
+    spec = MlflowSourceSpec(
+        model=MODEL,
+        alias="trained",
+        tracking_uri=auth_registry,
+        credentials_block="test-mlflow-token",
+    )
     with pytest.raises(SourceError, match="refused the credentials") as caught:
         _fetch(spec, auth_registry)
     assert "source-token" not in str(caught.value) and ADMIN_PASSWORD not in str(caught.value)
@@ -153,7 +196,8 @@ def test_a_password_in_the_tracking_uri_is_refused_without_being_echoed(tmp_path
 
 @pytest.mark.parametrize("candidate, passes", [(0.7, True), (0.75, True), (0.6999, False)])
 def test_mlflow_validation_passes_a_candidate_exactly_at_the_champion_less_max_drop(
-        candidate, passes):
+    candidate, passes
+):
     from hf2triton.release.champion import mlflow_verdict
 
     verdict = mlflow_verdict("accuracy", candidate, 0.8, 0.1)  # 0.8 - 0.1 is 0.7000000000000001

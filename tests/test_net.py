@@ -1,4 +1,5 @@
-"""Free ports (hf2triton.util.net): a port handed out is free, stays out of the kernel's hands, and is
+"""Free ports (hf2triton.util.net): a port handed out is free, stays out of the kernel's hands, and
+is
 handed to no one else, in this process or another, until it is released."""
 
 from __future__ import annotations
@@ -47,12 +48,22 @@ def test_a_port_another_process_reserved_is_not_handed_out():
     wanted = net.free_ports(5)
     spare = net.free_ports(1)
     net.release(wanted + spare)
-    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
         import sys
         from hf2triton.util import net
         print(net.free_ports(5, candidates={wanted}), flush=True)
         sys.stdin.read()  # hold them until the test closes our stdin
-        """)], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        """),
+        ],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == str(wanted)
         # Bindable, but reserved by the other process: only the spare is ours.

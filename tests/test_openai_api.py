@@ -20,8 +20,13 @@ from tests.conftest import free_port
 
 pytestmark = pytest.mark.e2e
 
-TEXTS = ["a short query", "", "prices rose 12.5% to $43,210!", "ÄÖÜ ß straße 😀",
-         "a long passage " * 40]
+TEXTS = [
+    "a short query",
+    "",
+    "prices rose 12.5% to $43,210!",
+    "ÄÖÜ ß straße 😀",
+    "a long passage " * 40,
+]
 
 
 def _api(rel) -> str:
@@ -42,8 +47,9 @@ def _post(url: str, body, key: str | None = None, raw: bytes | None = None):
     headers = {"Content-Type": "application/json"}
     if key:
         headers["Authorization"] = f"Bearer {key}"
-    req = urllib.request.Request(url, data=raw if raw is not None else json.dumps(body).encode(),
-                                 headers=headers)
+    req = urllib.request.Request(
+        url, data=raw if raw is not None else json.dumps(body).encode(), headers=headers
+    )
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
             return r.status, json.loads(r.read())
@@ -56,8 +62,9 @@ def _cos(a, b):
     return float((a * b).sum() / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-12))
 
 
-def test_the_release_summary_names_the_api_and_the_server_status_shows_it(tiny_release,
-                                                                          monkeypatch):
+def test_the_release_summary_names_the_api_and_the_server_status_shows_it(
+    tiny_release, monkeypatch
+):
     from hf2triton.spec import load_spec
     from hf2triton.targets import triton_local
 
@@ -84,9 +91,10 @@ def test_openai_sdk_embeddings_are_tritons(tiny_release):
     one = client.embeddings.create(model=tiny_release.model, input="a short query")
     assert _cos(one.data[0].embedding, want[0]) >= 0.9999
     # base64: little-endian float32, as the SDK decodes it by default
-    status, body = _post(f"{_api(tiny_release)}/embeddings",
-                         {"model": tiny_release.model, "input": TEXTS[:2],
-                          "encoding_format": "base64"})
+    status, body = _post(
+        f"{_api(tiny_release)}/embeddings",
+        {"model": tiny_release.model, "input": TEXTS[:2], "encoding_format": "base64"},
+    )
     assert status == 200
     vec = np.frombuffer(base64.b64decode(body["data"][1]["embedding"]), "<f4")
     assert _cos(vec, want[1]) >= 0.9999
@@ -97,8 +105,12 @@ def test_langchain_openai_embeddings(tiny_release):
 
     # check_embedding_ctx_length=False: the server tokenizes (LangChain's tiktoken counting is
     # OpenAI's tokenizer, and a download).
-    emb = OpenAIEmbeddings(model=tiny_release.model, base_url=_api(tiny_release),
-                           api_key="unused", check_embedding_ctx_length=False)
+    emb = OpenAIEmbeddings(
+        model=tiny_release.model,
+        base_url=_api(tiny_release),
+        api_key="unused",
+        check_embedding_ctx_length=False,
+    )
     docs = emb.embed_documents(TEXTS[2:])
     query = emb.embed_query(TEXTS[0])
     want, _ = _triton(tiny_release, TEXTS)
@@ -118,25 +130,30 @@ def test_models_lists_every_release_with_its_version(tiny_release):
     assert client.models.retrieve(tiny_release.model).id == tiny_release.model
 
 
-@pytest.mark.parametrize("body, status, param, says", [
-    ({"input": 3}, 400, "input", "string"),
-    ({"input": [1, 2, 3]}, 400, "input", "token ids are not taken"),
-    ({"input": []}, 400, "input", "empty"),
-    ({"input": "x", "encoding_format": "int8"}, 400, "encoding_format", "float"),
-    ({"input": "x", "dimensions": 7}, 400, "dimensions", "dimensions 7"),
-    ({"input": "x", "model": "no-such-model"}, 404, "model", "does not exist"),
-    ({"input": ["x"] * 3000}, 400, "input", "at most"),
-])
-def test_bad_requests_get_openai_error_objects_naming_the_field(tiny_release, body, status,
-                                                                param, says):
+@pytest.mark.parametrize(
+    "body, status, param, says",
+    [
+        ({"input": 3}, 400, "input", "string"),
+        ({"input": [1, 2, 3]}, 400, "input", "token ids are not taken"),
+        ({"input": []}, 400, "input", "empty"),
+        ({"input": "x", "encoding_format": "int8"}, 400, "encoding_format", "float"),
+        ({"input": "x", "dimensions": 7}, 400, "dimensions", "dimensions 7"),
+        ({"input": "x", "model": "no-such-model"}, 404, "model", "does not exist"),
+        ({"input": ["x"] * 3000}, 400, "input", "at most"),
+    ],
+)
+def test_bad_requests_get_openai_error_objects_naming_the_field(
+    tiny_release, body, status, param, says
+):
     got, answer = _post(f"{_api(tiny_release)}/embeddings", {"model": tiny_release.model, **body})
     assert got == status, answer
     error = answer["error"]
     assert error["param"] == param and says in error["message"], error
     assert error["type"] in ("invalid_request_error",)
     # ... and the server keeps serving
-    ok, answer = _post(f"{_api(tiny_release)}/embeddings",
-                       {"model": tiny_release.model, "input": "still here"})
+    ok, answer = _post(
+        f"{_api(tiny_release)}/embeddings", {"model": tiny_release.model, "input": "still here"}
+    )
     assert ok == 200 and len(answer["data"]) == 1
 
 
@@ -144,13 +161,16 @@ def test_malformed_and_oversized_bodies_and_wrong_routes(tiny_release):
     api = _api(tiny_release)
     got, answer = _post(f"{api}/embeddings", None, raw=b'{"model": "x", "input": ')
     assert got == 400 and "JSON" in answer["error"]["message"]
-    got, answer = _post(f"{api}/embeddings", None,
-                        raw=json.dumps({"model": tiny_release.model,
-                                        "input": "x" * (5 << 20)}).encode())
+    got, answer = _post(
+        f"{api}/embeddings",
+        None,
+        raw=json.dumps({"model": tiny_release.model, "input": "x" * (5 << 20)}).encode(),
+    )
     assert got == 413 and answer["error"]["code"] == "request_too_large"
-    got, answer = _post(f"{api}/chat/completions",
-                        {"model": tiny_release.model, "messages": [{"role": "user",
-                                                                    "content": "hi"}]})
+    got, answer = _post(
+        f"{api}/chat/completions",
+        {"model": tiny_release.model, "messages": [{"role": "user", "content": "hi"}]},
+    )
     assert got == 400 and answer["error"]["param"] == "model"
     assert "embedding" in answer["error"]["message"]
     got, answer = _post(f"{api}/no-such-route", {})
@@ -163,10 +183,20 @@ def test_the_api_exports_its_own_metrics(tiny_release):
     _post(f"{api}/embeddings", {"model": tiny_release.model, "input": 3})
     with urllib.request.urlopen(api.removesuffix("/v1") + "/metrics", timeout=10) as r:
         text = r.read().decode()
-    ok = [ln for ln in text.splitlines() if ln.startswith("hf2triton_openai_requests_total{")
-          and f'model="{tiny_release.model}"' in ln and 'status="200"' in ln]
-    bad = [ln for ln in text.splitlines() if ln.startswith("hf2triton_openai_errors_total{")
-           and 'status="400"' in ln and 'route="/v1/embeddings"' in ln]
+    ok = [
+        ln
+        for ln in text.splitlines()
+        if ln.startswith("hf2triton_openai_requests_total{")
+        and f'model="{tiny_release.model}"' in ln
+        and 'status="200"' in ln
+    ]
+    bad = [
+        ln
+        for ln in text.splitlines()
+        if ln.startswith("hf2triton_openai_errors_total{")
+        and 'status="400"' in ln
+        and 'route="/v1/embeddings"' in ln
+    ]
     assert ok and float(ok[0].split()[-1]) >= 1 and bad
     assert "hf2triton_openai_request_seconds_bucket" in text
 
@@ -185,8 +215,9 @@ def test_bearer_keys_are_asked_compared_as_hashes_and_never_written(tiny_release
         triton_local.ensure_api(server, "127.0.0.1", port, [], [])
     triton_local.stop_api()
     try:
-        api = triton_local.ensure_api(server, "127.0.0.1", port,
-                                      [hashlib.sha256(key.encode()).hexdigest()], [])
+        api = triton_local.ensure_api(
+            server, "127.0.0.1", port, [hashlib.sha256(key.encode()).hexdigest()], []
+        )
         assert api.keys == 1 and api.pid != before.pid
         url = api.url + "/embeddings"
         body = {"model": tiny_release.model, "input": "secret?"}
@@ -203,8 +234,12 @@ def test_bearer_keys_are_asked_compared_as_hashes_and_never_written(tiny_release
     finally:  # the module's release as it was: no keys, its own port
         triton_local.stop_api()
         triton_local.ensure_api(server, "127.0.0.1", before.port, [], _arguments(tiny_release))
-    assert _post(f"{_api(tiny_release)}/embeddings",
-                 {"model": tiny_release.model, "input": "open again"})[0] == 200
+    assert (
+        _post(
+            f"{_api(tiny_release)}/embeddings", {"model": tiny_release.model, "input": "open again"}
+        )[0]
+        == 200
+    )
 
 
 def _arguments(rel):

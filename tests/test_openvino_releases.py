@@ -36,28 +36,43 @@ def _embedding(tmp: Path) -> tuple[Path, dict]:
 
 def _classification(tmp: Path) -> tuple[Path, dict]:
     return build_tiny_classifier(tmp / "model"), {
-        "task": "text-classification", "embedding": None, "embedding__thresholds": None}
+        "task": "text-classification",
+        "embedding": None,
+        "embedding__thresholds": None,
+    }
 
 
 def _reranking(tmp: Path) -> tuple[Path, dict]:
     pairs = tmp / "pairs.tsv"
     pairs.write_text("".join(f"{q}\t{p}\n" for q, p in rerank_pairs()), encoding="utf-8")
     return build_tiny_cross_encoder(tmp / "model"), {
-        "task": "text-ranking", "embedding": None, "embedding__thresholds": None,
-        "validation__sentences": str(pairs), "validation__smoke_sentences": 6}
+        "task": "text-ranking",
+        "embedding": None,
+        "embedding__thresholds": None,
+        "validation__sentences": str(pairs),
+        "validation__smoke_sentences": 6,
+    }
 
 
 def _translation(tmp: Path) -> tuple[Path, dict]:
     sentences = tmp / "sentences.txt"
     sentences.write_text("\n".join(SEQ2SEQ_CORPUS) + "\n", encoding="utf-8")
     return build_tiny_m2m100(tmp / "model"), {
-        "task": "translation", "embedding": None, "embedding__thresholds": None,
+        "task": "translation",
+        "embedding": None,
+        "embedding__thresholds": None,
         "generation": {"target_lang": "sw", "max_new_tokens": 12, "num_beams": 1},
-        "validation__sentences": str(sentences), "validation__smoke_sentences": 8}
+        "validation__sentences": str(sentences),
+        "validation__smoke_sentences": 8,
+    }
 
 
-KINDS = {"embedding": _embedding, "classification": _classification,
-         "reranking": _reranking, "translation": _translation}
+KINDS = {
+    "embedding": _embedding,
+    "classification": _classification,
+    "reranking": _reranking,
+    "translation": _translation,
+}
 
 
 def _same(kind_name: str, served: object, in_process: object) -> None:
@@ -82,10 +97,21 @@ def test_every_kind_releases_and_serves_on_openvino(kind_name, tmp_path, monkeyp
 
     model_dir, overrides = KINDS[kind_name](tmp_path)
     name = f"ov-{kind_name}"
-    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port(),
-             "openai": {"port": free_port()}}
-    spec_path = tiny_spec(tmp_path / "spec.yaml", model_dir, ports, name=name,
-                          registry__model_name=name, runtime__candidates=OPENVINO, **overrides)
+    ports = {
+        "http_port": free_port(),
+        "grpc_port": free_port(),
+        "metrics_port": free_port(),
+        "openai": {"port": free_port()},
+    }
+    spec_path = tiny_spec(
+        tmp_path / "spec.yaml",
+        model_dir,
+        ports,
+        name=name,
+        registry__model_name=name,
+        runtime__candidates=OPENVINO,
+        **overrides,
+    )
     monkeypatch.setenv("HF2TRITON_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     spec = load_spec(spec_path)
@@ -101,11 +127,15 @@ def test_every_kind_releases_and_serves_on_openvino(kind_name, tmp_path, monkeyp
         kind = kind_for(spec)
         assert {f"smoke_{k}" for k in kind.smoke_limits()} <= set(summary["metrics"])
         # What the endpoint answers is what the gate's serving core answers, request by request.
-        reference = json.loads(next((tmp_path / "home" / "work" / name / "validate")
-                                    .glob("*/reference.json")).read_text())
+        reference = json.loads(
+            next(
+                (tmp_path / "home" / "work" / name / "validate").glob("*/reference.json")
+            ).read_text()
+        )
         requests = kind.requests(reference["items"])
-        with inference("grpc", f"127.0.0.1:{ports['grpc_port']}", name, version,
-                       kind.outputs) as session:
+        with inference(
+            "grpc", f"127.0.0.1:{ports['grpc_port']}", name, version, kind.outputs
+        ) as session:
             served = kind.extract([session(r) for r in requests])
         model = serving.load(str(version_dir))
         in_process = kind.extract(answer_in_batches(model, requests, 1))

@@ -36,15 +36,26 @@ class MlflowServer:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
-        cmd = [str(Path(sys.executable).parent / "mlflow"), "server",
-               "--backend-store-uri", f"sqlite:///{self.db}",
-               "--artifacts-destination", str(self.root / "artifacts"),
-               "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"]
+        cmd = [
+            str(Path(sys.executable).parent / "mlflow"),
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{self.db}",
+            "--artifacts-destination",
+            str(self.root / "artifacts"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--workers",
+            "1",
+        ]
         # Its job runner (a pool of processes) is nothing the registry needs.
         env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
         with open(self.root / "server.log", "ab") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
         wait_http(f"{self.uri}/health", timeout=180, proc=self.proc)
 
     def signal(self, sig: int) -> None:
@@ -93,10 +104,10 @@ def _whole_versions(server: MlflowServer, name: str, key: str | None = None) -> 
         assert client.list_artifacts(mv.run_id, "triton_repository"), f"v{mv.version}"
     if key is not None:
         exp = client.get_experiment_by_name("hf2triton")
-        runs = client.search_runs([exp.experiment_id],
-                                  f"tags.`hf2triton.release_key` = '{key}'")
-        assert [r.info.status for r in runs] == ["FINISHED"] * len(versions), \
+        runs = client.search_runs([exp.experiment_id], f"tags.`hf2triton.release_key` = '{key}'")
+        assert [r.info.status for r in runs] == ["FINISHED"] * len(versions), (
             "a run of the release that never finished is left beside its version"
+        )
     return versions
 
 
@@ -113,27 +124,34 @@ def _record(tmp: Path, key: str) -> dict:
     (tmp / "model" / "model.onnx").write_bytes(os.urandom(200_000))
     (tmp / "validation_report.json").write_text('{"chosen": "fp32"}')
     (tmp / "reference.json").write_text('{"items": []}')
-    return {"release_key": key,
-            "lineage": {"source_id": "fixtures/tiny", "variant": "fp32",
-                        "sha256.model.onnx": "0" * 64},
-            "metrics": {"mean_cosine": 0.999, "export_seconds": 1.5},
-            "params": {"name": "tiny", "deploy": {"max_batch_size": 8, "sizes": [4, 8]}},
-            "artifacts": {"triton_repository": str(tmp / "repo"), "model": str(tmp / "model"),
-                          "validation_report.json": str(tmp / "validation_report.json"),
-                          "reference.json": str(tmp / "reference.json")}}
+    return {
+        "release_key": key,
+        "lineage": {"source_id": "fixtures/tiny", "variant": "fp32", "sha256.model.onnx": "0" * 64},
+        "metrics": {"mean_cosine": 0.999, "export_seconds": 1.5},
+        "params": {"name": "tiny", "deploy": {"max_batch_size": 8, "sizes": [4, 8]}},
+        "artifacts": {
+            "triton_repository": str(tmp / "repo"),
+            "model": str(tmp / "model"),
+            "validation_report.json": str(tmp / "validation_report.json"),
+            "reference.json": str(tmp / "reference.json"),
+        },
+    }
 
 
 # The MLflow call after which the server stops answering: the run exists and holds nothing yet;
 # part of the artifacts are uploaded; the version was created but its answer never came back
 # (the run is still unfinished).
-HANGS = {"after the run is created": ("create_run", 1),
-         "half-way through the artifacts": ("log_artifacts", 1),
-         "as the version is created": ("create_model_version", 1)}
+HANGS = {
+    "after the run is created": ("create_run", 1),
+    "half-way through the artifacts": ("log_artifacts", 1),
+    "as the version is created": ("create_model_version", 1),
+}
 
 
 @pytest.mark.parametrize("point", HANGS)
 def test_mlflow_hanging_during_register_leaves_one_complete_version_after_the_retry(
-        mlflow, tmp_path, monkeypatch, point):
+    mlflow, tmp_path, monkeypatch, point
+):
     import requests
 
     from hf2triton.clients.mlflow import Registry
@@ -181,10 +199,13 @@ def outage_release(tmp_path_factory, tiny_bert):
     """One tiny release spec and hf2triton home for the crash tests (a later one reuses the
     steps before `register` of an earlier one); its local Triton is stopped after."""
     tmp = tmp_path_factory.mktemp("mlflow-crash")
-    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port(),
-             "openai": {"port": free_port()}}
-    spec = tiny_spec(tmp / "spec.yaml", tiny_bert, ports, name="tiny-outage",
-                     watch__enabled=False)
+    ports = {
+        "http_port": free_port(),
+        "grpc_port": free_port(),
+        "metrics_port": free_port(),
+        "openai": {"port": free_port()},
+    }
+    spec = tiny_spec(tmp / "spec.yaml", tiny_bert, ports, name="tiny-outage", watch__enabled=False)
     home = tmp / "home"
     try:
         yield {"spec": spec, "home": home, "tmp": tmp}
@@ -192,19 +213,27 @@ def outage_release(tmp_path_factory, tiny_bert):
         _cli(["server", "stop"], _fresh_env(home))
 
 
-def _release_crashing_mlflow_in_register(spec: Path, env: dict, server: MlflowServer,
-                                         log: Path) -> subprocess.Popen:
+def _release_crashing_mlflow_in_register(
+    spec: Path, env: dict, server: MlflowServer, log: Path
+) -> subprocess.Popen:
     """Start the release; SIGKILL MLflow as soon as `register` has created its run (read from
     MLflow's own database), before the version is there. Returns the running release."""
     before = server.runs()
     with open(log, "w") as err:
-        release = subprocess.Popen([HF2TRITON, "release", str(spec)], env=env, cwd=ROOT,
-                                   stdout=subprocess.PIPE, stderr=err, text=True,
-                                   start_new_session=True)
+        release = subprocess.Popen(
+            [HF2TRITON, "release", str(spec)],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            start_new_session=True,
+        )
     deadline = time.monotonic() + 600
     while server.runs() == before:
-        assert release.poll() is None, f"the release ended before register:\n" \
-                                       f"{log.read_text()[-3000:]}"
+        assert release.poll() is None, (
+            f"the release ended before register:\n{log.read_text()[-3000:]}"
+        )
         assert time.monotonic() < deadline, "the release did not reach register in 600 s"
         time.sleep(0.02)
     server.kill()
@@ -216,7 +245,9 @@ def _finished(release: subprocess.Popen, log: Path, timeout: float = 600):
         out, _ = release.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(release.pid, signal.SIGKILL)
-        raise AssertionError(f"the release ran past {timeout} s:\n{log.read_text()[-3000:]}")
+        raise AssertionError(
+            f"the release ran past {timeout} s:\n{log.read_text()[-3000:]}"
+        ) from None
     return subprocess.CompletedProcess(release.args, release.returncode, out, log.read_text())
 
 
@@ -232,7 +263,8 @@ def own_mlflow(tmp_path):
 
 
 def test_mlflow_crashing_in_register_and_staying_down_fails_in_one_line_and_leaves_no_orphan(
-        outage_release, own_mlflow, tmp_path):
+    outage_release, own_mlflow, tmp_path
+):
     rel, server = outage_release, own_mlflow
     env = _fresh_env(rel["home"], MLFLOW_TRACKING_URI=server.uri)  # retries 0.5 s apart
     log = tmp_path / "release.log"
@@ -256,11 +288,11 @@ def test_mlflow_crashing_in_register_and_staying_down_fails_in_one_line_and_leav
 
 
 def test_mlflow_crashing_in_register_and_restarted_in_time_finishes_with_one_version(
-        outage_release, own_mlflow, tmp_path):
+    outage_release, own_mlflow, tmp_path
+):
     rel, server = outage_release, own_mlflow
     # Retries far enough apart for MLflow to start again (it takes 10 to 60 s here).
-    env = _fresh_env(rel["home"], MLFLOW_TRACKING_URI=server.uri,
-                     HF2TRITON_RETRY_DELAYS="15,45,90")
+    env = _fresh_env(rel["home"], MLFLOW_TRACKING_URI=server.uri, HF2TRITON_RETRY_DELAYS="15,45,90")
     log = tmp_path / "release.log"
     release = _release_crashing_mlflow_in_register(rel["spec"], env, server, log)
     server.start()
@@ -286,17 +318,20 @@ def _reused_steps(env: dict, run_id: str, release: str) -> list[str]:
 
     async def artifacts():
         async with get_client() as client:
-            return await client.read_artifacts(artifact_filter=ArtifactFilter(
-                flow_run_id=ArtifactFilterFlowRunId(any_=[run_id])))
+            return await client.read_artifacts(
+                artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run_id]))
+            )
 
-    report = next(a for a in _with_api(env, artifacts)
-                  if a.key == artifact_key(release, "report")).data
+    report = next(
+        a for a in _with_api(env, artifacts) if a.key == artifact_key(release, "report")
+    ).data
     line = next(line for line in report.splitlines() if line.startswith("- reused steps:"))
     return [s.strip() for s in line.split(":", 1)[1].split(",") if s.strip() != "none"]
 
 
 def test_worker_killed_mid_release_then_the_rerun_finishes_with_one_version_and_no_half_step(
-        prefect_server, tiny_bert):
+    prefect_server, tiny_bert
+):
     from hf2triton.orchestration.deployments import render
     from hf2triton.orchestration.prefect_api import DEAD_RUN_AUTOMATION
     from hf2triton.util.workspace import DONE_FILE, hash_files
@@ -315,14 +350,33 @@ def test_worker_killed_mid_release_then_the_rerun_finishes_with_one_version_and_
 
     env, tmp = dict(prefect_server["env"]), prefect_server["tmp"] / "worker-lost"
     tmp.mkdir()
-    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port(),
-             "openai": {"port": free_port()}}
+    ports = {
+        "http_port": free_port(),
+        "grpc_port": free_port(),
+        "metrics_port": free_port(),
+        "openai": {"port": free_port()},
+    }
     name = "tiny-worker-lost"
-    spec = tiny_spec(tmp / f"{name}.yaml", tiny_bert, ports, name=name,
-                     registry__model_name=name, watch__enabled=False)
+    spec = tiny_spec(
+        tmp / f"{name}.yaml",
+        tiny_bert,
+        ports,
+        name=name,
+        registry__model_name=name,
+        watch__enabled=False,
+    )
     (tmp / "prefect.yaml").write_text(render([spec]))
-    _run([str(BIN / "prefect"), "--no-prompt", "deploy", "--all", "--prefect-file",
-          str(tmp / "prefect.yaml")], env)
+    _run(
+        [
+            str(BIN / "prefect"),
+            "--no-prompt",
+            "deploy",
+            "--all",
+            "--prefect-file",
+            str(tmp / "prefect.yaml"),
+        ],
+        env,
+    )
     # Workers of this server's other tests beat at Prefect's default 180 s, which widens the
     # automation's window to 9 minutes; this test's beats every 30 s, and the first run's pull
     # step makes the automation anew.
@@ -330,15 +384,23 @@ def test_worker_killed_mid_release_then_the_rerun_finishes_with_one_version_and_
     home = tmp / "home"
     worker_env = {**env, "HF2TRITON_HOME": str(home), "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30"}
     worker_env.pop("MLFLOW_TRACKING_URI", None)
-    worker_cmd = [str(BIN / "prefect"), "worker", "start", "--pool", "hf2triton-process",
-                  "--limit", "1"]
+    worker_cmd = [
+        str(BIN / "prefect"),
+        "worker",
+        "start",
+        "--pool",
+        "hf2triton-process",
+        "--limit",
+        "1",
+    ]
     validate_dir = home / "work" / name / "validate"
     worker = _start(worker_cmd, worker_env, tmp / "worker.log")
     try:
         first = start_run(env, name)
         deadline, polled = time.monotonic() + 600, 0.0
-        while not (validate_dir.is_dir()
-                   and any(p.name.endswith(".tmp") for p in validate_dir.iterdir())):
+        while not (
+            validate_dir.is_dir() and any(p.name.endswith(".tmp") for p in validate_dir.iterdir())
+        ):
             assert worker.poll() is None, (tmp / "worker.log").read_text()[-3000:]
             if time.monotonic() - polled > 5:
                 state, polled = read_run(env, first).state, time.monotonic()
@@ -346,17 +408,19 @@ def test_worker_killed_mid_release_then_the_rerun_finishes_with_one_version_and_
             assert time.monotonic() < deadline, "the run did not reach validate in 600 s"
             time.sleep(0.02)
         kill_worker(worker)  # with the flow run's process, mid-validate
-        assert not [p for p in validate_dir.iterdir() if not p.name.startswith(".")], \
+        assert not [p for p in validate_dir.iterdir() if not p.name.startswith(".")], (
             "validate finished before the kill"
+        )
         assert read_run(env, first).state.type.value == "RUNNING"  # nobody left to end it
 
         worker = _start(worker_cmd, worker_env, tmp / "worker-2.log")
         second = start_run(env, name)  # at once: it waits for the dead run's slot
         deadline = time.monotonic() + 900
         while not ((run := read_run(env, second)).state and run.state.is_final()):
-            assert time.monotonic() < deadline, \
-                f"the re-run is still {run.state.name} after 900 s (the dead run is " \
+            assert time.monotonic() < deadline, (
+                f"the re-run is still {run.state.name} after 900 s (the dead run is "
                 f"{read_run(env, first).state.name})"
+            )
             time.sleep(3)
         assert run.state.type.value == "COMPLETED", (tmp / "worker-2.log").read_text()[-5000:]
         dead = read_run(env, first).state
@@ -373,5 +437,8 @@ def test_worker_killed_mid_release_then_the_rerun_finishes_with_one_version_and_
     finally:
         _stop(worker)
         cancel_open_runs(env)
-        subprocess.run([HF2TRITON, "server", "stop"], env={**env, "HF2TRITON_HOME": str(home)},
-                       capture_output=True)
+        subprocess.run(
+            [HF2TRITON, "server", "stop"],
+            env={**env, "HF2TRITON_HOME": str(home)},
+            capture_output=True,
+        )

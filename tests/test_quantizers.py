@@ -9,25 +9,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hf2triton.errors import (
-    QuantizationError,
-)
+from hf2triton.errors import QuantizationError
 from hf2triton.kinds.embedding import cosine_rows
 from hf2triton.runtimes.quantizers import quantize_onnx
 from hf2triton.spec import QuantizationSpec
-from tests.tiny_bert_steps import (
-    SENTENCES,
-    leftovers,
-    served,
-    sha256,
-)
+from tests.tiny_bert_steps import SENTENCES, leftovers, served, sha256
 
 QUANT_CASES = [
     (QuantizationSpec(), "dynamic-int8/qint8/per-channel"),
     (QuantizationSpec(per_channel=False), "dynamic-int8/qint8/per-tensor"),
     (QuantizationSpec(reduce_range=True), "dynamic-int8/qint8/per-channel/reduce-range"),
-    (QuantizationSpec(weight_type="quint8", per_channel=False),
-     "dynamic-int8/quint8/per-tensor"),
+    (QuantizationSpec(weight_type="quint8", per_channel=False), "dynamic-int8/quint8/per-tensor"),
     (QuantizationSpec(op_types=["MatMul"]), "dynamic-int8/qint8/per-channel/MatMul"),
 ]
 
@@ -53,14 +45,21 @@ def test_dynamic_int8_is_smaller_and_runs(exported, work, tiny_bert, cfg, spec, 
     assert not np.array_equal(quant, fp32)
 
 
-@pytest.mark.parametrize("spec, method, op", [
-    (QuantizationSpec(method="int8-blockwise"), "int8-blockwise/b32/acc4", "MatMulNBits"),
-    (QuantizationSpec(method="int8-blockwise", block_size=128, accuracy_level=0, fuse=True),
-     "int8-blockwise/b128/acc0/fused", "MatMulNBits"),
-    (QuantizationSpec(method="none", fuse=True), "fp32/fused", "SkipLayerNormalization"),
-])
-def test_blockwise_int8_and_the_fused_graph_serve_nearly_fp32(exported, work, tiny_bert, cfg,
-                                                               spec, method, op):
+@pytest.mark.parametrize(
+    "spec, method, op",
+    [
+        (QuantizationSpec(method="int8-blockwise"), "int8-blockwise/b32/acc4", "MatMulNBits"),
+        (
+            QuantizationSpec(method="int8-blockwise", block_size=128, accuracy_level=0, fuse=True),
+            "int8-blockwise/b128/acc0/fused",
+            "MatMulNBits",
+        ),
+        (QuantizationSpec(method="none", fuse=True), "fp32/fused", "SkipLayerNormalization"),
+    ],
+)
+def test_blockwise_int8_and_the_fused_graph_serve_nearly_fp32(
+    exported, work, tiny_bert, cfg, spec, method, op
+):
     import onnx
 
     result = quantize_onnx(exported["onnx_path"], spec, str(work))

@@ -29,13 +29,18 @@ class Release:
 
     def run(self, spec: Path | None = None) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [HF2TRITON, "release", str(spec or self.spec)], env=self.env, cwd=ROOT,
-            capture_output=True, text=True, timeout=1200,
+            [HF2TRITON, "release", str(spec or self.spec)],
+            env=self.env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=1200,
         )
 
     def cli(self, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([HF2TRITON, *args], env=self.env, capture_output=True, text=True,
-                              timeout=120)
+        return subprocess.run(
+            [HF2TRITON, *args], env=self.env, capture_output=True, text=True, timeout=120
+        )
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +52,12 @@ def mlflow_server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def release(tmp_path_factory, mlflow_server):
     tmp = tmp_path_factory.mktemp("e2e")
-    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port(),
-             "openai": {"port": free_port()}}
+    ports = {
+        "http_port": free_port(),
+        "grpc_port": free_port(),
+        "metrics_port": free_port(),
+        "openai": {"port": free_port()},
+    }
     spec = write_spec(tmp / "minilm.yaml", **{f"deploy__{k}": v for k, v in ports.items()})
     rel = Release(tmp / "home", mlflow_server, spec, ports)
     rel.first = rel.run()
@@ -75,8 +84,10 @@ def test_release_summary_names_version_metrics_and_endpoints(release):
     assert summary["mlflow"]["model_name"] == MODEL and summary["mlflow"]["version"] == "1"
     assert summary["metrics"]["min_cosine"] >= 0.99
     assert summary["endpoint"]["grpc"] == f"127.0.0.1:{release.ports['grpc_port']}"
-    assert f":{release.ports['http_port']}/v2/models/{MODEL}/versions/1/infer" in \
-        summary["endpoint"]["http"]
+    assert (
+        f":{release.ports['http_port']}/v2/models/{MODEL}/versions/1/infer"
+        in summary["endpoint"]["http"]
+    )
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
@@ -95,7 +106,6 @@ def test_served_embeddings_match_pytorch_on_unseen_sentences(release, minilm_dir
     assert cos.min() >= 0.99, f"{heldout[worst][:60]!r} served at cosine {cos[worst]:.4f}"
 
 
-
 def test_the_openai_sdk_gets_the_served_embeddings_from_the_summarys_api(release):
     """What the issue's user does after the README's command: the openai SDK on the summary's
     endpoint.openai returns Triton's own embeddings (not a copy of the model: the same server)."""
@@ -110,15 +120,22 @@ def test_the_openai_sdk_gets_the_served_embeddings_from_the_summarys_api(release
     client = openai.OpenAI(base_url=base, api_key="unused", max_retries=0)
     got = client.embeddings.create(model=MODEL, input=texts)
     assert got.model == MODEL and [d.index for d in got.data] == list(range(len(texts)))
-    served, _ = embed_remote("grpc", f"127.0.0.1:{release.ports['grpc_port']}", MODEL, "1",
-                             texts)
+    served, _ = embed_remote("grpc", f"127.0.0.1:{release.ports['grpc_port']}", MODEL, "1", texts)
     cos = cosine_rows(np.array([d.embedding for d in got.data]), served)
     assert cos.min() >= 0.9999, f"{texts[int(np.argmin(cos))][:60]!r} at cosine {cos.min()}"
     assert got.usage.prompt_tokens > len(texts)  # every text's tokens, not one per text
 
+
 # What the default release printed before this was cleaned up, and nothing its user can act on.
-LIBRARY_NOISE = ("WARNING", "Warning", "deprecated", "Opset", "accelerate", "pre-processing",
-                 "Traceback")
+LIBRARY_NOISE = (
+    "WARNING",
+    "Warning",
+    "deprecated",
+    "Opset",
+    "accelerate",
+    "pre-processing",
+    "Traceback",
+)
 
 
 def test_the_release_log_carries_no_warning_its_user_cannot_act_on(release):
@@ -180,8 +197,10 @@ def test_failed_gate_stops_before_registration_and_old_version_serves(release, t
     sentences = tmp_path / "short.txt"
     sentences.write_text("thank you\nok\nThe weather is nice today.\nblood pressure\n")
     spec = write_spec(
-        tmp_path / "strict.yaml", validation__sentences=str(sentences),
-        quantization__fallback_to_fp32=False, embedding__thresholds__min_cosine=0.999,
+        tmp_path / "strict.yaml",
+        validation__sentences=str(sentences),
+        quantization__fallback_to_fp32=False,
+        embedding__thresholds__min_cosine=0.999,
         **{f"deploy__{k}": v for k, v in release.ports.items()},
     )
     proc = release.run(spec)
@@ -192,8 +211,9 @@ def test_failed_gate_stops_before_registration_and_old_version_serves(release, t
     assert "Task run 'register" not in proc.stderr and "Task run 'deploy" not in proc.stderr
     versions = _client(release.mlflow_uri).search_model_versions(f"name = '{MODEL}'")
     assert [v.version for v in versions] == ["1"]
-    emb, _ = embed_remote("grpc", f"127.0.0.1:{release.ports['grpc_port']}", MODEL, "1",
-                          ["still serving"])
+    emb, _ = embed_remote(
+        "grpc", f"127.0.0.1:{release.ports['grpc_port']}", MODEL, "1", ["still serving"]
+    )
     assert emb.shape == (1, 384)
 
 
@@ -205,8 +225,11 @@ def test_a_worse_embedder_is_refused_against_the_serving_champion(release, tiny_
 
     _summary(release.first)
     spec = write_spec(
-        tmp_path / "worse.yaml", source__path=str(tiny_bert), source__package=None,
-        source__subdir=None, source__model_id="fixtures/tiny-bert",
+        tmp_path / "worse.yaml",
+        source__path=str(tiny_bert),
+        source__package=None,
+        source__subdir=None,
+        source__model_id="fixtures/tiny-bert",
         embedding__retrieval=str(ROOT / "releases" / "data" / "retrieval-sample.tsv"),
         **{f"deploy__{k}": v for k, v in release.ports.items()},
     )
@@ -221,8 +244,9 @@ def test_a_worse_embedder_is_refused_against_the_serving_champion(release, tiny_
     assert "validate: the serving champion, version 1: ndcg_at_10" in proc.stderr
     versions = _client(release.mlflow_uri).search_model_versions(f"name = '{MODEL}'")
     assert [v.version for v in versions] == ["1"]
-    emb, _ = embed_remote("grpc", f"127.0.0.1:{release.ports['grpc_port']}", MODEL, "1",
-                          ["still serving"])
+    emb, _ = embed_remote(
+        "grpc", f"127.0.0.1:{release.ports['grpc_port']}", MODEL, "1", ["still serving"]
+    )
     assert emb.shape == (1, 384)
 
 

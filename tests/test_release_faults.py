@@ -28,16 +28,25 @@ RELEASE_TIMEOUT_S = 900
 
 
 def _ports() -> dict:
-    return {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port(),
-            "openai": {"port": free_port()}}
+    return {
+        "http_port": free_port(),
+        "grpc_port": free_port(),
+        "metrics_port": free_port(),
+        "openai": {"port": free_port()},
+    }
 
 
 def _start(spec: Path, env: dict, log: Path) -> subprocess.Popen:
     """`hf2triton release SPEC` in the background, its stdout and stderr in files (two runs that
     wait on each other must not block on a full pipe)."""
-    return subprocess.Popen([HF2TRITON, "release", str(spec)], env=env, cwd=ROOT,
-                            stdout=open(log.with_suffix(".out"), "w"),
-                            stderr=open(log.with_suffix(".err"), "w"), start_new_session=True)
+    return subprocess.Popen(
+        [HF2TRITON, "release", str(spec)],
+        env=env,
+        cwd=ROOT,
+        stdout=open(log.with_suffix(".out"), "w"),
+        stderr=open(log.with_suffix(".err"), "w"),
+        start_new_session=True,
+    )
 
 
 def _finish(proc: subprocess.Popen, log: Path) -> tuple[int, str, str]:
@@ -46,17 +55,21 @@ def _finish(proc: subprocess.Popen, log: Path) -> tuple[int, str, str]:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(30)
-        raise AssertionError(f"a release ran past {RELEASE_TIMEOUT_S} s:\n"
-                             f"{log.with_suffix('.err').read_text()[-6000:]}") from None
-    return (proc.returncode, log.with_suffix(".out").read_text(),
-            log.with_suffix(".err").read_text())
+        raise AssertionError(
+            f"a release ran past {RELEASE_TIMEOUT_S} s:\n"
+            f"{log.with_suffix('.err').read_text()[-6000:]}"
+        ) from None
+    return (
+        proc.returncode,
+        log.with_suffix(".out").read_text(),
+        log.with_suffix(".err").read_text(),
+    )
 
 
 # --- two runs of one release at once ---------------------------------------------------------
 
 
-def test_a_held_release_lock_makes_a_second_taker_wait_then_stop_naming_the_holder(
-        hf2triton_home):
+def test_a_held_release_lock_makes_a_second_taker_wait_then_stop_naming_the_holder(hf2triton_home):
     import threading
 
     from hf2triton.errors import ReleaseBusyError
@@ -89,10 +102,16 @@ def test_a_held_release_lock_makes_a_second_taker_wait_then_stop_naming_the_hold
 def test_a_killed_holder_leaves_no_stale_lock(hf2triton_home):
     from hf2triton.orchestration.locks import read_holder, release_lock
 
-    code = ("import time; from hf2triton.orchestration.locks import release_lock\n"
-            "with release_lock('tiny') as p:\n    print('held', p, flush=True); time.sleep(600)")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "HF2TRITON_HOME": str(hf2triton_home)})
+    code = (
+        "import time; from hf2triton.orchestration.locks import release_lock\n"
+        "with release_lock('tiny') as p:\n    print('held', p, flush=True); time.sleep(600)"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "HF2TRITON_HOME": str(hf2triton_home)},
+    )
     try:
         line = proc.stdout.readline().split()
         assert line[0] == "held", line
@@ -117,14 +136,19 @@ def test_a_bad_lock_wait_is_refused_naming_the_variable(monkeypatch, value):
     assert lock_wait_s() == 3600
 
 
-
 @pytest.mark.e2e
 def test_two_runs_of_a_release_at_once_take_turns_and_register_one_version(
-        tiny_bert, tmp_path, monkeypatch):
+    tiny_bert, tmp_path, monkeypatch
+):
     from hf2triton.orchestration.locks import release_lock
 
-    spec = tiny_spec(tmp_path / "spec.yaml", tiny_bert, _ports(), name="tiny-twice",
-                     registry__model_name="tiny-twice")
+    spec = tiny_spec(
+        tmp_path / "spec.yaml",
+        tiny_bert,
+        _ports(),
+        name="tiny-twice",
+        registry__model_name="tiny-twice",
+    )
     home = tmp_path / "home"
     env = _fresh_env(home)
     logs = [tmp_path / "run-a", tmp_path / "run-b"]
@@ -146,7 +170,13 @@ def test_two_runs_of_a_release_at_once_take_turns_and_register_one_version(
         # No interleaving: the second began its steps after the first had finished all of its.
         assert summaries[first]["reused_steps"] == []
         assert set(summaries[second]["reused_steps"]) >= {
-            "export", "quantize", "validate", "build-repository", "register", "deploy"}
+            "export",
+            "quantize",
+            "validate",
+            "build-repository",
+            "register",
+            "deploy",
+        }
 
         # A run that may not wait (long) stops with one line naming the run that holds the lock.
         monkeypatch.setenv("HF2TRITON_HOME", str(home))
@@ -177,12 +207,17 @@ BIG_VOCAB = 30_000  # rows of the bigger model's embedding: about 3.7 MiB of fp3
 
 def _mount_tmpfs(path: Path, mib: int) -> None:
     path.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mib}m", "tmpfs", str(path)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={mib}m", "tmpfs", str(path)],
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
-        pytest.fail(f"cannot mount a {mib} MiB tmpfs on {path} for this test: it needs root (or "
-                    f"CAP_SYS_ADMIN). mount said: {(proc.stderr or proc.stdout).strip()}",
-                    pytrace=False)
+        pytest.fail(
+            f"cannot mount a {mib} MiB tmpfs on {path} for this test: it needs root (or "
+            f"CAP_SYS_ADMIN). mount said: {(proc.stderr or proc.stdout).strip()}",
+            pytrace=False,
+        )
 
 
 def _unmount(path: Path) -> None:
@@ -200,19 +235,28 @@ def test_a_step_that_fills_the_disk_says_where_and_how_much_and_leaves_nothing(h
     root = hf2triton_home / "work" / "tiny"
     _mount_tmpfs(root, 1)
     try:
+
         def build(out: Path) -> dict:
             (out / "small.txt").write_text("fits")
             (out / "model.onnx").write_bytes(b"\0" * (2 << 20))
             return {}
 
         with pytest.raises(DiskFullError) as failed:
-            cached_step(root, "export", "k" * 64, build,
-                        needs=lambda: SpaceEstimate(3 << 20, "what the test says"))
+            cached_step(
+                root,
+                "export",
+                "k" * 64,
+                build,
+                needs=lambda: SpaceEstimate(3 << 20, "what the test says"),
+            )
         text = str(failed.value)
         assert f"the export step ran out of disk space writing {root / 'export'}: " in text
         assert "it needs about 3.0 MiB (an estimate: what the test says); " in text
-        assert re.search(r"; 1\.0 MiB are free there \(of 1\.0 MiB\); [\d.]+ KiB had been written "
-                         r"when the disk filled \(removed again\)\. ", text), text
+        assert re.search(
+            r"; 1\.0 MiB are free there \(of 1\.0 MiB\); [\d.]+ KiB had been written "
+            r"when the disk filled \(removed again\)\. ",
+            text,
+        ), text
         assert f"set HF2TRITON_HOME to a folder on a bigger disk (now {hf2triton_home})" in text
         assert "\n" not in text
         assert list((root / "export").iterdir()) == []  # nothing half-written left
@@ -222,13 +266,17 @@ def test_a_step_that_fills_the_disk_says_where_and_how_much_and_leaves_nothing(h
         _unmount(root)
 
 
-@pytest.mark.parametrize("dtype, task, factor, basis", [
-    (None, "feature-extraction", 1, "the source model's weights as fp32 ONNX"),
-    ("bfloat16", "feature-extraction", 2, "the source model's bfloat16 weights as fp32 ONNX"),
-    ("float32", "text2text-generation-with-past", 2, "2 times for its text2text-generation"),
-])
-def test_the_export_estimate_is_the_weights_as_fp32_once_per_graph(tmp_path, dtype, task, factor,
-                                                                   basis):
+@pytest.mark.parametrize(
+    "dtype, task, factor, basis",
+    [
+        (None, "feature-extraction", 1, "the source model's weights as fp32 ONNX"),
+        ("bfloat16", "feature-extraction", 2, "the source model's bfloat16 weights as fp32 ONNX"),
+        ("float32", "text2text-generation-with-past", 2, "2 times for its text2text-generation"),
+    ],
+)
+def test_the_export_estimate_is_the_weights_as_fp32_once_per_graph(
+    tmp_path, dtype, task, factor, basis
+):
     from types import SimpleNamespace
 
     from hf2triton.release.export import export_space
@@ -269,14 +317,20 @@ def _fill(home: Path, left: int) -> None:
 
 @pytest.mark.e2e
 def test_home_on_a_disk_that_fills_during_export_fails_in_one_line_and_the_old_version_serves(
-        tiny_bert, tmp_path):
+    tiny_bert, tmp_path
+):
     home = tmp_path / "home"
     _mount_tmpfs(home, TMPFS_MIB)
     env = _fresh_env(home)
     try:
         ports = _ports()
-        spec = tiny_spec(tmp_path / "spec.yaml", tiny_bert, ports, name="tiny-full",
-                         registry__model_name="tiny-full")
+        spec = tiny_spec(
+            tmp_path / "spec.yaml",
+            tiny_bert,
+            ports,
+            name="tiny-full",
+            registry__model_name="tiny-full",
+        )
         first = _cli(["release", str(spec)], env)
         assert first.returncode == 0, first.stderr[-3000:]
         client = triton_client(f"127.0.0.1:{ports['http_port']}")
@@ -288,8 +342,9 @@ def test_home_on_a_disk_that_fills_during_export_fails_in_one_line_and_the_old_v
         weights = (big / "model.safetensors").stat().st_size
         assert weights > 3 * LEFT_FREE  # an export that cannot fit in what is left
         _fill(home, LEFT_FREE)
-        spec = tiny_spec(tmp_path / "spec.yaml", big, ports, name="tiny-full",
-                         registry__model_name="tiny-full")
+        spec = tiny_spec(
+            tmp_path / "spec.yaml", big, ports, name="tiny-full", registry__model_name="tiny-full"
+        )
         full = _cli(["release", str(spec)], env)
 
         assert full.returncode == 1, full.stderr[-3000:]

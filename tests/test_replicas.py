@@ -37,16 +37,23 @@ class Replica:
         self.repo = root / "models"
         self.repo.mkdir(parents=True)
         self.ports = {"http": free_port(), "grpc": free_port(), "metrics": free_port()}
-        self.http, self.grpc, self.metrics = (f"127.0.0.1:{self.ports[k]}"
-                                              for k in ("http", "grpc", "metrics"))
+        self.http, self.grpc, self.metrics = (
+            f"127.0.0.1:{self.ports[k]}" for k in ("http", "grpc", "metrics")
+        )
         self.start()
 
     def start(self) -> None:
         # Triton's Python backend imports from the environment whose bin/ is first on PATH.
         extra = {"PATH": f"{self.own_env / 'bin'}:/usr/bin:/bin"} if self.own_env else None
-        self.proc = triton_local.launch(self.repo, "127.0.0.1", self.ports["http"],
-                                        self.ports["grpc"], self.ports["metrics"],
-                                        self.root / "server.log", extra_env=extra)
+        self.proc = triton_local.launch(
+            self.repo,
+            "127.0.0.1",
+            self.ports["http"],
+            self.ports["grpc"],
+            self.ports["metrics"],
+            self.root / "server.log",
+            extra_env=extra,
+        )
 
     def kill(self) -> None:
         """kill -9 of the server and its Python-backend stubs, as a lost node."""
@@ -55,8 +62,12 @@ class Replica:
         self.proc.wait(30)
 
     def spec(self) -> dict[str, str]:
-        return {"http": self.http, "grpc": self.grpc, "metrics": self.metrics,
-                "model_repository": str(self.repo)}
+        return {
+            "http": self.http,
+            "grpc": self.grpc,
+            "metrics": self.metrics,
+            "model_repository": str(self.repo),
+        }
 
     def serving(self, model: str) -> list[str]:
         with closing(httpclient.InferenceServerClient(url=self.http)) as client:
@@ -116,9 +127,17 @@ def _spec(tmp: Path, model_dir: Path, replicas: list[Replica], name: str, **over
     # The release's watch reads every replica's metrics; latency is not judged here (a shared
     # 2-core machine's p99 is noise, and a version rolled back for it would fail the test).
     overrides = {"watch__p99_slack_ms": 600_000, **overrides}
-    return load_spec(tiny_spec(tmp / name, model_dir, ports, deploy__target="triton-replicas",
-                               deploy__replicas=[r.spec() for r in replicas],
-                               image__build=False, **overrides))
+    return load_spec(
+        tiny_spec(
+            tmp / name,
+            model_dir,
+            ports,
+            deploy__target="triton-replicas",
+            deploy__replicas=[r.spec() for r in replicas],
+            image__build=False,
+            **overrides,
+        )
+    )
 
 
 def _champion(model: str) -> str:
@@ -126,29 +145,58 @@ def _champion(model: str) -> str:
 
     from hf2triton.clients.mlflow import tracking_uri
 
-    return str(MlflowClient(tracking_uri(), registry_uri=tracking_uri())
-               .get_model_version_by_alias(model, "champion").version)
+    return str(
+        MlflowClient(tracking_uri(), registry_uri=tracking_uri())
+        .get_model_version_by_alias(model, "champion")
+        .version
+    )
 
 
 def test_spec_needs_replicas_for_the_replica_target():
-    base = {"name": "x", "source": {"path": "/m"}, "validation": {"sentences": "/s"},
-            "registry": {"model_name": "x"}}
-    with pytest.raises(SpecError, match=r"missing key 'deploy.replicas' \(deploy.target "
-                                        r"'triton-replicas'\)"):
+    base = {
+        "name": "x",
+        "source": {"path": "/m"},
+        "validation": {"sentences": "/s"},
+        "registry": {"model_name": "x"},
+    }
+    with pytest.raises(
+        SpecError,
+        match=r"missing key 'deploy.replicas' \(deploy.target "
+        r"'triton-replicas'\)",
+    ):
         parse_spec({**base, "deploy": {"target": "triton-replicas"}})
     with pytest.raises(SpecError, match="at least 1 item"):
         parse_spec({**base, "deploy": {"target": "triton-replicas", "replicas": []}})
     with pytest.raises(SpecError, match="not an endpoint"):
-        parse_spec({**base, "deploy": {"target": "triton-replicas", "replicas": [
-            {"http": "http://a:8000", "grpc": "a:8001", "model_repository": "/r"}]}})
-    with pytest.raises(SpecError, match=r"unknown key 'deploy.replicas' \(deploy.target "
-                                        r"'local-triton'\)"):
-        parse_spec({**base, "deploy": {"replicas": [
-            {"http": "a:8000", "grpc": "a:8001", "model_repository": "/r"}]}})
+        parse_spec(
+            {
+                **base,
+                "deploy": {
+                    "target": "triton-replicas",
+                    "replicas": [
+                        {"http": "http://a:8000", "grpc": "a:8001", "model_repository": "/r"}
+                    ],
+                },
+            }
+        )
+    with pytest.raises(
+        SpecError,
+        match=r"unknown key 'deploy.replicas' \(deploy.target "
+        r"'local-triton'\)",
+    ):
+        parse_spec(
+            {
+                **base,
+                "deploy": {
+                    "replicas": [{"http": "a:8000", "grpc": "a:8001", "model_repository": "/r"}]
+                },
+            }
+        )
 
 
 def test_rollout_to_three_replicas_where_one_fails_leaves_all_on_the_old_version(
-        replicas, tiny_bert, other_tiny_bert, monkeypatch):
+    replicas, tiny_bert, other_tiny_bert, monkeypatch
+):
     tmp, reps, site = replicas
     monkeypatch.setenv("HF2TRITON_HOME", str(tmp / "home"))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -164,9 +212,13 @@ def test_rollout_to_three_replicas_where_one_fails_leaves_all_on_the_old_version
     # cannot load a new version.
     (site / "tokenizers.py").write_text("raise ImportError('tokenizers is broken on this node')\n")
     try:
-        with pytest.raises(DeployError, match=r"failed to load on 1 of 3 replicas .*"
-                           + reps[2].http.replace(".", r"\.") + r".*Rolled back on every replica"
-                           r": version 1 keeps serving"):
+        with pytest.raises(
+            DeployError,
+            match=r"failed to load on 1 of 3 replicas .*"
+            + reps[2].http.replace(".", r"\.")
+            + r".*Rolled back on every replica"
+            r": version 1 keeps serving",
+        ):
             release_model(_spec(tmp, other_tiny_bert, reps, "second.yaml"))
         for r, b in zip(reps, before):
             assert r.serving(model) == ["1"], r.http
@@ -179,8 +231,9 @@ def test_rollout_to_three_replicas_where_one_fails_leaves_all_on_the_old_version
     # Every replica loads it now, but the smoke test fails (a gate of 1.0 cannot be met by a
     # served model that is not bit-identical to PyTorch): the rollback hook puts all three back.
     with pytest.raises(SmokeTestError, match="replica 127.0.0.1:.*champion was not moved"):
-        release_model(_spec(tmp, other_tiny_bert, reps, "second.yaml",
-                            embedding__smoke_min_cosine=1.0))
+        release_model(
+            _spec(tmp, other_tiny_bert, reps, "second.yaml", embedding__smoke_min_cosine=1.0)
+        )
     for r, b in zip(reps, before):
         assert r.serving(model) == ["1"], r.http
         assert np.allclose(r.embed(model), b, atol=1e-6), r.http
@@ -198,8 +251,13 @@ def test_rollout_to_three_replicas_where_one_fails_leaves_all_on_the_old_version
 
 
 # Short looks; latency is not judged here (a shared 2-core machine's p99 is noise).
-WATCH = {"watch__interval_s": 1.0, "watch__min_requests": 5, "watch__window_s": 900,
-         "watch__max_failure_rate": 0.05, "watch__p99_slack_ms": 600_000}
+WATCH = {
+    "watch__interval_s": 1.0,
+    "watch__min_requests": 5,
+    "watch__window_s": 900,
+    "watch__max_failure_rate": 0.05,
+    "watch__p99_slack_ms": 600_000,
+}
 
 
 def _cli(args: list[str], home: Path):
@@ -232,13 +290,14 @@ def _plant_fault(reps: list[Replica], version: str) -> None:
     for r in reps:
         model_py = r.repo / "tiny-embedder" / version / "model.py"
         text = model_py.read_text()
-        model_py.write_text(text[:text.index("    def execute")] + FAULT.lstrip("\n"))
+        model_py.write_text(text[: text.index("    def execute")] + FAULT.lstrip("\n"))
         with TritonAdmin(r.http) as admin:
             admin.load("tiny-embedder")
 
 
 def test_watch_and_rollback_by_hand_on_every_replica_under_traffic(
-        replicas, tiny_bert, other_tiny_bert, monkeypatch):
+    replicas, tiny_bert, other_tiny_bert, monkeypatch
+):
     """After promotion: `hf2triton rollback` puts every replica back to version 1 while clients
     send to each; released again, version 2 regresses under traffic on every replica and the
     watch, reading each replica's metrics, rolls all three back within its window. Version 1
@@ -253,8 +312,9 @@ def test_watch_and_rollback_by_hand_on_every_replica_under_traffic(
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     spec_path = _released_twice(tmp, reps, tiny_bert, other_tiny_bert)
     spec = load_spec(spec_path)
-    assert [p["metrics"] for p in target_points(spec)] == \
-        [f"http://{r.metrics}/metrics" for r in reps]
+    assert [p["metrics"] for p in target_points(spec)] == [
+        f"http://{r.metrics}/metrics" for r in reps
+    ]
 
     # By hand, under traffic to every replica.
     with Traffic([r.http for r in reps], "tiny-embedder") as traffic:
@@ -269,15 +329,16 @@ def test_watch_and_rollback_by_hand_on_every_replica_under_traffic(
     for r in reps:  # each replica answered 2, then only 1
         seen = [v for _, u, v, _ in traffic.log if u == r.http]
         assert "2" in seen and seen[-1] == "1", r.http
-        assert seen[seen.index("1"):] == ["1"] * (len(seen) - seen.index("1")), r.http
+        assert seen[seen.index("1") :] == ["1"] * (len(seen) - seen.index("1")), r.http
     assert [r.serving("tiny-embedder") for r in reps] == [["1"]] * 3
     assert _champion("tiny-embedder") == "1"
 
     # Released again, version 2 regresses under live traffic: the watch rolls every replica back.
     spec_path = _released_twice(tmp, reps, tiny_bert, other_tiny_bert)
     _plant_fault(reps, "2")
-    seen, traffic = watched_under_traffic([r.http for r in reps], "tiny-embedder", spec,
-                                          failures=5, answers_after=30)
+    seen, traffic = watched_under_traffic(
+        [r.http for r in reps], "tiny-embedder", spec, failures=5, answers_after=30
+    )
     breached = next(s for s in seen if s["breaches"])
     assert breached["champion"] == "2" and breached["in_window"]
     assert {r["endpoint"] for r in breached["rows"]} == {f"replica {r.http}" for r in reps}

@@ -16,48 +16,79 @@ from hf2triton.spec import parse_spec
 from tests.conftest import ROOT, write_spec
 from tests.tiny_bert_steps import SENTENCES, embedding_kind
 
-OV_F32 = {"name": "openvino", "device": "cpu", "precision": "fp32", "streams": 0,
-          "hint": "THROUGHPUT"}
+OV_F32 = {
+    "name": "openvino",
+    "device": "cpu",
+    "precision": "fp32",
+    "streams": 0,
+    "hint": "THROUGHPUT",
+}
 
 
 def _knobs(**changes) -> dict:
-    spec = parse_spec(__import__("yaml").safe_load(
-        write_spec(Path("/tmp") / "repository-spec.yaml").read_text()),
-        base_dir=ROOT / "releases")
+    spec = parse_spec(
+        __import__("yaml").safe_load(write_spec(Path("/tmp") / "repository-spec.yaml").read_text()),
+        base_dir=ROOT / "releases",
+    )
     return {**{k: getattr(spec.deploy, k) for k in BATCHING}, **changes}
 
 
 def test_a_version_directory_is_what_the_gate_ran(tiny_bert, exported, cfg, tmp_path):
     kind = embedding_kind(tiny_bert)
-    built = build_repository(kind, "tiny", exported["onnx_path"], exported["export_dir"], cfg,
-                             {"embedding_dim": 32}, _knobs(runtime=OV_F32), SENTENCES[:2],
-                             str(tmp_path))
+    built = build_repository(
+        kind,
+        "tiny",
+        exported["onnx_path"],
+        exported["export_dir"],
+        cfg,
+        {"embedding_dim": 32},
+        _knobs(runtime=OV_F32),
+        SENTENCES[:2],
+        str(tmp_path),
+    )
     version = Path(built["repository"]) / "tiny" / "1"
     core = {p.name for p in Path(serving.__file__).parent.glob("*.py")}
     assert {p.name for p in (version / serving.PACKAGE_DIR).glob("*.py")} == core
-    assert {"model.py", "model.onnx", "tokenizer.json", serving.SERVING_FILE} <= \
-        {p.name for p in version.iterdir()}
+    assert {"model.py", "model.onnx", "tokenizer.json", serving.SERVING_FILE} <= {
+        p.name for p in version.iterdir()
+    }
     settings = serving.read_settings(str(version))
     assert settings["runtime"] == OV_F32 and settings["onnx"] == "model.onnx"
     assert settings["module"] == "embedding" and settings["kind"] == "embedding"
     # Loaded from the directory as Triton loads it, it answers as the gate's in-process model.
     from_dir = serving.load(str(version))
-    in_gate = kind.open_candidate(exported["onnx_path"], exported["export_dir"],
-                                  kind.serving_json(cfg, exported["export_dir"],
-                                                    runtime=OV_F32))
+    in_gate = kind.open_candidate(
+        exported["onnx_path"],
+        exported["export_dir"],
+        kind.serving_json(cfg, exported["export_dir"], runtime=OV_F32),
+    )
     assert np.allclose(from_dir.embed(SENTENCES), in_gate.embed(SENTENCES), atol=1e-6)
     # Every file is in the result's hashes; the same inputs reuse the render.
     assert "tiny/1/serving.json" in built["files"] and not built["reused"]
-    again = build_repository(kind, "tiny", exported["onnx_path"], exported["export_dir"], cfg,
-                             {"embedding_dim": 32}, _knobs(runtime=OV_F32), SENTENCES[:2],
-                             str(tmp_path))
+    again = build_repository(
+        kind,
+        "tiny",
+        exported["onnx_path"],
+        exported["export_dir"],
+        cfg,
+        {"embedding_dim": 32},
+        _knobs(runtime=OV_F32),
+        SENTENCES[:2],
+        str(tmp_path),
+    )
     assert again["reused"] and again["content_hash"] == built["content_hash"]
 
 
 def test_the_config_declares_the_served_class_inputs_outputs_and_batching(tiny_bert, cfg):
     kind = embedding_kind(tiny_bert)
-    text = render_config(kind, "tiny", cfg, {"embedding_dim": 32},
-                         _knobs(max_batch_size=16, preferred_batch_sizes=[4, 16]), "")
+    text = render_config(
+        kind,
+        "tiny",
+        cfg,
+        {"embedding_dim": 32},
+        _knobs(max_batch_size=16, preferred_batch_sizes=[4, 16]),
+        "",
+    )
     assert 'name: "tiny"' in text and "max_batch_size: 16" in text
     assert "preferred_batch_size: [ 4, 16 ]" in text
     for tensor in (*kind.served.inputs, *kind.served.outputs):
@@ -68,11 +99,19 @@ def test_the_config_declares_the_served_class_inputs_outputs_and_batching(tiny_b
 
 def test_warmup_requests_are_real_validation_items(tiny_bert, exported, cfg, tmp_path):
     kind = embedding_kind(tiny_bert)
-    built = build_repository(kind, "tiny", exported["onnx_path"], exported["export_dir"], cfg,
-                             {"embedding_dim": 32}, _knobs(), ["hello world"], str(tmp_path))
+    built = build_repository(
+        kind,
+        "tiny",
+        exported["onnx_path"],
+        exported["export_dir"],
+        cfg,
+        {"embedding_dim": 32},
+        _knobs(),
+        ["hello world"],
+        str(tmp_path),
+    )
     model_dir = Path(built["repository"]) / "tiny"
     sample = (model_dir / "warmup" / "sample_0_TEXT.bin").read_bytes()
     assert sample == len(b"hello world").to_bytes(4, "little") + b"hello world"
     assert 'input_data_file: "sample_0_TEXT.bin"' in (model_dir / "config.pbtxt").read_text()
-    assert json.loads((model_dir / "1" / serving.SERVING_FILE).read_text())["onnx"] == \
-        "model.onnx"
+    assert json.loads((model_dir / "1" / serving.SERVING_FILE).read_text())["onnx"] == "model.onnx"

@@ -23,11 +23,20 @@ from tests.tiny_models import build_tiny_cross_encoder, rerank_pairs
 def _spec(tmp: Path, model_dir: Path, ports: dict[str, int], **overrides) -> Path:
     pairs = tmp / "rerank-validation.tsv"
     pairs.write_text("".join(f"{q}\t{p}\n" for q, p in rerank_pairs()), encoding="utf-8")
-    return tiny_spec(tmp / "reranker.yaml", model_dir, ports, name="tiny-reranker",
-                     task="text-ranking", embedding=None, registry__model_name="tiny-reranker",
-                     source__model_id="fixtures/tiny-cross-encoder",
-                     validation__sentences=str(pairs), embedding__thresholds=None,
-                     validation__smoke_sentences=6, **overrides)
+    return tiny_spec(
+        tmp / "reranker.yaml",
+        model_dir,
+        ports,
+        name="tiny-reranker",
+        task="text-ranking",
+        embedding=None,
+        registry__model_name="tiny-reranker",
+        source__model_id="fixtures/tiny-cross-encoder",
+        validation__sentences=str(pairs),
+        embedding__thresholds=None,
+        validation__smoke_sentences=6,
+        **overrides,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +50,12 @@ def reranker(tmp_path_factory, model_dir):
     from hf2triton.targets import triton_local
 
     tmp = tmp_path_factory.mktemp("reranker")
-    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port(),
-             "openai": {"port": free_port()}}
+    ports = {
+        "http_port": free_port(),
+        "grpc_port": free_port(),
+        "metrics_port": free_port(),
+        "openai": {"port": free_port()},
+    }
     # Every candidate judged (not only up to the fastest that passes, which depends on this
     # machine's timings): the tests read int8's ranking metrics from the report.
     spec = load_spec(_spec(tmp, model_dir, ports, validation__judge_all=True))
@@ -50,8 +63,13 @@ def reranker(tmp_path_factory, model_dir):
         mp.setenv("HF2TRITON_HOME", str(tmp / "home"))
         mp.delenv("MLFLOW_TRACKING_URI", raising=False)
         try:
-            yield {"summary": release_model(spec), "spec": spec, "ports": ports,
-                   "home": tmp / "home", "tmp": tmp}
+            yield {
+                "summary": release_model(spec),
+                "spec": spec,
+                "ports": ports,
+                "home": tmp / "home",
+                "tmp": tmp,
+            }
         finally:
             triton_local.stop_server()
 
@@ -67,8 +85,10 @@ def _rerank(module, url: str, queries: list[str], passages: list[list[str]]) -> 
     client = module.InferenceServerClient(url=url)
     q = np.array([[x.encode()] for x in queries], dtype=np.object_)
     p = np.array([[x.encode() for x in row] for row in passages], dtype=np.object_)
-    inputs = [module.InferInput("QUERY", list(q.shape), "BYTES"),
-              module.InferInput("PASSAGES", list(p.shape), "BYTES")]
+    inputs = [
+        module.InferInput("QUERY", list(q.shape), "BYTES"),
+        module.InferInput("PASSAGES", list(p.shape), "BYTES"),
+    ]
     inputs[0].set_data_from_numpy(q)
     inputs[1].set_data_from_numpy(p)
     try:
@@ -82,8 +102,13 @@ def test_release_ships_a_reranker_that_passed_the_ranking_gate(reranker):
     metrics = summary["metrics"]
     assert metrics["min_spearman"] >= 0.9 and metrics["top1_agreement"] >= 0.95
     assert metrics["smoke_min_spearman"] >= 0.9 and metrics["smoke_top1_agreement"] >= 0.95
-    report = json.loads(next((reranker["home"] / "work" / "tiny-reranker" / "validate")
-                             .glob("*/validation_report.json")).read_text())
+    report = json.loads(
+        next(
+            (reranker["home"] / "work" / "tiny-reranker" / "validate").glob(
+                "*/validation_report.json"
+            )
+        ).read_text()
+    )
     assert report["kind"] == "reranking" and report["items"] == 10  # queries
     assert set(report["limits"]) == {"min_spearman", "mean_spearman", "top1_agreement"}
     served = reranker["home"] / "triton" / "models" / "tiny-reranker" / "1"
@@ -94,9 +119,13 @@ def test_release_ships_a_reranker_that_passed_the_ranking_gate(reranker):
 @pytest.mark.parametrize("module, port", [(grpcclient, "grpc_port"), (httpclient, "http_port")])
 def test_served_scores_rank_unseen_passages_as_pytorch_does(reranker, model_dir, module, port):
     query = "which city is large"
-    passages = ["new york is a large city", "the team won the match after extra time",
-                "bake the bread at two hundred degrees for forty minutes", "a " * 100,
-                "the court ruled that the contract was void"]
+    passages = [
+        "new york is a large city",
+        "the team won the match after extra time",
+        "bake the bread at two hundred degrees for forty minutes",
+        "a " * 100,
+        "the court ruled that the contract was void",
+    ]
     want = _torch_scores(model_dir, query, passages)
     got = _rerank(module, f"127.0.0.1:{reranker['ports'][port]}", [query], [passages])
     from scipy.stats import spearmanr
@@ -111,8 +140,10 @@ def test_concurrent_requests_with_different_passage_counts_are_answered(reranker
     from concurrent.futures import ThreadPoolExecutor
 
     url = f"127.0.0.1:{reranker['ports']['grpc_port']}"
-    groups = [("how do i reset my password", ["call me at 555-0100 tomorrow?"] * (1 + i % 5))
-              for i in range(12)]
+    groups = [
+        ("how do i reset my password", ["call me at 555-0100 tomorrow?"] * (1 + i % 5))
+        for i in range(12)
+    ]
     with ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(lambda g: _rerank(grpcclient, url, [g[0]], [g[1]]), groups))
     for (_, passages), got in zip(groups, answers):
@@ -132,26 +163,42 @@ def test_a_bad_request_gets_a_clear_error(reranker):
 
 
 def test_a_ranking_gate_int8_cannot_meet_refuses_the_release_naming_the_metric(
-        reranker, model_dir, tmp_path, monkeypatch):
+    reranker, model_dir, tmp_path, monkeypatch
+):
     from hf2triton.flows.release import release_model
 
-    report = json.loads(next((reranker["home"] / "work" / "tiny-reranker" / "validate")
-                             .glob("*/validation_report.json")).read_text())
+    report = json.loads(
+        next(
+            (reranker["home"] / "work" / "tiny-reranker" / "validate").glob(
+                "*/validation_report.json"
+            )
+        ).read_text()
+    )
     int8 = next(c for c in report["candidates"] if c["name"].startswith("dynamic-int8"))
     assert int8["metrics"]["min_spearman"] < 1.0
     monkeypatch.setenv("HF2TRITON_HOME", str(reranker["home"]))
-    spec = load_spec(_spec(tmp_path, model_dir, reranker["ports"],
-                           quantization__fallback_to_fp32=False,
-                           reranking={"thresholds": {"min_spearman": 1.0}}))
+    spec = load_spec(
+        _spec(
+            tmp_path,
+            model_dir,
+            reranker["ports"],
+            quantization__fallback_to_fp32=False,
+            reranking={"thresholds": {"min_spearman": 1.0}},
+        )
+    )
     with pytest.raises(AccuracyGateError, match=r"min_spearman -?[01]\.\d+ < 1\.0") as err:
         release_model(spec)
     assert "worst query" in str(err.value) and "Relax reranking.thresholds" in str(err.value)
 
 
 def test_reranking_spec_and_data_are_checked(tmp_path):
-    base = {"name": "x", "task": "text-ranking", "source": {"path": "/m"},
-            "validation": {"sentences": str(tmp_path / "pairs.tsv")},
-            "registry": {"model_name": "x"}}
+    base = {
+        "name": "x",
+        "task": "text-ranking",
+        "source": {"path": "/m"},
+        "validation": {"sentences": str(tmp_path / "pairs.tsv")},
+        "registry": {"model_name": "x"},
+    }
     assert parse_spec({**base, "reranking": {"activation": "none"}}).reranking.activation == "none"
     with pytest.raises(SpecError, match="does not read the section"):
         parse_spec({**base, "embedding": {"pooling": "cls"}})
@@ -171,8 +218,9 @@ def _post(url: str, body: dict):
     import urllib.error
     import urllib.request
 
-    req = urllib.request.Request(url, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
             return r.status, json.loads(r.read())
@@ -187,21 +235,29 @@ def test_rerank_through_the_openai_compatible_api_in_cohere_and_tei_shapes(reran
     api = reranker["summary"]["endpoint"]["openai"]
     query = "which city is large"
     docs = ["the team won the match", "new york is a large city", "a " * 80, "bake bread"]
-    want = _rerank(grpcclient, f"127.0.0.1:{reranker['ports']['grpc_port']}", [query],
-                   [docs])[0]
-    status, body = _post(f"{api}/rerank", {"model": "tiny-reranker", "query": query,
-                                           "documents": docs, "top_n": 3,
-                                           "return_documents": True})
+    want = _rerank(grpcclient, f"127.0.0.1:{reranker['ports']['grpc_port']}", [query], [docs])[0]
+    status, body = _post(
+        f"{api}/rerank",
+        {
+            "model": "tiny-reranker",
+            "query": query,
+            "documents": docs,
+            "top_n": 3,
+            "return_documents": True,
+        },
+    )
     assert status == 200 and body["model"] == "tiny-reranker"
     order = list(np.argsort(-want, kind="stable")[:3])
     assert [r["index"] for r in body["results"]] == order
     for r in body["results"]:
         assert abs(r["relevance_score"] - want[r["index"]]) < 1e-5
         assert r["document"]["text"] == docs[r["index"]]
-    status, tei = _post(api.removesuffix("/v1") + "/rerank",
-                        {"query": query, "texts": docs, "return_text": False})
+    status, tei = _post(
+        api.removesuffix("/v1") + "/rerank", {"query": query, "texts": docs, "return_text": False}
+    )
     assert status == 200 and [r["index"] for r in tei] == list(np.argsort(-want, kind="stable"))
     assert all(abs(r["score"] - want[r["index"]]) < 1e-5 and "text" not in r for r in tei)
-    status, bad = _post(f"{api}/rerank", {"model": "tiny-reranker", "query": query,
-                                          "documents": []})
+    status, bad = _post(
+        f"{api}/rerank", {"model": "tiny-reranker", "query": query, "documents": []}
+    )
     assert status == 400 and bad["error"]["param"] == "documents"

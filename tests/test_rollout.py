@@ -54,14 +54,18 @@ def _champion(model: str) -> str:
 
     from hf2triton.clients.mlflow import tracking_uri
 
-    return str(MlflowClient(tracking_uri(), registry_uri=tracking_uri()).get_model_version_by_alias(
-        model, "champion").version)
+    return str(
+        MlflowClient(tracking_uri(), registry_uri=tracking_uri())
+        .get_model_version_by_alias(model, "champion")
+        .version
+    )
 
 
 def _deploy(spec, repository: str, model: str, version: str, files: dict):
     """The local target's deploy step on its own (no smoke check: it never gets that far)."""
-    return LocalTriton(spec.deploy, spec.name).deploy(repository, model, version, files, {},
-                                                      lambda endpoint: {})
+    return LocalTriton(spec.deploy, spec.name).deploy(
+        repository, model, version, files, {}, lambda endpoint: {}
+    )
 
 
 def _spec(rel, tmp_path: Path, model_dir: Path, **overrides):
@@ -69,7 +73,8 @@ def _spec(rel, tmp_path: Path, model_dir: Path, **overrides):
 
 
 def test_failed_smoke_test_rolls_back_and_old_version_keeps_serving(
-        tiny_release, other_tiny_bert, tmp_path):
+    tiny_release, other_tiny_bert, tmp_path
+):
     rel = tiny_release
     assert _serving(rel) == ["1"]
     before = _embed(rel.http_url, rel.model)
@@ -84,13 +89,13 @@ def test_failed_smoke_test_rolls_back_and_old_version_keeps_serving(
 
 
 def test_successful_rollout_answers_throughout_then_retires_the_old_version(
-        own_tiny_release, other_tiny_bert, tmp_path):
+    own_tiny_release, other_tiny_bert, tmp_path
+):
     """A client asks without naming a version from before the rollout starts until after it
     ends: every request is answered, by the old model and then by the new one, never wrongly."""
     rel = own_tiny_release
     old = _embed(rel.http_url, rel.model)
-    new_ref = TorchEmbedder(other_tiny_bert, resolve_embedding_config(other_tiny_bert)).embed(
-        TEXTS)
+    new_ref = TorchEmbedder(other_tiny_bert, resolve_embedding_config(other_tiny_bert)).embed(TEXTS)
     assert cosine_rows(new_ref, old).min() < 0.9  # the two versions' answers can be told apart
     flowing, released = threading.Event(), threading.Event()
     answers: list[tuple[bool, np.ndarray]] = []
@@ -127,8 +132,9 @@ def test_successful_rollout_answers_throughout_then_retires_the_old_version(
     seen = [which(emb) for _, emb in answers]
     assert "wrong" not in seen, seen
     assert seen[0] == "old" and seen[-1] == "new" and answers[-1][0]
-    assert seen == ["old"] * seen.count("old") + ["new"] * seen.count("new"), \
+    assert seen == ["old"] * seen.count("old") + ["new"] * seen.count("new"), (
         "an answer of the old version came after one of the new"
+    )
     assert _serving(rel) == [new]
     assert _champion(rel.model) == new
 
@@ -140,8 +146,9 @@ def test_version_that_fails_to_load_is_removed_and_the_serving_one_stays(tiny_re
     served_dir = rel.home / "triton" / "models" / rel.model
     broken = tmp_path / "repo"
     shutil.copytree(served_dir, broken / rel.model, ignore=shutil.ignore_patterns("__pycache__"))
-    for other in (p for p in (broken / rel.model).iterdir()
-                  if p.name.isdigit() and p.name != serving[-1]):
+    for other in (
+        p for p in (broken / rel.model).iterdir() if p.name.isdigit() and p.name != serving[-1]
+    ):
         shutil.rmtree(other)
     os.rename(broken / rel.model / serving[-1], broken / rel.model / "1")
     onnx = broken / rel.model / "1" / graph_file(broken / rel.model / "1")
@@ -160,8 +167,11 @@ def test_tampered_model_file_is_refused_before_loading(tiny_release, tmp_path):
     serving = _serving(rel)
     served_dir = rel.home / "triton" / "models" / rel.model
     repo = tmp_path / "repo"
-    shutil.copytree(served_dir / serving[-1], repo / rel.model / "1",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        served_dir / serving[-1],
+        repo / rel.model / "1",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
     shutil.copytree(served_dir / "warmup", repo / rel.model / "warmup")
     shutil.copyfile(served_dir / "config.pbtxt", repo / rel.model / "config.pbtxt")
     files = {f"{rel.model}/{k}": v for k, v in hash_files(repo / rel.model).items()}
@@ -173,7 +183,8 @@ def test_tampered_model_file_is_refused_before_loading(tiny_release, tmp_path):
 
 
 def test_local_triton_killed_during_deploy_comes_back_serving_the_champion(
-        own_tiny_release, other_tiny_bert, tmp_path):
+    own_tiny_release, other_tiny_bert, tmp_path
+):
     """kill -9 of the local tritonserver while a new version loads: the release fails in one
     line saying so, the champion alias does not move, and the target starts Triton again
     serving the champion. A client sending throughout fails only while no server runs."""
@@ -222,8 +233,9 @@ def test_local_triton_killed_during_deploy_comes_back_serving_the_champion(
     # Requests failed only while no server ran: from the kill until the new one answered.
     down = next(t for t, _, _, e in traffic.log if e is not None and t >= at[0])
     back = next(t for t, _, v, _ in traffic.log if v is not None and t > down)
-    assert all(e is None for t, _, _, e in traffic.log if t < at[0] or t > back), \
-        [(round(t - at[0], 3), e) for t, _, _, e in traffic.log if e is not None][-5:]
+    assert all(e is None for t, _, _, e in traffic.log if t < at[0] or t > back), [
+        (round(t - at[0], 3), e) for t, _, _, e in traffic.log if e is not None
+    ][-5:]
     assert traffic.answered[-1] == "1"
     refused = [t for t, _, _, e in traffic.log if e is not None]
     print(f"down {back - at[0]:.1f} s after kill -9; {len(refused)} failed request(s)")

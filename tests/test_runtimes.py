@@ -1,7 +1,8 @@
 """Serving runtimes (hf2triton/serving/runtimes.py) through the serving core, for every kind:
 OpenVINO on CPU answers as ONNX Runtime does, its precision is pinned and read back, bad settings
 and a runtime that cannot run here fail with clear errors, and a real tritonserver runs the
-runtime its serving.json names. Tiny real models (tests/tiny_models.py) exported as the release exports them."""
+runtime its serving.json names. Tiny real models (tests/tiny_models.py) exported as the release
+exports them."""
 
 from __future__ import annotations
 
@@ -41,8 +42,11 @@ KINDS = {
     # Marian's decoder ends in an Add of an all-zero bias, which OpenVINO folds away when it
     # compiles, leaving `logits` a second name: its outputs must still come back as `logits`.
     "translation-marian": ("translation", build_tiny_marian, {}),
-    "translation-marian-untied": ("translation",
-                                  lambda out: build_tiny_marian(out, tied=False), {}),
+    "translation-marian-untied": (
+        "translation",
+        lambda out: build_tiny_marian(out, tied=False),
+        {},
+    ),
 }
 # Graph-level only (their served answers are compared in test_generation_core.py).
 GRAPH_KINDS = {**KINDS, "text_generation": ("text-generation", build_tiny_llama, {})}
@@ -75,13 +79,22 @@ def exported(tmp_path_factory):
             task, build, sections = GRAPH_KINDS[name]
             root = tmp_path_factory.mktemp(name)
             model_dir = build(root / "model")
-            kind = kind_for(parse_spec({
-                "name": f"tiny-{name}", "task": task, "source": {"path": str(model_dir)},
-                "registry": {"model_name": f"tiny-{name}"},
-                "validation": {"sentences": str(root / "unused.txt")}, **sections}))
+            kind = kind_for(
+                parse_spec(
+                    {
+                        "name": f"tiny-{name}",
+                        "task": task,
+                        "source": {"path": str(model_dir)},
+                        "registry": {"model_name": f"tiny-{name}"},
+                        "validation": {"sentences": str(root / "unused.txt")},
+                        **sections,
+                    }
+                )
+            )
             cfg = kind.resolve(str(model_dir))
-            out = export_model(kind, str(model_dir), name, 18, 1e-3, cfg, Data(_items(name)),
-                               str(root / "work"))
+            out = export_model(
+                kind, str(model_dir), name, 18, 1e-3, cfg, Data(_items(name)), str(root / "work")
+            )
             done[name] = (kind, cfg, out["onnx_path"], out["export_dir"])
         return done[name]
 
@@ -133,8 +146,11 @@ def test_openvino_f32_answers_as_onnxruntime_fp32(exported, kind_name):
         if kind_name == "classification":
             assert (got.argmax(1) == want.argmax(1)).all()
     # Each model ran where its settings said.
-    sessions = (ov_model.model.sessions.values() if kind_name.startswith("translation")
-                else [ov_model.text.session])
+    sessions = (
+        ov_model.model.sessions.values()
+        if kind_name.startswith("translation")
+        else [ov_model.text.session]
+    )
     assert {s.in_use for s in sessions} == {"OpenVINO CPU f32"}
 
 
@@ -180,8 +196,7 @@ def graph_files(export_dir: str) -> list[Path]:
 
 
 @pytest.mark.parametrize("kind_name", list(GRAPH_KINDS))
-def test_every_runtime_hands_back_each_graphs_outputs_under_their_onnx_names(exported,
-                                                                             kind_name):
+def test_every_runtime_hands_back_each_graphs_outputs_under_their_onnx_names(exported, kind_name):
     """Each exported graph of each kind (both translators' encoder and decoders, tied and untied
     embeddings), opened by every runtime and precision this machine offers: the outputs come
     back by the ONNX file's names, in its order, and at fp32 with ONNX Runtime's values."""
@@ -191,10 +206,13 @@ def test_every_runtime_hands_back_each_graphs_outputs_under_their_onnx_names(exp
 
     offered = runtimes.runtime_info()
     # Every runtime that runs an ONNX graph (not OpenVINO GenAI: it serves a whole model).
-    tried = [(name, precision) for name, devices in offered.items()
-             for precision in devices.get("cpu", {}).get("precisions", [])
-             if RUNTIMES.load(name).runs({"graph": PLAIN}, precision)
-             and (name != "onnxruntime" or precision == "fp32")]
+    tried = [
+        (name, precision)
+        for name, devices in offered.items()
+        for precision in devices.get("cpu", {}).get("precisions", [])
+        if RUNTIMES.load(name).runs({"graph": PLAIN}, precision)
+        and (name != "onnxruntime" or precision == "fp32")
+    ]
     assert ("openvino", "fp32") in tried
     for path in graph_files(export_dir):
         feeds = graph_feeds(str(path))
@@ -202,8 +220,9 @@ def test_every_runtime_hands_back_each_graphs_outputs_under_their_onnx_names(exp
         names = list(reference.outputs)
         want = dict(zip(names, reference.run(None, feeds)))
         for name, precision in tried:
-            session = runtimes.open_model(str(path), runtimes.RuntimeSettings(
-                name, "cpu", precision))
+            session = runtimes.open_model(
+                str(path), runtimes.RuntimeSettings(name, "cpu", precision)
+            )
             assert list(session.outputs) == names, (path.name, name, precision)
             try:
                 got = dict(zip(names, session.run(None, feeds)))
@@ -219,8 +238,13 @@ def test_every_runtime_hands_back_each_graphs_outputs_under_their_onnx_names(exp
                 assert np.isfinite(got[output]).all()
                 assert np.array_equal(picked[output], got[output])  # asked by name, any order
                 if precision == "fp32":
-                    np.testing.assert_allclose(got[output], want[output], atol=1e-3, rtol=1e-3,
-                                               err_msg=f"{path.name} {output} on {name}")
+                    np.testing.assert_allclose(
+                        got[output],
+                        want[output],
+                        atol=1e-3,
+                        rtol=1e-3,
+                        err_msg=f"{path.name} {output} on {name}",
+                    )
 
 
 def test_openvino_reads_its_own_ir_as_well_as_onnx(exported, tmp_path):
@@ -228,8 +252,7 @@ def test_openvino_reads_its_own_ir_as_well_as_onnx(exported, tmp_path):
 
     kind, cfg, onnx_path, export_dir = exported("embedding")
     ov.save_model(ov.Core().read_model(onnx_path), str(tmp_path / "model.xml"))
-    settings = {**kind.serving_json(cfg, export_dir, max_batch_tokens=256),
-                "runtime": OV_F32}
+    settings = {**kind.serving_json(cfg, export_dir, max_batch_tokens=256), "runtime": OV_F32}
     from_ir = kind.open_candidate(str(tmp_path / "model.xml"), export_dir, settings)
     want = load(exported, "embedding", ORT_FP32).embed(TEXTS)
     assert cosine_rows(from_ir.embed(TEXTS), want).min() >= 0.9999
@@ -265,8 +288,9 @@ def test_precision_is_pinned_and_read_back(exported):
             load(exported, "embedding", bf16_settings)
     # Threads, streams and the performance hint reach the compiled model as given (OpenVINO
     # gives each stream a thread at least: 2 streams need 2 threads).
-    tuned = load(exported, "embedding", {**OV_F32, "threads": 2, "streams": 2,
-                                         "hint": "THROUGHPUT"}).text.session
+    tuned = load(
+        exported, "embedding", {**OV_F32, "threads": 2, "streams": 2, "hint": "THROUGHPUT"}
+    ).text.session
     assert int(tuned.compiled.get_property("INFERENCE_NUM_THREADS")) == 2
     assert int(tuned.compiled.get_property("NUM_STREAMS")) == 2
     assert str(tuned.compiled.get_property("PERFORMANCE_HINT")).endswith("THROUGHPUT")
@@ -274,10 +298,12 @@ def test_precision_is_pinned_and_read_back(exported):
 
 def test_two_streams_answer_as_one(exported):
     """Sub-batches run side by side on two streams come back to their own rows."""
-    one = load(exported, "embedding", {**OV_F32, "streams": 1, "hint": "LATENCY"}
-               ).embed(TEXTS[::-1])
-    two_model = load(exported, "embedding", {**OV_F32, "streams": 2, "hint": "THROUGHPUT"},
-                     max_batch_tokens=32)
+    one = load(exported, "embedding", {**OV_F32, "streams": 1, "hint": "LATENCY"}).embed(
+        TEXTS[::-1]
+    )
+    two_model = load(
+        exported, "embedding", {**OV_F32, "streams": 2, "hint": "THROUGHPUT"}, max_batch_tokens=32
+    )
     assert two_model.text.session.jobs == 2
     assert cosine_rows(two_model.embed(TEXTS[::-1]), one).min() >= 0.9999
 
@@ -290,8 +316,9 @@ def test_a_row_cap_splits_sub_batches_without_changing_answers(exported):
     capped.text.session.max_rows = 3  # as OnnxRuntimeTensorrt.open sets it
     seen = []
     run_many = capped.text.session.run_many
-    capped.text.session.run_many = lambda outs, feeds: seen.extend(
-        len(f["input_ids"]) for f in feeds) or run_many(outs, feeds)
+    capped.text.session.run_many = lambda outs, feeds: (
+        seen.extend(len(f["input_ids"]) for f in feeds) or run_many(outs, feeds)
+    )
     assert cosine_rows(capped.embed(TEXTS), want).min() > 0.999999
     assert max(seen) == 3 and sum(seen) == len(TEXTS)
 
@@ -306,23 +333,38 @@ def test_serving_json_without_a_runtime_runs_onnxruntime_cpu_fp32(exported):
     assert cosine_rows(model.embed(TEXTS), want).min() > 0.999999
 
 
-@pytest.mark.parametrize("runtime, message", [
-    ({"name": "tensorflow", "precision": "fp32"},
-     "runtime 'tensorflow' is unknown: use one of onnxruntime, onnxruntime-cuda, "
-     "onnxruntime-tensorrt, openvino"),
-    ({"name": "openvino", "precision": "int4"},
-     "runtime openvino: precision 'int4' is not offered (it runs fp32, bf16, fp16)"),
-    ({"name": "onnxruntime-tensorrt", "precision": "fp32"},
-     "runtime onnxruntime-tensorrt: precision 'fp32' is not offered (it runs fp16)"),
-    ({"name": "openvino"}, "serving.json runtime openvino names no precision: pin one of"),
-    ({"precision": "fp32"}, "names no runtime: add \"name\", one of onnxruntime, "),
-    ({"name": "onnxruntime", "precision": "fp32", "streams": 2},
-     "runtime onnxruntime has no setting streams (its settings: threads)"),
-    ({"name": "openvino", "precision": "fp32", "hint": "FASTEST"},
-     "runtime openvino: hint 'FASTEST' is not one of LATENCY, THROUGHPUT"),
-    ({"name": "openvino", "precision": "fp32", "device": "gpu"},
-     "runtime openvino: device 'gpu' is not one of cpu"),
-])
+@pytest.mark.parametrize(
+    "runtime, message",
+    [
+        (
+            {"name": "tensorflow", "precision": "fp32"},
+            "runtime 'tensorflow' is unknown: use one of onnxruntime, onnxruntime-cuda, "
+            "onnxruntime-tensorrt, openvino",
+        ),
+        (
+            {"name": "openvino", "precision": "int4"},
+            "runtime openvino: precision 'int4' is not offered (it runs fp32, bf16, fp16)",
+        ),
+        (
+            {"name": "onnxruntime-tensorrt", "precision": "fp32"},
+            "runtime onnxruntime-tensorrt: precision 'fp32' is not offered (it runs fp16)",
+        ),
+        ({"name": "openvino"}, "serving.json runtime openvino names no precision: pin one of"),
+        ({"precision": "fp32"}, 'names no runtime: add "name", one of onnxruntime, '),
+        (
+            {"name": "onnxruntime", "precision": "fp32", "streams": 2},
+            "runtime onnxruntime has no setting streams (its settings: threads)",
+        ),
+        (
+            {"name": "openvino", "precision": "fp32", "hint": "FASTEST"},
+            "runtime openvino: hint 'FASTEST' is not one of LATENCY, THROUGHPUT",
+        ),
+        (
+            {"name": "openvino", "precision": "fp32", "device": "gpu"},
+            "runtime openvino: device 'gpu' is not one of cpu",
+        ),
+    ],
+)
 def test_bad_runtime_settings_are_refused_naming_the_setting(exported, runtime, message):
     with pytest.raises(ValueError) as err:
         load(exported, "embedding", runtime)
@@ -336,8 +378,9 @@ def test_cuda_runtime_never_runs_silently_on_the_cpu(exported, kind_name):
     runtime = {"name": "onnxruntime-cuda", "device": "cuda", "precision": "fp32"}
     if "CUDAExecutionProvider" in ort.get_available_providers():  # a GPU machine
         model = load(exported, kind_name, runtime)
-        sessions = (model.model.sessions.values() if kind_name == "translation"
-                    else [model.text.session])
+        sessions = (
+            model.model.sessions.values() if kind_name == "translation" else [model.text.session]
+        )
         assert {s.in_use for s in sessions} == {"CUDAExecutionProvider"}
         return
     with pytest.raises(runtimes.RuntimeUnavailable) as err:
@@ -349,36 +392,49 @@ def test_cuda_runtime_never_runs_silently_on_the_cpu(exported, kind_name):
 def test_tensorrt_needs_a_writable_engine_cache(exported, tmp_path):
     not_a_dir = tmp_path / "a-file"
     not_a_dir.write_text("")
-    runtime = {"name": "onnxruntime-tensorrt", "device": "cuda", "precision": "fp16",
-               "cache_dir": str(not_a_dir / "engines")}
+    runtime = {
+        "name": "onnxruntime-tensorrt",
+        "device": "cuda",
+        "precision": "fp16",
+        "cache_dir": str(not_a_dir / "engines"),
+    }
     with pytest.raises(runtimes.RuntimeUnavailable, match="engine cache .* is not writable"):
         load(exported, "embedding", runtime)
     # With a writable cache, a machine without TensorRT says so instead of running on the CPU.
     runtime["cache_dir"] = str(tmp_path / "engines")
-    with pytest.raises(runtimes.RuntimeUnavailable,
-                       match="TensorrtExecutionProvider is not in use"):
+    with pytest.raises(
+        runtimes.RuntimeUnavailable, match="TensorrtExecutionProvider is not in use"
+    ):
         load(exported, "embedding", runtime)
     # What TensorRT would be given (unverified here: TensorRT cannot be installed): fp16, the
     # engine cache, and one profile over the graph's own inputs, rows capped at max_rows.
     trt = runtimes.RUNTIMES["onnxruntime-tensorrt"]
     settings = runtimes.settings_of({"runtime": {**runtime, "max_rows": 16}})
     onnx_path = exported("embedding")[2]
-    wanted = {n: ((1, 1), (1 << 16, 64)) for n in ("input_ids", "attention_mask",
-                                                   "token_type_ids", "pixel_values")}
+    wanted = {
+        n: ((1, 1), (1 << 16, 64))
+        for n in ("input_ids", "attention_mask", "token_type_ids", "pixel_values")
+    }
     shapes = trt.engine_shapes(onnx_path, settings, wanted)
-    assert shapes == {n: ((1, 1), (16, 64)) for n in ("input_ids", "attention_mask",
-                                                      "token_type_ids")}
+    assert shapes == {
+        n: ((1, 1), (16, 64)) for n in ("input_ids", "attention_mask", "token_type_ids")
+    }
     (name, options), *rest = trt.providers(settings, shapes)
     assert name == "TensorrtExecutionProvider"
-    assert [p if isinstance(p, str) else p[0] for p in rest] == ["CUDAExecutionProvider",
-                                                                 "CPUExecutionProvider"]
+    assert [p if isinstance(p, str) else p[0] for p in rest] == [
+        "CUDAExecutionProvider",
+        "CPUExecutionProvider",
+    ]
     assert options["trt_fp16_enable"] is True
     assert options["trt_engine_cache_enable"] is True
     assert options["trt_engine_cache_path"] == str(tmp_path / "engines")
-    assert options["trt_profile_min_shapes"] == \
-        "input_ids:1x1,attention_mask:1x1,token_type_ids:1x1"
-    assert options["trt_profile_max_shapes"] == \
-        "input_ids:16x64,attention_mask:16x64,token_type_ids:16x64"
+    assert (
+        options["trt_profile_min_shapes"] == "input_ids:1x1,attention_mask:1x1,token_type_ids:1x1"
+    )
+    assert (
+        options["trt_profile_max_shapes"]
+        == "input_ids:16x64,attention_mask:16x64,token_type_ids:16x64"
+    )
 
 
 def test_runtime_info_lists_what_this_machine_offers():
@@ -417,23 +473,40 @@ def test_triton_serves_the_runtime_serving_json_names(exported, tmp_path, monkey
 
     monkeypatch.setenv("HF2TRITON_HOME", str(tmp_path / "home"))
     kind, cfg, onnx_path, export_dir = exported("embedding")
-    precision = "bf16" if "bf16" in runtimes.runtime_info()["openvino"]["cpu"]["precisions"] \
-        else "fp32"
+    precision = (
+        "bf16" if "bf16" in runtimes.runtime_info()["openvino"]["cpu"]["precisions"] else "fp32"
+    )
     ov = {**OV_F32, "precision": precision}
-    knobs = {"max_batch_size": 8, "preferred_batch_sizes": [8], "max_queue_delay_us": 100,
-             "instance_count": 1, "intra_op_threads": 0, "max_batch_tokens": 256,
-             "device": "cpu", "gpus": None}
+    knobs = {
+        "max_batch_size": 8,
+        "preferred_batch_sizes": [8],
+        "max_queue_delay_us": 100,
+        "instance_count": 1,
+        "intra_op_threads": 0,
+        "max_batch_tokens": 256,
+        "device": "cpu",
+        "gpus": None,
+    }
     assert set(knobs) == set(BATCHING)
     dim = load(exported, "embedding", ORT_FP32).embed(["x"]).shape[1]
     repo = tmp_path / "repo"
     repo.mkdir()
-    runtimes_of = {"tiny-openvino": ov,
-                   "tiny-cuda": {"name": "onnxruntime-cuda", "device": "cuda",
-                                 "precision": "fp32"}}
+    runtimes_of = {
+        "tiny-openvino": ov,
+        "tiny-cuda": {"name": "onnxruntime-cuda", "device": "cuda", "precision": "fp32"},
+    }
     for name, runtime in runtimes_of.items():
-        built = build_repository(kind, name, onnx_path, export_dir, cfg, {"embedding_dim": dim},
-                                 {**knobs, "runtime": runtime}, TEXTS[:2],
-                                 str(tmp_path / "builds"))
+        built = build_repository(
+            kind,
+            name,
+            onnx_path,
+            export_dir,
+            cfg,
+            {"embedding_dim": dim},
+            {**knobs, "runtime": runtime},
+            TEXTS[:2],
+            str(tmp_path / "builds"),
+        )
         shutil.copytree(Path(built["repository"]) / name, repo / name)
         # The gate's runtime is what serving.json names.
         path = repo / name / "1" / serving.SERVING_FILE
@@ -455,8 +528,12 @@ def test_triton_serves_the_runtime_serving_json_names(exported, tmp_path, monkey
     assert "CUDAExecutionProvider is not in use" in log
     # In-process, one request at a time as the server got them.
     model = load(exported, "embedding", ov)
-    want = np.concatenate([model.answer([{"TEXT": np.array([[t.encode()]], dtype=np.object_)}])[0]
-                           ["EMBEDDING"] for t in TEXTS])
+    want = np.concatenate(
+        [
+            model.answer([{"TEXT": np.array([[t.encode()]], dtype=np.object_)}])[0]["EMBEDDING"]
+            for t in TEXTS
+        ]
+    )
     assert np.abs(served - want).max() < 1e-6
     if precision == "bf16":
         onnxruntime = load(exported, "embedding", ORT_FP32).embed(TEXTS)
@@ -477,8 +554,10 @@ def test_the_fp16_graph_of_a_gpu_release_passes_a_cpu_numerics_check(exported, t
     graph = onnx.load(half["onnx_path"]).graph
     assert graph.input[0].type.tensor_type.elem_type != onnx.TensorProto.FLOAT16  # kept types
     assert not any(n.op_type in FP16_KEEP and n.name.endswith("_fp16") for n in graph.node)
-    settings = {**kind.serving_json(cfg, export_dir, max_batch_tokens=256),
-                "runtime": {"name": "onnxruntime", "device": "cpu", "precision": "fp16"}}
+    settings = {
+        **kind.serving_json(cfg, export_dir, max_batch_tokens=256),
+        "runtime": {"name": "onnxruntime", "device": "cpu", "precision": "fp16"},
+    }
     half_model = kind.open_candidate(half["onnx_path"], export_dir, settings)
     full = load(exported, "embedding", ORT_FP32).embed(TEXTS)
     got = half_model.embed(TEXTS)
@@ -500,16 +579,25 @@ def test_openvino_and_nncf_send_no_telemetry(first):
     from tests.conftest import ROOT
 
     env = {k: v for k, v in os.environ.items() if k not in ("CI", "NNCF_CI", "NNCF_DEV")}
-    load = {"hf2triton": "import hf2triton\n",
-            # the serving package on its own, by another name, as a version directory holds it
-            "serving": f"import sys\nsys.path.insert(0, {str(ROOT / 'hf2triton')!r})\n"
-                       "import serving\n"}[first]
-    code = load + ("import openvino\n"
-                   "from openvino.tools.ovc import telemetry_utils\n"
-                   "from nncf.telemetry import wrapper\n"
-                   "print(telemetry_utils.tm.__name__,\n"
-                   "      isinstance(wrapper.telemetry, wrapper.NNCFTelemetryStub))\n")
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          timeout=300, cwd=str(ROOT))
+    load = {
+        "hf2triton": "import hf2triton\n",
+        # the serving package on its own, by another name, as a version directory holds it
+        "serving": f"import sys\nsys.path.insert(0, {str(ROOT / 'hf2triton')!r})\nimport serving\n",
+    }[first]
+    code = load + (
+        "import openvino\n"
+        "from openvino.tools.ovc import telemetry_utils\n"
+        "from nncf.telemetry import wrapper\n"
+        "print(telemetry_utils.tm.__name__,\n"
+        "      isinstance(wrapper.telemetry, wrapper.NNCFTelemetryStub))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=str(ROOT),
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split()[-2:] == ["openvino.tools.ovc.telemetry_stub", "True"], proc.stdout

@@ -24,8 +24,9 @@ TRAINING = sorted((ROOT / "releases" / "training").glob("*.yaml"))
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([HF2TRITON, "schema", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [HF2TRITON, "schema", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +62,10 @@ def test_there_are_specs_to_check():
 
 @pytest.mark.parametrize("path", RELEASES, ids=lambda p: p.name)
 def test_every_release_spec_validates_and_names_the_schema(path, release_schema):
-    assert path.read_text(encoding="utf-8").splitlines()[0] == \
-        "# yaml-language-server: $schema=../schema/release-spec.json"
+    assert (
+        path.read_text(encoding="utf-8").splitlines()[0]
+        == "# yaml-language-server: $schema=../schema/release-spec.json"
+    )
     data = yaml.safe_load(path.read_text(encoding="utf-8"))
     assert _problems(release_schema, data) == []
     load_spec(path)  # and the release takes it too
@@ -70,8 +73,10 @@ def test_every_release_spec_validates_and_names_the_schema(path, release_schema)
 
 @pytest.mark.parametrize("path", TRAINING, ids=lambda p: p.name)
 def test_every_training_spec_validates_and_names_the_schema(path, training_schema):
-    assert path.read_text(encoding="utf-8").splitlines()[0] == \
-        "# yaml-language-server: $schema=../../schema/training-spec.json"
+    assert (
+        path.read_text(encoding="utf-8").splitlines()[0]
+        == "# yaml-language-server: $schema=../../schema/training-spec.json"
+    )
     assert _problems(training_schema, yaml.safe_load(path.read_text(encoding="utf-8"))) == []
     load_spec(path, model=TrainingSpec)
 
@@ -90,15 +95,19 @@ def _rename(data: dict, dotted: str, new: str) -> dict:
     return data
 
 
-@pytest.mark.parametrize("dotted, misspelt", [
-    ("validation", "valdation"),
-    ("deploy.max_batch_size", "max_batch_sise"),
-    ("embedding.pooling", "poolng"),
-    ("source.package", "pakage"),
-    ("registry.model_name", "modelname"),
-])
-def test_a_misspelt_key_is_rejected_by_the_schema_as_by_the_release(dotted, misspelt,
-                                                                     release_schema):
+@pytest.mark.parametrize(
+    "dotted, misspelt",
+    [
+        ("validation", "valdation"),
+        ("deploy.max_batch_size", "max_batch_sise"),
+        ("embedding.pooling", "poolng"),
+        ("source.package", "pakage"),
+        ("registry.model_name", "modelname"),
+    ],
+)
+def test_a_misspelt_key_is_rejected_by_the_schema_as_by_the_release(
+    dotted, misspelt, release_schema
+):
     data = _rename(_default_spec(), dotted, misspelt)
     problems = _problems(release_schema, data)
     assert any(repr(misspelt) in p and "unexpected" in p for p in problems), problems
@@ -133,13 +142,17 @@ def test_the_committed_schemas_are_what_the_models_give():
 
 def test_a_stale_schema_file_is_named_with_the_command_that_renews_it(tmp_path):
     stale = tmp_path / "release-spec.json"
-    stale.write_text((ROOT / "schema" / "release-spec.json").read_text().replace(
-        '"additionalProperties": false', '"additionalProperties": true', 1))
+    stale.write_text(
+        (ROOT / "schema" / "release-spec.json")
+        .read_text()
+        .replace('"additionalProperties": false', '"additionalProperties": true', 1)
+    )
     proc = _cli("--check", str(stale))
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [
         f"hf2triton: error: {stale} is out of date with the spec models: run "
-        f"`hf2triton schema --output {stale}`"]
+        f"`hf2triton schema --output {stale}`"
+    ]
     out = tmp_path / "fresh.json"
     assert _cli("--output", str(out)).returncode == 0
     assert _cli("--check", str(out)).returncode == 0

@@ -20,8 +20,9 @@ GOOD = ["the quick brown fox", "thanks a lot", "the bank raised interest rates"]
 def _infer(url: str, model: str, texts, *, name="TEXT", dtype="BYTES", shape=None):
     client = grpcclient.InferenceServerClient(url=url)
     if dtype == "BYTES":
-        data = np.array([[t if isinstance(t, bytes) else t.encode()] for t in texts],
-                        dtype=np.object_)
+        data = np.array(
+            [[t if isinstance(t, bytes) else t.encode()] for t in texts], dtype=np.object_
+        )
     else:
         data = np.zeros((len(texts), 1), dtype=np.float32)
     if shape is not None:

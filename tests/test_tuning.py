@@ -19,16 +19,30 @@ pytestmark = pytest.mark.e2e  # every test here starts a server or runs a releas
 
 
 def _cell(name: str, rps: float, p99: float, errors: int = 0, requests: int = 100) -> dict:
-    return {"settings": {"name": name}, "name": name, "score_rps": rps,
-            "points": [{"clients": 4, "rps": rps, "p99_ms": p99, "errors": errors,
-                        "requests": requests}]}
+    return {
+        "settings": {"name": name},
+        "name": name,
+        "score_rps": rps,
+        "points": [
+            {"clients": 4, "rps": rps, "p99_ms": p99, "errors": errors, "requests": requests}
+        ],
+    }
 
 
 def test_choice_is_the_fastest_under_the_latency_cap_and_never_one_with_errors():
-    cells = [_cell("slow", 100, 20), _cell("fast-but-late", 300, 90), _cell("broken", 900, 5, 3),
-             _cell("measured-nothing", 950, float("nan"), requests=0),
-             {"settings": {"name": "did-not-load"}, "name": "did-not-load", "score_rps": 0.0,
-              "points": [], "failed": "load failed"}]
+    cells = [
+        _cell("slow", 100, 20),
+        _cell("fast-but-late", 300, 90),
+        _cell("broken", 900, 5, 3),
+        _cell("measured-nothing", 950, float("nan"), requests=0),
+        {
+            "settings": {"name": "did-not-load"},
+            "name": "did-not-load",
+            "score_rps": 0.0,
+            "points": [],
+            "failed": "load failed",
+        },
+    ]
     best, cap_met = choose(cells, max_p99_ms=50)
     assert (best["name"], cap_met) == ("slow", True)
     best, cap_met = choose(cells, max_p99_ms=None)
@@ -38,11 +52,17 @@ def test_choice_is_the_fastest_under_the_latency_cap_and_never_one_with_errors()
 
 
 def test_search_is_refused_for_tasks_it_cannot_drive():
-    with pytest.raises(SpecError, match="deploy.tuning.search cannot drive 'translation' "
-                                        "releases"):
-        parse_spec({"name": "t", "task": "translation", "source": {"repo_id": "a/b", "revision": "main"},
-                    "validation": {"sentences": "x.txt"}, "registry": {"model_name": "t"},
-                    "deploy": {"tuning": {"search": True}}})
+    with pytest.raises(SpecError, match="deploy.tuning.search cannot drive 'translation' releases"):
+        parse_spec(
+            {
+                "name": "t",
+                "task": "translation",
+                "source": {"repo_id": "a/b", "revision": "main"},
+                "validation": {"sentences": "x.txt"},
+                "registry": {"model_name": "t"},
+                "deploy": {"tuning": {"search": True}},
+            }
+        )
 
 
 def test_release_ships_the_searched_config(tiny_bert, tmp_path, monkeypatch):
@@ -53,16 +73,34 @@ def test_release_ships_the_searched_config(tiny_bert, tmp_path, monkeypatch):
 
     monkeypatch.setenv("HF2TRITON_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port(),
-             "openai": {"port": free_port()}}
+    ports = {
+        "http_port": free_port(),
+        "grpc_port": free_port(),
+        "metrics_port": free_port(),
+        "openai": {"port": free_port()},
+    }
     # The deploy section's own configuration is a poor one: batches of 8 that wait up to 200 ms,
     # while only 4 clients send. The search must find and ship a better one.
-    tuning = {"search": True, "preferred_batch_sizes": [[4, 8]], "max_queue_delay_us": [100],
-              "execution": [[1, 0], [2, 1]], "clients": [4], "seconds": 1}
-    spec = load_spec(tiny_spec(tmp_path / "tiny.yaml", tiny_bert, ports, name="tiny-tuned",
-                               registry__model_name="tiny-tuned", deploy__tuning=tuning,
-                               deploy__max_queue_delay_us=200_000,
-                               deploy__preferred_batch_sizes=[8]))
+    tuning = {
+        "search": True,
+        "preferred_batch_sizes": [[4, 8]],
+        "max_queue_delay_us": [100],
+        "execution": [[1, 0], [2, 1]],
+        "clients": [4],
+        "seconds": 1,
+    }
+    spec = load_spec(
+        tiny_spec(
+            tmp_path / "tiny.yaml",
+            tiny_bert,
+            ports,
+            name="tiny-tuned",
+            registry__model_name="tiny-tuned",
+            deploy__tuning=tuning,
+            deploy__max_queue_delay_us=200_000,
+            deploy__preferred_batch_sizes=[8],
+        )
+    )
     try:
         summary = release_model(spec)
         version = summary["mlflow"]["version"]
@@ -81,24 +119,25 @@ def test_release_ships_the_searched_config(tiny_bert, tmp_path, monkeypatch):
             served = client.get_model_config("tiny-tuned", version)
         finally:
             client.close()
-        assert int(served["dynamic_batching"]["max_queue_delay_microseconds"]) == \
-            best["max_queue_delay_us"]
+        assert (
+            int(served["dynamic_batching"]["max_queue_delay_microseconds"])
+            == best["max_queue_delay_us"]
+        )
         assert served["instance_group"][0]["count"] == best["instance_count"]
-        assert served["dynamic_batching"]["preferred_batch_size"] == \
-            best["preferred_batch_sizes"]
+        assert served["dynamic_batching"]["preferred_batch_size"] == best["preferred_batch_sizes"]
 
         # The registered repository carries it too, and MLflow records the search.
         mlflow = MlflowClient(summary["mlflow"]["tracking_uri"])
         mv = mlflow.get_model_version("tiny-tuned", version)
-        config = mlflow.download_artifacts(mv.run_id, "triton_repository/tiny-tuned/config.pbtxt",
-                                           str(tmp_path / "dl"))
+        config = mlflow.download_artifacts(
+            mv.run_id, "triton_repository/tiny-tuned/config.pbtxt", str(tmp_path / "dl")
+        )
         text = open(config).read()
         assert re.search(rf"max_queue_delay_microseconds: {best['max_queue_delay_us']}\b", text)
         assert re.search(rf"instance_group \[\s*{{\s*count: {best['instance_count']}\b", text)
         run = mlflow.get_run(mv.run_id)
         assert run.data.metrics["tuning.rps_at_4"] > 0
-        assert json.loads(run.data.params["tuning_chosen.instance_count"]) == \
-            best["instance_count"]
+        assert json.loads(run.data.params["tuning_chosen.instance_count"]) == best["instance_count"]
     finally:
         triton_local.stop_server()
 
@@ -108,13 +147,21 @@ def test_the_search_grid_tries_each_token_budget_with_the_batcher_settings():
     from hf2triton.targets.base import DEFAULT_MAX_BATCH_TOKENS, TuningSpec
     from hf2triton.targets.local import LocalTritonDeploy
 
-    deploy = LocalTritonDeploy(tuning=TuningSpec(search=True, max_batch_tokens=[0, 1024],
-                                                 max_queue_delay_us=[100],
-                                                 execution=[(1, 0)]))
+    deploy = LocalTritonDeploy(
+        tuning=TuningSpec(
+            search=True, max_batch_tokens=[0, 1024], max_queue_delay_us=[100], execution=[(1, 0)]
+        )
+    )
     cells = grid(deploy.tuning, deploy)
     assert cells[0]["max_batch_tokens"] == DEFAULT_MAX_BATCH_TOKENS  # the deploy section's own
     assert sorted(c["max_batch_tokens"] for c in cells[1:]) == [0, 1024]
     with pytest.raises(SpecError, match="max_batch_tokens needs at least one value"):
-        parse_spec({"name": "t", "source": {"path": "/m"}, "validation": {"sentences": "x"},
-                    "registry": {"model_name": "t"},
-                    "deploy": {"tuning": {"search": True, "max_batch_tokens": []}}})
+        parse_spec(
+            {
+                "name": "t",
+                "source": {"path": "/m"},
+                "validation": {"sentences": "x"},
+                "registry": {"model_name": "t"},
+                "deploy": {"tuning": {"search": True, "max_batch_tokens": []}},
+            }
+        )

@@ -25,18 +25,36 @@ pytestmark = pytest.mark.e2e  # every test here starts a server or runs a releas
 HF2TRITON = str(Path(sys.executable).parent / "hf2triton")
 # Short looks; latency is not judged here (a shared 2-core machine's p99 is noise): the p99
 # budget's arithmetic is test_budgets_judge_each_figure's, its PromQL promtool's.
-WATCH = {"watch__interval_s": 1.0, "watch__min_requests": 5, "watch__window_s": 900,
-         "watch__max_failure_rate": 0.05, "watch__p99_slack_ms": 600_000}
+WATCH = {
+    "watch__interval_s": 1.0,
+    "watch__min_requests": 5,
+    "watch__window_s": 900,
+    "watch__max_failure_rate": 0.05,
+    "watch__p99_slack_ms": 600_000,
+}
 
 
 def test_budgets_judge_each_figure():
     from hf2triton.spec.watch import WatchSpec
     from hf2triton.watch.observe import judge, p99_limit
 
-    budget = WatchSpec(max_failure_rate=0.01, max_p99_ms=100, max_p99_vs_previous=2,
-                       p99_slack_ms=5, min_requests=20, smoke_floors={"grpc_min_cosine": 0.99})
-    row = {"endpoint": "e", "version": "2", "requests": 100, "failed": 0, "failure_rate": 0.0,
-           "p99_ms": 30.0, "grpc_min_cosine": 0.995}
+    budget = WatchSpec(
+        max_failure_rate=0.01,
+        max_p99_ms=100,
+        max_p99_vs_previous=2,
+        p99_slack_ms=5,
+        min_requests=20,
+        smoke_floors={"grpc_min_cosine": 0.99},
+    )
+    row = {
+        "endpoint": "e",
+        "version": "2",
+        "requests": 100,
+        "failed": 0,
+        "failure_rate": 0.0,
+        "p99_ms": 30.0,
+        "grpc_min_cosine": 0.995,
+    }
     assert judge(row, budget, {"p99_ms": 20.0}) == []
     assert p99_limit(budget, {"p99_ms": 20.0}) == 40.0  # twice the previous champion's
     assert p99_limit(budget, {"p99_ms": 1.0}) == 6.0  # never closer to it than the slack
@@ -79,8 +97,12 @@ def watched(tmp_path_factory, tiny_bert, other_tiny_bert):
     from hf2triton.targets import triton_local
 
     tmp = tmp_path_factory.mktemp("watched")
-    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port(),
-             "openai": {"port": free_port()}}
+    ports = {
+        "http_port": free_port(),
+        "grpc_port": free_port(),
+        "metrics_port": free_port(),
+        "openai": {"port": free_port()},
+    }
     (tmp / "v1").mkdir()
     first = tiny_spec(tmp / "v1" / "tiny-embedder.yaml", tiny_bert, ports, **WATCH)
     second = tiny_spec(tmp / "tiny-embedder.yaml", other_tiny_bert, ports, **WATCH)
@@ -90,8 +112,14 @@ def watched(tmp_path_factory, tiny_bert, other_tiny_bert):
         try:
             one = release_model(load_spec(first))
             two = release_model(load_spec(second))
-            yield {"home": tmp / "home", "spec": second, "ports": ports, "first": one,
-                   "second": two, "http": f"127.0.0.1:{ports['http_port']}"}
+            yield {
+                "home": tmp / "home",
+                "spec": second,
+                "ports": ports,
+                "first": one,
+                "second": two,
+                "http": f"127.0.0.1:{ports['http_port']}",
+            }
         finally:
             mp.setenv("HF2TRITON_HOME", str(tmp / "home"))
             triton_local.stop_server()
@@ -105,8 +133,15 @@ def home_of(watched, monkeypatch):
 
 
 def _cli(args: list[str], home: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hf2triton.cli.main", *args], env=_env(home), cwd=ROOT,
-                          capture_output=True, text=True, timeout=600, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "hf2triton.cli.main", *args],
+        env=_env(home),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
 
 
 def test_release_watches_its_champion_and_publishes_the_table(home_of):
@@ -127,8 +162,9 @@ def test_release_watches_its_champion_and_publishes_the_table(home_of):
     assert row["p99_ms"] is not None and row["p99_ms"] > 0 and row["p50_ms"] <= row["p99_ms"]
     assert row["request_rate"] > 0 and row["queue_ms"] is not None
     assert row["grpc_min_cosine"] >= 0.98 and not seen["breaches"]
-    assert {"endpoint", "request_rate", "failure_rate", "p50_ms", "p99_ms", "verdict"} <= \
-        set(table(seen)[0])
+    assert {"endpoint", "request_rate", "failure_rate", "p50_ms", "p99_ms", "verdict"} <= set(
+        table(seen)[0]
+    )
     assert seen["in_window"] and seen["previous"] == "1"
 
 
@@ -146,8 +182,10 @@ def test_rollback_command_under_traffic_then_status(home_of):
     assert serving_versions(triton_client(rel["http"]), "tiny-embedder") == ["1"]
     client = _mlflow(rel["home"])
     assert str(client.get_model_version_by_alias("tiny-embedder", "champion").version) == "1"
-    assert client.get_model_version("tiny-embedder", "2").tags["hf2triton.rolled_back"] == \
-        "operator test"
+    assert (
+        client.get_model_version("tiny-embedder", "2").tags["hf2triton.rolled_back"]
+        == "operator test"
+    )
     shown = _cli(["status", str(rel["spec"]), "--json"], rel["home"])
     assert shown.returncode == 0, shown.stderr[-3000:]
     status = json.loads(shown.stdout)
@@ -162,19 +200,25 @@ def test_rollback_command_under_traffic_then_status(home_of):
     listed = _cli(["status"], rel["home"])
     assert listed.returncode == 0, listed.stderr[-3000:]
     header, *rows = listed.stdout.strip().splitlines()
-    assert header.split() == ["RELEASE", "CHAMPION", "CANDIDATE", "SERVING", "WATCH", "LAST",
-                              "LOOK"]
+    assert header.split() == [
+        "RELEASE",
+        "CHAMPION",
+        "CANDIDATE",
+        "SERVING",
+        "WATCH",
+        "LAST",
+        "LOOK",
+    ]
     mine = next(r for r in rows if r.startswith("tiny-embedder "))
     assert mine.split()[1:3] == ["1", "2"] and "v1 on local Triton" in mine
     shown_at = re.search(r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}", mine).group(0)
-    assert shown_at == clock.strftime("%Y-%m-%d %H:%M:%S",
-                                      clock.localtime(status["watch"]["at"]))
+    assert shown_at == clock.strftime("%Y-%m-%d %H:%M:%S", clock.localtime(status["watch"]["at"]))
     one = _cli(["status", "tiny-embedder"], rel["home"])  # by the name the home ran
     assert one.returncode == 0, one.stderr[-3000:]
     assert "champion:   1 (restored from 2)" in one.stdout and "watch:" in one.stdout
 
 
-FAULT = '''
+FAULT = """
     def execute(self, requests):
         # Planted by tests/test_watch.py: the serving code crashes on inputs longer than any
         # validated one, a regression only real traffic shows. Triton counts what an execute
@@ -184,7 +228,7 @@ FAULT = '''
             if max(len(t[0]) for t in text) > 200:
                 raise RuntimeError("planted fault: input too long")
         return self.serving.triton_execute(self.model, requests, pb_utils)
-'''
+"""
 
 
 def _plant_fault(rel) -> None:
@@ -192,7 +236,7 @@ def _plant_fault(rel) -> None:
 
     model_py = rel["home"] / "triton" / "models" / "tiny-embedder" / "2" / "model.py"
     text = model_py.read_text()
-    model_py.write_text(text[:text.index("    def execute")] + FAULT.lstrip("\n"))
+    model_py.write_text(text[: text.index("    def execute")] + FAULT.lstrip("\n"))
     with TritonAdmin(rel["http"]) as admin:
         admin.load("tiny-embedder")  # Triton reloads version 2 with its changed file
 
@@ -210,8 +254,7 @@ def test_watch_rolls_back_a_regression_within_its_window(home_of):
     assert released["mlflow"]["version"] == "2"
     assert released["watch"]["breaches"] == []  # it passed its smoke test and first look
     _plant_fault(rel)
-    seen, traffic = watched_under_traffic(rel["http"], "tiny-embedder", spec,
-                                          answers_after=10)
+    seen, traffic = watched_under_traffic(rel["http"], "tiny-embedder", spec, answers_after=10)
     breached = next(s for s in seen if s["breaches"])
     assert breached["champion"] == "2" and breached["in_window"]
     # The first breaching look does not act; the watch looks again and acts on the second.
@@ -247,28 +290,44 @@ def test_rendered_rules_pass_promtool_and_prometheus_reads_the_p99(home_of, tmp_
     rel = home_of
     written = rel["home"] / "work" / "tiny-embedder" / "monitoring" / "2"
     files = sorted(p.name for p in written.iterdir())
-    assert files == ["tiny-embedder-grafana.json", "tiny-embedder-prometheus.yml",
-                     "tiny-embedder-rules-test.yml", "tiny-embedder-rules.yml"]
+    assert files == [
+        "tiny-embedder-grafana.json",
+        "tiny-embedder-prometheus.yml",
+        "tiny-embedder-rules-test.yml",
+        "tiny-embedder-rules.yml",
+    ]
     logged = _mlflow(rel["home"]).list_artifacts(rel["second"]["mlflow"]["run_id"], "monitoring")
     assert {Path(a.path).name for a in logged} == set(files)
-    for args in (["check", "rules", "tiny-embedder-rules.yml"],
-                 ["test", "rules", "tiny-embedder-rules-test.yml"],
-                 ["check", "config", "tiny-embedder-prometheus.yml"]):
-        proc = subprocess.run([promtool, *args], cwd=written, capture_output=True, text=True,
-                              check=False)
+    for args in (
+        ["check", "rules", "tiny-embedder-rules.yml"],
+        ["test", "rules", "tiny-embedder-rules-test.yml"],
+        ["check", "config", "tiny-embedder-prometheus.yml"],
+    ):
+        proc = subprocess.run(
+            [promtool, *args], cwd=written, capture_output=True, text=True, check=False
+        )
         assert proc.returncode == 0, proc.stdout + proc.stderr
     dashboard = json.loads((written / "tiny-embedder-grafana.json").read_text())
     assert [p["title"] for p in dashboard["panels"]] == [
-        "Requests per second", "Failed requests (share)", "Request latency p50 / p99 (ms)",
-        "Queue time per request (ms)"]
+        "Requests per second",
+        "Failed requests (share)",
+        "Request latency p50 / p99 (ms)",
+        "Queue time per request (ms)",
+    ]
 
     shutil.copy(written / "tiny-embedder-rules.yml", tmp_path)
     shutil.copy(written / "tiny-embedder-prometheus.yml", tmp_path)
     port = free_port()
-    server = _start([prometheus, f"--config.file={tmp_path / 'tiny-embedder-prometheus.yml'}",
-                     f"--storage.tsdb.path={tmp_path / 'data'}",
-                     f"--web.listen-address=127.0.0.1:{port}"], os.environ.copy(),
-                    tmp_path / "prometheus.log")
+    server = _start(
+        [
+            prometheus,
+            f"--config.file={tmp_path / 'tiny-embedder-prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        os.environ.copy(),
+        tmp_path / "prometheus.log",
+    )
     try:
         wait_http(f"http://127.0.0.1:{port}/-/ready", timeout=120, proc=server)
         query = urllib.parse.quote('hf2triton:request_p99_ms{model="tiny-embedder"}')
@@ -276,7 +335,8 @@ def test_rendered_rules_pass_promtool_and_prometheus_reads_the_p99(home_of, tmp_
             deadline = time.monotonic() + 120
             while True:
                 with urllib.request.urlopen(
-                        f"http://127.0.0.1:{port}/api/v1/query?query={query}") as r:
+                    f"http://127.0.0.1:{port}/api/v1/query?query={query}"
+                ) as r:
                     found = json.load(r)["data"]["result"]
                 if found or time.monotonic() > deadline:
                     break
@@ -296,15 +356,17 @@ def test_prefect_yaml_declares_the_watch_and_the_rollback_automation():
     assert watch["parameters"]["act"] == "event"
     trigger = mine["flows/watch.py:rollback_release"]["triggers"][0]
     assert trigger["expect"] == ["hf2triton.watch.breach"]
-    assert trigger["match"] == {"prefect.resource.id": "hf2triton.release.minilm-embedder",
-                                "hf2triton.in-window": "true"}
-    assert trigger["parameters"]["only_if_champion"] == \
-        "{{ event.resource['hf2triton.version'] }}"
+    assert trigger["match"] == {
+        "prefect.resource.id": "hf2triton.release.minilm-embedder",
+        "hf2triton.in-window": "true",
+    }
+    assert trigger["parameters"]["only_if_champion"] == "{{ event.resource['hf2triton.version'] }}"
     assert "flows/watch.py:release_status" in mine
 
 
-def test_prefect_server_runs_the_watch_and_its_automation_rolls_back(home_of, prefect_server,
-                                                                      tmp_path):
+def test_prefect_server_runs_the_watch_and_its_automation_rolls_back(
+    home_of, prefect_server, tmp_path
+):
     """On a real Prefect server and process worker: the watch deployment sees version 2 fail
     under traffic and emits its breach event; the automation prefect.yaml declares for that
     event starts the rollback deployment, which puts version 1 back. The UI's artifact page
@@ -335,8 +397,17 @@ def test_prefect_server_runs_the_watch_and_its_automation_rolls_back(home_of, pr
     assert "active: true" in text
     prefect_file.write_text(text.replace("active: true", "active: false"))
     assert release_model(load_spec(rel["spec"]))["mlflow"]["version"] == "2"
-    _run([str(BIN / "prefect"), "--no-prompt", "deploy", "--all", "--prefect-file",
-          str(prefect_file)], env)
+    _run(
+        [
+            str(BIN / "prefect"),
+            "--no-prompt",
+            "deploy",
+            "--all",
+            "--prefect-file",
+            str(prefect_file),
+        ],
+        env,
+    )
     # Runs other modules left open on this session's server (a release's watch run, a schedule's
     # next run) would take this worker first and the watch deployment's one slot.
     cancel_open_runs(env)
@@ -345,17 +416,36 @@ def test_prefect_server_runs_the_watch_and_its_automation_rolls_back(home_of, pr
     began = dt.datetime.now(dt.UTC)
     _plant_fault(rel)
     client = _mlflow(rel["home"])
-    worker = _start([str(BIN / "prefect"), "worker", "start", "--pool", "hf2triton-process"],
-                    env, tmp_path / "worker.log")
+    worker = _start(
+        [str(BIN / "prefect"), "worker", "start", "--pool", "hf2triton-process"],
+        env,
+        tmp_path / "worker.log",
+    )
     try:
         with Traffic(rel["http"], "tiny-embedder") as traffic:
             _until(lambda: len(traffic.failed) >= 10, "failed requests")
-            watch = _run([str(BIN / "prefect"), "deployment", "run",
-                          "watch-release/tiny-embedder", "--watch", "--watch-timeout", "400"],
-                         env, timeout=450)
+            watch = _run(
+                [
+                    str(BIN / "prefect"),
+                    "deployment",
+                    "run",
+                    "watch-release/tiny-embedder",
+                    "--watch",
+                    "--watch-timeout",
+                    "400",
+                ],
+                env,
+                timeout=450,
+            )
             assert "Completed" in watch.stdout + watch.stderr
-            _until(lambda: str(client.get_model_version_by_alias(
-                "tiny-embedder", "champion").version) == "1", "the automation's rollback", 400)
+            _until(
+                lambda: (
+                    str(client.get_model_version_by_alias("tiny-embedder", "champion").version)
+                    == "1"
+                ),
+                "the automation's rollback",
+                400,
+            )
             after = len(traffic.answered)
             _until(lambda: len(traffic.answered) >= after + 10, "answers after it")
     finally:
@@ -365,6 +455,7 @@ def test_prefect_server_runs_the_watch_and_its_automation_rolls_back(home_of, pr
     assert serving_versions(triton_client(rel["http"]), "tiny-embedder") == ["1"]
     why = client.get_model_version("tiny-embedder", "2").tags["hf2triton.rolled_back"]
     assert why.startswith("watch: ") and "failure rate" in why
+
     # The rollback deployment's own run did it (started by the automation: nothing else runs it).
     async def rollback_runs():
         from prefect.client.orchestration import get_client
@@ -372,16 +463,26 @@ def test_prefect_server_runs_the_watch_and_its_automation_rolls_back(home_of, pr
 
         async with get_client() as api:
             return await api.read_flow_runs(
-                flow_filter=FlowFilter(name=FlowFilterName(any_=["rollback-release"])))
+                flow_filter=FlowFilter(name=FlowFilterName(any_=["rollback-release"]))
+            )
 
     # This test's: started after it began, by the automation (its parameters from the event).
-    done = [r for r in _with_api(env, rollback_runs) if r.state.type.value == "COMPLETED"
-            and r.start_time and r.start_time >= began
-            and str(r.parameters.get("only_if_champion")) == "2"]
+    done = [
+        r
+        for r in _with_api(env, rollback_runs)
+        if r.state.type.value == "COMPLETED"
+        and r.start_time
+        and r.start_time >= began
+        and str(r.parameters.get("only_if_champion")) == "2"
+    ]
     assert done, (tmp_path / "worker.log").read_text()[-3000:]
 
-    shot = screenshot(f"{prefect_server['ui']}/artifacts/key/tiny-embedder-watch",
-                      tmp_path / "watch.png", tmp_path, size="1400,1000")
+    shot = screenshot(
+        f"{prefect_server['ui']}/artifacts/key/tiny-embedder-watch",
+        tmp_path / "watch.png",
+        tmp_path,
+        size="1400,1000",
+    )
     assert shot.is_file() and shot.stat().st_size > 20_000
     if os.environ.get("HF2TRITON_SCREENSHOT_TO"):
         shutil.copy(shot, os.environ["HF2TRITON_SCREENSHOT_TO"])

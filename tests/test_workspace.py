@@ -74,11 +74,10 @@ def test_the_marker_records_key_result_and_hashes(tmp_path):
     assert done["files"] == hash_files(out.path)
 
 
-@pytest.mark.parametrize("step_b, key_b, shared", [
-    ("export", KEY, True),
-    ("quantize", KEY, False),
-    ("export", "f" * 64, False),
-])
+@pytest.mark.parametrize(
+    "step_b, key_b, shared",
+    [("export", KEY, True), ("quantize", KEY, False), ("export", "f" * 64, False)],
+)
 def test_reuse_is_per_step_and_key(tmp_path, step_b, key_b, shared):
     build = Builder()
     a = cached_step(tmp_path, "export", KEY, build)
@@ -109,11 +108,9 @@ def test_keys_sharing_a_prefix_are_not_confused(tmp_path):
 # Failure and tampering
 
 
-@pytest.mark.parametrize("error", [
-    RuntimeError("export blew up"),
-    KeyboardInterrupt(),
-    ValueError("bad graph"),
-])
+@pytest.mark.parametrize(
+    "error", [RuntimeError("export blew up"), KeyboardInterrupt(), ValueError("bad graph")]
+)
 def test_a_failed_build_leaves_nothing_finished_and_the_next_call_builds_afresh(tmp_path, error):
     failing = Builder(fail=error)
     with pytest.raises(type(error)):
@@ -173,9 +170,9 @@ def _marker_without_files(d: Path) -> None:
     (d / DONE_FILE).write_text(json.dumps({"key": KEY, "result": {}}), encoding="utf-8")
 
 
-@pytest.mark.parametrize("tamper", [
-    _modify, _delete, _add, _drop_marker, _corrupt_marker, _marker_without_files,
-])
+@pytest.mark.parametrize(
+    "tamper", [_modify, _delete, _add, _drop_marker, _corrupt_marker, _marker_without_files]
+)
 def test_a_tampered_or_unfinished_directory_is_rebuilt(tmp_path, tamper):
     build = Builder()
     first = cached_step(tmp_path, "export", KEY, build)
@@ -209,8 +206,9 @@ except ArtifactError as exc:
 def test_a_read_only_home_gives_an_artifact_error_naming_the_directory(tmp_path):
     root = tmp_path / "home"
     root.mkdir()
-    root.chmod(stat.S_IRUSR | stat.S_IXUSR | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH
-               | stat.S_IXOTH)
+    root.chmod(
+        stat.S_IRUSR | stat.S_IXUSR | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH
+    )
     tmp_path.chmod(0o755)
     cmd = [sys.executable, "-c", READ_ONLY_PROBE, str(root)]
     if os.geteuid() == 0:
@@ -222,8 +220,13 @@ def test_a_read_only_home_gives_an_artifact_error_naming_the_directory(tmp_path)
                 parent.chmod(parent.stat().st_mode | stat.S_IXOTH)
         cmd = [setpriv, "--reuid=nobody", "--regid=nogroup", "--clear-groups", *cmd]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
-                              cwd=Path(__file__).resolve().parents[1])
+        proc = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=Path(__file__).resolve().parents[1],
+        )
         assert proc.returncode == 3, proc.stderr[-2000:]
         assert str(root / "export") in proc.stdout
         assert "permissions" in proc.stdout
@@ -287,8 +290,11 @@ def full_disk(tmp_path):
     """A 256 KiB tmpfs: a real filesystem that runs out of space."""
     mount = tmp_path / "small-disk"
     mount.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         if os.environ.get("CI") == "true":
             pytest.fail(f"cannot mount a small tmpfs to fill: {proc.stderr.strip()}")
@@ -308,5 +314,6 @@ def test_a_full_disk_is_reported_as_such_and_leaves_nothing_finished(full_disk):
     assert "ran out of disk space" in message and "Free space on that disk" in message
     assert str(full_disk / "quantize") in message
     assert leftovers(full_disk / "quantize") == []
-    assert not any(p.is_dir() and not p.name.startswith(".")
-                   for p in (full_disk / "quantize").iterdir())
+    assert not any(
+        p.is_dir() and not p.name.startswith(".") for p in (full_disk / "quantize").iterdir()
+    )

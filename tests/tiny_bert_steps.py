@@ -10,10 +10,7 @@ from pathlib import Path
 import pytest
 
 from hf2triton.kinds import Data
-from hf2triton.kinds.embedding import (
-    EmbeddingConfig,
-    resolve_embedding_config,
-)
+from hf2triton.kinds.embedding import EmbeddingConfig, resolve_embedding_config
 from hf2triton.kinds.embedding import EmbeddingThresholds as Thresholds
 from hf2triton.release.export import export_model
 from hf2triton.release.gate import run_gate as gate
@@ -42,32 +39,51 @@ def sha256(path: str | Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def embedding_kind(model_dir: Path | str, sentences: Path | str = "unused.txt",
-                   thresholds: Thresholds = Thresholds(), smoke: int = 8):
-    return kind_for(parse_spec({
-        "name": "tiny", "source": {"path": str(model_dir)}, "registry": {"model_name": "tiny"},
-        "embedding": {"thresholds": thresholds.model_dump()},
-        "validation": {"sentences": str(sentences), "smoke_sentences": smoke}}))
+def embedding_kind(
+    model_dir: Path | str,
+    sentences: Path | str = "unused.txt",
+    thresholds: Thresholds | None = None,
+    smoke: int = 8,
+):
+    return kind_for(
+        parse_spec(
+            {
+                "name": "tiny",
+                "source": {"path": str(model_dir)},
+                "registry": {"model_name": "tiny"},
+                "embedding": {"thresholds": (thresholds or Thresholds()).model_dump()},
+                "validation": {"sentences": str(sentences), "smoke_sentences": smoke},
+            }
+        )
+    )
 
 
 def do_export(model_dir: Path, work: Path, atol: float = 1e-3, cfg: EmbeddingConfig | None = None):
     src = fetch_model(parse_source(dict(path=str(model_dir))))
     return export_model(
-        embedding_kind(model_dir), src["model_dir"], src["content_hash"], 18, atol,
-        cfg or resolve_embedding_config(model_dir), Data(SENTENCES), str(work),
+        embedding_kind(model_dir),
+        src["model_dir"],
+        src["content_hash"],
+        18,
+        atol,
+        cfg or resolve_embedding_config(model_dir),
+        Data(SENTENCES),
+        str(work),
     )
 
 
 def served(model_dir, exported, onnx_path, cfg):
     """The serving core's embedder on `onnx_path`, with the export's tokenizer.json."""
     kind = embedding_kind(model_dir)
-    return kind.open_candidate(str(onnx_path), exported["export_dir"],
-                          kind.serving_json(cfg, exported["export_dir"]))
+    return kind.open_candidate(
+        str(onnx_path), exported["export_dir"], kind.serving_json(cfg, exported["export_dir"])
+    )
 
 
 def compare_with_torch(model_dir, onnx_path, cfg, texts) -> float:
-    return embedding_kind(model_dir).check_export(str(model_dir), Path(onnx_path).parent, cfg,
-                                                  texts)["max_abs_diff"]
+    return embedding_kind(model_dir).check_export(
+        str(model_dir), Path(onnx_path).parent, cfg, texts
+    )["max_abs_diff"]
 
 
 @pytest.fixture(scope="session")
@@ -99,8 +115,17 @@ def sentences_file(tmp_path_factory) -> Path:
 
 def run_gate(tiny_bert, exported, cfg, sentences_file, candidates, thresholds, work, smoke=8):
     kind = embedding_kind(tiny_bert, sentences_file, thresholds, smoke)
-    return gate(kind, str(tiny_bert), exported["export_dir"], candidates, cfg, kind.read_data(),
-                8, 0, str(work))
+    return gate(
+        kind,
+        str(tiny_bert),
+        exported["export_dir"],
+        candidates,
+        cfg,
+        kind.read_data(),
+        8,
+        0,
+        str(work),
+    )
 
 
 def leftovers(step_dir: Path) -> list[str]:

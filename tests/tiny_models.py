@@ -41,21 +41,32 @@ def build_tiny_bert(out: Path, seed: int = 0, vocab_size: int = 200) -> Path:
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    tok.train_from_iterator(CORPUS, trainers.WordPieceTrainer(
-        vocab_size=vocab_size, special_tokens=specials))
+    tok.train_from_iterator(
+        CORPUS, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials)
+    )
     tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]",
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B [SEP]",
         special_tokens=[(s, tok.token_to_id(s)) for s in ("[CLS]", "[SEP]")],
     )
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
-        sep_token="[SEP]", mask_token="[MASK]", model_max_length=64,
+        tokenizer_object=tok,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+        model_max_length=64,
     )
     fast.save_pretrained(out)
     torch.manual_seed(seed)
     config = BertConfig(
-        vocab_size=tok.get_vocab_size(), hidden_size=32, num_hidden_layers=2,
-        num_attention_heads=2, intermediate_size=64, max_position_embeddings=64,
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
     )
     BertModel(config).eval().save_pretrained(out)
     return out
@@ -79,9 +90,17 @@ def _train_spm(out: Path, lines: list[str], vocab_size: int = 80) -> Path:
 
     model_prefix = out / "spm"
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(lines), model_prefix=str(model_prefix), vocab_size=vocab_size,
-        hard_vocab_limit=False, model_type="unigram", character_coverage=1.0,
-        bos_id=-1, eos_id=-1, pad_id=-1, unk_id=0, minloglevel=2,
+        sentence_iterator=iter(lines),
+        model_prefix=str(model_prefix),
+        vocab_size=vocab_size,
+        hard_vocab_limit=False,
+        model_type="unigram",
+        character_coverage=1.0,
+        bos_id=-1,
+        eos_id=-1,
+        pad_id=-1,
+        unk_id=0,
+        minloglevel=2,
     )
     return model_prefix.with_suffix(".model")
 
@@ -96,8 +115,7 @@ def _spm_vocab(spm_path: Path, specials: list[str]) -> dict[str, int]:
     return vocab
 
 
-def build_tiny_m2m100(out: Path, seed: int = 0, src_lang: str = "en",
-                      tgt_lang: str = "sw") -> Path:
+def build_tiny_m2m100(out: Path, seed: int = 0, src_lang: str = "en", tgt_lang: str = "sw") -> Path:
     """Save a 2+2-layer M2M100 (d_model 16) with its sentencepiece tokenizer to `out`."""
     import json
     import shutil
@@ -112,17 +130,33 @@ def build_tiny_m2m100(out: Path, seed: int = 0, src_lang: str = "en",
     vocab = _spm_vocab(spm_path, ["<s>", "<pad>", "</s>", "<unk>"])
     (work / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
     shutil.copyfile(spm_path, work / "sentencepiece.bpe.model")
-    tok = M2M100Tokenizer(str(work / "vocab.json"), str(work / "sentencepiece.bpe.model"),
-                          src_lang=src_lang, tgt_lang=tgt_lang, model_max_length=64)
+    tok = M2M100Tokenizer(
+        str(work / "vocab.json"),
+        str(work / "sentencepiece.bpe.model"),
+        src_lang=src_lang,
+        tgt_lang=tgt_lang,
+        model_max_length=64,
+    )
     tok.save_pretrained(out)
     shutil.rmtree(work)
     torch.manual_seed(seed)
     config = M2M100Config(
-        vocab_size=len(tok.encoder) + len(tok.lang_token_to_id) + 8, d_model=16,
-        encoder_layers=2, decoder_layers=2, encoder_attention_heads=2, decoder_attention_heads=2,
-        encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64,
-        pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2,
-        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+        vocab_size=len(tok.encoder) + len(tok.lang_token_to_id) + 8,
+        d_model=16,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        max_position_embeddings=64,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+        decoder_start_token_id=2,
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
         init_std=0.6,  # large enough that the translation depends on the source text
     )
     model = M2M100ForConditionalGeneration(config).eval()
@@ -130,7 +164,7 @@ def build_tiny_m2m100(out: Path, seed: int = 0, src_lang: str = "en",
         # Random weights would mostly emit language tokens (they are most of this tiny vocab):
         # shrink their (tied) output rows so translations are made of ordinary pieces, and lift
         # </s> so some translations end before max_length.
-        model.model.shared.weight[len(tok.encoder):] *= 0.05
+        model.model.shared.weight[len(tok.encoder) :] *= 0.05
         model.model.shared.weight[config.eos_token_id] *= 2.0
     model.generation_config.max_length = 32
     # Exercised by the served decoder too (real seq2seq checkpoints such as Marian set it).
@@ -166,21 +200,41 @@ def build_tiny_marian(out: Path | str, seed: int = 0, tied: bool = True) -> Path
     (work / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
     shutil.copyfile(spm_path, work / "source.spm")
     shutil.copyfile(spm_path, work / "target.spm")
-    tok = MarianTokenizer(str(work / "source.spm"), str(work / "target.spm"),
-                          str(work / "vocab.json"), source_lang="en", target_lang="de",
-                          model_max_length=64)
+    tok = MarianTokenizer(
+        str(work / "source.spm"),
+        str(work / "target.spm"),
+        str(work / "vocab.json"),
+        source_lang="en",
+        target_lang="de",
+        model_max_length=64,
+    )
     tok.save_pretrained(out)
     shutil.rmtree(work)
     pad = vocab["<pad>"]
     torch.manual_seed(seed)
     config = MarianConfig(
-        vocab_size=len(vocab), decoder_vocab_size=len(vocab), d_model=16,
-        encoder_layers=2, decoder_layers=2, encoder_attention_heads=2, decoder_attention_heads=2,
-        encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64,
-        pad_token_id=pad, decoder_start_token_id=pad, eos_token_id=0, bos_token_id=0,
-        forced_eos_token_id=0, scale_embedding=True, static_position_embeddings=True,
-        share_encoder_decoder_embeddings=True, tie_word_embeddings=tied,
-        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+        vocab_size=len(vocab),
+        decoder_vocab_size=len(vocab),
+        d_model=16,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        max_position_embeddings=64,
+        pad_token_id=pad,
+        decoder_start_token_id=pad,
+        eos_token_id=0,
+        bos_token_id=0,
+        forced_eos_token_id=0,
+        scale_embedding=True,
+        static_position_embeddings=True,
+        share_encoder_decoder_embeddings=True,
+        tie_word_embeddings=tied,
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
         init_std=0.3,  # with no_repeat_ngram_size 3: every corpus line translates differently
     )
     model = MarianMTModel(config).eval()
@@ -207,10 +261,19 @@ def build_tiny_classifier(out: Path, seed: int = 0) -> Path:
     build_tiny_bert(out, seed=seed)  # the tokenizer (and a base model we replace)
     base = BertConfig.from_pretrained(out)
     config = BertConfig(
-        **{k: getattr(base, k) for k in ("vocab_size", "hidden_size", "num_hidden_layers",
-                                         "num_attention_heads", "intermediate_size",
-                                         "max_position_embeddings")},
-        id2label=SENTIMENT_LABELS, label2id={v: k for k, v in SENTIMENT_LABELS.items()},
+        **{
+            k: getattr(base, k)
+            for k in (
+                "vocab_size",
+                "hidden_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "intermediate_size",
+                "max_position_embeddings",
+            )
+        },
+        id2label=SENTIMENT_LABELS,
+        label2id={v: k for k, v in SENTIMENT_LABELS.items()},
         initializer_range=0.5,  # large enough that the label depends on the text
     )
     torch.manual_seed(seed)
@@ -230,10 +293,19 @@ def build_tiny_cross_encoder(out: Path, seed: int = 0) -> Path:
     build_tiny_bert(out, seed=seed)  # the tokenizer (and a base model we replace)
     base = BertConfig.from_pretrained(out)
     config = BertConfig(
-        **{k: getattr(base, k) for k in ("vocab_size", "hidden_size", "num_hidden_layers",
-                                         "num_attention_heads", "intermediate_size",
-                                         "max_position_embeddings")},
-        num_labels=1, initializer_range=0.5,  # large enough that scores depend on the pair
+        **{
+            k: getattr(base, k)
+            for k in (
+                "vocab_size",
+                "hidden_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "intermediate_size",
+                "max_position_embeddings",
+            )
+        },
+        num_labels=1,
+        initializer_range=0.5,  # large enough that scores depend on the pair
     )
     torch.manual_seed(seed)
     BertForSequenceClassification(config).eval().save_pretrained(out)
@@ -268,9 +340,14 @@ def _byte_level_tokenizer(vocab_size: int = 300):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    tok.train_from_iterator(CORPUS + SEQ2SEQ_CORPUS, trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=specials,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(
+        CORPUS + SEQ2SEQ_CORPUS,
+        trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=specials,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
     return tok
 
 
@@ -279,9 +356,14 @@ def _save_causal(out: Path, model, tok, max_positions: int, eos_boost: float) ->
     from transformers import PreTrainedTokenizerFast
 
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
-        unk_token="<|endoftext|>", model_max_length=max_positions,
-        chat_template=TINY_CHAT_TEMPLATE, model_input_names=["input_ids", "attention_mask"])
+        tokenizer_object=tok,
+        bos_token="<|endoftext|>",
+        eos_token="<|endoftext|>",
+        unk_token="<|endoftext|>",
+        model_max_length=max_positions,
+        chat_template=TINY_CHAT_TEMPLATE,
+        model_input_names=["input_ids", "attention_mask"],
+    )
     fast.save_pretrained(out)
     with torch.no_grad():
         # Random weights: spread the output distribution so greedy text depends on the prompt,
@@ -294,8 +376,14 @@ def _save_causal(out: Path, model, tok, max_positions: int, eos_boost: float) ->
     return out
 
 
-def build_tiny_llama(out: Path, seed: int = 0, max_positions: int = 128, hidden: int = 32,
-                     layers: int = 2, eos_boost: float = 1.5) -> Path:
+def build_tiny_llama(
+    out: Path,
+    seed: int = 0,
+    max_positions: int = 128,
+    hidden: int = 32,
+    layers: int = 2,
+    eos_boost: float = 1.5,
+) -> Path:
     """Save a 2-layer Llama (hidden 32, grouped-query attention; the benchmark asks for a
     larger one, that never ends early: `eos_boost` 0) with a byte-level BPE tokenizer and a chat
     template to `out`."""
@@ -307,10 +395,18 @@ def build_tiny_llama(out: Path, seed: int = 0, max_positions: int = 128, hidden:
     eos = tok.token_to_id("<|endoftext|>")
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=tok.get_vocab_size(), hidden_size=hidden, intermediate_size=2 * hidden,
-        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=max_positions, bos_token_id=eos, eos_token_id=eos,
-        pad_token_id=eos, tie_word_embeddings=False, initializer_range=0.2,
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_positions,
+        bos_token_id=eos,
+        eos_token_id=eos,
+        pad_token_id=eos,
+        tie_word_embeddings=False,
+        initializer_range=0.2,
     )
     return _save_causal(out, LlamaForCausalLM(config), tok, max_positions, eos_boost)
 
@@ -325,16 +421,32 @@ def build_tiny_gpt2(out: Path, seed: int = 0, max_positions: int = 128) -> Path:
     eos = tok.token_to_id("<|endoftext|>")
     torch.manual_seed(seed)
     config = GPT2Config(
-        vocab_size=tok.get_vocab_size(), n_embd=32, n_layer=2, n_head=2,
-        n_positions=max_positions, bos_token_id=eos, eos_token_id=eos,
-        initializer_range=0.2, tie_word_embeddings=False,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        vocab_size=tok.get_vocab_size(),
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        n_positions=max_positions,
+        bos_token_id=eos,
+        eos_token_id=eos,
+        initializer_range=0.2,
+        tie_word_embeddings=False,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
     )
     return _save_causal(out, GPT2LMHeadModel(config), tok, max_positions, eos_boost=1.5)
 
 
-def build_qwen2(out: Path, seed: int = 0, layers: int = 8, hidden: int = 512, heads: int = 8,
-                kv_heads: int = 2, vocab_size: int = 4096, max_positions: int = 2048) -> Path:
+def build_qwen2(
+    out: Path,
+    seed: int = 0,
+    layers: int = 8,
+    hidden: int = 512,
+    heads: int = 8,
+    kv_heads: int = 2,
+    vocab_size: int = 4096,
+    max_positions: int = 2048,
+) -> Path:
     """A Qwen2-architecture causal LM of about 25M parameters by default (8 layers, hidden 512,
     8 heads, 2 KV heads, tied embeddings), random weights, with a byte-level BPE tokenizer of
     `vocab_size` trained on the shipped King James text and a ChatML template: the benchmarks'
@@ -344,21 +456,39 @@ def build_qwen2(out: Path, seed: int = 0, layers: int = 8, hidden: int = 512, he
 
     out.mkdir(parents=True, exist_ok=True)
     text = Path(__file__).resolve().parents[1] / "releases" / "data" / "kjv-pentateuch.txt"
-    lines = [ln for ln in text.read_text(encoding="utf-8").splitlines()
-             if ln.strip() and not ln.startswith("#")]
+    lines = [
+        ln
+        for ln in text.read_text(encoding="utf-8").splitlines()
+        if ln.strip() and not ln.startswith("#")
+    ]
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(lines, trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    tok.train_from_iterator(
+        lines,
+        trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
     eos = tok.token_to_id("<|endoftext|>")
     torch.manual_seed(seed)
     config = Qwen2Config(
-        vocab_size=tok.get_vocab_size(), hidden_size=hidden, intermediate_size=hidden * 11 // 4,
-        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-        max_position_embeddings=max_positions, bos_token_id=eos, eos_token_id=eos,
-        pad_token_id=eos, tie_word_embeddings=True, initializer_range=0.05)
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=hidden,
+        intermediate_size=hidden * 11 // 4,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=max_positions,
+        bos_token_id=eos,
+        eos_token_id=eos,
+        pad_token_id=eos,
+        tie_word_embeddings=True,
+        initializer_range=0.05,
+    )
     return _save_causal(out, Qwen2ForCausalLM(config), tok, max_positions, eos_boost=0.0)

@@ -11,7 +11,8 @@ running process's os.environ.
 Example:
     >>> RegistryCredentials(username="ci", password="...").save("prod-registry")  # doctest: +SKIP
     and in the spec: `image: {credentials_block: prod-registry}`
-    >>> resolve(RegistryCredentials, "prod-registry").auth_config("reg.example:5000")  # doctest: +SKIP
+    >>> resolve(RegistryCredentials, "prod-registry").auth_config("reg.example:5000")  # doctest:
+    +SKIP
     {'username': 'ci', 'password': '...', 'serveraddress': 'reg.example:5000'}
 """
 
@@ -69,17 +70,17 @@ class _Credentials:
         given = {field: env[k] for k, field in cls.KIND.env.items() if env.get(k)}
         if not given:
             if cls.KIND.needed_by:
-                raise cls.KIND.error(f"{cls.KIND.needed_by} but has no credentials: "
-                                     f"{cls.hint()}")
+                raise cls.KIND.error(f"{cls.KIND.needed_by} but has no credentials: {cls.hint()}")
             return None
         fields = cls.model_fields  # type: ignore[attr-defined]
-        missing = [k for k, f in cls.KIND.env.items() if fields[f].is_required()
-                   and f not in given]
+        missing = [k for k, f in cls.KIND.env.items() if fields[f].is_required() and f not in given]
         if missing:
             present = [k for k, f in cls.KIND.env.items() if f in given]
-            raise cls.KIND.error(f"{' and '.join(missing)} is not set, but "
-                                 f"{' and '.join(present)} {'is' if len(present) == 1 else 'are'}"
-                                 f": {cls.hint()}")
+            raise cls.KIND.error(
+                f"{' and '.join(missing)} is not set, but "
+                f"{' and '.join(present)} {'is' if len(present) == 1 else 'are'}"
+                f": {cls.hint()}"
+            )
         return cls(**given)
 
     def environment(self) -> dict[str, str]:
@@ -100,22 +101,28 @@ class RegistryCredentials(_Credentials, Block):
     """Credentials for the image registry, kept as a Prefect block; the password is a SecretStr.
 
     Example:
-        >>> RegistryCredentials(username="ci", password="...").save("prod-registry")  # doctest: +SKIP
+        >>> RegistryCredentials(username="ci", password="...").save("prod-registry")  # doctest:
+        +SKIP
         and in the spec: `image: {credentials_block: prod-registry}`
     """
 
     _block_type_name = "hf2triton Registry Credentials"
     _block_type_slug = "hf2triton-registry-credentials"
     KIND: ClassVar[Kind] = Kind(
-        "image.credentials_block", RegistryAuthError,
+        "image.credentials_block",
+        RegistryAuthError,
         {REGISTRY_USERNAME: "username", REGISTRY_PASSWORD: "password"},
-        f"{REGISTRY_USERNAME} and {REGISTRY_PASSWORD}")  # neither: an open registry
+        f"{REGISTRY_USERNAME} and {REGISTRY_PASSWORD}",
+    )  # neither: an open registry
     username: str
     password: SecretStr
 
     def auth_config(self, registry: str) -> DockerAuth:
-        return DockerAuth(username=self.username, password=self.password.get_secret_value(),
-                          serveraddress=registry)
+        return DockerAuth(
+            username=self.username,
+            password=self.password.get_secret_value(),
+            serveraddress=registry,
+        )
 
 
 class MlflowCredentials(_Credentials, Block):
@@ -132,9 +139,11 @@ class MlflowCredentials(_Credentials, Block):
     # MLflow takes these from `environment()` (a child process's) only.
     # None from the environment: MLflow may still find ~/.mlflow/credentials itself.
     KIND: ClassVar[Kind] = Kind(
-        "source.mlflow.credentials_block", SpecError,
+        "source.mlflow.credentials_block",
+        SpecError,
         {MLFLOW_USERNAME: "username", MLFLOW_PASSWORD: "password", MLFLOW_TOKEN: "token"},
-        f"{MLFLOW_USERNAME} and {MLFLOW_PASSWORD} (or {MLFLOW_TOKEN})")
+        f"{MLFLOW_USERNAME} and {MLFLOW_PASSWORD} (or {MLFLOW_TOKEN})",
+    )
     username: str | None = None
     password: SecretStr | None = None
     token: SecretStr | None = None
@@ -144,7 +153,8 @@ class S3Credentials(_Credentials, Block):
     """Access key of an S3-compatible store, kept as a Prefect block; the secret is a SecretStr.
 
     Example:
-        >>> S3Credentials(access_key_id="AKIA...", secret_access_key="...").save("models-s3")  # doctest: +SKIP
+        >>> S3Credentials(access_key_id="AKIA...", secret_access_key="...").save("models-s3")  #
+        doctest: +SKIP
         and in the spec: `deploy: {model_store: {kind: s3, ..., credentials_block: models-s3}}`
     """
 
@@ -152,19 +162,27 @@ class S3Credentials(_Credentials, Block):
     _block_type_slug = "hf2triton-s3-credentials"
     # boto3 takes `client_kwargs()`; a tritonserver reading s3:// `environment()`.
     KIND: ClassVar[Kind] = Kind(
-        "deploy.model_store.credentials_block", ModelStoreError,
-        {S3_ACCESS_KEY: "access_key_id", S3_SECRET_KEY: "secret_access_key",
-         S3_SESSION_TOKEN: "session_token"},
-        f"{S3_ACCESS_KEY} and {S3_SECRET_KEY}", needed_by="deploy.model_store is s3")
+        "deploy.model_store.credentials_block",
+        ModelStoreError,
+        {
+            S3_ACCESS_KEY: "access_key_id",
+            S3_SECRET_KEY: "secret_access_key",
+            S3_SESSION_TOKEN: "session_token",
+        },
+        f"{S3_ACCESS_KEY} and {S3_SECRET_KEY}",
+        needed_by="deploy.model_store is s3",
+    )
     access_key_id: str
     secret_access_key: SecretStr
     session_token: SecretStr | None = None
 
     def client_kwargs(self) -> dict[str, str | None]:
         """boto3.client(...)'s credential arguments."""
-        return {"aws_access_key_id": self.access_key_id,
-                "aws_secret_access_key": self.secret_access_key.get_secret_value(),
-                "aws_session_token": _secret(self.session_token)}
+        return {
+            "aws_access_key_id": self.access_key_id,
+            "aws_secret_access_key": self.secret_access_key.get_secret_value(),
+            "aws_session_token": _secret(self.session_token),
+        }
 
 
 class ApiKeys(_Credentials, Block):
@@ -180,21 +198,27 @@ class ApiKeys(_Credentials, Block):
     _block_type_name = "hf2triton API Keys"
     _block_type_slug = "hf2triton-api-keys"
     KIND: ClassVar[Kind] = Kind(  # neither: the API takes requests without a key
-        "deploy.openai.credentials_block", SpecError, {OPENAI_API_KEYS: "keys"}, OPENAI_API_KEYS)
+        "deploy.openai.credentials_block", SpecError, {OPENAI_API_KEYS: "keys"}, OPENAI_API_KEYS
+    )
     keys: SecretStr
 
     def hashes(self) -> list[str]:
         """sha256 (hex) of each key: what the API server is given."""
-        return sorted({hashlib.sha256(k.strip().encode()).hexdigest()
-                       for k in self.keys.get_secret_value().split(",") if k.strip()})
+        return sorted(
+            {
+                hashlib.sha256(k.strip().encode()).hexdigest()
+                for k in self.keys.get_secret_value().split(",")
+                if k.strip()
+            }
+        )
 
 
-Credentials = TypeVar("Credentials", RegistryCredentials, MlflowCredentials, S3Credentials,
-                      ApiKeys)
+Credentials = TypeVar("Credentials", RegistryCredentials, MlflowCredentials, S3Credentials, ApiKeys)
 
 
-def resolve(kind: type[Credentials], block_name: str | None,
-            env: Mapping[str, str] | None = None) -> Credentials | None:
+def resolve(
+    kind: type[Credentials], block_name: str | None, env: Mapping[str, str] | None = None
+) -> Credentials | None:
     """The saved `kind` block named `block_name` (the spec's credentials_block), else `kind` from
     the environment (`env`, default os.environ, only read), else None.
 
@@ -208,16 +232,20 @@ def resolve(kind: type[Credentials], block_name: str | None,
             raise kind.KIND.error(
                 f"{key} {block_name!r}: no saved {kind.get_block_type_slug()} block of that name: "
                 f"save one ({kind.__name__}(...).save({block_name!r})), or remove {key} and set "
-                f"{kind.KIND.env_hint}") from None
+                f"{kind.KIND.env_hint}"
+            ) from None
     return kind.from_env(os.environ if env is None else env)
 
 
-def child_environment(credentials: MlflowCredentials | S3Credentials | None,
-                      kind: type[MlflowCredentials] | type[S3Credentials],
-                      base: Mapping[str, str] | None = None) -> dict[str, str]:
+def child_environment(
+    credentials: MlflowCredentials | S3Credentials | None,
+    kind: type[MlflowCredentials] | type[S3Credentials],
+    base: Mapping[str, str] | None = None,
+) -> dict[str, str]:
     """The environment for a child process that is to use `credentials`: `base` (default this
     process's) with every variable of `kind` replaced by the credentials' own, so another
     account's password never goes along with this one's token."""
-    env = {k: v for k, v in (os.environ if base is None else base).items()
-           if k not in kind.KIND.env}
+    env = {
+        k: v for k, v in (os.environ if base is None else base).items() if k not in kind.KIND.env
+    }
     return {**env, **(credentials.environment() if credentials is not None else {})}

@@ -40,12 +40,16 @@ def short(exc: BaseException | str, limit: int = 300) -> str:
 
 
 def where() -> str:
-    return f"DOCKER_HOST={os.environ['DOCKER_HOST']}" if os.environ.get("DOCKER_HOST") \
+    return (
+        f"DOCKER_HOST={os.environ['DOCKER_HOST']}"
+        if os.environ.get("DOCKER_HOST")
         else "unix:///var/run/docker.sock"
+    )
 
 
 def engine():
-    """A client of the Docker engine DOCKER_HOST (or the default socket) names, checked to answer."""
+    """A client of the Docker engine DOCKER_HOST (or the default socket) names, checked to
+    answer."""
     import docker
 
     try:
@@ -54,11 +58,15 @@ def engine():
     except docker.errors.DockerException as exc:
         # docker-py wraps the refused or missing socket; the cause says which.
         cause = exc.__cause__ or exc.__context__
-        detail = "" if isinstance(cause, (OSError, ConnectionError)) or "Connection" in type(
-            cause).__name__ else f": {short(exc, 200)}"
+        detail = (
+            ""
+            if isinstance(cause, (OSError, ConnectionError)) or "Connection" in type(cause).__name__
+            else f": {short(exc, 200)}"
+        )
         raise DockerUnavailableError(
             f"no Docker engine answers at {where()}{detail}. Start one, or as root run "
-            "`bash infra/docker-env.sh up`") from None
+            "`bash infra/docker-env.sh up`"
+        ) from None
     return client
 
 
@@ -72,8 +80,9 @@ def engine_error(exc: BaseException, what: str, error: type = ImageBuildError) -
             return ServiceUnavailableError(f"the Docker engine failed to {what}: {short(exc)}")
         return error(f"the Docker engine refused to {what}: {short(exc)}")
     if isinstance(exc, (requests.exceptions.RequestException, ConnectionError, OSError)):
-        return ServiceUnavailableError(f"the Docker engine stopped answering ({what}): "
-                                       f"{short(exc)}")
+        return ServiceUnavailableError(
+            f"the Docker engine stopped answering ({what}): {short(exc)}"
+        )
     return error(f"could not {what}: {short(exc)}")
 
 
@@ -89,8 +98,11 @@ def registry_url(registry: str) -> str:
 def _open(url: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str]]:
     """(HTTP status, headers) of a GET; status 0 when nothing answers."""
     # A loopback registry is asked directly, never through an HTTP(S)_PROXY of the environment.
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({})) \
-        if url.startswith("http://") else urllib.request.build_opener()
+    opener = (
+        urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        if url.startswith("http://")
+        else urllib.request.build_opener()
+    )
     request = urllib.request.Request(url, headers=headers or {})
     try:
         with opener.open(request, timeout=10) as resp:
@@ -123,17 +135,18 @@ def check_credentials(registry: str, auth: DockerAuth | None) -> None:
     url = registry_url(registry)
     status, headers = _open(url)
     if status == 0 or status >= 500:
-        raise RegistryUnavailableError(f"registry {registry} did not answer at {url}"
-                                       + (f" (HTTP {status})" if status else ""))
+        raise RegistryUnavailableError(
+            f"registry {registry} did not answer at {url}" + (f" (HTTP {status})" if status else "")
+        )
     if status == 200:
         return
     if status not in (401, 403):
         raise RegistryUnavailableError(f"registry {registry} answered HTTP {status} at {url}")
     if auth is None:
         raise RegistryAuthError(
-            f"registry {registry} needs credentials: {RegistryCredentials.hint()}")
-    basic = "Basic " + base64.b64encode(
-        f"{auth['username']}:{auth['password']}".encode()).decode()
+            f"registry {registry} needs credentials: {RegistryCredentials.hint()}"
+        )
+    basic = "Basic " + base64.b64encode(f"{auth['username']}:{auth['password']}".encode()).decode()
     challenge = next((v for k, v in headers.items() if k.lower() == "www-authenticate"), "")
     if challenge.lower().startswith("bearer"):
         params = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
@@ -142,12 +155,15 @@ def check_credentials(registry: str, auth: DockerAuth | None) -> None:
     else:
         status = _open(url, {"Authorization": basic})[0]
     if status == 0 or status >= 500:
-        raise RegistryUnavailableError(f"registry {registry} did not answer the credential check"
-                                       + (f" (HTTP {status})" if status else ""))
+        raise RegistryUnavailableError(
+            f"registry {registry} did not answer the credential check"
+            + (f" (HTTP {status})" if status else "")
+        )
     if status in (401, 403):
         raise RegistryAuthError(
             f"registry {registry} refused the credentials of user {auth['username']!r} (HTTP "
-            f"{status}): give those of a user it accepts: {RegistryCredentials.hint()}")
+            f"{status}): give those of a user it accepts: {RegistryCredentials.hint()}"
+        )
 
 
 # ---- images ---------------------------------------------------------------------------------
@@ -174,8 +190,7 @@ def pull(client: Any, reference: str, auth: DockerAuth | None = None) -> None:
         raise engine_error(exc, f"pull {reference}", DockerUnavailableError) from None
 
 
-def push(client: Any, tag: str, registry: str, auth: DockerAuth | None,
-         logger: Any = log) -> str:
+def push(client: Any, tag: str, registry: str, auth: DockerAuth | None, logger: Any = log) -> str:
     """Push `tag`; returns the digest the registry stored it under (read back to be sure).
 
     Credentials go to the engine only, never to a log."""
@@ -192,8 +207,11 @@ def push(client: Any, tag: str, registry: str, auth: DockerAuth | None,
                 check_credentials(registry, auth)  # raises when the registry is the cause
                 raise ImageBuildError(f"pushing {tag} failed: {short(message)}")
             status, layer = chunk.get("status", ""), chunk.get("id", "")
-            if status and status not in ("Pushing", "Preparing", "Waiting") and \
-                    (layer, status) not in seen:
+            if (
+                status
+                and status not in ("Pushing", "Preparing", "Waiting")
+                and (layer, status) not in seen
+            ):
                 seen.add((layer, status))
                 logger.info("image: push: %s%s", f"{layer}: " if layer else "", status)
             if (chunk.get("aux") or {}).get("Digest"):
@@ -206,16 +224,25 @@ def push(client: Any, tag: str, registry: str, auth: DockerAuth | None,
     try:
         stored = client.api.inspect_distribution(tag, auth_config=auth)["Descriptor"]["digest"]
     except docker.errors.APIError as exc:
-        raise engine_error(exc, f"read the pushed manifest of {tag} back",
-                           RegistryUnavailableError) from None
+        raise engine_error(
+            exc, f"read the pushed manifest of {tag} back", RegistryUnavailableError
+        ) from None
     if stored != found:
-        raise ImageBuildError(f"registry {registry} says {tag} is {stored}, the push reported "
-                              f"{found}: another push raced this one; run the release again")
+        raise ImageBuildError(
+            f"registry {registry} says {tag} is {stored}, the push reported "
+            f"{found}: another push raced this one; run the release again"
+        )
     return found
 
 
-def build(client: Any, context: str, tag: str, buildargs: dict[str, str], timeout_s: float,
-          logger: Any = log) -> dict[str, Any]:
+def build(
+    client: Any,
+    context: str,
+    tag: str,
+    buildargs: dict[str, str],
+    timeout_s: float,
+    logger: Any = log,
+) -> dict[str, Any]:
     """`docker build` of `context` with no network in its RUN steps; returns the image's
     inspect data."""
     import docker.errors
@@ -227,13 +254,23 @@ def build(client: Any, context: str, tag: str, buildargs: dict[str, str], timeou
     try:
         # network_mode none: the RUN steps get no network at all, so the build is offline by
         # construction, not by luck.
-        for chunk in api.build(path=context, tag=tag, buildargs=buildargs, rm=True, forcerm=True,
-                               pull=False, decode=True, timeout=timeout_s, network_mode="none"):
+        for chunk in api.build(
+            path=context,
+            tag=tag,
+            buildargs=buildargs,
+            rm=True,
+            forcerm=True,
+            pull=False,
+            decode=True,
+            timeout=timeout_s,
+            network_mode="none",
+        ):
             if "error" in chunk or "errorDetail" in chunk:
                 msg = chunk.get("error") or chunk["errorDetail"].get("message", "?")
                 raise ImageBuildError(
                     f"docker build of {tag} failed: {' '.join(msg.split())}. Last build "
-                    "output:\n" + "\n".join(lines[-12:]))
+                    "output:\n" + "\n".join(lines[-12:])
+                )
             text = chunk.get("stream", "").rstrip()
             for line in filter(None, (ln.rstrip() for ln in text.splitlines())):
                 lines.append(line)
@@ -269,14 +306,28 @@ def remove(found: Any) -> None:
             pass
 
 
-def run(client: Any, reference: str, name: str, host: str, ports: dict[str, int | None],
-        labels: dict[str, str], restart: bool, environment: dict[str, str] | None = None) -> Any:
+def run(
+    client: Any,
+    reference: str,
+    name: str,
+    host: str,
+    ports: dict[str, int | None],
+    labels: dict[str, str],
+    restart: bool,
+    environment: dict[str, str] | None = None,
+) -> Any:
     """Run the serving image; `ports` by name (CONTAINER_PORTS, and "openai" for the API) to
     the host port (None: a free one)."""
     return client.containers.run(
-        reference, name=name, detach=True, labels=labels, environment=environment or {},
-        ports={f"{({**CONTAINER_PORTS, 'openai': API_PORT})[k]}/tcp": (host, p)
-               for k, p in ports.items()},
+        reference,
+        name=name,
+        detach=True,
+        labels=labels,
+        environment=environment or {},
+        ports={
+            f"{({**CONTAINER_PORTS, 'openai': API_PORT})[k]}/tcp": (host, p)
+            for k, p in ports.items()
+        },
         # The Python backend passes tensors through shared memory; Docker's default 64 MB is tight.
         shm_size="256m",
         restart_policy={"Name": "unless-stopped"} if restart else {"Name": "no"},
@@ -307,20 +358,24 @@ def logs_tail(found: Any, lines: int = 15) -> str:
         return "(no logs)"
 
 
-def wait_ready(found: Any, ready: Callable[[], bool], model: str, version: str,
-               deadline: float) -> None:
+def wait_ready(
+    found: Any, ready: Callable[[], bool], model: str, version: str, deadline: float
+) -> None:
     """Wait until `ready()` says `model` `version` serves in the container; fail early if the
     container exits."""
     while True:
         found.reload()
         if found.status in ("exited", "dead"):
             code = found.attrs.get("State", {}).get("ExitCode")
-            raise DeployError(f"container {found.name} exited with code {code} before {model} "
-                              f"version {version} was ready. Its log ends:\n{logs_tail(found)}")
+            raise DeployError(
+                f"container {found.name} exited with code {code} before {model} "
+                f"version {version} was ready. Its log ends:\n{logs_tail(found)}"
+            )
         if ready():
             return
         if time.monotonic() > deadline:
             raise DeployError(
                 f"{model} version {version} was not ready in container {found.name} within the "
-                f"deadline (deploy.ready_timeout_s). Its log ends:\n{logs_tail(found)}")
+                f"deadline (deploy.ready_timeout_s). Its log ends:\n{logs_tail(found)}"
+            )
         time.sleep(0.5)

@@ -76,8 +76,7 @@ def is_transient(exc: BaseException) -> bool:
             # The artifact endpoints answer through requests: 5xx and 429 pass, 4xx do not.
             status = link.response.status_code
             return status >= 500 or status == 429
-        if isinstance(link, (requests.exceptions.RequestException, ConnectionError,
-                             TimeoutError)):
+        if isinstance(link, (requests.exceptions.RequestException, ConnectionError, TimeoutError)):
             return True
         if error_code(link) in TRANSIENT_CODES:
             return True
@@ -91,8 +90,7 @@ def auth_refusal(exc: BaseException) -> str | None:
 
     for link in _chain(exc):
         if isinstance(link, requests.exceptions.HTTPError) and link.response is not None:
-            return {401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED"}.get(
-                link.response.status_code)
+            return {401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED"}.get(link.response.status_code)
         if error_code(link) in AUTH_CODES:
             return error_code(link)
     return None
@@ -108,8 +106,12 @@ def _flatten(prefix: str, value: Any, out: dict[str, str]) -> None:
 
 def _complete(mv: Any, run: Any | None) -> bool:
     """A registered version whose run finished: its record was written to the end."""
-    return (mv.status == "READY" and run is not None and run.info.status == "FINISHED"
-            and run.info.lifecycle_stage == "active")
+    return (
+        mv.status == "READY"
+        and run is not None
+        and run.info.status == "FINISHED"
+        and run.info.lifecycle_stage == "active"
+    )
 
 
 def _artifact_files(dest: str, src: str) -> dict[str, int]:
@@ -118,9 +120,11 @@ def _artifact_files(dest: str, src: str) -> dict[str, int]:
     src_path = Path(src)
     if src_path.is_dir():
         # __pycache__ is what Triton's Python backend may write beside model.py since.
-        return {f"{dest}/{p.relative_to(src_path).as_posix()}": p.stat().st_size
-                for p in sorted(src_path.rglob("*"))
-                if p.is_file() and "__pycache__" not in p.parts}
+        return {
+            f"{dest}/{p.relative_to(src_path).as_posix()}": p.stat().st_size
+            for p in sorted(src_path.rglob("*"))
+            if p.is_file() and "__pycache__" not in p.parts
+        }
     parent = Path(dest).parent.as_posix()
     rel = src_path.name if parent == "." else f"{parent}/{src_path.name}"
     return {rel: src_path.stat().st_size}
@@ -146,16 +150,20 @@ class Registry:
         except Exception as exc:
             if is_transient(exc):
                 raise ServiceUnavailableError(
-                    f"MLflow at {redact_uri(self.uri)} did not answer while trying to {what}: check that the "
-                    "server is up (MLFLOW_TRACKING_URI) and run again"
+                    f"MLflow at {redact_uri(self.uri)} did not answer while trying to {what}: "
+                    "check that the server is up (MLFLOW_TRACKING_URI) and run again"
                 ) from exc
             code = auth_refusal(exc)
             if code:
-                refused = "refused the credentials" if code == "UNAUTHENTICATED" else \
-                    "does not allow these credentials"
+                refused = (
+                    "refused the credentials"
+                    if code == "UNAUTHENTICATED"
+                    else "does not allow these credentials"
+                )
                 raise MlflowAuthError(
                     f"MLflow at {redact_uri(self.uri)} {refused} ({code}) while trying to {what}: "
-                    f"set {MlflowCredentials.KIND.env_hint} for a user that may do this") from None
+                    f"set {MlflowCredentials.KIND.env_hint} for a user that may do this"
+                ) from None
             raise
 
     def download_version(self, name: str, version: str, dst: str) -> str:
@@ -164,13 +172,25 @@ class Registry:
         the version's location is resolved here: a run's artifacts or a logged model's.)"""
         import mlflow
 
-        where = self.call("resolve the model version's files",
-                          self.client.get_model_version_download_uri, name, version)
+        where = self.call(
+            "resolve the model version's files",
+            self.client.get_model_version_download_uri,
+            name,
+            version,
+        )
         if where.startswith("models:/m-"):  # MLflow 3: a logged model, by id
-            where = self.call("resolve the logged model", self.client.get_logged_model,
-                              where.removeprefix("models:/").split("/")[0]).artifact_location
-        return self.call("download the model version", mlflow.artifacts.download_artifacts,
-                         artifact_uri=where, dst_path=dst, tracking_uri=self.uri)
+            where = self.call(
+                "resolve the logged model",
+                self.client.get_logged_model,
+                where.removeprefix("models:/").split("/")[0],
+            ).artifact_location
+        return self.call(
+            "download the model version",
+            mlflow.artifacts.download_artifacts,
+            artifact_uri=where,
+            dst_path=dst,
+            tracking_uri=self.uri,
+        )
 
     # -- lookups --------------------------------------------------------------------------
     def has_model(self, name: str) -> bool:
@@ -188,8 +208,11 @@ class Registry:
         """Every version registered with `release_key`, complete or not, oldest first."""
         if not self.has_model(name):
             return []
-        found = self.call("search model versions", self.client.search_model_versions,
-                          f"name = '{name}' and tags.`{RELEASE_KEY_TAG}` = '{release_key}'")
+        found = self.call(
+            "search model versions",
+            self.client.search_model_versions,
+            f"name = '{name}' and tags.`{RELEASE_KEY_TAG}` = '{release_key}'",
+        )
         return sorted(found, key=lambda mv: int(mv.version))
 
     def _run_or_none(self, run_id: str | None) -> Any | None:
@@ -208,8 +231,7 @@ class Registry:
         return self.call("read the model version", self.client.get_model_version, name, version)
 
     def version_by_alias(self, name: str, alias: str) -> Any:
-        return self.call("resolve the alias", self.client.get_model_version_by_alias, name,
-                         alias)
+        return self.call("resolve the alias", self.client.get_model_version_by_alias, name, alias)
 
     def run(self, run_id: str) -> Any:
         return self.call("read the run", self.client.get_run, run_id)
@@ -222,23 +244,34 @@ class Registry:
         if self.uri.startswith("sqlite:") or "://" not in self.uri:
             # A local store keeps artifacts beside it, not in ./mlruns of whatever the cwd is.
             artifact_location = (home() / "mlartifacts").as_uri()
-        return self.call("create the experiment", self.client.create_experiment, name,
-                         artifact_location=artifact_location)
+        return self.call(
+            "create the experiment",
+            self.client.create_experiment,
+            name,
+            artifact_location=artifact_location,
+        )
 
     # -- writes ---------------------------------------------------------------------------
     def set_alias(self, name: str, alias: str, version: str) -> None:
-        self.call(f"move the {alias} alias", self.client.set_registered_model_alias, name, alias,
-                  version)
+        self.call(
+            f"move the {alias} alias", self.client.set_registered_model_alias, name, alias, version
+        )
 
     def download_artifact(self, run_id: str, path: str, dst: str) -> str:
         return self.call(f"download {path}", self.client.download_artifacts, run_id, path, dst)
 
     def describe_version(self, name: str, version: str, description: str) -> None:
-        self.call("describe the version", self.client.update_model_version, name, version,
-                  description=description)
+        self.call(
+            "describe the version",
+            self.client.update_model_version,
+            name,
+            version,
+            description=description,
+        )
 
-    def register_release(self, name: str, experiment: str, record: dict[str, Any]
-                         ) -> dict[str, Any]:
+    def register_release(
+        self, name: str, experiment: str, record: dict[str, Any]
+    ) -> dict[str, Any]:
         """The release's model version, alias `candidate` on it: the one already registered
         with the same release key (`reused`), else a new run and version carrying the whole
         record.
@@ -253,15 +286,28 @@ class Registry:
             exp_id, reused = self.run(run_id).info.experiment_id, not finished
         else:
             mv, run_id, exp_id = self.log_release(
-                name, experiment, record["release_key"], record["params"], record["metrics"],
-                record["lineage"], record["artifacts"])
+                name,
+                experiment,
+                record["release_key"],
+                record["params"],
+                record["metrics"],
+                record["lineage"],
+                record["artifacts"],
+            )
             version, reused = str(mv.version), False
         self.set_alias(name, "candidate", version)
-        return {"tracking_uri": self.uri, "model_name": name, "version": version,
-                "run_id": run_id, "experiment_id": exp_id, "reused": reused}
+        return {
+            "tracking_uri": self.uri,
+            "model_name": name,
+            "version": version,
+            "run_id": run_id,
+            "experiment_id": exp_id,
+            "reused": reused,
+        }
 
-    def settle_attempts(self, name: str, experiment: str, record: dict[str, Any]
-                        ) -> tuple[Any | None, bool]:
+    def settle_attempts(
+        self, name: str, experiment: str, record: dict[str, Any]
+    ) -> tuple[Any | None, bool]:
         """What earlier attempts at this release left, made whole or removed: returns (the
         complete version with the release key or None, whether it was finished just now).
 
@@ -275,37 +321,47 @@ class Registry:
             if found is None and _complete(mv, run):
                 found = mv
             elif found is None and run is not None and not self._missing(mv, run, record):
-                self.call("finish the run", self.client.set_terminated, run.info.run_id,
-                          "FINISHED")
+                self.call("finish the run", self.client.set_terminated, run.info.run_id, "FINISHED")
                 found, finished = mv, True
             elif not _complete(mv, run):
-                self.call("delete an incomplete model version",
-                          self.client.delete_model_version, name, mv.version)
+                self.call(
+                    "delete an incomplete model version",
+                    self.client.delete_model_version,
+                    name,
+                    mv.version,
+                )
                 deleted.append(f"version {mv.version}")
                 if run is not None and run.info.lifecycle_stage == "active":
-                    self.call("delete an incomplete run", self.client.delete_run,
-                              run.info.run_id)
+                    self.call("delete an incomplete run", self.client.delete_run, run.info.run_id)
                     deleted.append(f"run {run.info.run_id}")
-        exp = self.call("look up the experiment", self.client.get_experiment_by_name,
-                        experiment)
+        exp = self.call("look up the experiment", self.client.get_experiment_by_name, experiment)
         if exp is not None:
-            runs = self.call("search runs", self.client.search_runs, [exp.experiment_id],
-                             f"tags.`{RELEASE_KEY_TAG}` = '{key}'")
+            runs = self.call(
+                "search runs",
+                self.client.search_runs,
+                [exp.experiment_id],
+                f"tags.`{RELEASE_KEY_TAG}` = '{key}'",
+            )
             for run in runs:  # created by an attempt that never registered its version
                 if run.info.status != "FINISHED":
-                    self.call("delete an incomplete run", self.client.delete_run,
-                              run.info.run_id)
+                    self.call("delete an incomplete run", self.client.delete_run, run.info.run_id)
                     deleted.append(f"run {run.info.run_id}")
         if finished or deleted:
             from hf2triton.util.runs import step_logger
 
             log = step_logger()
             if deleted:
-                log.info("register: deleted what an interrupted attempt left unfinished: %s",
-                         ", ".join(deleted))
+                log.info(
+                    "register: deleted what an interrupted attempt left unfinished: %s",
+                    ", ".join(deleted),
+                )
             if finished:
-                log.info("register: finished %s version %s, which an interrupted attempt left "
-                         "with its whole record", name, found.version)
+                log.info(
+                    "register: finished %s version %s, which an interrupted attempt left "
+                    "with its whole record",
+                    name,
+                    found.version,
+                )
         return found, finished
 
     def _missing(self, mv: Any, run: Any, record: dict[str, Any]) -> list[str]:
@@ -327,8 +383,9 @@ class Registry:
     def _artifact_sizes(self, run_id: str, path: str) -> dict[str, int]:
         """Every artifact file of the run below `path`, with its size."""
         sizes: dict[str, int] = {}
-        for info in self.call("list the run's artifacts", self.client.list_artifacts, run_id,
-                              path or None):
+        for info in self.call(
+            "list the run's artifacts", self.client.list_artifacts, run_id, path or None
+        ):
             if info.is_dir:
                 sizes.update(self._artifact_sizes(run_id, info.path))
             else:
@@ -341,28 +398,44 @@ class Registry:
 
     def tag_version(self, name: str, version: str, tags: dict[str, str]) -> None:
         for key, value in tags.items():
-            self.call("tag the version", self.client.set_model_version_tag, name, version, key,
-                      value)
+            self.call(
+                "tag the version", self.client.set_model_version_tag, name, version, key, value
+            )
 
-    def log_release(self, name: str, experiment: str, release_key: str,
-                    params: dict[str, Any], metrics: dict[str, float], tags: dict[str, str],
-                    artifacts: dict[str, str]) -> tuple[Any, str, str]:
+    def log_release(
+        self,
+        name: str,
+        experiment: str,
+        release_key: str,
+        params: dict[str, Any],
+        metrics: dict[str, float],
+        tags: dict[str, str],
+        artifacts: dict[str, str],
+    ) -> tuple[Any, str, str]:
         """A finished run with the release record and a new model version whose source is the
         run's `triton_repository` artifact; returns (version, run id, experiment id)."""
         from mlflow.entities import Metric, Param
 
         exp_id = self.experiment_id(experiment)
-        run = self.call("create a run", self.client.create_run, exp_id,
-                        run_name=f"{params.get('name', name)}-{release_key[:8]}",
-                        tags={RELEASE_KEY_TAG: release_key, "hf2triton.model_name": name})
+        run = self.call(
+            "create a run",
+            self.client.create_run,
+            exp_id,
+            run_name=f"{params.get('name', name)}-{release_key[:8]}",
+            tags={RELEASE_KEY_TAG: release_key, "hf2triton.model_name": name},
+        )
         run_id = run.info.run_id
         try:
             flat: dict[str, str] = {}
             _flatten("", params, flat)
             ts = run.info.start_time
-            self.call("log the release record", self.client.log_batch, run_id,
-                      metrics=[Metric(k, float(v), ts, 0) for k, v in sorted(metrics.items())],
-                      params=[Param(k, v[:6000]) for k, v in sorted(flat.items())])
+            self.call(
+                "log the release record",
+                self.client.log_batch,
+                run_id,
+                metrics=[Metric(k, float(v), ts, 0) for k, v in sorted(metrics.items())],
+                params=[Param(k, v[:6000]) for k, v in sorted(flat.items())],
+            )
             for dest, src in artifacts.items():
                 if Path(src).is_dir():
                     self.call(f"upload {dest}", self.client.log_artifacts, run_id, src, dest)
@@ -370,11 +443,20 @@ class Registry:
                     parent = str(Path(dest).parent) if str(Path(dest).parent) != "." else None
                     self.call(f"upload {dest}", self.client.log_artifact, run_id, src, parent)
             if not self.has_model(name):
-                self.call("create the registered model", self.client.create_registered_model,
-                          name, description="Released by hf2triton")
-            mv = self.call("create the model version", self.client.create_model_version, name,
-                           source=f"{run.info.artifact_uri}/triton_repository", run_id=run_id,
-                           tags={RELEASE_KEY_TAG: release_key, **tags})
+                self.call(
+                    "create the registered model",
+                    self.client.create_registered_model,
+                    name,
+                    description="Released by hf2triton",
+                )
+            mv = self.call(
+                "create the model version",
+                self.client.create_model_version,
+                name,
+                source=f"{run.info.artifact_uri}/triton_repository",
+                run_id=run_id,
+                tags={RELEASE_KEY_TAG: release_key, **tags},
+            )
         except BaseException:
             # Best effort (MLflow may be what failed): the next attempt settles what this one
             # left either way, and the error to report is the one that stopped it.
@@ -390,8 +472,9 @@ class Registry:
 _CHILD = "from hf2triton.clients.mlflow import _serve_child; _serve_child()"
 
 
-def call_with_credentials(credentials: MlflowCredentials | None, fn: Callable[..., T],
-                          *args: Any) -> T:
+def call_with_credentials(
+    credentials: MlflowCredentials | None, fn: Callable[..., T], *args: Any
+) -> T:
     """`fn(*args)` in a child Python process whose environment has MLflow's variables set to
     `credentials` (none of this process's MLFLOW_TRACKING_* go along: another registry's password
     must not travel with a token). `fn` is a module-level function; its arguments and result
@@ -411,15 +494,21 @@ def call_with_credentials(credentials: MlflowCredentials | None, fn: Callable[..
     target = f"{fn.__module__}:{fn.__qualname__}"
     with tempfile.TemporaryDirectory(prefix="hf2triton-mlflow-") as tmp:
         answer = Path(tmp) / "answer.json"
-        proc = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True,
-                              text=True, input=json.dumps({"target": target, "args": args,
-                                                           "answer": str(answer)}))
+        proc = subprocess.run(
+            [sys.executable, "-c", _CHILD],
+            env=env,
+            capture_output=True,
+            text=True,
+            input=json.dumps({"target": target, "args": args, "answer": str(answer)}),
+        )
         if not answer.is_file():
             tail = " ".join(proc.stderr.strip().splitlines()[-3:])
-            for secret in (credentials.environment().values() if credentials else ()):
+            for secret in credentials.environment().values() if credentials else ():
                 tail = tail.replace(secret, "***")
-            raise Hf2TritonError(f"{target} stopped in its child process (exit code "
-                                 f"{proc.returncode}) without an answer: {tail}")
+            raise Hf2TritonError(
+                f"{target} stopped in its child process (exit code "
+                f"{proc.returncode}) without an answer: {tail}"
+            )
         got = json.loads(answer.read_text())
     if "error" in got:
         raise _rebuilt(got["error"])
@@ -442,11 +531,17 @@ def _serve_child() -> None:
     module, name = request["target"].split(":")
     try:
         answer: dict[str, Any] = {
-            "result": getattr(importlib.import_module(module), name)(*request["args"])}
+            "result": getattr(importlib.import_module(module), name)(*request["args"])
+        }
     except Exception as exc:  # noqa: BLE001 - every failure goes back to the caller
-        answer = {"error": {"type": type(exc).__name__, "message": str(exc),
-                            "hf2triton": isinstance(exc, Hf2TritonError),
-                            "retryable": errors.is_retryable(exc)}}
+        answer = {
+            "error": {
+                "type": type(exc).__name__,
+                "message": str(exc),
+                "hf2triton": isinstance(exc, Hf2TritonError),
+                "retryable": errors.is_retryable(exc),
+            }
+        }
     tmp = Path(request["answer"] + ".tmp")
     tmp.write_text(json.dumps(answer))
     os.replace(tmp, request["answer"])

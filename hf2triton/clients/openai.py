@@ -24,23 +24,34 @@ class OpenAIInference:
 
     protocol = "openai"
 
-    def __init__(self, base_url: str, model: str, version: str, kind: Any, cfg: Any,
-                 error: type[Hf2TritonError] = DeployError, what: str = "answer a request",
-                 api_key: str | None = None, timeout_s: float = 600):
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        version: str,
+        kind: Any,
+        cfg: Any,
+        error: type[Hf2TritonError] = DeployError,
+        what: str = "answer a request",
+        api_key: str | None = None,
+        timeout_s: float = 600,
+    ):
         self.url, self.kind, self.cfg = base_url.rstrip("/"), kind, cfg
         self.model = f"{model}:{version}" if version else model
         self.error, self.what, self.key, self.timeout_s = error, what, api_key, timeout_s
         self.latencies_ms: list[float] = []
 
-    def _request(self, path: str, body: dict[str, Any] | None = None, timeout_s: float = 0
-                 ) -> tuple[int, Any]:
+    def _request(
+        self, path: str, body: dict[str, Any] | None = None, timeout_s: float = 0
+    ) -> tuple[int, Any]:
         # /predict is text-embeddings-inference's route: at the root, not under /v1.
         url = self.url.removesuffix("/v1") + path if path == "/predict" else self.url + path
         headers = {"Content-Type": "application/json"}
         if self.key:
             headers["Authorization"] = f"Bearer {self.key}"
-        req = urllib.request.Request(url, headers=headers, data=None if body is None
-                                     else json.dumps(body).encode())
+        req = urllib.request.Request(
+            url, headers=headers, data=None if body is None else json.dumps(body).encode()
+        )
         try:
             with urllib.request.urlopen(req, timeout=timeout_s or self.timeout_s) as resp:
                 return resp.status, json.loads(resp.read())
@@ -50,11 +61,13 @@ class OpenAIInference:
             except ValueError:
                 return exc.code, {"error": {"message": f"HTTP {exc.code} {exc.reason}"}}
         except OSError as exc:
-            raise ServiceUnavailableError(f"the OpenAI-compatible API at {self.url} did not "
-                                          f"answer ({self.what}): {exc}") from None
+            raise ServiceUnavailableError(
+                f"the OpenAI-compatible API at {self.url} did not answer ({self.what}): {exc}"
+            ) from None
 
     def wait_ready(self, timeout_s: float = 60) -> None:
         """Until the API answers and reaches the model."""
+
         def ready() -> bool:
             try:
                 status, body = self._request("/models", timeout_s=5)
@@ -62,9 +75,12 @@ class OpenAIInference:
                 return False
             name = self.model.split(":")[0]
             return status == 200 and any(m.get("id") == name for m in body.get("data", []))
+
         if not wait_until(ready, timeout_s):
-            raise ServiceUnavailableError(f"the OpenAI-compatible API at {self.url} does not "
-                                          f"list {self.model} after {timeout_s:.0f}s")
+            raise ServiceUnavailableError(
+                f"the OpenAI-compatible API at {self.url} does not "
+                f"list {self.model} after {timeout_s:.0f}s"
+            )
 
     def __call__(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         body = {"model": self.model, **self.kind.openai_body(arrays)}
@@ -73,8 +89,10 @@ class OpenAIInference:
         if status != 200:
             error = answer.get("error", {}) if isinstance(answer, dict) else {}
             cls = ServiceUnavailableError if status in (502, 503, 504) else self.error
-            raise cls(f"the OpenAI-compatible API at {self.url} failed to {self.what}: HTTP "
-                      f"{status} {error.get('message', answer)}")
+            raise cls(
+                f"the OpenAI-compatible API at {self.url} failed to {self.what}: HTTP "
+                f"{status} {error.get('message', answer)}"
+            )
         self.latencies_ms.append((time.perf_counter() - started) * 1000)
         return self.kind.openai_answer(answer, arrays, self.cfg)
 

@@ -18,11 +18,20 @@ from hf2triton.errors import DeployError, Hf2TritonError, ServiceUnavailableErro
 from hf2triton.util.waiting import wait_for, wait_until
 
 # gRPC status codes a second try can get past.
-TRANSIENT_GRPC = ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED",
-                  "StatusCode.RESOURCE_EXHAUSTED", "StatusCode.CANCELLED")
-DTYPES = {np.dtype(np.object_): "BYTES", np.dtype(np.int32): "INT32",
-          np.dtype(np.int64): "INT64", np.dtype(np.float32): "FP32", np.dtype(np.bool_): "BOOL",
-          np.dtype(np.uint64): "UINT64"}
+TRANSIENT_GRPC = (
+    "StatusCode.UNAVAILABLE",
+    "StatusCode.DEADLINE_EXCEEDED",
+    "StatusCode.RESOURCE_EXHAUSTED",
+    "StatusCode.CANCELLED",
+)
+DTYPES = {
+    np.dtype(np.object_): "BYTES",
+    np.dtype(np.int32): "INT32",
+    np.dtype(np.int64): "INT64",
+    np.dtype(np.float32): "FP32",
+    np.dtype(np.bool_): "BOOL",
+    np.dtype(np.uint64): "UINT64",
+}
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -97,9 +106,14 @@ class TritonAdmin:
 
     def serving_versions(self, model: str) -> list[str]:
         """Versions of `model` the server reports READY."""
-        return sorted((str(m["version"]) for m in self.index()
-                       if m.get("name") == model and m.get("state") == "READY"
-                       and m.get("version")), key=int)
+        return sorted(
+            (
+                str(m["version"])
+                for m in self.index()
+                if m.get("name") == model and m.get("state") == "READY" and m.get("version")
+            ),
+            key=int,
+        )
 
     def state(self, model: str, version: str) -> tuple[str, str]:
         """(state, reason) of one version in the repository index ('' when not listed)."""
@@ -157,9 +171,16 @@ class Inference:
     raises `error` (or ServiceUnavailableError, when the server did not answer) saying that it
     failed to `what`."""
 
-    def __init__(self, protocol: str, url: str, model: str, version: str = "",
-                 outputs: tuple[str, ...] = (), error: type[Hf2TritonError] = DeployError,
-                 what: str = "answer a request"):
+    def __init__(
+        self,
+        protocol: str,
+        url: str,
+        model: str,
+        version: str = "",
+        outputs: tuple[str, ...] = (),
+        error: type[Hf2TritonError] = DeployError,
+        what: str = "answer a request",
+    ):
         self.module = _module(protocol)
         self.protocol, self.url, self.model, self.version = protocol, url, model, version
         self.outputs, self.error, self.what = outputs, error, what
@@ -168,11 +189,11 @@ class Inference:
         self.decoupled: bool | None = None  # known at the first request
 
     def wait_ready(self, timeout_s: float = 60) -> None:
-        if not wait_until(lambda: self.client.is_model_ready(self.model, self.version),
-                          timeout_s):
+        if not wait_until(lambda: self.client.is_model_ready(self.model, self.version), timeout_s):
             raise ServiceUnavailableError(
                 f"{self.model} version {self.version or '(latest)'} is not ready on {self.url} "
-                f"({self.protocol}) after {timeout_s:.0f}s")
+                f"({self.protocol}) after {timeout_s:.0f}s"
+            )
 
     def __call__(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         try:
@@ -185,15 +206,19 @@ class Inference:
     def _call(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self.decoupled is None:
             cfg = self.client.get_model_config(self.model, self.version)
-            policy = cfg.config.model_transaction_policy.decoupled if self.protocol == "grpc" \
+            policy = (
+                cfg.config.model_transaction_policy.decoupled
+                if self.protocol == "grpc"
                 else cfg.get("model_transaction_policy", {}).get("decoupled", False)
+            )
             self.decoupled = bool(policy)
         started = time.perf_counter()
         if self.decoupled:  # Triton answers a decoupled model over a gRPC stream or `generate`
             out = self._stream(arrays) if self.protocol == "grpc" else self._generate(arrays)
         else:
-            res = self.client.infer(self.model, infer_inputs(self.module, arrays),
-                                    model_version=self.version)
+            res = self.client.infer(
+                self.model, infer_inputs(self.module, arrays), model_version=self.version
+            )
             out = {name: res.as_numpy(name) for name in self.outputs}
         self.latencies_ms.append((time.perf_counter() - started) * 1000)
         return out
@@ -206,9 +231,12 @@ class Inference:
         got: queue.Queue = queue.Queue()
         self.client.start_stream(callback=lambda result, error: got.put((result, error)))
         try:
-            self.client.async_stream_infer(self.model, infer_inputs(self.module, arrays),
-                                           model_version=self.version,
-                                           enable_empty_final_response=True)
+            self.client.async_stream_infer(
+                self.model,
+                infer_inputs(self.module, arrays),
+                model_version=self.version,
+                enable_empty_final_response=True,
+            )
             parts: dict[str, list[np.ndarray]] = {}
             while True:
                 result, error = got.get(timeout=600)
@@ -233,27 +261,39 @@ class Inference:
 
         from tritonclient.utils import InferenceServerException
 
-        body = {k: (v.reshape(-1)[0].decode("utf-8") if v.dtype == np.object_ else
-                    v.reshape(-1)[0].item()) for k, v in arrays.items()}
+        body = {
+            k: (
+                v.reshape(-1)[0].decode("utf-8")
+                if v.dtype == np.object_
+                else v.reshape(-1)[0].item()
+            )
+            for k, v in arrays.items()
+        }
         version = f"/versions/{self.version}" if self.version else ""
         req = urllib.request.Request(
             f"http://{self.url}/v2/models/{self.model}{version}/generate",
-            data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         try:
             with urllib.request.urlopen(req, timeout=600) as resp:
                 answer = json.loads(resp.read())
         except urllib.error.HTTPError as exc:
-            raise InferenceServerException(exc.read().decode(errors="replace"),
-                                           status=str(exc.code)) from None
+            raise InferenceServerException(
+                exc.read().decode(errors="replace"), status=str(exc.code)
+            ) from None
         out = {}
         for name in self.outputs:
             value = answer.get(name)
             if value is not None:
-                out[name] = np.array([value if isinstance(value, list) else [value]],
-                                     dtype=np.object_ if isinstance(value, str) else None)
+                out[name] = np.array(
+                    [value if isinstance(value, list) else [value]],
+                    dtype=np.object_ if isinstance(value, str) else None,
+                )
         if "text_output" in out:
-            out["text_output"] = np.array([[answer["text_output"].encode("utf-8")]],
-                                          dtype=np.object_)
+            out["text_output"] = np.array(
+                [[answer["text_output"].encode("utf-8")]], dtype=np.object_
+            )
         return out
 
     def close(self) -> None:
@@ -261,9 +301,15 @@ class Inference:
 
 
 @contextmanager
-def inference(protocol: str, url: str, model: str, version: str = "",
-              outputs: tuple[str, ...] = (), error: type[Hf2TritonError] = DeployError,
-              what: str = "answer a request"):
+def inference(
+    protocol: str,
+    url: str,
+    model: str,
+    version: str = "",
+    outputs: tuple[str, ...] = (),
+    error: type[Hf2TritonError] = DeployError,
+    what: str = "answer a request",
+):
     session = Inference(protocol, url, model, version, outputs, error, what)
     try:
         yield session
@@ -284,8 +330,12 @@ class TritonGrpc:
         self.outputs = [grpcaio.InferRequestedOutput(name) for name in outputs] or None
 
     async def __call__(self, arrays: dict[str, np.ndarray]) -> Any:
-        return await self.client.infer(self.model, infer_inputs(self.module, arrays),
-                                       model_version=self.version, outputs=self.outputs)
+        return await self.client.infer(
+            self.model,
+            infer_inputs(self.module, arrays),
+            model_version=self.version,
+            outputs=self.outputs,
+        )
 
     async def close(self) -> None:
         await self.client.close()
@@ -299,6 +349,8 @@ def metrics_text(metrics_url: str, timeout_s: float = 10) -> str:
         with urllib.request.urlopen(metrics_url, timeout=timeout_s) as r:
             return r.read().decode("utf-8", "replace")
     except OSError as exc:
-        raise ServiceUnavailableError(f"Triton's metrics at {metrics_url} did not answer: "
-                                      f"{exc}; is the server running (`hf2triton server "
-                                      "status`)?") from None
+        raise ServiceUnavailableError(
+            f"Triton's metrics at {metrics_url} did not answer: "
+            f"{exc}; is the server running (`hf2triton server "
+            "status`)?"
+        ) from None

@@ -1,6 +1,8 @@
 """The release's serving image, one module per job: `variants` (CPU or GPU image, by
-deploy.device), `target` (where it goes: registry, repository, tag, base image and its Python), `wheelhouse` (the wheels it installs offline, downloaded on the
-host once), `dockerfile` (infra/Dockerfile rendered for a variant; `hf2triton image render`), `build` (prerequisites, build context with every file's sha256 checked, the
+deploy.device), `target` (where it goes: registry, repository, tag, base image and its Python),
+`wheelhouse` (the wheels it installs offline, downloaded on the
+host once), `dockerfile` (infra/Dockerfile rendered for a variant; `hf2triton image render`),
+`build` (prerequisites, build context with every file's sha256 checked, the
 offline build) and `push` (registry credentials, push, digest), all through the Docker engine
 (hf2triton.clients.docker); `release` (the image step's skip-or-fail rule and the MLflow tags
 that name the pushed image).
@@ -21,8 +23,21 @@ from hf2triton.image.variants import VARIANTS, ImageVariant, variant_for
 from hf2triton.image.wheelhouse import ensure_wheelhouse, wheelhouse_root
 
 __all__ = [
-    "VARIANTS", "ImageBuildResult", "ImageSpec", "ImageTarget", "ImageVariant", "PushResult",
-    "build_serving_image", "check_prerequisites", "ensure_wheelhouse", "image_tags",
-    "image_target", "push_serving_image", "registry_auth", "render_context", "render_dockerfile",
-    "variant_for", "wheelhouse_root",
+    "VARIANTS",
+    "ImageBuildResult",
+    "ImageSpec",
+    "ImageTarget",
+    "ImageVariant",
+    "PushResult",
+    "build_serving_image",
+    "check_prerequisites",
+    "ensure_wheelhouse",
+    "image_tags",
+    "image_target",
+    "push_serving_image",
+    "registry_auth",
+    "render_context",
+    "render_dockerfile",
+    "variant_for",
+    "wheelhouse_root",
 ]

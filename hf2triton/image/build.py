@@ -42,8 +42,10 @@ def check_prerequisites(target: ImageTarget, logger: Any = None) -> str | None:
         return str(exc)
     reason = engine_client.registry_answers(target["registry"])
     if reason:
-        return (f"{reason}; set image.registry (or HF2TRITON_REGISTRY), or start a local one "
-                "with `bash infra/docker-env.sh up`")
+        return (
+            f"{reason}; set image.registry (or HF2TRITON_REGISTRY), or start a local one "
+            "with `bash infra/docker-env.sh up`"
+        )
     import docker.errors
 
     try:
@@ -53,11 +55,13 @@ def check_prerequisites(target: ImageTarget, logger: Any = None) -> str | None:
         try:
             engine_client.pull(client, target["base_image"])
         except Exception as exc:  # noqa: BLE001 - whatever the reason, it is why we skip
-            return (f"base image {target['base_image']} is not on this engine and cannot be "
-                    f"pulled ({engine_client.short(exc, 200)}); set image.base_image or "
-                    f"HF2TRITON_BASE_IMAGE to a Python {target.get('python', '3.11')} image the "
-                    "engine has (`bash infra/docker-env.sh up` imports one built with "
-                    "debootstrap)")
+            return (
+                f"base image {target['base_image']} is not on this engine and cannot be "
+                f"pulled ({engine_client.short(exc, 200)}); set image.base_image or "
+                f"HF2TRITON_BASE_IMAGE to a Python {target.get('python', '3.11')} image the "
+                "engine has (`bash infra/docker-env.sh up` imports one built with "
+                "debootstrap)"
+            )
     return None
 
 
@@ -78,8 +82,15 @@ def _copy_tree(src: Path, dst: Path) -> None:
             target.chmod(0o644)
 
 
-def _context(ctx: Path, repository: str, model_name: str, version: str, files: dict[str, str],
-             wheelhouse: Path, target: ImageTarget) -> None:
+def _context(
+    ctx: Path,
+    repository: str,
+    model_name: str,
+    version: str,
+    files: dict[str, str],
+    wheelhouse: Path,
+    target: ImageTarget,
+) -> None:
     """Build context: Dockerfile, wheelhouse/, the OpenAI-compatible API's package,
     model_repository/<model>/<version>/..."""
     (ctx / "Dockerfile").write_text(render_dockerfile(target, DOCKERFILE))
@@ -103,9 +114,14 @@ def _context(ctx: Path, repository: str, model_name: str, version: str, files: d
             shutil.copyfile(item, dst / item.name)
     for p in [dst, *dst.iterdir()]:
         p.chmod(0o755 if p.is_dir() else 0o644)
-    placed = {(f"{model_name}/1/" + k.removeprefix(f"{version}/")
-               if k.startswith(f"{version}/") else f"{model_name}/{k}"): v
-              for k, v in hash_files(dst).items()}
+    placed = {
+        (
+            f"{model_name}/1/" + k.removeprefix(f"{version}/")
+            if k.startswith(f"{version}/")
+            else f"{model_name}/{k}"
+        ): v
+        for k, v in hash_files(dst).items()
+    }
     if placed != files:
         bad = sorted(k for k in set(placed) | set(files) if placed.get(k) != files.get(k))
         raise ArtifactError(
@@ -135,8 +151,12 @@ def build_serving_image(
     logger = step_logger()
     started = time.monotonic()
     variant = variant_for(target.get("device"))
-    target = ImageTarget(**{**target, "python": target.get("python") or image_python(
-        target["base_image"], None, variant)})
+    target = ImageTarget(
+        **{
+            **target,
+            "python": target.get("python") or image_python(target["base_image"], None, variant),
+        }
+    )
     wheelhouse = ensure_wheelhouse(logger, variant, target["python"])
     client = engine_client.engine()
     buildargs = {
@@ -167,6 +187,11 @@ def build_serving_image(
         raise ImageBuildError(f"the image tagged {target['tag']} lacks this release's labels")
     size = int(info["Size"])
     logger.info("image: built %s (%s), %.0f MB", target["tag"], info["Id"][:19], size / 1e6)
-    return ImageBuildResult(image_id=info["Id"], tag=target["tag"],
-                            base_image=target["base_image"], size_bytes=size, labels=labels,
-                            seconds=round(time.monotonic() - started, 1))
+    return ImageBuildResult(
+        image_id=info["Id"],
+        tag=target["tag"],
+        base_image=target["base_image"],
+        size_bytes=size,
+        labels=labels,
+        seconds=round(time.monotonic() - started, 1),
+    )

@@ -26,9 +26,12 @@ def render_dockerfile(target: ImageTarget, template: Path = DOCKERFILE) -> str:
     """The Dockerfile that builds `target`'s image (its variant, base image and Python)."""
     variant = variant_for(target.get("device"))
     return _Template(template.read_text()).substitute(
-        base_image=target["base_image"], python=target["python"],
-        description=variant.description, build_lines=variant.build_lines,
-        final_lines=variant.final_lines)
+        base_image=target["base_image"],
+        python=target["python"],
+        description=variant.description,
+        build_lines=variant.build_lines,
+        final_lines=variant.final_lines,
+    )
 
 
 def write_api_package(out: Path) -> list[Path]:
@@ -57,7 +60,13 @@ def render_context(target: ImageTarget, out: Path) -> list[Path]:
     atomic_write_text(out / "Dockerfile", render_dockerfile(target))
     write_requirement_lists(out / "wheelhouse", *serving_requirements(variant))
     api = write_api_package(out)
-    atomic_write_text(out / "build-args.json",
-                      json.dumps({"BASE_IMAGE": target["base_image"]}, indent=1) + "\n")
-    return [out / "Dockerfile", out / "wheelhouse" / "triton.txt",
-            out / "wheelhouse" / "runtime.txt", *api, out / "build-args.json"]
+    atomic_write_text(
+        out / "build-args.json", json.dumps({"BASE_IMAGE": target["base_image"]}, indent=1) + "\n"
+    )
+    return [
+        out / "Dockerfile",
+        out / "wheelhouse" / "triton.txt",
+        out / "wheelhouse" / "runtime.txt",
+        *api,
+        out / "build-args.json",
+    ]

@@ -37,9 +37,14 @@ def push_serving_image(target: ImageTarget, image: ImageSpec | None = None) -> P
     logger = step_logger()
     auth = registry_auth(image or ImageSpec(), target["registry"])
     started = time.monotonic()
-    found = engine_client.push(engine_client.engine(), target["tag"], target["registry"], auth,
-                               logger)
+    found = engine_client.push(
+        engine_client.engine(), target["tag"], target["registry"], auth, logger
+    )
     reference = f"{target['repository']}@{found}"
     logger.info("image: pushed %s", reference)
-    return PushResult(tag=target["tag"], digest=found, reference=reference,
-                      seconds=round(time.monotonic() - started, 1))
+    return PushResult(
+        tag=target["tag"],
+        digest=found,
+        reference=reference,
+        seconds=round(time.monotonic() - started, 1),
+    )

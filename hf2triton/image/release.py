@@ -26,14 +26,18 @@ def image_plan(spec: Any, version: str, release_key: str, logger: Any) -> ImageP
     `image.build: true`, or a target that runs the image, that is a DockerUnavailableError."""
     if spec.image.build is False:
         return ImagePlan(target=None, skipped="image.build is false", say=False)
-    target = image_target(spec.image, spec.image_repository, version, release_key,
-                          spec.deploy.device)
+    target = image_target(
+        spec.image, spec.image_repository, version, release_key, spec.deploy.device
+    )
     why_not = check_prerequisites(target, logger)
     if not why_not:
         return ImagePlan(target=target, skipped=None, say=False)
     if spec.image.build is True or spec.deploy.runs_image:
-        need = f"deploy.target is {spec.deploy.target}" \
-            if spec.deploy.runs_image else "image.build is true"
+        need = (
+            f"deploy.target is {spec.deploy.target}"
+            if spec.deploy.runs_image
+            else "image.build is true"
+        )
         raise DockerUnavailableError(f"the release needs its image ({need}) but {why_not}")
     return ImagePlan(target=None, skipped=why_not, say=True)
 
@@ -41,20 +45,35 @@ def image_plan(spec: Any, version: str, release_key: str, logger: Any) -> ImageP
 def image_labels(spec: Any, model_name: str, record: dict[str, Any]) -> dict[str, str]:
     """The image's labels: the release and its lineage."""
     lineage = record["lineage"]
-    return {"release": spec.name, "model_name": model_name, "release_key": record["release_key"],
-            **{k: lineage[k] for k in LINEAGE_LABELS}}
+    return {
+        "release": spec.name,
+        "model_name": model_name,
+        "release_key": record["release_key"],
+        **{k: lineage[k] for k in LINEAGE_LABELS},
+    }
 
 
 def image_summary(built: ImageBuildResult, pushed: PushResult) -> dict[str, Any]:
     """What the release summary says of its image."""
-    return {"reference": pushed["reference"], "digest": pushed["digest"], "tag": pushed["tag"],
-            "size_bytes": built["size_bytes"], "size_mb": round(built["size_bytes"] / 1e6, 1),
-            "base_image": built["base_image"], "build_seconds": built["seconds"],
-            "push_seconds": pushed["seconds"]}
+    return {
+        "reference": pushed["reference"],
+        "digest": pushed["digest"],
+        "tag": pushed["tag"],
+        "size_bytes": built["size_bytes"],
+        "size_mb": round(built["size_bytes"] / 1e6, 1),
+        "base_image": built["base_image"],
+        "build_seconds": built["seconds"],
+        "push_seconds": pushed["seconds"],
+    }
 
 
 def image_tags(built: ImageBuildResult, pushed: PushResult) -> dict[str, str]:
     """The MLflow version tags that name the image serving it."""
-    return {"image.reference": pushed["reference"], "image.digest": pushed["digest"],
-            "image.tag": pushed["tag"], "image.id": built["image_id"],
-            "image.size_bytes": str(built["size_bytes"]), "image.base": built["base_image"]}
+    return {
+        "image.reference": pushed["reference"],
+        "image.digest": pushed["digest"],
+        "image.tag": pushed["tag"],
+        "image.id": built["image_id"],
+        "image.size_bytes": str(built["size_bytes"]),
+        "image.base": built["base_image"],
+    }

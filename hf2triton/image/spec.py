@@ -12,7 +12,9 @@ from hf2triton.util.specbase import Strict, matching
 
 # host[:port] of an image registry, and a repository path in it (Docker's reference grammar).
 REGISTRY_PATTERN = re.compile(r"^[a-zA-Z0-9](?:[a-zA-Z0-9.-]*[a-zA-Z0-9])?(?::[0-9]{1,5})?$")
-REPOSITORY_PATTERN = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*$")
+REPOSITORY_PATTERN = re.compile(
+    r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*$"
+)
 # The Python backend stubs of the Triton wheel exist for 3.8 to 3.13.
 PYTHON_VERSION_PATTERN = re.compile(r"^3\.(?:[89]|1[0-3])$")
 
@@ -26,10 +28,9 @@ class ImageSpec(Strict):
         description="auto: build and push when a Docker engine, the registry and the base image "
         "can be had, else say why the image step is skipped; true: they must; false: never",
     )
-    registry: Annotated[str, matching(REGISTRY_PATTERN, "a registry address such as "
-                                       "'registry.example.com:5000'")] = Field(
-        "127.0.0.1:5000", description="host[:port]; $HF2TRITON_REGISTRY overrides it"
-    )
+    registry: Annotated[
+        str, matching(REGISTRY_PATTERN, "a registry address such as 'registry.example.com:5000'")
+    ] = Field("127.0.0.1:5000", description="host[:port]; $HF2TRITON_REGISTRY overrides it")
     repository: str | None = Field(None, description="repository in the registry; default: name")
     base_image: str | None = Field(
         None,
@@ -37,11 +38,14 @@ class ImageSpec(Strict):
         "python:3.11-slim-bookworm, or python:3.12-slim-bookworm for deploy.device gpu; "
         "$HF2TRITON_BASE_IMAGE overrides it",
     )
-    python: Annotated[str, matching(PYTHON_VERSION_PATTERN, "a Python version such as "
-                                    "'3.12'")] | None = Field(
-        None, description="the base image's Python version (the wheels and the Python backend "
+    python: (
+        Annotated[str, matching(PYTHON_VERSION_PATTERN, "a Python version such as '3.12'")] | None
+    ) = Field(
+        None,
+        description="the base image's Python version (the wheels and the Python backend "
         "stub are chosen for it); default: the one an official python image names in its tag, "
-        "else 3.11 (3.12 for deploy.device gpu)")
+        "else 3.11 (3.12 for deploy.device gpu)",
+    )
     credentials_block: str | None = Field(
         None,
         description="name of a saved hf2triton RegistryCredentials Prefect block; without it "
@@ -53,8 +57,10 @@ class ImageSpec(Strict):
     @classmethod
     def _quoted_python(cls, v: Any) -> Any:
         if isinstance(v, (int, float)):
-            raise ValueError(f"write the version quoted, e.g. '{v}': YAML reads an unquoted "
-                             "version as a number (3.10 as 3.1)")
+            raise ValueError(
+                f"write the version quoted, e.g. '{v}': YAML reads an unquoted "
+                "version as a number (3.10 as 3.1)"
+            )
         return v
 
     @field_validator("repository")
@@ -66,5 +72,3 @@ class ImageSpec(Strict):
                 "digits and single '.', '_' or '-' separators, joined by '/'"
             )
         return v
-
-

@@ -18,14 +18,20 @@ class ImageTarget(TypedDict):
     python: NotRequired[str]  # the base image's Python, e.g. "3.12"
 
 
-def image_target(image: ImageSpec, repository: str, version: str, release_key: str,
-                 device: str = "cpu") -> ImageTarget:
+def image_target(
+    image: ImageSpec, repository: str, version: str, release_key: str, device: str = "cpu"
+) -> ImageTarget:
     """Where the image goes and what it is built on; $HF2TRITON_REGISTRY and
     $HF2TRITON_BASE_IMAGE override the spec, and the base defaults to the device variant's."""
     variant = variant_for(device)
     registry = os.environ.get("HF2TRITON_REGISTRY") or image.registry
     base = os.environ.get("HF2TRITON_BASE_IMAGE") or image.base_image or variant.base_image
     repo = f"{registry}/{repository}"
-    return ImageTarget(registry=registry, repository=repo, base_image=base,
-                       tag=f"{repo}:{version}-{release_key[:12]}", device=device,
-                       python=image_python(base, image.python, variant))
+    return ImageTarget(
+        registry=registry,
+        repository=repo,
+        base_image=base,
+        tag=f"{repo}:{version}-{release_key[:12]}",
+        device=device,
+        python=image_python(base, image.python, variant),
+    )

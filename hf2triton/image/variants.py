@@ -32,14 +32,16 @@ class ImageVariant:
 # user-space libraries as wheels (cudart, cuBLAS, cuFFT, cuRAND, NVRTC, nvJitLink, cuDNN 9), so
 # any base with Python and glibc >= 2.28 runs it; the driver (libcuda.so.1) is what the NVIDIA
 # container toolkit mounts at run time when NVIDIA_VISIBLE_DEVICES asks for GPUs.
-GPU_BUILD = r"""# The CUDA libraries' wheels keep them in site-packages/nvidia/*/lib: list those folders for the
+GPU_BUILD = r"""# The CUDA libraries' wheels keep them in site-packages/nvidia/*/lib: list those
+folders for the
 # dynamic linker (ONNX Runtime's CUDA provider dlopens them by soname).
 RUN site=$(/opt/serving/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') \
  && ls -d "$site"/nvidia/*/lib > /opt/serving/cuda-libraries.conf \
  && test -s /opt/serving/cuda-libraries.conf \
  && test -f "$site/onnxruntime/capi/libonnxruntime_providers_cuda.so"
 """
-GPU_FINAL = r"""# Every library of ONNX Runtime's CUDA provider resolves in the image but the driver's own
+GPU_FINAL = r"""# Every library of ONNX Runtime's CUDA provider resolves in the image but the
+driver's own
 # libcuda.so.1, which the NVIDIA container toolkit mounts at run time.
 RUN cp /opt/serving/cuda-libraries.conf /etc/ld.so.conf.d/hf2triton-cuda.conf && ldconfig \
  && site=$(/opt/serving/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') \
@@ -52,13 +54,17 @@ ENV NVIDIA_VISIBLE_DEVICES=all \
 
 VARIANTS: dict[str, ImageVariant] = {
     "cpu": ImageVariant(
-        device="cpu", base_image="python:3.11-slim-bookworm", python="3.11",
-        description="CPU"),
+        device="cpu", base_image="python:3.11-slim-bookworm", python="3.11", description="CPU"
+    ),
     "gpu": ImageVariant(
-        device="gpu", base_image="python:3.12-slim-bookworm", python="3.12",
+        device="gpu",
+        base_image="python:3.12-slim-bookworm",
+        python="3.12",
         description="NVIDIA GPU, CUDA 13",
         swaps={"onnxruntime": "onnxruntime-gpu[cuda,cudnn]"},
-        build_lines=GPU_BUILD, final_lines=GPU_FINAL),
+        build_lines=GPU_BUILD,
+        final_lines=GPU_FINAL,
+    ),
 }
 
 # `python:3.12-slim-bookworm`, `docker.io/library/python:3.12`: the official images name their
@@ -71,8 +77,9 @@ def variant_for(device: str | None) -> ImageVariant:
     try:
         return VARIANTS[device or "cpu"]
     except KeyError:
-        raise ValueError(f"no serving image variant for device {device!r}: one of "
-                         f"{sorted(VARIANTS)}") from None
+        raise ValueError(
+            f"no serving image variant for device {device!r}: one of {sorted(VARIANTS)}"
+        ) from None
 
 
 def image_python(base_image: str, python: str | None, variant: ImageVariant) -> str:

@@ -26,10 +26,22 @@ def pip_platform(python: str) -> list[str]:
     `python`, x86_64, whatever the host is (pip does not expand manylinux_2_36 to older tags
     itself)."""
     abi = "cp" + python.replace(".", "")
-    return ["--only-binary=:all:", "--python-version", python, "--implementation", "cp",
-            "--abi", abi, "--abi", "abi3", "--abi", "none",
-            *[a for m in range(36, 16, -1) for a in ("--platform", f"manylinux_2_{m}_x86_64")],
-            "--platform", "manylinux2014_x86_64"]
+    return [
+        "--only-binary=:all:",
+        "--python-version",
+        python,
+        "--implementation",
+        "cp",
+        "--abi",
+        abi,
+        "--abi",
+        "abi3",
+        "--abi",
+        "none",
+        *[a for m in range(36, 16, -1) for a in ("--platform", f"manylinux_2_{m}_x86_64")],
+        "--platform",
+        "manylinux2014_x86_64",
+    ]
 
 
 # pip's own words for a download that failed on the network, not on the requirement.
@@ -53,11 +65,13 @@ def serving_requirements(variant: ImageVariant = VARIANTS["cpu"]) -> tuple[list[
         if r in triton:
             continue
         swap = variant.swaps.get(_name(r))
-        runtime.append(swap + r[len(_name(r)):] if swap else r)
+        runtime.append(swap + r[len(_name(r)) :] if swap else r)
     missing = set(variant.swaps) - {_name(r) for r in reqs}
     if missing:
-        raise ArtifactError(f"{SERVING_REQUIREMENTS} must pin {sorted(missing)}: the "
-                            f"{variant.device} image installs a replacement at that version")
+        raise ArtifactError(
+            f"{SERVING_REQUIREMENTS} must pin {sorted(missing)}: the "
+            f"{variant.device} image installs a replacement at that version"
+        )
     return triton, runtime
 
 
@@ -75,8 +89,9 @@ def wheelhouse_root() -> Path:
     return Path(os.environ.get("HF2TRITON_WHEELHOUSE") or default)
 
 
-def ensure_wheelhouse(logger: Any = None, variant: ImageVariant = VARIANTS["cpu"],
-                      python: str | None = None) -> Path:
+def ensure_wheelhouse(
+    logger: Any = None, variant: ImageVariant = VARIANTS["cpu"], python: str | None = None
+) -> Path:
     """Download the serving image's wheels once (reused while the requirements stay the same)."""
     logger = logger or step_logger()
     triton, runtime = serving_requirements(variant)
@@ -84,24 +99,41 @@ def ensure_wheelhouse(logger: Any = None, variant: ImageVariant = VARIANTS["cpu"
     key = digest(["wheelhouse-v1", triton, runtime, platform])
 
     def build(out: Path) -> dict:
-        pip = [sys.executable, "-m", "pip", "download", "--quiet", "--dest", str(out),
-               "--disable-pip-version-check", *platform]
-        logger.info("image: downloading the serving wheels (%s) into %s",
-                    ", ".join(triton + runtime), out.parent)
+        pip = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--dest",
+            str(out),
+            "--disable-pip-version-check",
+            *platform,
+        ]
+        logger.info(
+            "image: downloading the serving wheels (%s) into %s",
+            ", ".join(triton + runtime),
+            out.parent,
+        )
         for extra, reqs in ((["--no-deps"], triton), ([], runtime)):
-            proc = subprocess.run([*pip, *extra, *reqs], capture_output=True, text=True,
-                                  timeout=1800)
+            proc = subprocess.run(
+                [*pip, *extra, *reqs], capture_output=True, text=True, timeout=1800
+            )
             if proc.returncode != 0:
                 tail = " ".join(proc.stderr.strip().splitlines()[-3:])
                 # pip reports no status code: its exit code is 1 for every failure.
-                err = ServiceUnavailableError if any(s in tail for s in PIP_NETWORK_FAILURES) \
+                err = (
+                    ServiceUnavailableError
+                    if any(s in tail for s in PIP_NETWORK_FAILURES)
                     else ImageBuildError
+                )
                 raise err(f"pip could not download the serving wheels {reqs}: {tail}")
         write_requirement_lists(out, triton, runtime)
         return {"wheels": sorted(p.name for p in out.glob("*.whl"))}
 
     done = cached_step(wheelhouse_root(), "wheels", key, build)
     if done.reused:
-        logger.info("image: wheelhouse %s reused (%d wheels)", done.path,
-                    len(done.result["wheels"]))
+        logger.info(
+            "image: wheelhouse %s reused (%d wheels)", done.path, len(done.result["wheels"])
+        )
     return done.path

@@ -2,7 +2,8 @@
 
 A kind (embedding, classification, translation, reranking) is chosen once from the spec's `task`
 (`hf2triton.spec.kind_for`) and given the settings it owns: its own spec section and the
-validation data's settings, never the whole spec. It knows what the export needs, what its validation data looks
+validation data's settings, never the whole spec. It knows what the export needs, what its
+validation data looks
 like, what the PyTorch reference says, how served answers are scored against it and with which
 limits (the gate and the smoke test use the same ones), and which files its Triton version
 directory holds. Everything else (the gate loop, the repository, the smoke test, the reports) is
@@ -64,7 +65,6 @@ class Candidate:
     gate_runtime: dict[str, Any] | None = None
     error: str | None = None  # building its graph failed: the gate refuses it with this
 
-
     @property
     def gated_runtime(self) -> dict[str, Any] | None:
         return self.gate_runtime or self.runtime
@@ -105,13 +105,16 @@ def model_max_length(model_dir: str | Path, max_length: int | None = None) -> in
     model_dir = Path(model_dir)
     if max_length is None:
         max_length = (read_json(model_dir / "sentence_bert_config.json") or {}).get(
-            "max_seq_length")
+            "max_seq_length"
+        )
     if max_length is None:
         tok_cfg = read_json(model_dir / "tokenizer_config.json") or {}
         model_cfg = read_json(model_dir / "config.json") or {}
-        limits = [v for v in (tok_cfg.get("model_max_length"),
-                              model_cfg.get("max_position_embeddings"))
-                  if isinstance(v, int) and 0 < v < 100_000]
+        limits = [
+            v
+            for v in (tok_cfg.get("model_max_length"), model_cfg.get("max_position_embeddings"))
+            if isinstance(v, int) and 0 < v < 100_000
+        ]
         max_length = min(limits) if limits else 512
     return int(max_length)
 
@@ -180,8 +183,9 @@ def save_fast_tokenizer(model_dir: str, out: Path) -> None:
 
     AutoTokenizer.from_pretrained(model_dir, use_fast=True).save_pretrained(out)
     if not (out / "tokenizer.json").is_file():
-        raise ExportError(f"{model_dir} has no fast tokenizer, which serving needs "
-                          "(tokenizer.json)")
+        raise ExportError(
+            f"{model_dir} has no fast tokenizer, which serving needs (tokenizer.json)"
+        )
 
 
 class ModelKind:
@@ -259,8 +263,9 @@ class ModelKind:
         """Write what serving needs beside the exported ONNX files: tokenizer.json."""
         save_fast_tokenizer(model_dir, out)
 
-    def check_export(self, model_dir: str, out: Path, cfg: Any, inputs: list[Any]
-                     ) -> dict[str, float]:
+    def check_export(
+        self, model_dir: str, out: Path, cfg: Any, inputs: list[Any]
+    ) -> dict[str, float]:
         """Compare the fp32 export with PyTorch; return {"max_abs_diff": ...}."""
         raise NotImplementedError
 
@@ -276,31 +281,50 @@ class ModelKind:
         if graph.suffix == ".xml":  # OpenVINO IR: the graph and its weights
             # (a stateful IR keeps its name: OpenVINO GenAI opens its directory by it)
             name = graph.stem if graph.name == "openvino_model.xml" else "model"
-            return {f"{name}.xml": graph, f"{name}.bin": graph.with_suffix(".bin"),
-                    "tokenizer.json": Path(export_dir) / "tokenizer.json"}
+            return {
+                f"{name}.xml": graph,
+                f"{name}.bin": graph.with_suffix(".bin"),
+                "tokenizer.json": Path(export_dir) / "tokenizer.json",
+            }
         return {"model.onnx": graph, "tokenizer.json": Path(export_dir) / "tokenizer.json"}
 
-    def serving_json(self, cfg: Any, export_dir: str, files: dict[str, str] | None = None,
-                     runtime: dict[str, Any] | None = None, max_batch_tokens: int = 0,
-                     threads: int = 0) -> dict[str, Any]:
+    def serving_json(
+        self,
+        cfg: Any,
+        export_dir: str,
+        files: dict[str, str] | None = None,
+        runtime: dict[str, Any] | None = None,
+        max_batch_tokens: int = 0,
+        threads: int = 0,
+    ) -> dict[str, Any]:
         """serving.json of this kind's model (without `files`: without file locations, what the
         served model and the gate share)."""
         module, cls = self.serving
-        return serving.serving_json(module, cls, self.name, self.settings(cfg, export_dir),
-                                    self.file_settings(files) if files else None, runtime,
-                                    threads, max_batch_tokens)
+        return serving.serving_json(
+            module,
+            cls,
+            self.name,
+            self.settings(cfg, export_dir),
+            self.file_settings(files) if files else None,
+            runtime,
+            threads,
+            max_batch_tokens,
+        )
 
     def open_candidate(self, candidate: str, export_dir: str, settings: dict[str, Any]) -> Any:
         """The serving core's model on a candidate's files where they lie (no copy), with
         `settings` (serving.json without file locations)."""
-        files = {name: str(path) for name, path in self.version_files(candidate,
-                                                                       export_dir).items()}
+        files = {
+            name: str(path) for name, path in self.version_files(candidate, export_dir).items()
+        }
         return serving.load("", {**settings, **self.file_settings(files)})
 
     def file_settings(self, files: dict[str, str]) -> dict[str, Any]:
         """serving.json keys that locate the files (names of `version_files`, or paths)."""
-        return {"onnx": files.get("model.xml") or files["model.onnx"],
-                "tokenizer": files["tokenizer.json"]}
+        return {
+            "onnx": files.get("model.xml") or files["model.onnx"],
+            "tokenizer": files["tokenizer.json"],
+        }
 
     def config_values(self, cfg: Any, reference: dict[str, Any]) -> dict[str, Any]:
         """Substitutions of the config.pbtxt template beyond batching."""
@@ -320,8 +344,9 @@ class ModelKind:
         the smoke test and the watch ask the API what they ask Triton."""
         raise NotImplementedError
 
-    def openai_answer(self, body: dict[str, Any], request: dict[str, np.ndarray], cfg: Any
-                      ) -> dict[str, np.ndarray]:
+    def openai_answer(
+        self, body: dict[str, Any], request: dict[str, np.ndarray], cfg: Any
+    ) -> dict[str, np.ndarray]:
         """The API's answer `body` to `request` as the Triton answer `extract` reads."""
         raise NotImplementedError
 
@@ -357,8 +382,9 @@ class ModelKind:
         """The config back from its `to_dict()` (the smoke test reads it from a file)."""
         raise NotImplementedError
 
-    def score(self, reference: Any, outputs: Any, data: Data, cfg: Any
-              ) -> tuple[dict[str, float], dict]:
+    def score(
+        self, reference: Any, outputs: Any, data: Data, cfg: Any
+    ) -> tuple[dict[str, float], dict]:
         """Metrics of `outputs` against `reference`, and details for the report."""
         raise NotImplementedError
 
@@ -397,8 +423,9 @@ class ModelKind:
         return {"speed": figures["batch_32"], **figures}
 
 
-def throughput(model: Any, requests: list[dict[str, np.ndarray]], repeats: int = 3
-               ) -> dict[str, float]:
+def throughput(
+    model: Any, requests: list[dict[str, np.ndarray]], repeats: int = 3
+) -> dict[str, float]:
     """Requests per second in-process at batch 1 and 32 (best of `repeats`, after a warm-up)."""
     figures = {}
     for size in (1, 32):

@@ -39,15 +39,19 @@ class ClassificationSpec(Strict):
 
     max_length: MaxLength = Field(None, description="truncation length; default: the model's")
     labelled: SpecPath | None = Field(
-        None, description="UTF-8 TSV file of `text<TAB>label` lines (label as in id2label): "
-        "accuracy against these gold labels is measured and reported"
+        None,
+        description="UTF-8 TSV file of `text<TAB>label` lines (label as in id2label): "
+        "accuracy against these gold labels is measured and reported",
     )
     thresholds: ClassificationThresholds = ClassificationThresholds()
 
     @model_validator(mode="after")
     def _accuracy_needs_labels(self) -> ClassificationSpec:
-        return unless(self.thresholds.min_accuracy is not None and self.labelled is None, self,
-                       "thresholds.min_accuracy needs gold labels: give classification.labelled")
+        return unless(
+            self.thresholds.min_accuracy is not None and self.labelled is None,
+            self,
+            "thresholds.min_accuracy needs gold labels: give classification.labelled",
+        )
 
 
 @dataclass(frozen=True)
@@ -62,8 +66,9 @@ class ClassificationConfig:
         return asdict(self)
 
 
-def resolve_classification_config(model_dir: str | Path,
-                                  max_length: int | None = None) -> ClassificationConfig:
+def resolve_classification_config(
+    model_dir: str | Path, max_length: int | None = None
+) -> ClassificationConfig:
     model_dir = Path(model_dir)
     config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
     id2label = config.get("id2label")
@@ -74,12 +79,16 @@ def resolve_classification_config(model_dir: str | Path,
         )
     labels = [str(id2label[k]) for k in sorted(id2label, key=int)]
     multi = config.get("problem_type") == "multi_label_classification"
-    return ClassificationConfig(labels=labels, max_length=model_max_length(model_dir, max_length),
-                                activation="sigmoid" if multi else "softmax")
+    return ClassificationConfig(
+        labels=labels,
+        max_length=model_max_length(model_dir, max_length),
+        activation="sigmoid" if multi else "softmax",
+    )
 
 
-def read_labelled(path: str | Path, labels: list[str], what: str = "classification.labelled"
-                  ) -> tuple[list[str], list[int]]:
+def read_labelled(
+    path: str | Path, labels: list[str], what: str = "classification.labelled"
+) -> tuple[list[str], list[int]]:
     """`text<TAB>label` lines; labels must be among `labels` (the model's id2label names, or a
     training spec's); `what` names the file's key in errors."""
     texts, gold = [], []
@@ -103,15 +112,23 @@ class TorchClassifier(TorchReference):
         super().__init__(model_dir, "AutoModelForSequenceClassification", max_length)
 
     def all_logits(self, rows: list[Any], batch_size: int = 32) -> np.ndarray:
-        return np.concatenate([logits for logits, _ in self.outputs(rows, "logits",
-                                                                     batch_size)])
+        return np.concatenate([logits for logits, _ in self.outputs(rows, "logits", batch_size)])
 
 
-def check_logits(model_dir: str, onnx_path: Path, max_length: int, rows: list[Any]
-                 ) -> dict[str, float]:
+def check_logits(
+    model_dir: str, onnx_path: Path, max_length: int, rows: list[Any]
+) -> dict[str, float]:
     """Largest |ONNX - PyTorch| of the logits on `rows` (texts or pairs)."""
-    return {"max_abs_diff": largest_difference(TorchClassifier(model_dir, max_length), onnx_path,
-                                               rows, "logits", "logits", masked=False)}
+    return {
+        "max_abs_diff": largest_difference(
+            TorchClassifier(model_dir, max_length),
+            onnx_path,
+            rows,
+            "logits",
+            "logits",
+            masked=False,
+        )
+    }
 
 
 def predicted(probs: np.ndarray, activation: str) -> np.ndarray:
@@ -146,18 +163,25 @@ class ClassificationKind(ModelKind):
         texts, gold = read_labelled(self.options.labelled, cfg.labels)
         return Data([*data.items, *texts], {**data.extra, "gold": gold})
 
-    def check_export(self, model_dir: str, out: Path, cfg: ClassificationConfig,
-                     inputs: list[str]) -> dict[str, float]:
+    def check_export(
+        self, model_dir: str, out: Path, cfg: ClassificationConfig, inputs: list[str]
+    ) -> dict[str, float]:
         return check_logits(model_dir, out / self.main_file, cfg.max_length, inputs)
 
     def config_values(self, cfg: ClassificationConfig, info: dict[str, Any]) -> dict[str, Any]:
         return {"num_labels": len(cfg.labels)}
 
     def extract(self, answers: list[dict[str, np.ndarray]]) -> dict[str, Any]:
-        return {"probs": np.concatenate([a["SCORES"] for a in answers]).astype(np.float32),
-                "labels": [a["LABEL"][i][0].decode("utf-8") if isinstance(a["LABEL"][i][0], bytes)
-                           else str(a["LABEL"][i][0])
-                           for a in answers for i in range(len(a["LABEL"]))]}
+        return {
+            "probs": np.concatenate([a["SCORES"] for a in answers]).astype(np.float32),
+            "labels": [
+                a["LABEL"][i][0].decode("utf-8")
+                if isinstance(a["LABEL"][i][0], bytes)
+                else str(a["LABEL"][i][0])
+                for a in answers
+                for i in range(len(a["LABEL"]))
+            ],
+        }
 
     def config_parameters(self, cfg: ClassificationConfig) -> dict[str, str]:
         return {"labels": json.dumps(list(cfg.labels), ensure_ascii=False)}
@@ -167,8 +191,9 @@ class ClassificationKind(ModelKind):
     def openai_body(self, request: dict[str, np.ndarray]) -> dict[str, Any]:
         return {"inputs": [t.decode("utf-8") for t in request["TEXT"][:, 0]]}
 
-    def openai_answer(self, body: Any, request: dict[str, np.ndarray], cfg: ClassificationConfig
-                      ) -> dict[str, np.ndarray]:
+    def openai_answer(
+        self, body: Any, request: dict[str, np.ndarray], cfg: ClassificationConfig
+    ) -> dict[str, np.ndarray]:
         """text-embeddings-inference's answer (every label with its score, per text) back in
         the label order, LABEL named as the served model names it."""
         at = {name: i for i, name in enumerate(cfg.labels)}
@@ -177,31 +202,36 @@ class ClassificationKind(ModelKind):
             for item in labelled:
                 scores[row, at[item["label"]]] = item["score"]
         names = label_names(scores, list(cfg.labels), cfg.activation)
-        return {"SCORES": scores,
-                "LABEL": np.array([[n.encode("utf-8")] for n in names], dtype=np.object_)}
+        return {
+            "SCORES": scores,
+            "LABEL": np.array([[n.encode("utf-8")] for n in names], dtype=np.object_),
+        }
 
     def reference(self, model_dir: str, cfg: ClassificationConfig, data: Data) -> np.ndarray:
-        return activate(TorchClassifier(model_dir, cfg.max_length).all_logits(data.items),
-                        cfg.activation)
+        return activate(
+            TorchClassifier(model_dir, cfg.max_length).all_logits(data.items), cfg.activation
+        )
 
     def labelled_metrics(self, data: Data) -> set[str]:
         return {"accuracy"} if "gold" in data.extra else set()
 
-    def labelled_scores(self, outputs: dict[str, Any], data: Data,
-                        cfg: ClassificationConfig) -> dict[str, float]:
+    def labelled_scores(
+        self, outputs: dict[str, Any], data: Data, cfg: ClassificationConfig
+    ) -> dict[str, float]:
         """Accuracy of the served labels (by name, so a model with another label order is
         judged fairly; a multi-label answer counts when it is exactly the gold label)."""
         if "gold" not in data.extra:
             return {}
         gold = [cfg.labels[g] for g in data.extra["gold"]]
-        served = outputs["labels"][-len(gold):]
+        served = outputs["labels"][-len(gold) :]
         return {"accuracy": float(np.mean([s == g for s, g in zip(served, gold)]))}
 
     def config_from_dict(self, data: dict[str, Any]) -> ClassificationConfig:
         return ClassificationConfig(**data)
 
-    def score(self, reference: Any, outputs: dict[str, Any], data: Data,
-              cfg: ClassificationConfig) -> tuple[dict[str, float], dict]:
+    def score(
+        self, reference: Any, outputs: dict[str, Any], data: Data, cfg: ClassificationConfig
+    ) -> tuple[dict[str, float], dict]:
         activation = cfg.activation
         reference = np.asarray(reference, dtype=np.float32)
         probs = outputs["probs"]
@@ -215,15 +245,20 @@ class ClassificationKind(ModelKind):
         metrics.update(self.labelled_scores(outputs, data, cfg))
         worst = np.argsort(-diff)[:10]
         return metrics, {
-            "disagreements": [str(data.items[i])[:200]
-                              for i in np.flatnonzero(labels != ref_labels)][:20],
-            "worst": [{"text": str(data.items[i])[:200], "prob_diff": float(diff[i])}
-                      for i in worst]}
+            "disagreements": [
+                str(data.items[i])[:200] for i in np.flatnonzero(labels != ref_labels)
+            ][:20],
+            "worst": [
+                {"text": str(data.items[i])[:200], "prob_diff": float(diff[i])} for i in worst
+            ],
+        }
 
     def limits(self) -> Limits:
         t = self.options.thresholds
-        out = {"label_agreement": (">=", t.min_label_agreement),
-               "max_prob_diff": ("<=", t.max_prob_diff)}
+        out = {
+            "label_agreement": (">=", t.min_label_agreement),
+            "max_prob_diff": ("<=", t.max_prob_diff),
+        }
         if t.min_accuracy is not None:
             out["accuracy"] = (">=", t.min_accuracy)
         return out
@@ -232,8 +267,11 @@ class ClassificationKind(ModelKind):
         if details.get("disagreements"):
             return f"first label that differs: {details['disagreements'][0][:40]!r}"
         worst = (details.get("worst") or [None])[0]
-        return f"largest difference {worst['prob_diff']:.4f} on {worst['text'][:40]!r}" \
-            if worst else ""
+        return (
+            f"largest difference {worst['prob_diff']:.4f} on {worst['text'][:40]!r}"
+            if worst
+            else ""
+        )
 
     def from_json(self, reference: Any) -> np.ndarray:
         return np.asarray(reference, dtype=np.float32)

@@ -15,11 +15,7 @@ from pydantic import Field
 from hf2triton.errors import SpecError
 from hf2triton.kinds import KINDS
 from hf2triton.kinds.base import Data, Limits, ModelKind, model_max_length, read_json, read_lines
-from hf2triton.kinds.torch_reference import (
-    TorchReference,
-    largest_difference,
-    onnx_output,
-)
+from hf2triton.kinds.torch_reference import TorchReference, largest_difference, onnx_output
 from hf2triton.serving.embedding import pool
 from hf2triton.util.specbase import MaxLength, Probability, SpecPath, Strict
 
@@ -27,11 +23,15 @@ from hf2triton.util.specbase import MaxLength, Probability, SpecPath, Strict
 class EmbeddingThresholds(Strict):
     """How closely served embeddings must follow PyTorch's on the validation sentences."""
 
-    min_cosine: Probability = Field(0.99, description="lowest cosine of a served embedding with "
-                                    "PyTorch's, over the validation sentences")
+    min_cosine: Probability = Field(
+        0.99,
+        description="lowest cosine of a served embedding with "
+        "PyTorch's, over the validation sentences",
+    )
     mean_cosine: Probability = Field(0.995, description="mean of the same cosines")
     spearman: Probability = Field(
-        0.99, description="Spearman correlation of all pairwise similarities with PyTorch's")
+        0.99, description="Spearman correlation of all pairwise similarities with PyTorch's"
+    )
 
 
 class EmbeddingSpec(Strict):
@@ -46,14 +46,18 @@ class EmbeddingSpec(Strict):
     )
     max_length: MaxLength = Field(None, description="truncation length; default: the model's")
     retrieval: SpecPath | None = Field(
-        None, description="UTF-8 TSV of `query<TAB>passage<TAB>relevance` lines (relevance 0 "
+        None,
+        description="UTF-8 TSV of `query<TAB>passage<TAB>relevance` lines (relevance 0 "
         "or more): the served embeddings' nDCG@10 over these passages is measured, and "
-        "compared with the serving champion's (validation.max_drop)")
+        "compared with the serving champion's (validation.max_drop)",
+    )
     thresholds: EmbeddingThresholds = Field(
-        EmbeddingThresholds(), description="the gate's limits against PyTorch")
+        EmbeddingThresholds(), description="the gate's limits against PyTorch"
+    )
     smoke_min_cosine: Probability | None = Field(
-        None, description="the smoke test's gate on served embeddings; default: "
-        "thresholds.min_cosine")
+        None,
+        description="the smoke test's gate on served embeddings; default: thresholds.min_cosine",
+    )
 
 
 @dataclass(frozen=True)
@@ -68,9 +72,12 @@ class EmbeddingConfig:
         return asdict(self)
 
 
-def resolve_embedding_config(model_dir: str | Path, pooling: str = "auto",
-                             normalize: bool | str = "auto",
-                             max_length: int | None = None) -> EmbeddingConfig:
+def resolve_embedding_config(
+    model_dir: str | Path,
+    pooling: str = "auto",
+    normalize: bool | str = "auto",
+    max_length: int | None = None,
+) -> EmbeddingConfig:
     """Fill 'auto' from the model's own sentence-transformers files, so serving truncates and
     pools as the model's authors do."""
     model_dir = Path(model_dir)
@@ -84,10 +91,14 @@ def resolve_embedding_config(model_dir: str | Path, pooling: str = "auto",
                 if cfg.get("pooling_mode_cls_token"):
                     pooling = "cls"
     if normalize == "auto":
-        normalize = any(isinstance(m, dict) and m.get("type", "").endswith("Normalize")
-                        for m in modules)
-    return EmbeddingConfig(pooling=pooling, normalize=bool(normalize),
-                           max_length=model_max_length(model_dir, max_length))
+        normalize = any(
+            isinstance(m, dict) and m.get("type", "").endswith("Normalize") for m in modules
+        )
+    return EmbeddingConfig(
+        pooling=pooling,
+        normalize=bool(normalize),
+        max_length=model_max_length(model_dir, max_length),
+    )
 
 
 def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -105,9 +116,12 @@ class TorchEmbedder(TorchReference):
         self.cfg = cfg
 
     def embed(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
-        return np.concatenate([pool(states, mask, self.cfg.pooling, self.cfg.normalize)
-                               for states, mask in self.outputs(texts, "last_hidden_state",
-                                                                batch_size)])
+        return np.concatenate(
+            [
+                pool(states, mask, self.cfg.pooling, self.cfg.normalize)
+                for states, mask in self.outputs(texts, "last_hidden_state", batch_size)
+            ]
+        )
 
 
 def onnx_hidden_states(onnx_path: str | Path, enc: dict[str, np.ndarray]) -> np.ndarray:
@@ -127,9 +141,11 @@ def read_retrieval(path: str) -> tuple[list[str], list[str], list[tuple[int, int
         except ValueError:
             rel = float("nan")
         if len(parts) != 3 or not parts[0].strip() or not parts[1].strip() or not rel >= 0:
-            raise SpecError(f"embedding.retrieval {path!r} line {n}: expected "
-                            f"'query<TAB>passage<TAB>relevance' (relevance 0 or more), got "
-                            f"{line[:80]!r}")
+            raise SpecError(
+                f"embedding.retrieval {path!r} line {n}: expected "
+                f"'query<TAB>passage<TAB>relevance' (relevance 0 or more), got "
+                f"{line[:80]!r}"
+            )
         q = queries.setdefault(parts[0], len(queries))
         p = passages.setdefault(parts[1], len(passages))
         qrels.append((q, p, rel))
@@ -140,7 +156,7 @@ def ndcg_at_10(embeddings: np.ndarray, retrieval: dict[str, Any]) -> float:
     """Mean nDCG@10 of ranking the retrieval passages by cosine to each query."""
     start, nq = retrieval["offset"], retrieval["queries"]
     emb = embeddings / np.clip(np.linalg.norm(embeddings, axis=1, keepdims=True), 1e-12, None)
-    queries, passages = emb[start:start + nq], emb[start + nq:]
+    queries, passages = emb[start : start + nq], emb[start + nq :]
     gains = np.zeros((nq, len(passages)))
     for q, p, rel in retrieval["qrels"]:
         gains[q, p] = rel
@@ -151,8 +167,8 @@ def ndcg_at_10(embeddings: np.ndarray, retrieval: dict[str, Any]) -> float:
             continue
         top = np.argsort(-(passages @ queries[q]), kind="stable")[:10]
         ideal = np.sort(gains[q])[::-1][:10]
-        dcg = ((2 ** gains[q][top] - 1) * discount[:len(top)]).sum()
-        scores.append(dcg / ((2 ** ideal - 1) * discount[:len(ideal)]).sum())
+        dcg = ((2 ** gains[q][top] - 1) * discount[: len(top)]).sum()
+        scores.append(dcg / ((2**ideal - 1) * discount[: len(ideal)]).sum())
     return float(np.mean(scores)) if scores else float("nan")
 
 
@@ -161,8 +177,9 @@ def pairwise(emb: np.ndarray) -> np.ndarray:
     return sims[np.triu_indices(len(emb), k=1)]
 
 
-def embedding_metrics(reference: np.ndarray, candidate: np.ndarray
-                      ) -> tuple[dict[str, float], np.ndarray]:
+def embedding_metrics(
+    reference: np.ndarray, candidate: np.ndarray
+) -> tuple[dict[str, float], np.ndarray]:
     """Per-text cosine plus the Spearman correlation of all pairwise similarities."""
     from scipy.stats import spearmanr
 
@@ -170,8 +187,7 @@ def embedding_metrics(reference: np.ndarray, candidate: np.ndarray
     ref = reference / np.clip(np.linalg.norm(reference, axis=1, keepdims=True), 1e-12, None)
     cand = candidate / np.clip(np.linalg.norm(candidate, axis=1, keepdims=True), 1e-12, None)
     rho = float(spearmanr(pairwise(ref), pairwise(cand)).statistic) if len(ref) > 2 else 1.0
-    return {"min_cosine": float(cos.min()), "mean_cosine": float(cos.mean()),
-            "spearman": rho}, cos
+    return {"min_cosine": float(cos.min()), "mean_cosine": float(cos.mean()), "spearman": rho}, cos
 
 
 @KINDS.register
@@ -181,8 +197,10 @@ class EmbeddingKind(ModelKind):
     Options = EmbeddingSpec
     serving_class = "Embedder"
     # Keys of releases before 0.2, read for one more release (hf2triton.spec says so).
-    moved_keys = {"validation.thresholds": "embedding.thresholds",
-                  "deploy.smoke_min_cosine": "embedding.smoke_min_cosine"}
+    moved_keys = {
+        "validation.thresholds": "embedding.thresholds",
+        "deploy.smoke_min_cosine": "embedding.smoke_min_cosine",
+    }
     item_word = "sentences"
     quality_metric = "ndcg_at_10"
 
@@ -202,25 +220,38 @@ class EmbeddingKind(ModelKind):
         if not self.options.retrieval:
             return data
         queries, passages, qrels = read_retrieval(self.options.retrieval)
-        return Data([*data.items, *queries, *passages],
-                    {**data.extra, "retrieval": {"offset": len(data.items),
-                                                 "queries": len(queries), "qrels": qrels}})
+        return Data(
+            [*data.items, *queries, *passages],
+            {
+                **data.extra,
+                "retrieval": {"offset": len(data.items), "queries": len(queries), "qrels": qrels},
+            },
+        )
 
     def labelled_metrics(self, data: Data) -> set[str]:
         return {"ndcg_at_10"} if "retrieval" in data.extra else set()
 
-    def labelled_scores(self, outputs: np.ndarray, data: Data,
-                        cfg: EmbeddingConfig) -> dict[str, float]:
+    def labelled_scores(
+        self, outputs: np.ndarray, data: Data, cfg: EmbeddingConfig
+    ) -> dict[str, float]:
         if "retrieval" not in data.extra:
             return {}
         return {"ndcg_at_10": ndcg_at_10(outputs, data.extra["retrieval"])}
 
-    def check_export(self, model_dir: str, out: Path, cfg: EmbeddingConfig,
-                     inputs: list[str]) -> dict[str, float]:
+    def check_export(
+        self, model_dir: str, out: Path, cfg: EmbeddingConfig, inputs: list[str]
+    ) -> dict[str, float]:
         """Largest |ONNX - PyTorch| over the real (unpadded) token states of `inputs`."""
-        return {"max_abs_diff": largest_difference(
-            TorchEmbedder(model_dir, cfg), out / self.main_file, inputs, "last_hidden_state",
-            None, masked=True)}
+        return {
+            "max_abs_diff": largest_difference(
+                TorchEmbedder(model_dir, cfg),
+                out / self.main_file,
+                inputs,
+                "last_hidden_state",
+                None,
+                masked=True,
+            )
+        }
 
     def info(self, reference: np.ndarray) -> dict[str, Any]:
         return {"embedding_dim": int(np.asarray(reference).shape[1])}
@@ -236,8 +267,9 @@ class EmbeddingKind(ModelKind):
     def openai_body(self, request: dict[str, np.ndarray]) -> dict[str, Any]:
         return {"input": [t.decode("utf-8") for t in request["TEXT"][:, 0]]}
 
-    def openai_answer(self, body: dict[str, Any], request: dict[str, np.ndarray], cfg: Any
-                      ) -> dict[str, np.ndarray]:
+    def openai_answer(
+        self, body: dict[str, Any], request: dict[str, np.ndarray], cfg: Any
+    ) -> dict[str, np.ndarray]:
         rows = sorted(body["data"], key=lambda d: d["index"])
         return {"EMBEDDING": np.array([d["embedding"] for d in rows], np.float32)}
 
@@ -247,18 +279,23 @@ class EmbeddingKind(ModelKind):
     def config_from_dict(self, data: dict[str, Any]) -> EmbeddingConfig:
         return EmbeddingConfig(**data)
 
-    def score(self, reference: np.ndarray, outputs: np.ndarray, data: Data,
-              cfg: EmbeddingConfig) -> tuple[dict[str, float], dict]:
+    def score(
+        self, reference: np.ndarray, outputs: np.ndarray, data: Data, cfg: EmbeddingConfig
+    ) -> tuple[dict[str, float], dict]:
         metrics, cos = embedding_metrics(np.asarray(reference, np.float32), outputs)
         metrics.update(self.labelled_scores(outputs, data, cfg))
         worst = np.argsort(cos)[:10]
-        return metrics, {"worst": [{"text": str(data.items[i])[:200], "cosine": float(cos[i])}
-                                   for i in worst]}
+        return metrics, {
+            "worst": [{"text": str(data.items[i])[:200], "cosine": float(cos[i])} for i in worst]
+        }
 
     def limits(self) -> Limits:
         t = self.options.thresholds
-        return {"min_cosine": (">=", t.min_cosine), "mean_cosine": (">=", t.mean_cosine),
-                "spearman": (">=", t.spearman)}
+        return {
+            "min_cosine": (">=", t.min_cosine),
+            "mean_cosine": (">=", t.mean_cosine),
+            "spearman": (">=", t.spearman),
+        }
 
     def smoke_limits(self) -> Limits:
         # Served embeddings are each compared with PyTorch's; on a handful of texts the Spearman
@@ -268,8 +305,11 @@ class EmbeddingKind(ModelKind):
 
     def example(self, details: dict[str, Any]) -> str:
         worst = (details.get("worst") or [None])[0]
-        return f"worst sentence {worst['text'][:40]!r} at cosine {worst['cosine']:.4f}" \
-            if worst else ""
+        return (
+            f"worst sentence {worst['text'][:40]!r} at cosine {worst['cosine']:.4f}"
+            if worst
+            else ""
+        )
 
     def from_json(self, reference: Any) -> np.ndarray:
         return np.asarray(reference, dtype=np.float32)

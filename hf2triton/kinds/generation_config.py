@@ -15,11 +15,26 @@ from hf2triton.serving.seq2seq import DecodeSettings
 # GenerationConfig fields the served decoder implements (hf2triton.serving.decoding.process_scores).
 # Any other field that changes greedy or beam search is refused when it differs from its default.
 UNSUPPORTED = (
-    "min_new_tokens", "encoder_repetition_penalty", "renormalize_logits",
-    "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens",
-    "begin_suppress_tokens", "sequence_bias", "guidance_scale", "encoder_no_repeat_ngram_size",
-    "diversity_penalty", "num_beam_groups", "constraints", "force_words_ids", "stop_strings",
-    "watermarking_config", "penalty_alpha", "dola_layers", "forced_decoder_ids", "token_healing",
+    "min_new_tokens",
+    "encoder_repetition_penalty",
+    "renormalize_logits",
+    "remove_invalid_values",
+    "exponential_decay_length_penalty",
+    "suppress_tokens",
+    "begin_suppress_tokens",
+    "sequence_bias",
+    "guidance_scale",
+    "encoder_no_repeat_ngram_size",
+    "diversity_penalty",
+    "num_beam_groups",
+    "constraints",
+    "force_words_ids",
+    "stop_strings",
+    "watermarking_config",
+    "penalty_alpha",
+    "dola_layers",
+    "forced_decoder_ids",
+    "token_healing",
 )
 
 
@@ -42,9 +57,13 @@ class TranslationConfig:
         return DecodeSettings.from_dict(self.decode)
 
 
-def model_generation_config(model_dir: str | Path, config: Any, what: str,
-                            also_refused: tuple[str, ...] = (), allowed: tuple[str, ...] = ()
-                            ) -> Any:
+def model_generation_config(
+    model_dir: str | Path,
+    config: Any,
+    what: str,
+    also_refused: tuple[str, ...] = (),
+    allowed: tuple[str, ...] = (),
+) -> Any:
     """The model's GenerationConfig (from its config where it has none), refused when it sets
     a field the served decoder does not implement (UNSUPPORTED but `allowed`, and
     `also_refused`): its `what` would differ from PyTorch's. Shared by translation and text
@@ -56,12 +75,16 @@ def model_generation_config(model_dir: str | Path, config: Any, what: str,
     except OSError:
         gen = GenerationConfig.from_model_config(config)
     default = GenerationConfig()
-    odd = [k for k in (*UNSUPPORTED, *also_refused)
-           if k not in allowed and getattr(gen, k, None) != getattr(default, k, None)]
+    odd = [
+        k
+        for k in (*UNSUPPORTED, *also_refused)
+        if k not in allowed and getattr(gen, k, None) != getattr(default, k, None)
+    ]
     if odd:
         raise UnsupportedModelError(
             f"the model's generation config sets {odd}, which the served decoder does not "
-            f"implement; its {what} would differ from PyTorch's")
+            f"implement; its {what} would differ from PyTorch's"
+        )
     return gen
 
 
@@ -136,8 +159,11 @@ def resolve_translation_config(model_dir: str | Path, spec: Any) -> TranslationC
         start = config.decoder_start_token_id
     if start is None:
         raise UnsupportedModelError(f"{model_dir}: no decoder_start_token_id in its config")
-    positions = getattr(config, "max_target_positions", None) or getattr(
-        config, "max_position_embeddings", None) or 1024
+    positions = (
+        getattr(config, "max_target_positions", None)
+        or getattr(config, "max_position_embeddings", None)
+        or 1024
+    )
     # A few positions stay free: M2M100 and BART offset theirs by 2, and the start token is one.
     limit = max(1, min(int(positions) - 3, 4096))
     max_new = spec.max_new_tokens or min(limit, max(1, int(gen.max_length or 20) - 1))
@@ -150,11 +176,14 @@ def resolve_translation_config(model_dir: str | Path, spec: Any) -> TranslationC
     if forced_eos is not None and not isinstance(forced_eos, list):
         forced_eos = [forced_eos]
     settings = DecodeSettings(
-        decoder_start_token_id=int(start), eos_token_ids=eos_ids,
-        pad_token_id=pad, max_new_tokens=int(max_new),
+        decoder_start_token_id=int(start),
+        eos_token_ids=eos_ids,
+        pad_token_id=pad,
+        max_new_tokens=int(max_new),
         num_beams=int(spec.num_beams or gen.num_beams or 1),
         forced_bos_token_id=None if forced_bos is None else int(forced_bos),
-        forced_eos_token_id=forced_eos, min_length=int(gen.min_length or 0),
+        forced_eos_token_id=forced_eos,
+        min_length=int(gen.min_length or 0),
         no_repeat_ngram_size=int(gen.no_repeat_ngram_size or 0),
         repetition_penalty=float(gen.repetition_penalty or 1.0),
         bad_words_ids=[list(map(int, b)) for b in (gen.bad_words_ids or [])],
@@ -163,6 +192,10 @@ def resolve_translation_config(model_dir: str | Path, spec: Any) -> TranslationC
     )
     max_input = spec.max_input_length or model_max_length(model_dir)
     return TranslationConfig(
-        source_lang=spec.source_lang, target_lang=spec.target_lang, target_langs=langs,
-        max_input_length=int(max_input), max_new_tokens_limit=limit, decode=settings.to_dict(),
+        source_lang=spec.source_lang,
+        target_lang=spec.target_lang,
+        target_langs=langs,
+        max_input_length=int(max_input),
+        max_new_tokens_limit=limit,
+        decode=settings.to_dict(),
     )

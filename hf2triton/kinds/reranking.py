@@ -30,21 +30,27 @@ class RerankingThresholds(Strict):
     """How closely the served ranking must follow PyTorch's, query by query."""
 
     min_spearman: Probability = Field(
-        0.9, description="lowest Spearman correlation, over the queries, of a query's served "
-        "passage scores with PyTorch's")
+        0.9,
+        description="lowest Spearman correlation, over the queries, of a query's served "
+        "passage scores with PyTorch's",
+    )
     mean_spearman: Probability = Field(0.98, description="mean of the same over the queries")
     min_top1_agreement: Probability = Field(
-        0.95, description="share of queries whose top passage is PyTorch's top passage")
+        0.95, description="share of queries whose top passage is PyTorch's top passage"
+    )
 
 
 class RerankingSpec(Strict):
     """`task: text-ranking`: a cross-encoder scores (query, passage) pairs."""
 
-    max_length: MaxLength = Field(None, description="truncation length of a pair; default: the "
-                                  "model's")
+    max_length: MaxLength = Field(
+        None, description="truncation length of a pair; default: the model's"
+    )
     activation: Literal["auto", "none", "sigmoid", "softmax"] = Field(
-        "auto", description="score of a pair: the logit (none), its sigmoid, or the softmax "
-        "probability of the last label; auto: as sentence-transformers' CrossEncoder")
+        "auto",
+        description="score of a pair: the logit (none), its sigmoid, or the softmax "
+        "probability of the last label; auto: as sentence-transformers' CrossEncoder",
+    )
     thresholds: RerankingThresholds = RerankingThresholds()
 
 
@@ -57,8 +63,9 @@ class RerankingConfig:
         return asdict(self)
 
 
-def resolve_reranking_config(model_dir: str | Path, max_length: int | None,
-                             activation: str) -> RerankingConfig:
+def resolve_reranking_config(
+    model_dir: str | Path, max_length: int | None, activation: str
+) -> RerankingConfig:
     """sentence-transformers' CrossEncoder scores a one-logit head with a sigmoid and a
     two-label head with the softmax of its second label; 'auto' does the same."""
     config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
@@ -66,13 +73,16 @@ def resolve_reranking_config(model_dir: str | Path, max_length: int | None,
     if labels not in (1, 2):
         raise UnsupportedModelError(
             f"{model_dir}/config.json declares {labels or 'no'} labels: a cross-encoder for "
-            "task 'text-ranking' has one relevance logit (or two labels, relevant last)")
+            "task 'text-ranking' has one relevance logit (or two labels, relevant last)"
+        )
     if activation == "auto":
         declared = str(config.get("sbert_ce_default_activation_function") or "")
-        activation = "softmax" if labels == 2 else \
-            "none" if declared.endswith("Identity") else "sigmoid"
-    return RerankingConfig(max_length=model_max_length(model_dir, max_length),
-                           activation=activation)
+        activation = (
+            "softmax" if labels == 2 else "none" if declared.endswith("Identity") else "sigmoid"
+        )
+    return RerankingConfig(
+        max_length=model_max_length(model_dir, max_length), activation=activation
+    )
 
 
 def read_groups(path: str) -> list[tuple[str, list[str]]]:
@@ -83,13 +93,15 @@ def read_groups(path: str) -> list[tuple[str, list[str]]]:
         if not sep or not query.strip() or not passage.strip():
             raise SpecError(
                 f"validation.sentences {path!r} line {n}: a text-ranking release reads "
-                f"'query<TAB>passage' lines, got {line[:80]!r}")
+                f"'query<TAB>passage' lines, got {line[:80]!r}"
+            )
         groups.setdefault(query, []).append(passage)
     return list(groups.items())
 
 
-def ranking_metrics(reference: list[np.ndarray], served: list[np.ndarray]
-                    ) -> tuple[dict[str, float], list[float]]:
+def ranking_metrics(
+    reference: list[np.ndarray], served: list[np.ndarray]
+) -> tuple[dict[str, float], list[float]]:
     """Spearman of served vs PyTorch scores per query (1.0 for a single passage), and whether
     each query's top passage is the same."""
     from scipy.stats import spearmanr
@@ -105,10 +117,14 @@ def ranking_metrics(reference: list[np.ndarray], served: list[np.ndarray]
             rho = float(spearmanr(ref, got).statistic)
             rhos.append(rho if np.isfinite(rho) else 0.0)
         top1.append(float(np.argmax(ref) == np.argmax(got)))
-    return {"min_spearman": float(np.min(rhos)), "mean_spearman": float(np.mean(rhos)),
-            "top1_agreement": float(np.mean(top1)),
-            "max_score_diff": float(max(np.abs(np.asarray(r) - np.asarray(g)).max()
-                                        for r, g in zip(reference, served)))}, rhos
+    return {
+        "min_spearman": float(np.min(rhos)),
+        "mean_spearman": float(np.mean(rhos)),
+        "top1_agreement": float(np.mean(top1)),
+        "max_score_diff": float(
+            max(np.abs(np.asarray(r) - np.asarray(g)).max() for r, g in zip(reference, served))
+        ),
+    }, rhos
 
 
 @KINDS.register
@@ -121,8 +137,7 @@ class RerankingKind(ModelKind):
     item_word = "queries"
 
     def resolve(self, model_dir: str) -> RerankingConfig:
-        return resolve_reranking_config(model_dir, self.options.max_length,
-                                        self.options.activation)
+        return resolve_reranking_config(model_dir, self.options.max_length, self.options.activation)
 
     def read_data(self) -> Data:
         return Data(read_groups(self.validation.sentences))
@@ -132,8 +147,9 @@ class RerankingKind(ModelKind):
         longest = sorted(pairs, key=lambda x: len(x[0]) + len(x[1]), reverse=True)[:4]
         return list(dict.fromkeys([*pairs[:20], *longest]))
 
-    def check_export(self, model_dir: str, out: Path, cfg: RerankingConfig,
-                     inputs: list[tuple[str, str]]) -> dict[str, float]:
+    def check_export(
+        self, model_dir: str, out: Path, cfg: RerankingConfig, inputs: list[tuple[str, str]]
+    ) -> dict[str, float]:
         return check_logits(model_dir, out / self.main_file, cfg.max_length, inputs)
 
     def calibration(self, data: Data) -> list[tuple[str, str]]:
@@ -141,10 +157,13 @@ class RerankingKind(ModelKind):
         return [(query, passage) for query, passages in data.items for passage in passages]
 
     def requests(self, items: list[tuple[str, list[str]]]) -> list[dict[str, np.ndarray]]:
-        return [{"QUERY": np.array([[q.encode("utf-8")]], dtype=np.object_),
-                 "PASSAGES": np.array([[p.encode("utf-8") for p in passages]],
-                                      dtype=np.object_)}
-                for q, passages in items]
+        return [
+            {
+                "QUERY": np.array([[q.encode("utf-8")]], dtype=np.object_),
+                "PASSAGES": np.array([[p.encode("utf-8") for p in passages]], dtype=np.object_),
+            }
+            for q, passages in items
+        ]
 
     def extract(self, answers: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
         return [row.astype(np.float32) for a in answers for row in a["SCORES"]]
@@ -152,11 +171,14 @@ class RerankingKind(ModelKind):
     openai_route = "/rerank"
 
     def openai_body(self, request: dict[str, np.ndarray]) -> dict[str, Any]:
-        return {"query": request["QUERY"][0, 0].decode("utf-8"),
-                "documents": [p.decode("utf-8") for p in request["PASSAGES"][0]]}
+        return {
+            "query": request["QUERY"][0, 0].decode("utf-8"),
+            "documents": [p.decode("utf-8") for p in request["PASSAGES"][0]],
+        }
 
-    def openai_answer(self, body: dict[str, Any], request: dict[str, np.ndarray], cfg: Any
-                      ) -> dict[str, np.ndarray]:
+    def openai_answer(
+        self, body: dict[str, Any], request: dict[str, np.ndarray], cfg: Any
+    ) -> dict[str, np.ndarray]:
         scores = np.full((1, request["PASSAGES"].shape[1]), np.nan, np.float32)
         for r in body["results"]:
             scores[0, r["index"]] = r["relevance_score"]
@@ -164,34 +186,46 @@ class RerankingKind(ModelKind):
 
     def reference(self, model_dir: str, cfg: RerankingConfig, data: Data) -> list[np.ndarray]:
         pairs = [(q, p) for q, passages in data.items for p in passages]
-        scores = relevance(TorchClassifier(model_dir, cfg.max_length).all_logits(pairs),
-                           cfg.activation)
+        scores = relevance(
+            TorchClassifier(model_dir, cfg.max_length).all_logits(pairs), cfg.activation
+        )
         out, k = [], 0
         for _, passages in data.items:
-            out.append(scores[k:k + len(passages)])
+            out.append(scores[k : k + len(passages)])
             k += len(passages)
         return out
 
     def config_from_dict(self, data: dict[str, Any]) -> RerankingConfig:
         return RerankingConfig(**data)
 
-    def score(self, reference: list[np.ndarray], outputs: list[np.ndarray], data: Data,
-              cfg: RerankingConfig) -> tuple[dict[str, float], dict]:
+    def score(
+        self,
+        reference: list[np.ndarray],
+        outputs: list[np.ndarray],
+        data: Data,
+        cfg: RerankingConfig,
+    ) -> tuple[dict[str, float], dict]:
         metrics, rhos = ranking_metrics(reference, outputs)
         worst = np.argsort(np.nan_to_num(rhos, nan=-2.0))[:10]
-        return metrics, {"worst": [{"text": data.items[i][0][:200], "spearman": rhos[i]}
-                                   for i in worst]}
+        return metrics, {
+            "worst": [{"text": data.items[i][0][:200], "spearman": rhos[i]} for i in worst]
+        }
 
     def limits(self) -> Limits:
         t = self.options.thresholds
-        return {"min_spearman": (">=", t.min_spearman),
-                "mean_spearman": (">=", t.mean_spearman),
-                "top1_agreement": (">=", t.min_top1_agreement)}
+        return {
+            "min_spearman": (">=", t.min_spearman),
+            "mean_spearman": (">=", t.mean_spearman),
+            "top1_agreement": (">=", t.min_top1_agreement),
+        }
 
     def example(self, details: dict[str, Any]) -> str:
         worst = (details.get("worst") or [None])[0]
-        return f"worst query {worst['text'][:40]!r} at Spearman {worst['spearman']:.4f}" \
-            if worst else ""
+        return (
+            f"worst query {worst['text'][:40]!r} at Spearman {worst['spearman']:.4f}"
+            if worst
+            else ""
+        )
 
     def from_json(self, reference: Any) -> list[np.ndarray]:
         return [np.asarray(r, dtype=np.float32) for r in reference]

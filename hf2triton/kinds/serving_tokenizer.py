@@ -14,16 +14,20 @@ from hf2triton.kinds.generation_config import load_tokenizer
 from hf2triton.serving.seq2seq import Seq2SeqTokenizer
 
 
-def write_serving_tokenizer(model_dir: str | Path, out: Path,
-                            source_lang: str | None) -> dict[str, Any]:
+def write_serving_tokenizer(
+    model_dir: str | Path, out: Path, source_lang: str | None
+) -> dict[str, Any]:
     """Write the files the served tokenizer reads into `out`; return its plan."""
     tok = load_tokenizer(model_dir, source_lang)
     out.mkdir(parents=True, exist_ok=True)
     clean = bool(getattr(tok, "clean_up_tokenization_spaces", False))
     if tok.is_fast:
         tok.backend_tokenizer.save(str(out / "tokenizer.json"))
-        return {"kind": "tokenizers", "file": "tokenizer.json",
-                "clean_up_tokenization_spaces": clean}
+        return {
+            "kind": "tokenizers",
+            "file": "tokenizer.json",
+            "clean_up_tokenization_spaces": clean,
+        }
     name = type(tok).__name__
     if name == "M2M100Tokenizer":
         spm_source = spm_target = tok.spm_file
@@ -53,17 +57,24 @@ def write_serving_tokenizer(model_dir: str | Path, out: Path,
     sentinel = tok.build_inputs_with_special_tokens([-7])
     at = sentinel.index(-7)
     return {
-        "kind": "sentencepiece", "spm_source": "source.spm", "spm_target": "target.spm",
-        "vocab": "vocab.json", "tokens": "tokens.json", "unk_id": int(tok.unk_token_id),
-        "prefix": sentinel[:at], "suffix": sentinel[at + 1:],
+        "kind": "sentencepiece",
+        "spm_source": "source.spm",
+        "spm_target": "target.spm",
+        "vocab": "vocab.json",
+        "tokens": "tokens.json",
+        "unk_id": int(tok.unk_token_id),
+        "prefix": sentinel[:at],
+        "suffix": sentinel[at + 1 :],
         "special_tokens": list(tok.all_special_tokens),
-        "skip_ids": [int(i) for i in tok.all_special_ids], "style": style,
+        "skip_ids": [int(i) for i in tok.all_special_ids],
+        "style": style,
         "clean_up_tokenization_spaces": clean,
     }
 
 
-def check_tokenizer(served: Seq2SeqTokenizer, tok, texts: list[str],
-                    generated: list[list[int]]) -> None:
+def check_tokenizer(
+    served: Seq2SeqTokenizer, tok, texts: list[str], generated: list[list[int]]
+) -> None:
     """The served tokenizer must encode and decode exactly as transformers does."""
     ids, _ = served.encode(texts)
     want = tok(texts, truncation=True, max_length=served.max_length)["input_ids"]

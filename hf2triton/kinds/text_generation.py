@@ -18,13 +18,7 @@ from pydantic import Field
 
 from hf2triton.errors import ExportError, SpecError, UnsupportedModelError
 from hf2triton.kinds import KINDS
-from hf2triton.kinds.base import (
-    Data,
-    Limits,
-    ModelKind,
-    read_lines,
-    save_fast_tokenizer,
-)
+from hf2triton.kinds.base import Data, Limits, ModelKind, read_lines, save_fast_tokenizer
 from hf2triton.kinds.generation_config import eos_and_pad, model_generation_config
 from hf2triton.serving.decoding import DecodeSettings, stop_at
 from hf2triton.util.specbase import Strict
@@ -39,11 +33,18 @@ class TextGenerationThresholds(Strict):
     exports must match PyTorch exactly: the export step refuses one that does not)."""
 
     min_token_match: float = Field(
-        0.9, ge=0.0, le=1.0, description="share of PyTorch's greedy tokens the candidate "
-        "generates at the same place before its continuation first differs")
+        0.9,
+        ge=0.0,
+        le=1.0,
+        description="share of PyTorch's greedy tokens the candidate "
+        "generates at the same place before its continuation first differs",
+    )
     max_perplexity_increase: float = Field(
-        0.05, ge=0.0, description="relative increase of the perplexity of the validation "
-        "prompts over PyTorch's (0.05: 5% higher)")
+        0.05,
+        ge=0.0,
+        description="relative increase of the perplexity of the validation "
+        "prompts over PyTorch's (0.05: 5% higher)",
+    )
 
 
 class TextGenerationSpec(Strict):
@@ -51,39 +52,62 @@ class TextGenerationSpec(Strict):
     of the decode loop, and the gate's limits."""
 
     max_new_tokens: int | None = Field(
-        None, ge=1, le=8192, description="default max_tokens of a request; default: the "
-        "model's generation_config max_new_tokens, else 64")
-    temperature: float = Field(0.0, ge=0.0, le=100.0,
-                               description="default sampling temperature; 0: greedy")
+        None,
+        ge=1,
+        le=8192,
+        description="default max_tokens of a request; default: the "
+        "model's generation_config max_new_tokens, else 64",
+    )
+    temperature: float = Field(
+        0.0, ge=0.0, le=100.0, description="default sampling temperature; 0: greedy"
+    )
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="default nucleus sampling mass")
     top_k: int = Field(0, ge=0, description="default top-k sampling; 0: off")
     repetition_penalty: float | None = Field(
-        None, gt=0.0, le=100.0, description="default: the model's generation_config's (1.0)")
-    stop: list[str] = Field([], description="default stop strings: the text ends before the "
-                            "first one generated")
+        None, gt=0.0, le=100.0, description="default: the model's generation_config's (1.0)"
+    )
+    stop: list[str] = Field(
+        [], description="default stop strings: the text ends before the first one generated"
+    )
     seed: int | None = Field(None, ge=0, description="default sampling seed; none: random")
     chat_template: Literal["model", "none"] = Field(
-        "model", description="'model': requests may send `messages`, rendered with the "
-        "tokenizer's own chat template; 'none': they may not")
+        "model",
+        description="'model': requests may send `messages`, rendered with the "
+        "tokenizer's own chat template; 'none': they may not",
+    )
     max_context: int | None = Field(
-        None, ge=8, description="prompt plus generated tokens a request may reach; default "
-        "and most: the model's max_position_embeddings")
+        None,
+        ge=8,
+        description="prompt plus generated tokens a request may reach; default "
+        "and most: the model's max_position_embeddings",
+    )
     batching: Literal["in-flight", "request"] = Field(
-        "in-flight", description="'in-flight': requests join and leave the running batch "
-        "between decode steps; 'request': a batch runs until all its requests finish")
+        "in-flight",
+        description="'in-flight': requests join and leave the running batch "
+        "between decode steps; 'request': a batch runs until all its requests finish",
+    )
     max_rows: int = Field(32, ge=1, le=1024, description="sequences decoded together at most")
     step_tokens: int = Field(512, ge=1, description="prompt tokens that may join in one step")
     stream_interval_ms: int = Field(
-        50, ge=0, le=1000, description="with 8 or more streams running, a stream's new text "
+        50,
+        ge=0,
+        le=1000,
+        description="with 8 or more streams running, a stream's new text "
         "goes out at most this often, gathered into one response (the first piece at once, the "
         "last at the end): each response is a round trip through Triton's Python backend. "
         "Measured at 32 streams, served tokens/s as a share of OpenVINO GenAI's in-process "
         "rate: 0 ms 0.70, 40 ms 0.83, 100 ms 0.89 (docs/benchmarks.md); 0 sends every token's "
-        "piece")
+        "piece",
+    )
     gate_tokens: int = Field(
-        32, ge=1, le=8192, description="new tokens the gate (and the export's check and the "
-        "smoke test) generates per prompt and compares with PyTorch's: greedy continuations that agree this far rarely part later, and a release of a large "
-        "model takes minutes, not hours")
+        32,
+        ge=1,
+        le=8192,
+        description="new tokens the gate (and the export's check and the "
+        "smoke test) generates per prompt and compares with PyTorch's: greedy "
+        "continuations that agree this far rarely part later, and a release of a large "
+        "model takes minutes, not hours",
+    )
     thresholds: TextGenerationThresholds = TextGenerationThresholds()
 
 
@@ -107,52 +131,83 @@ class TextGenerationConfig:
         return asdict(self)
 
 
-def resolve_text_generation(model_dir: str | Path, spec: TextGenerationSpec
-                            ) -> TextGenerationConfig:
+def resolve_text_generation(
+    model_dir: str | Path, spec: TextGenerationSpec
+) -> TextGenerationConfig:
     from transformers import AutoConfig, AutoTokenizer
 
     config = AutoConfig.from_pretrained(str(model_dir))
     if getattr(config, "is_encoder_decoder", False):
         raise UnsupportedModelError(
             f"{model_dir} ({config.model_type}) is an encoder-decoder model: serve it with "
-            "task 'translation'; 'text-generation' serves decoder-only models")
+            "task 'translation'; 'text-generation' serves decoder-only models"
+        )
     # Stop strings are the spec's (`stop`); forced BOS/EOS are translation's only.
-    gen = model_generation_config(model_dir, config, "text", allowed=("stop_strings",),
-                                  also_refused=("forced_bos_token_id", "forced_eos_token_id"))
+    gen = model_generation_config(
+        model_dir,
+        config,
+        "text",
+        allowed=("stop_strings",),
+        also_refused=("forced_bos_token_id", "forced_eos_token_id"),
+    )
     eos_ids, pad = eos_and_pad(gen, config)
     positions = int(getattr(config, "max_position_embeddings", 0) or 2048)
     context = spec.max_context or positions
     if context > positions:
-        raise SpecError(f"text_generation.max_context {context} is more than this model can "
-                        f"position ({positions}); lower it")
+        raise SpecError(
+            f"text_generation.max_context {context} is more than this model can "
+            f"position ({positions}); lower it"
+        )
     max_new = spec.max_new_tokens or int(gen.max_new_tokens or 64)
     if max_new >= context:
-        raise SpecError(f"text_generation.max_new_tokens {max_new} leaves no room for a prompt "
-                        f"in the model's context ({context}); lower it")
+        raise SpecError(
+            f"text_generation.max_new_tokens {max_new} leaves no room for a prompt "
+            f"in the model's context ({context}); lower it"
+        )
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     template = tok.chat_template if spec.chat_template == "model" else None
     if isinstance(template, dict):
         template = template.get("default")
     repetition = spec.repetition_penalty or float(gen.repetition_penalty or 1.0)
     processors = DecodeSettings(
-        decoder_start_token_id=pad, eos_token_ids=eos_ids, pad_token_id=pad,
-        max_new_tokens=max_new, min_length=int(gen.min_length or 0),
+        decoder_start_token_id=pad,
+        eos_token_ids=eos_ids,
+        pad_token_id=pad,
+        max_new_tokens=max_new,
+        min_length=int(gen.min_length or 0),
         no_repeat_ngram_size=int(gen.no_repeat_ngram_size or 0),
         repetition_penalty=repetition,
-        bad_words_ids=[list(map(int, b)) for b in (gen.bad_words_ids or [])])
+        bad_words_ids=[list(map(int, b)) for b in (gen.bad_words_ids or [])],
+    )
     return TextGenerationConfig(
-        defaults={"max_new_tokens": max_new, "temperature": spec.temperature,
-                  "top_p": spec.top_p, "top_k": spec.top_k, "repetition_penalty": repetition,
-                  "stop": list(spec.stop), "seed": spec.seed},
-        eos_token_ids=eos_ids, pad_token_id=pad, processors=processors.to_dict(),
+        defaults={
+            "max_new_tokens": max_new,
+            "temperature": spec.temperature,
+            "top_p": spec.top_p,
+            "top_k": spec.top_k,
+            "repetition_penalty": repetition,
+            "stop": list(spec.stop),
+            "seed": spec.seed,
+        },
+        eos_token_ids=eos_ids,
+        pad_token_id=pad,
+        processors=processors.to_dict(),
         max_context=int(context),
-        tokenizer={"clean_up_tokenization_spaces": bool(getattr(
-                       tok, "clean_up_tokenization_spaces", False)),
-                   "chat_template": template,
-                   "special_tokens": {k: v for k, v in tok.special_tokens_map.items()
-                                      if isinstance(v, str)}},
-        batching=spec.batching, max_rows=spec.max_rows, step_tokens=spec.step_tokens,
-        gate_tokens=spec.gate_tokens, stream_interval_ms=spec.stream_interval_ms)
+        tokenizer={
+            "clean_up_tokenization_spaces": bool(
+                getattr(tok, "clean_up_tokenization_spaces", False)
+            ),
+            "chat_template": template,
+            "special_tokens": {
+                k: v for k, v in tok.special_tokens_map.items() if isinstance(v, str)
+            },
+        },
+        batching=spec.batching,
+        max_rows=spec.max_rows,
+        step_tokens=spec.step_tokens,
+        gate_tokens=spec.gate_tokens,
+        stream_interval_ms=spec.stream_interval_ms,
+    )
 
 
 class TorchGenerator:
@@ -176,14 +231,23 @@ class TorchGenerator:
         p = cfg.processors
         with torch.inference_mode():
             out = self.model.generate(
-                input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
                 max_new_tokens=max_new_tokens or cfg.gate_tokens,
-                repetition_penalty=d["repetition_penalty"], eos_token_id=cfg.eos_token_ids,
-                pad_token_id=cfg.pad_token_id, no_repeat_ngram_size=p["no_repeat_ngram_size"],
-                min_length=p["min_length"], bad_words_ids=p["bad_words_ids"] or None,
-                num_beams=1, top_k=None, top_p=None, temperature=None)
+                repetition_penalty=d["repetition_penalty"],
+                eos_token_id=cfg.eos_token_ids,
+                pad_token_id=cfg.pad_token_id,
+                no_repeat_ngram_size=p["no_repeat_ngram_size"],
+                min_length=p["min_length"],
+                bad_words_ids=p["bad_words_ids"] or None,
+                num_beams=1,
+                top_k=None,
+                top_p=None,
+                temperature=None,
+            )
             logits = self.model(input_ids=ids).logits[0].float()
-        generated = out[0, ids.shape[1]:].tolist()
+        generated = out[0, ids.shape[1] :].tolist()
         generated, text = self.cut(generated)
         logp = torch.log_softmax(logits[:-1].double(), dim=-1)
         logprob = float(logp[torch.arange(ids.shape[1] - 1), ids[0, 1:]].sum())
@@ -225,8 +289,7 @@ class TextGenerationKind(ModelKind):
         return resolve_text_generation(model_dir, self.options)
 
     def read_data(self) -> Data:
-        return Data(read_lines(self.validation.sentences, "validation.sentences",
-                               "prompts"))
+        return Data(read_lines(self.validation.sentences, "validation.sentences", "prompts"))
 
     def calibration(self, data: Data) -> list[Any] | None:
         return None  # OpenVINO's int8 calibration feeds encoder inputs, not a decoder's
@@ -238,13 +301,15 @@ class TextGenerationKind(ModelKind):
     def prepare_export(self, model_dir: str, out: Path, cfg: TextGenerationConfig) -> None:
         save_fast_tokenizer(model_dir, out)
 
-    def check_export(self, model_dir: str, out: Path, cfg: TextGenerationConfig,
-                     inputs: list[str]) -> dict[str, float]:
+    def check_export(
+        self, model_dir: str, out: Path, cfg: TextGenerationConfig, inputs: list[str]
+    ) -> dict[str, float]:
         """The served tokenizer and chat template must give transformers' ids, and greedy
         generation through the serving core on the fp32 export PyTorch's tokens exactly."""
         reference = TorchGenerator(model_dir, cfg)
-        model = self.open_candidate(str(out / "model.onnx"), str(out),
-                                    self.serving_json(cfg, str(out)))
+        model = self.open_candidate(
+            str(out / "model.onnx"), str(out), self.serving_json(cfg, str(out))
+        )
         try:
             tok = reference.tokenizer
             for text in inputs:
@@ -253,7 +318,8 @@ class TextGenerationKind(ModelKind):
                 if list(want) != got:
                     raise UnsupportedModelError(
                         f"the served tokenizer encodes {text[:40]!r} as {got[:12]}... but "
-                        f"transformers as {list(want)[:12]}...; it cannot be served faithfully")
+                        f"transformers as {list(want)[:12]}...; it cannot be served faithfully"
+                    )
             if cfg.tokenizer["chat_template"]:
                 chat = [{"role": "user", "content": inputs[0]}]
                 want = tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
@@ -261,12 +327,15 @@ class TextGenerationKind(ModelKind):
                 if list(want) != got:
                     raise UnsupportedModelError(
                         "the served chat template renders a chat other than transformers' "
-                        "apply_chat_template; set text_generation.chat_template: none")
+                        "apply_chat_template; set text_generation.chat_template: none"
+                    )
             answers = model.answer(self.requests(inputs))
             refused = [(t, a) for t, a in zip(inputs, answers) if isinstance(a, str)]
             if refused:
-                raise SpecError(f"validation prompt {refused[0][0][:40]!r} cannot be served: "
-                                f"{refused[0][1]}; every line of validation.sentences must fit")
+                raise SpecError(
+                    f"validation prompt {refused[0][0][:40]!r} cannot be served: "
+                    f"{refused[0][1]}; every line of validation.sentences must fit"
+                )
             served = self.extract(answers)
             want = [reference.continuation(t) for t in inputs]
         finally:
@@ -276,34 +345,48 @@ class TextGenerationKind(ModelKind):
             raise ExportError(
                 f"greedy generation with the fp32 ONNX export differs from PyTorch generate on "
                 f"{len(differ)} of {len(inputs)} prompts (first: {differ[0][:40]!r}); try "
-                "another export.opset or report the model")
-        worst = max(abs(a["logprob"] - b["logprob"]) / max(1, b["tokens"])
-                    for a, b in zip(served, want))
+                "another export.opset or report the model"
+            )
+        worst = max(
+            abs(a["logprob"] - b["logprob"]) / max(1, b["tokens"]) for a, b in zip(served, want)
+        )
         return {"max_abs_diff": worst}
 
     def settings(self, cfg: TextGenerationConfig, export_dir: str) -> dict[str, Any]:
         return cfg.to_dict()
 
     def file_settings(self, files: dict[str, str]) -> dict[str, Any]:
-        graph = next(files[n] for n in ("openvino_model.xml", "model.xml", "model.onnx")
-                     if n in files)
+        graph = next(
+            files[n] for n in ("openvino_model.xml", "model.xml", "model.onnx") if n in files
+        )
         return {"onnx": graph, "tokenizer_file": files["tokenizer.json"]}
 
     def requests(self, items: list[Any]) -> list[dict[str, np.ndarray]]:
         """Greedy, `gate_tokens` new tokens, with the prompt's log-probability."""
         tokens = np.full((1, 1), self.options.gate_tokens, np.int32)
-        return [{"text_input": np.array([[str(t).encode("utf-8")]], dtype=np.object_),
-                 "max_tokens": tokens, "temperature": np.zeros((1, 1), np.float32),
-                 "return_prompt_logprob": np.ones((1, 1), bool)} for t in items]
+        return [
+            {
+                "text_input": np.array([[str(t).encode("utf-8")]], dtype=np.object_),
+                "max_tokens": tokens,
+                "temperature": np.zeros((1, 1), np.float32),
+                "return_prompt_logprob": np.ones((1, 1), bool),
+            }
+            for t in items
+        ]
 
     def speed(self, model: Any, items: list[Any], batch: int) -> dict[str, float]:
         """Generated tokens per second of `batch` prompts of every length served together,
         greedy, PROBE_TOKENS each (a short probe: the candidates are ranked, not measured)."""
         prompts = [str(t) for t in (items * batch)[:batch]]
         tokens = np.full((1, 1), PROBE_TOKENS, np.int32)
-        requests = [{"text_input": np.array([[p.encode("utf-8")]], dtype=np.object_),
-                     "max_tokens": tokens, "temperature": np.zeros((1, 1), np.float32)}
-                    for p in prompts]
+        requests = [
+            {
+                "text_input": np.array([[p.encode("utf-8")]], dtype=np.object_),
+                "max_tokens": tokens,
+                "temperature": np.zeros((1, 1), np.float32),
+            }
+            for p in prompts
+        ]
         model.answer(requests[:2])  # warm
         best = 0.0
         for _ in range(2):  # the better of two: a shared machine's hiccups rank nothing
@@ -312,18 +395,21 @@ class TextGenerationKind(ModelKind):
             seconds = time.perf_counter() - started
             made = sum(int((a["output_ids"] >= 0).sum()) for a in answers if isinstance(a, dict))
             best = max(best, made / seconds)
-        return {"speed": round(best, 1), "tokens_per_s": round(best, 1),
-                "streams": len(requests)}
+        return {"speed": round(best, 1), "tokens_per_s": round(best, 1), "streams": len(requests)}
 
     def extract(self, answers: list[dict[str, np.ndarray]]) -> list[dict[str, Any]]:
         out = []
         for a in answers:
             for r in range(len(a["text_output"])):
                 raw = a["text_output"][r, 0]
-                out.append({"ids": [int(i) for i in a["output_ids"][r] if i >= 0],
-                            "text": raw.decode("utf-8") if isinstance(raw, bytes) else str(raw),
-                            "logprob": float(a["prompt_logprob"][r, 0]),
-                            "tokens": int(a["prompt_tokens"][r, 0])})
+                out.append(
+                    {
+                        "ids": [int(i) for i in a["output_ids"][r] if i >= 0],
+                        "text": raw.decode("utf-8") if isinstance(raw, bytes) else str(raw),
+                        "logprob": float(a["prompt_logprob"][r, 0]),
+                        "tokens": int(a["prompt_tokens"][r, 0]),
+                    }
+                )
         return out
 
     openai_route = "/completions"
@@ -331,52 +417,82 @@ class TextGenerationKind(ModelKind):
     def openai_body(self, request: dict[str, np.ndarray]) -> dict[str, Any]:
         """The gate's request as a completion: greedy, its tokens, with the extensions that
         return the token ids and the prompt's log-probability."""
-        body = {"prompt": request["text_input"][0, 0].decode("utf-8"),
-                "max_tokens": int(request["max_tokens"][0, 0]),
-                "temperature": float(request["temperature"][0, 0]), "return_token_ids": True}
+        body = {
+            "prompt": request["text_input"][0, 0].decode("utf-8"),
+            "max_tokens": int(request["max_tokens"][0, 0]),
+            "temperature": float(request["temperature"][0, 0]),
+            "return_token_ids": True,
+        }
         if "return_prompt_logprob" in request:
             body["prompt_logprob"] = bool(request["return_prompt_logprob"][0, 0])
         return body
 
-    def openai_answer(self, body: dict[str, Any], request: dict[str, np.ndarray], cfg: Any
-                      ) -> dict[str, np.ndarray]:
+    def openai_answer(
+        self, body: dict[str, Any], request: dict[str, np.ndarray], cfg: Any
+    ) -> dict[str, np.ndarray]:
         choice = body["choices"][0]
-        return {"text_output": np.array([[choice["text"].encode("utf-8")]], dtype=np.object_),
-                "output_ids": np.array([choice["token_ids"]], np.int32).reshape(1, -1),
-                "finish_reason": np.array([[choice["finish_reason"].encode()]],
-                                          dtype=np.object_),
-                "prompt_logprob": np.array([[choice.get("prompt_logprob", 0.0)]], np.float32),
-                "prompt_tokens": np.array([[body["usage"]["prompt_tokens"]]], np.int32)}
+        return {
+            "text_output": np.array([[choice["text"].encode("utf-8")]], dtype=np.object_),
+            "output_ids": np.array([choice["token_ids"]], np.int32).reshape(1, -1),
+            "finish_reason": np.array([[choice["finish_reason"].encode()]], dtype=np.object_),
+            "prompt_logprob": np.array([[choice.get("prompt_logprob", 0.0)]], np.float32),
+            "prompt_tokens": np.array([[body["usage"]["prompt_tokens"]]], np.int32),
+        }
 
-    def reference(self, model_dir: str, cfg: TextGenerationConfig, data: Data
-                  ) -> list[dict[str, Any]]:
+    def reference(
+        self, model_dir: str, cfg: TextGenerationConfig, data: Data
+    ) -> list[dict[str, Any]]:
         model = TorchGenerator(model_dir, cfg)
         return [model.continuation(str(t)) for t in data.items]
 
     def config_from_dict(self, data: dict[str, Any]) -> TextGenerationConfig:
         return TextGenerationConfig(**data)
 
-    def score(self, reference: list[dict[str, Any]], outputs: list[dict[str, Any]], data: Data,
-              cfg: TextGenerationConfig) -> tuple[dict[str, float], dict]:
+    def score(
+        self,
+        reference: list[dict[str, Any]],
+        outputs: list[dict[str, Any]],
+        data: Data,
+        cfg: TextGenerationConfig,
+    ) -> tuple[dict[str, float], dict]:
         matched = sum(common_prefix(o["ids"], r["ids"]) for o, r in zip(outputs, reference))
         total = sum(max(len(o["ids"]), len(r["ids"])) for o, r in zip(outputs, reference))
         same = [o["ids"] == r["ids"] for o, r in zip(outputs, reference)]
         tokens = sum(max(0, r["tokens"] - 1) for r in reference) or 1
         ppl_ref = math.exp(-sum(r["logprob"] for r in reference) / tokens)
         ppl = math.exp(-sum(o["logprob"] for o in outputs) / tokens)
-        metrics = {"token_match": matched / total if total else 1.0,
-                   "exact_match": sum(same) / max(1, len(same)),
-                   "perplexity": ppl, "perplexity_increase": ppl / ppl_ref - 1.0}
-        return metrics, {"differ": [
-            {"text": str(data.items[i])[:200], "pytorch": reference[i]["text"][:200],
-             "candidate": outputs[i]["text"][:200]} for i in range(len(same)) if not same[i]][:10]}
+        metrics = {
+            "token_match": matched / total if total else 1.0,
+            "exact_match": sum(same) / max(1, len(same)),
+            "perplexity": ppl,
+            "perplexity_increase": ppl / ppl_ref - 1.0,
+        }
+        return metrics, {
+            "differ": [
+                {
+                    "text": str(data.items[i])[:200],
+                    "pytorch": reference[i]["text"][:200],
+                    "candidate": outputs[i]["text"][:200],
+                }
+                for i in range(len(same))
+                if not same[i]
+            ][:10]
+        }
 
     def limits(self) -> Limits:
         t = self.options.thresholds
-        return {"token_match": (">=", t.min_token_match),
-                "perplexity_increase": ("<=", t.max_perplexity_increase)}
+        return {
+            "token_match": (">=", t.min_token_match),
+            "perplexity_increase": ("<=", t.max_perplexity_increase),
+        }
 
     def example(self, details: dict[str, Any]) -> str:
         first = (details.get("differ") or [None])[0]
-        return (f"e.g. {first['text'][:40]!r} -> {first['candidate'][:40]!r}, PyTorch "
-                f"{first['pytorch'][:40]!r}") if first else ""
+        return (
+            (
+                f"e.g. {first['text'][:40]!r} -> {first['candidate'][:40]!r}, PyTorch "
+                f"{first['pytorch'][:40]!r}"
+            )
+            if first
+            else ""
+        )

@@ -13,7 +13,7 @@ from hf2triton.kinds.generation_config import load_tokenizer
 
 def batched(items: list[Any], size: int):
     for i in range(0, len(items), size):
-        yield items[i: i + size]
+        yield items[i : i + size]
 
 
 class TorchReference:
@@ -31,11 +31,17 @@ class TorchReference:
 
     def encode(self, rows: list[Any]) -> dict[str, np.ndarray]:
         if rows and isinstance(rows[0], tuple):
-            return self.tokenizer([r[0] for r in rows], [r[1] for r in rows], padding=True,
-                                  truncation=True, max_length=self.max_length,
-                                  return_tensors="np")
-        return self.tokenizer(rows, padding=True, truncation=True, max_length=self.max_length,
-                              return_tensors="np")
+            return self.tokenizer(
+                [r[0] for r in rows],
+                [r[1] for r in rows],
+                padding=True,
+                truncation=True,
+                max_length=self.max_length,
+                return_tensors="np",
+            )
+        return self.tokenizer(
+            rows, padding=True, truncation=True, max_length=self.max_length, return_tensors="np"
+        )
 
     def output(self, enc: dict[str, np.ndarray], name: str) -> np.ndarray:
         """One output of the model (`last_hidden_state`, `logits`) as float32 numpy."""
@@ -53,8 +59,9 @@ class TorchReference:
         return parts
 
 
-def onnx_output(onnx_path: str | Path, enc: dict[str, np.ndarray], name: str | None = None
-                ) -> np.ndarray:
+def onnx_output(
+    onnx_path: str | Path, enc: dict[str, np.ndarray], name: str | None = None
+) -> np.ndarray:
     """One output of an ONNX graph (the first when `name` is None) on tokenized inputs."""
     import onnxruntime as ort
 
@@ -66,15 +73,20 @@ def onnx_output(onnx_path: str | Path, enc: dict[str, np.ndarray], name: str | N
     return session.run([name] if name else None, feed)[0]
 
 
-def largest_difference(reference: TorchReference, onnx_path: str | Path, rows: list[Any],
-                       torch_output: str, onnx_name: str | None, masked: bool) -> float:
+def largest_difference(
+    reference: TorchReference,
+    onnx_path: str | Path,
+    rows: list[Any],
+    torch_output: str,
+    onnx_name: str | None,
+    masked: bool,
+) -> float:
     """Largest |ONNX - PyTorch| over `rows` (over real tokens only when `masked`); inf for a
     NaN or inf anywhere, which max() would silently skip."""
     worst = 0.0
     for chunk in batched(rows, 8):
         enc = reference.encode(chunk)
-        diff = np.abs(reference.output(enc, torch_output) - onnx_output(onnx_path, enc,
-                                                                         onnx_name))
+        diff = np.abs(reference.output(enc, torch_output) - onnx_output(onnx_path, enc, onnx_name))
         if masked:
             diff = diff[enc["attention_mask"].astype(bool)]
         if not np.isfinite(diff).all():
@@ -95,22 +107,36 @@ class TorchTranslator:
         self.tokenizer = load_tokenizer(model_dir, cfg.source_lang)
         self.model = AutoModelForSeq2SeqLM.from_pretrained(str(model_dir)).eval()
 
-    def generate(self, texts: list[str], num_beams: int | None = None,
-                 batch_size: int = 16) -> list[list[int]]:
+    def generate(
+        self, texts: list[str], num_beams: int | None = None, batch_size: int = 16
+    ) -> list[list[int]]:
         s = self.cfg.settings
         kwargs = dict(
-            do_sample=False, num_beams=num_beams or s.num_beams, max_new_tokens=s.max_new_tokens,
-            num_return_sequences=1, decoder_start_token_id=s.decoder_start_token_id,
-            eos_token_id=s.eos_token_ids, pad_token_id=s.pad_token_id,
-            forced_bos_token_id=s.forced_bos_token_id, forced_eos_token_id=s.forced_eos_token_id,
-            min_length=s.min_length, no_repeat_ngram_size=s.no_repeat_ngram_size,
-            repetition_penalty=s.repetition_penalty, bad_words_ids=s.bad_words_ids or None,
-            length_penalty=s.length_penalty, early_stopping=s.early_stopping,
+            do_sample=False,
+            num_beams=num_beams or s.num_beams,
+            max_new_tokens=s.max_new_tokens,
+            num_return_sequences=1,
+            decoder_start_token_id=s.decoder_start_token_id,
+            eos_token_id=s.eos_token_ids,
+            pad_token_id=s.pad_token_id,
+            forced_bos_token_id=s.forced_bos_token_id,
+            forced_eos_token_id=s.forced_eos_token_id,
+            min_length=s.min_length,
+            no_repeat_ngram_size=s.no_repeat_ngram_size,
+            repetition_penalty=s.repetition_penalty,
+            bad_words_ids=s.bad_words_ids or None,
+            length_penalty=s.length_penalty,
+            early_stopping=s.early_stopping,
         )
         out: list[list[int]] = []
         for chunk in batched(texts, batch_size):
-            enc = self.tokenizer(chunk, padding=True, truncation=True,
-                                 max_length=self.cfg.max_input_length, return_tensors="pt")
+            enc = self.tokenizer(
+                chunk,
+                padding=True,
+                truncation=True,
+                max_length=self.cfg.max_input_length,
+                return_tensors="pt",
+            )
             with self._torch.inference_mode():
                 ids = self.model.generate(**enc, **kwargs)
             out.extend(ids.tolist())

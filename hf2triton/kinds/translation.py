@@ -46,8 +46,9 @@ class GenerationSpec(Strict):
         None, description="source language code for multilingual tokenizers (M2M100: 'en')"
     )
     target_lang: str | None = Field(
-        None, description="target language code; M2M100-style models force it as the first "
-        "generated token (forced BOS). Required when the model translates into many languages"
+        None,
+        description="target language code; M2M100-style models force it as the first "
+        "generated token (forced BOS). Required when the model translates into many languages",
     )
     max_new_tokens: int | None = Field(
         None, ge=1, le=4096, description="default: the model's generation_config max_length - 1"
@@ -55,20 +56,27 @@ class GenerationSpec(Strict):
     num_beams: int | None = Field(
         None, ge=1, le=16, description="default: the model's generation_config (1: greedy)"
     )
-    max_input_length: MaxLength = Field(None, description="source truncation length; default: "
-                                       "the model's")
+    max_input_length: MaxLength = Field(
+        None, description="source truncation length; default: the model's"
+    )
     thresholds: GenerationThresholds = GenerationThresholds()
     references: SpecPath | None = Field(
-        None, description="UTF-8 file of reference translations, one per line of "
-        "validation.sentences: BLEU and chrF against them are measured and reported")
+        None,
+        description="UTF-8 file of reference translations, one per line of "
+        "validation.sentences: BLEU and chrF against them are measured and reported",
+    )
 
     @model_validator(mode="after")
     def _reference_gates_need_references(self) -> GenerationSpec:
         t = self.thresholds
         wanted = t.min_reference_bleu is not None or t.min_reference_chrf is not None
-        return unless(wanted and self.references is None, self,
-                       "thresholds.min_reference_bleu/min_reference_chrf need reference "
-                       "translations: give generation.references")
+        return unless(
+            wanted and self.references is None,
+            self,
+            "thresholds.min_reference_bleu/min_reference_chrf need reference "
+            "translations: give generation.references",
+        )
+
 
 def bleu_chrf(hypotheses: list[str], references: list[str]) -> tuple[float, float]:
     """Corpus BLEU and chrF (sacrebleu defaults). Two identical corpora score 100 and 100."""
@@ -86,8 +94,9 @@ def serving_files(directory: str | Path) -> dict[str, str]:
     return {role: str(Path(directory) / name) for role, name in ONNX_FILES.items()}
 
 
-def compare_translation(model_dir: str, export_dir: Path, cfg: TranslationConfig,
-                        sentences: list[str]) -> dict[str, Any]:
+def compare_translation(
+    model_dir: str, export_dir: Path, cfg: TranslationConfig, sentences: list[str]
+) -> dict[str, Any]:
     """Check an fp32 export: encoder states within reach of PyTorch's (largest |diff|), greedy
     ORT generation equal to PyTorch `generate` token for token, and the served tokenizer equal to
     transformers'. Returns the figures; raises on a tokenizer that cannot be served."""
@@ -98,15 +107,25 @@ def compare_translation(model_dir: str, export_dir: Path, cfg: TranslationConfig
     worst = 0.0
     torch = reference._torch
     for chunk in batched(sentences, 8):
-        enc = reference.tokenizer(chunk, padding=True, truncation=True,
-                                  max_length=cfg.max_input_length, return_tensors="np")
+        enc = reference.tokenizer(
+            chunk,
+            padding=True,
+            truncation=True,
+            max_length=cfg.max_input_length,
+            return_tensors="np",
+        )
         with torch.inference_mode():
-            want = reference.model.get_encoder()(
-                input_ids=torch.from_numpy(enc["input_ids"]),
-                attention_mask=torch.from_numpy(enc["attention_mask"]),
-            ).last_hidden_state.float().numpy()
-        got = model.encode(enc["input_ids"].astype(np.int64),
-                           enc["attention_mask"].astype(np.int64))
+            want = (
+                reference.model.get_encoder()(
+                    input_ids=torch.from_numpy(enc["input_ids"]),
+                    attention_mask=torch.from_numpy(enc["attention_mask"]),
+                )
+                .last_hidden_state.float()
+                .numpy()
+            )
+        got = model.encode(
+            enc["input_ids"].astype(np.int64), enc["attention_mask"].astype(np.int64)
+        )
         mask = enc["attention_mask"].astype(bool)
         diff = np.abs(want - got)[mask]
         worst = max(worst, float(diff.max()) if np.isfinite(diff).all() else float("inf"))
@@ -114,13 +133,20 @@ def compare_translation(model_dir: str, export_dir: Path, cfg: TranslationConfig
     want_ids = reference.generate(sentences, num_beams=1)
     check_tokenizer(served, reference.tokenizer, sentences, want_ids)
     ids, _ = served.encode(sentences)
-    got_ids = [g for chunk in batched(ids, 8)
-               for g in model.generate(chunk, greedy, greedy.pad_token_id)]
+    got_ids = [
+        g for chunk in batched(ids, 8) for g in model.generate(chunk, greedy, greedy.pad_token_id)
+    ]
     pad = greedy.pad_token_id
-    differ = [i for i, (a, b) in enumerate(zip(got_ids, want_ids))
-              if strip_pad(a, pad) != strip_pad(b, pad)]
-    return {"max_abs_diff": worst, "greedy_mismatches": len(differ),
-            "first_mismatch": sentences[differ[0]] if differ else None}
+    differ = [
+        i
+        for i, (a, b) in enumerate(zip(got_ids, want_ids))
+        if strip_pad(a, pad) != strip_pad(b, pad)
+    ]
+    return {
+        "max_abs_diff": worst,
+        "greedy_mismatches": len(differ),
+        "first_mismatch": sentences[differ[0]] if differ else None,
+    }
 
 
 def onnx_files_with_data(directory: str | Path) -> dict[str, Path]:
@@ -128,8 +154,10 @@ def onnx_files_with_data(directory: str | Path) -> dict[str, Path]:
     files: dict[str, Path] = {}
     for name in ONNX_FILES.values():
         src = Path(directory) / name
-        for p in [src, *(q for q in src.parent.iterdir()
-                         if q.name.startswith(name) and q.name != name)]:
+        for p in [
+            src,
+            *(q for q in src.parent.iterdir() if q.name.startswith(name) and q.name != name),
+        ]:
             files[p.name] = p
     return files
 
@@ -161,7 +189,8 @@ class TranslationKind(ModelKind):
                 raise SpecError(
                     f"generation.references {self.options.references!r} has {len(refs)} "
                     f"translations for {len(items)} validation sentences: give one per "
-                    "non-empty line of validation.sentences")
+                    "non-empty line of validation.sentences"
+                )
             extra["references"] = refs
         return Data(items, extra)
 
@@ -173,22 +202,28 @@ class TranslationKind(ModelKind):
         plan = write_serving_tokenizer(model_dir, out / TOKENIZER_DIR, cfg.source_lang)
         (out / TOKENIZER_DIR / "plan.json").write_text(json.dumps(plan, indent=1))
 
-    def check_export(self, model_dir: str, out: Path, cfg: TranslationConfig,
-                     inputs: list[str]) -> dict[str, float]:
+    def check_export(
+        self, model_dir: str, out: Path, cfg: TranslationConfig, inputs: list[str]
+    ) -> dict[str, float]:
         found = compare_translation(model_dir, out, cfg, inputs)
         if found["greedy_mismatches"]:
             raise ExportError(
                 f"greedy generation with the fp32 ONNX files differs from PyTorch generate on "
                 f"{found['greedy_mismatches']} of {len(inputs)} sentences (first: "
                 f"{found['first_mismatch'][:40]!r}); try another export.opset or report the "
-                "model")
+                "model"
+            )
         return {"max_abs_diff": found["max_abs_diff"]}
 
     def settings(self, cfg: TranslationConfig, export_dir: str) -> dict[str, Any]:
         plan = json.loads((Path(export_dir) / TOKENIZER_DIR / "plan.json").read_text())
-        return {"tokenizer": plan, "max_input_length": cfg.max_input_length,
-                "decode": cfg.decode, "target_langs": cfg.target_langs,
-                "max_new_tokens_limit": cfg.max_new_tokens_limit}
+        return {
+            "tokenizer": plan,
+            "max_input_length": cfg.max_input_length,
+            "decode": cfg.decode,
+            "target_langs": cfg.target_langs,
+            "max_new_tokens_limit": cfg.max_new_tokens_limit,
+        }
 
     def version_files(self, candidate: str, export_dir: str) -> dict[str, Path]:
         files = onnx_files_with_data(candidate)
@@ -198,14 +233,20 @@ class TranslationKind(ModelKind):
         return files
 
     def file_settings(self, files: dict[str, str]) -> dict[str, Any]:
-        some_tokenizer_file = next(v for k, v in files.items() if not k.endswith(".onnx")
-                                   and ".onnx" not in k)
-        return {"files": {role: files[name] for role, name in ONNX_FILES.items()},
-                "tokenizer_dir": os.path.dirname(some_tokenizer_file)}
+        some_tokenizer_file = next(
+            v for k, v in files.items() if not k.endswith(".onnx") and ".onnx" not in k
+        )
+        return {
+            "files": {role: files[name] for role, name in ONNX_FILES.items()},
+            "tokenizer_dir": os.path.dirname(some_tokenizer_file),
+        }
 
     def extract(self, answers: list[dict[str, np.ndarray]]) -> list[str]:
-        return [(v.decode("utf-8") if isinstance(v, bytes) else str(v))
-                for a in answers for v in a["TRANSLATION"][:, 0]]
+        return [
+            (v.decode("utf-8") if isinstance(v, bytes) else str(v))
+            for a in answers
+            for v in a["TRANSLATION"][:, 0]
+        ]
 
     def reference(self, model_dir: str, cfg: TranslationConfig, data: Data) -> list[str]:
         model = TorchTranslator(model_dir, cfg)
@@ -214,17 +255,27 @@ class TranslationKind(ModelKind):
     def config_from_dict(self, data: dict[str, Any]) -> TranslationConfig:
         return TranslationConfig(**data)
 
-    def score(self, reference: list[str], outputs: list[str], data: Data,
-              cfg: TranslationConfig) -> tuple[dict[str, float], dict]:
+    def score(
+        self, reference: list[str], outputs: list[str], data: Data, cfg: TranslationConfig
+    ) -> tuple[dict[str, float], dict]:
         bleu, chrf = bleu_chrf(outputs, list(reference))
         same = [h == r for h, r in zip(outputs, reference)]
         metrics = {"bleu": bleu, "chrf": chrf, "exact_match": sum(same) / max(1, len(same))}
         if "references" in data.extra:
             metrics["reference_bleu"], metrics["reference_chrf"] = bleu_chrf(
-                outputs, data.extra["references"])
-        return metrics, {"differ": [
-            {"text": str(data.items[i])[:200], "pytorch": reference[i][:200],
-             "candidate": outputs[i][:200]} for i in range(len(same)) if not same[i]][:10]}
+                outputs, data.extra["references"]
+            )
+        return metrics, {
+            "differ": [
+                {
+                    "text": str(data.items[i])[:200],
+                    "pytorch": reference[i][:200],
+                    "candidate": outputs[i][:200],
+                }
+                for i in range(len(same))
+                if not same[i]
+            ][:10]
+        }
 
     def limits(self) -> Limits:
         t = self.options.thresholds
@@ -237,5 +288,11 @@ class TranslationKind(ModelKind):
 
     def example(self, details: dict[str, Any]) -> str:
         first = (details.get("differ") or [None])[0]
-        return (f"e.g. {first['text'][:40]!r} -> {first['candidate'][:40]!r}, PyTorch "
-                f"{first['pytorch'][:40]!r}") if first else ""
+        return (
+            (
+                f"e.g. {first['text'][:40]!r} -> {first['candidate'][:40]!r}, PyTorch "
+                f"{first['pytorch'][:40]!r}"
+            )
+            if first
+            else ""
+        )

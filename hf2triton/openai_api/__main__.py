@@ -28,12 +28,15 @@ HASH = re.compile(r"^[0-9a-f]{64}$")
 def key_hashes(keys_file: Path | None) -> tuple[str, ...]:
     found = [h.strip().lower() for h in os.environ.get(KEYS_ENV, "").split(",") if h.strip()]
     if keys_file is not None:
-        found += [line.strip().lower() for line in keys_file.read_text().splitlines()
-                  if line.strip()]
+        found += [
+            line.strip().lower() for line in keys_file.read_text().splitlines() if line.strip()
+        ]
     bad = [h for h in found if not HASH.match(h)]
     if bad:
-        sys.exit(f"hf2triton_openai: {len(bad)} key hash(es) are not sha256 hex digests: give "
-                 f"hashes, never the keys (sha256sum of each key)")
+        sys.exit(
+            f"hf2triton_openai: {len(bad)} key hash(es) are not sha256 hex digests: give "
+            f"hashes, never the keys (sha256sum of each key)"
+        )
     return tuple(found)
 
 
@@ -41,7 +44,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     command: list[str] = []
     if "--" in argv:
         at = argv.index("--")
-        argv, command = argv[:at], argv[at + 1:]
+        argv, command = argv[:at], argv[at + 1 :]
     argv = [*argv, *shlex.split(os.environ.get(ARGS_ENV, ""))]
     parser = argparse.ArgumentParser(prog="hf2triton_openai", description=__doc__.splitlines()[0])
     parser.add_argument("--triton", required=True, help="Triton's gRPC endpoint, host:port")
@@ -58,10 +61,18 @@ async def serve(args: argparse.Namespace, command: list[str]) -> int:
 
     from .app import create_app
 
-    app = create_app(args.triton, key_hashes(args.keys_file), int(args.max_body_mb * (1 << 20)),
-                     args.timeout_s)
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
-                            access_log=False, timeout_keep_alive=30, lifespan="on")
+    app = create_app(
+        args.triton, key_hashes(args.keys_file), int(args.max_body_mb * (1 << 20)), args.timeout_s
+    )
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        access_log=False,
+        timeout_keep_alive=30,
+        lifespan="on",
+    )
     server = uvicorn.Server(config)
     if not command:
         await server.serve()

@@ -8,15 +8,27 @@ from typing import Any
 class ApiError(Exception):
     """A request that fails with `status` and OpenAI's error object."""
 
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.type = status, message, type
         self.param, self.code = param, code
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
@@ -24,8 +36,12 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
 
 
 def not_found(model: str) -> ApiError:
-    return ApiError(404, f"The model '{model}' does not exist (GET /v1/models lists them)",
-                    param="model", code="model_not_found")
+    return ApiError(
+        404,
+        f"The model '{model}' does not exist (GET /v1/models lists them)",
+        param="model",
+        code="model_not_found",
+    )
 
 
 def unavailable(message: str) -> ApiError:
@@ -33,11 +49,21 @@ def unavailable(message: str) -> ApiError:
 
 
 # Request fields a served model's error message starts with: the `param` its 400 names.
-PARAMS = (("max_tokens", "max_tokens"), ("temperature", "temperature"), ("top_p", "top_p"),
-          ("top_k", "top_k"), ("repetition_penalty", "repetition_penalty"),
-          ("stop_words", "stop"), ("seed", "seed"), ("messages", "messages"),
-          ("the prompt", "prompt"), ("text_input", "prompt"), ("TEXT", "input"),
-          ("QUERY", "query"), ("PASSAGES", "documents"))
+PARAMS = (
+    ("max_tokens", "max_tokens"),
+    ("temperature", "temperature"),
+    ("top_p", "top_p"),
+    ("top_k", "top_k"),
+    ("repetition_penalty", "repetition_penalty"),
+    ("stop_words", "stop"),
+    ("seed", "seed"),
+    ("messages", "messages"),
+    ("the prompt", "prompt"),
+    ("text_input", "prompt"),
+    ("TEXT", "input"),
+    ("QUERY", "query"),
+    ("PASSAGES", "documents"),
+)
 
 
 def param_of(message: str, prompt_param: str = "prompt") -> str | None:

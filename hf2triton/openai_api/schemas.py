@@ -36,13 +36,17 @@ class EmbeddingRequest(Request):
     @classmethod
     def _texts(cls, v: Any) -> Any:
         if isinstance(v, list) and v and not all(isinstance(x, str) for x in v):
-            raise ValueError("send text: a string or a list of strings (token ids are not "
-                             "taken: this API tokenizes as the served model does)")
+            raise ValueError(
+                "send text: a string or a list of strings (token ids are not "
+                "taken: this API tokenizes as the served model does)"
+            )
         if v == [] or v == "":
             raise ValueError("input is empty: send at least one text")
         if isinstance(v, list) and len(v) > MAX_INPUTS:
-            raise ValueError(f"at most {MAX_INPUTS} texts per request (OpenAI's limit), got "
-                             f"{len(v)}: send the others in requests of their own")
+            raise ValueError(
+                f"at most {MAX_INPUTS} texts per request (OpenAI's limit), got "
+                f"{len(v)}: send the others in requests of their own"
+            )
         return v
 
 
@@ -108,8 +112,10 @@ class Message(BaseModel):
         parts = []
         for part in self.content:
             if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise ValueError(f"messages: a content part of type {part.get('type')!r} is "
-                                 "not served (text only)")
+                raise ValueError(
+                    f"messages: a content part of type {part.get('type')!r} is "
+                    "not served (text only)"
+                )
             parts.append(part["text"])
         return "".join(parts)
 
@@ -142,7 +148,7 @@ class RerankRequest(Request):
         for d in self.documents:
             text = d if isinstance(d, str) else d.get("text")
             if not isinstance(text, str):
-                raise ValueError("documents: each is a string or {\"text\": ...}")
+                raise ValueError('documents: each is a string or {"text": ...}')
             out.append(text)
         return out
 

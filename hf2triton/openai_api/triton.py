@@ -16,13 +16,20 @@ import numpy as np
 from .errors import ApiError, bad_request, not_found, param_of, unavailable
 
 # What each kind of served model declares (hf2triton/serving/*.py).
-KINDS = (("embedding", {"TEXT"}, {"EMBEDDING"}),
-         ("text_generation", {"text_input"}, {"text_output"}),
-         ("reranking", {"QUERY", "PASSAGES"}, {"SCORES"}),
-         ("classification", {"TEXT"}, {"LABEL", "SCORES"}),
-         ("translation", {"TEXT"}, {"TRANSLATION"}))
-DTYPES = {np.dtype(np.object_): "BYTES", np.dtype(np.int32): "INT32",
-          np.dtype(np.float32): "FP32", np.dtype(np.bool_): "BOOL", np.dtype(np.uint64): "UINT64"}
+KINDS = (
+    ("embedding", {"TEXT"}, {"EMBEDDING"}),
+    ("text_generation", {"text_input"}, {"text_output"}),
+    ("reranking", {"QUERY", "PASSAGES"}, {"SCORES"}),
+    ("classification", {"TEXT"}, {"LABEL", "SCORES"}),
+    ("translation", {"TEXT"}, {"TRANSLATION"}),
+)
+DTYPES = {
+    np.dtype(np.object_): "BYTES",
+    np.dtype(np.int32): "INT32",
+    np.dtype(np.float32): "FP32",
+    np.dtype(np.bool_): "BOOL",
+    np.dtype(np.uint64): "UINT64",
+}
 INDEX_TTL_S = 2.0  # how long the list of served models is trusted
 VERSIONED = re.compile(r"^[^:]+:[0-9]+$")  # "name:3": version 3 of the model
 
@@ -104,19 +111,36 @@ class Triton:
         found = [m for m in await self._index() if m.get("name") == name]
         if not found:
             raise not_found(name)
-        ready = [m for m in found if m.get("state") == "READY" and m.get("version")
-                 and (not wanted or str(m["version"]) == wanted)]
+        ready = [
+            m
+            for m in found
+            if m.get("state") == "READY"
+            and m.get("version")
+            and (not wanted or str(m["version"]) == wanted)
+        ]
         if not ready:
-            states = ", ".join(sorted({str(m.get("state")) for m in found
-                                       if not wanted or str(m.get("version")) == wanted}))
-            raise unavailable(f"The model '{name}'{' version ' + wanted if wanted else ''} is "
-                              f"not ready ({states or 'not loaded'}): try again shortly")
+            states = ", ".join(
+                sorted(
+                    {
+                        str(m.get("state"))
+                        for m in found
+                        if not wanted or str(m.get("version")) == wanted
+                    }
+                )
+            )
+            raise unavailable(
+                f"The model '{name}'{' version ' + wanted if wanted else ''} is "
+                f"not ready ({states or 'not loaded'}): try again shortly"
+            )
         version = max((str(m["version"]) for m in ready), key=int)
         model = await self._describe(name, version)
         if model is None or model.kind not in kinds:
-            raise bad_request(f"The model '{name}' is a {model.kind if model else 'non-hf2triton'}"
-                              f" model: {route} serves {' or '.join(kinds)} models",
-                              param="model", code="wrong_model_kind")
+            raise bad_request(
+                f"The model '{name}' is a {model.kind if model else 'non-hf2triton'}"
+                f" model: {route} serves {' or '.join(kinds)} models",
+                param="model",
+                code="wrong_model_kind",
+            )
         return model
 
     async def _describe(self, name: str, version: str) -> Model | None:
@@ -132,12 +156,20 @@ class Triton:
         if kind is None:
             return None
         labels = cfg.get("parameters", {}).get("labels", {}).get("string_value")
-        dims = next((t.get("dims", []) for t in cfg.get("output", [])
-                     if t["name"] == "EMBEDDING"), [])
+        dims = next(
+            (t.get("dims", []) for t in cfg.get("output", []) if t["name"] == "EMBEDDING"), []
+        )
         width = int(dims[-1]) if dims and int(dims[-1]) > 0 else None
-        model = Model(name=name, version=version, kind=kind,
-                      max_batch_size=int(cfg.get("max_batch_size", 0) or 0), outputs=outputs,
-                      created=int(time.time()), labels=tuple(json.loads(labels or "[]")), width=width)
+        model = Model(
+            name=name,
+            version=version,
+            kind=kind,
+            max_batch_size=int(cfg.get("max_batch_size", 0) or 0),
+            outputs=outputs,
+            created=int(time.time()),
+            labels=tuple(json.loads(labels or "[]")),
+            width=width,
+        )
         self.known[(name, version)] = model
         return model
 
@@ -149,23 +181,30 @@ class Triton:
             found.append(x)
         return found
 
-    async def infer(self, model: Model, arrays: dict[str, np.ndarray],
-                    prompt_param: str = "input") -> dict[str, np.ndarray]:
+    async def infer(
+        self, model: Model, arrays: dict[str, np.ndarray], prompt_param: str = "input"
+    ) -> dict[str, np.ndarray]:
         """One request to a model that answers once."""
         try:
-            result = await self.client.infer(model.name, self._inputs(arrays),
-                                              model_version=model.version)
+            result = await self.client.infer(
+                model.name, self._inputs(arrays), model_version=model.version
+            )
         except Exception as exc:  # noqa: BLE001 - classified by status
             raise refusal(exc, prompt_param) from None
         return {name: result.as_numpy(name) for name in model.outputs}
 
-    async def stream(self, model: Model, arrays: dict[str, np.ndarray],
-                     prompt_param: str = "prompt") -> AsyncIterator[dict[str, Any]]:
+    async def stream(
+        self, model: Model, arrays: dict[str, np.ndarray], prompt_param: str = "prompt"
+    ) -> AsyncIterator[dict[str, Any]]:
         """Every response of one request to a decoupled model: its outputs, `final`."""
 
         async def requests():
-            yield {"model_name": model.name, "model_version": model.version,
-                   "inputs": self._inputs(arrays), "enable_empty_final_response": True}
+            yield {
+                "model_name": model.name,
+                "model_version": model.version,
+                "inputs": self._inputs(arrays),
+                "enable_empty_final_response": True,
+            }
 
         responses = self.client.stream_infer(requests())
         try:

@@ -2,7 +2,8 @@
 <home>/locks/<release>.lock for the whole release, so a second run of the same release (a schedule
 and a training trigger at once) waits for the first, then reuses its finished steps, instead of
 racing it to a second version. Prefect deployments also carry a concurrency limit
-(hf2triton.orchestration.deployments); this lock covers `hf2triton release` and any run without a server.
+(hf2triton.orchestration.deployments); this lock covers `hf2triton release` and any run without a
+server.
 
 The lock is the operating system's (flock): it goes with the process that holds it, so a killed
 run never leaves a stale lock behind. A second run waits at most HF2TRITON_LOCK_WAIT_S seconds
@@ -48,7 +49,8 @@ def lock_wait_s() -> float:
     if not 0 <= value < math.inf:
         raise EnvironmentSetupError(
             f"{LOCK_WAIT_ENV}={raw!r}: give the seconds a second run of a release waits for the "
-            f"first, e.g. {LOCK_WAIT_ENV}={DEFAULT_LOCK_WAIT_S:.0f} (0: do not wait)")
+            f"first, e.g. {LOCK_WAIT_ENV}={DEFAULT_LOCK_WAIT_S:.0f} (0: do not wait)"
+        )
     return value
 
 
@@ -100,21 +102,31 @@ def _acquire(fd: int, path: Path, release: str, wait_s: float) -> None:
         info = read_holder(path)
     holder = describe_holder(info)
     log = step_logger()
-    log.info("release %s: waiting for the release run by %s to finish (at most %.0f s: %s)",
-             release, holder, wait_s, LOCK_WAIT_ENV)
+    log.info(
+        "release %s: waiting for the release run by %s to finish (at most %.0f s: %s)",
+        release,
+        holder,
+        wait_s,
+        LOCK_WAIT_ENV,
+    )
     started = time.monotonic()
     while (left := wait_s - (time.monotonic() - started)) > 0:
         time.sleep(min(POLL_S, left))
         if _try_lock(fd):
-            log.info("release %s: the release run by %s finished; this run goes on after "
-                     "waiting %.0f s", release, holder, time.monotonic() - started)
+            log.info(
+                "release %s: the release run by %s finished; this run goes on after waiting %.0f s",
+                release,
+                holder,
+                time.monotonic() - started,
+            )
             return
     holder = describe_holder(read_holder(path) or info)  # a third run may hold it by now
     raise ReleaseBusyError(
         f"release {release!r} is still being run by {holder}: this run waited {wait_s:.0f} s for "
         f"it ({LOCK_WAIT_ENV}) and ran no step. Run it again when that run has finished (it "
         f"reuses that run's finished steps), or set {LOCK_WAIT_ENV} to wait longer; the lock is "
-        f"{path}")
+        f"{path}"
+    )
 
 
 def _write_holder(fd: int) -> None:
@@ -122,9 +134,12 @@ def _write_holder(fd: int) -> None:
     from prefect.context import FlowRunContext
 
     ctx = FlowRunContext.get()
-    info = {"pid": os.getpid(), "host": socket.gethostname(),
-            "since": datetime.now().astimezone().isoformat(sep=" ", timespec="seconds"),
-            "flow_run": ctx.flow_run.name if ctx is not None and ctx.flow_run else None}
+    info = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "since": datetime.now().astimezone().isoformat(sep=" ", timespec="seconds"),
+        "flow_run": ctx.flow_run.name if ctx is not None and ctx.flow_run else None,
+    }
     with contextlib.suppress(OSError):  # a full disk: the lock holds without its note
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(info).encode(), 0)

@@ -119,8 +119,11 @@ def start_temporary_api() -> None:
     if failure:
         proc = server.server_process
         code = proc.poll() if proc is not None else None
-        state = "still not answering" if proc is not None and code is None else \
-            f"exited with code {code if code is not None else '?'}"
+        state = (
+            "still not answering"
+            if proc is not None and code is None
+            else f"exited with code {code if code is not None else '?'}"
+        )
         server.stop()
         raise EnvironmentSetupError(
             f"Prefect's temporary API did not start within {timeout} s ({state}; "
@@ -156,12 +159,14 @@ def deployment_tagged(flow_name: str, tag: str) -> str | None:
     with get_client(sync_client=True) as client:
         found = client.read_deployments(
             flow_filter=FlowFilter(name=FlowFilterName(any_=[flow_name])),
-            deployment_filter=DeploymentFilter(tags=DeploymentFilterTags(all_=[tag])))
+            deployment_filter=DeploymentFilter(tags=DeploymentFilterTags(all_=[tag])),
+        )
     return f"{flow_name}/{found[0].name}" if found else None
 
 
 def dead_run_automation(heartbeat_s: int):
-    """The automation marking an hf2triton flow run (tag hf2triton.orchestration.deployments.RUN_TAG) Crashed
+    """The automation marking an hf2triton flow run (tag
+    hf2triton.orchestration.deployments.RUN_TAG) Crashed
     when neither a heartbeat nor its end came for MISSED_HEARTBEATS heartbeats of `heartbeat_s`."""
     from datetime import timedelta
 
@@ -174,23 +179,35 @@ def dead_run_automation(heartbeat_s: int):
     return AutomationCore(
         name=DEAD_RUN_AUTOMATION,
         description=f"An hf2triton flow run that missed {MISSED_HEARTBEATS} heartbeats (every "
-                    f"{heartbeat_s} s) lost its process: marked Crashed, its deployment's slot "
-                    "is free for the next run, which reuses the steps it finished.",
+        f"{heartbeat_s} s) lost its process: marked Crashed, its deployment's slot "
+        "is free for the next run, which reuses the steps it finished.",
         trigger=EventTrigger(
             match={"prefect.resource.id": "prefect.flow-run.*"},
-            match_related={"prefect.resource.role": "tag",
-                           "prefect.resource.id": f"prefect.tag.{RUN_TAG}"},
+            match_related={
+                "prefect.resource.role": "tag",
+                "prefect.resource.id": f"prefect.tag.{RUN_TAG}",
+            },
             after={"prefect.flow-run.heartbeat"},
-            expect={"prefect.flow-run.heartbeat", "prefect.flow-run.Completed",
-                    "prefect.flow-run.Failed", "prefect.flow-run.Cancelled",
-                    "prefect.flow-run.Crashed"},
-            for_each={"prefect.resource.id"}, posture=Posture.Proactive, threshold=1,
-            within=timedelta(seconds=MISSED_HEARTBEATS * heartbeat_s)),
-        actions=[ChangeFlowRunState(
-            state=StateType.CRASHED,
-            message=f"No heartbeat for {MISSED_HEARTBEATS * heartbeat_s} s: the run's process "
-                    "is gone (its machine or worker died). Run the release again: it reuses "
-                    "the steps this run finished and redoes the one it was in.")],
+            expect={
+                "prefect.flow-run.heartbeat",
+                "prefect.flow-run.Completed",
+                "prefect.flow-run.Failed",
+                "prefect.flow-run.Cancelled",
+                "prefect.flow-run.Crashed",
+            },
+            for_each={"prefect.resource.id"},
+            posture=Posture.Proactive,
+            threshold=1,
+            within=timedelta(seconds=MISSED_HEARTBEATS * heartbeat_s),
+        ),
+        actions=[
+            ChangeFlowRunState(
+                state=StateType.CRASHED,
+                message=f"No heartbeat for {MISSED_HEARTBEATS * heartbeat_s} s: the run's process "
+                "is gone (its machine or worker died). Run the release again: it reuses "
+                "the steps this run finished and redoes the one it was in.",
+            )
+        ],
     )
 
 
@@ -208,8 +225,10 @@ def ensure_dead_run_automation() -> dict[str, str]:
     log = get_logger("hf2triton")
     heartbeat_s = get_current_settings().flows.heartbeat_frequency
     if not heartbeat_s:
-        log.warning("flow run heartbeats are off (PREFECT_FLOWS_HEARTBEAT_FREQUENCY): a run "
-                    "whose process dies stays Running until its slot's lease runs out")
+        log.warning(
+            "flow run heartbeats are off (PREFECT_FLOWS_HEARTBEAT_FREQUENCY): a run "
+            "whose process dies stays Running until its slot's lease runs out"
+        )
         return {}
     wanted = dead_run_automation(heartbeat_s)
     try:
@@ -220,11 +239,16 @@ def ensure_dead_run_automation() -> dict[str, str]:
             current = found[0]
             if current.trigger.within < wanted.trigger.within:
                 client.update_automation(
-                    current.id, wanted.model_copy(update={"enabled": current.enabled}))
+                    current.id, wanted.model_copy(update={"enabled": current.enabled})
+                )
                 log.info("%s: window widened to %s", DEAD_RUN_AUTOMATION, wanted.trigger.within)
             return {"dead_run_automation": str(current.id)}
     except Exception as exc:  # noqa: BLE001 - the release itself does not depend on it
-        log.warning("could not make sure the automation %r exists (%s: %s): a run whose process "
-                    "dies stays Running until its slot's lease runs out", DEAD_RUN_AUTOMATION,
-                    type(exc).__name__, exc)
+        log.warning(
+            "could not make sure the automation %r exists (%s: %s): a run whose process "
+            "dies stays Running until its slot's lease runs out",
+            DEAD_RUN_AUTOMATION,
+            type(exc).__name__,
+            exc,
+        )
         return {}

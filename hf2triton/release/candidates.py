@@ -22,16 +22,16 @@ from hf2triton.runtimes.base import is_default
 from hf2triton.serving.runtimes import DEFAULT_RUNTIME
 
 
-def gate_candidates(variants: list[Variant], quantization: Any,
-                    runtimes: RuntimeChoices | None = None) -> list[Candidate]:
+def gate_candidates(
+    variants: list[Variant], quantization: Any, runtimes: RuntimeChoices | None = None
+) -> list[Candidate]:
     """The candidates, in the order the gate tries them: each runtime's, in the order the
     runtimes were chosen, each of the variants it reads (a variant whose build failed too: the
     gate refuses it with its error). The export itself (`fp32`, the last variant) is one only
     with method none, or with `quantization.fallback_to_fp32` or a search. `runtimes`: what the
     release may run on (default: ONNX Runtime on the CPU, fp32)."""
     runtimes = runtimes or RuntimeChoices([DEFAULT_RUNTIME])
-    fp32_too = quantization.method == "none" or quantization.fallback_to_fp32 or \
-        quantization.search
+    fp32_too = quantization.method == "none" or quantization.fallback_to_fp32 or quantization.search
     graphs = [v for v in variants if v["method"] != "fp32" or fp32_too]
     found = []
     for runtime in runtimes.served:
@@ -42,22 +42,30 @@ def gate_candidates(variants: list[Variant], quantization: Any,
             # The default runtime's candidates are named after the graph alone.
             name = v["method"] if is_default(runtime) else f"{v['method']} on {runs.label(runtime)}"
             gated = runtimes.gated(runtime)
-            found.append(Candidate(name=name, onnx_path=v["onnx_path"], runtime=runtime,
-                                   gate_runtime=gated if gated != runtime else None,
-                                   error=v.get("error")))
+            found.append(
+                Candidate(
+                    name=name,
+                    onnx_path=v["onnx_path"],
+                    runtime=runtime,
+                    gate_runtime=gated if gated != runtime else None,
+                    error=v.get("error"),
+                )
+            )
     return found
 
 
-def selection(quantization: Any, runtimes: RuntimeChoices | None = None
-              ) -> Literal["first", "fastest"]:
+def selection(
+    quantization: Any, runtimes: RuntimeChoices | None = None
+) -> Literal["first", "fastest"]:
     """How the gate picks among passing candidates: with a search, or several runtimes to
     choose from, the fastest."""
     several = runtimes is not None and len(runtimes.served) > 1
     return "fastest" if quantization.search or several else "first"
 
 
-def champion_to_face(kind: ModelKind, data: Data, cfg: Any, tracking_uri: str, model_name: str
-                     ) -> Champion | None:
+def champion_to_face(
+    kind: ModelKind, data: Data, cfg: Any, tracking_uri: str, model_name: str
+) -> Champion | None:
     """The serving champion, when the data is labelled (there is a task metric to compare);
     None without labels or before the first release."""
     if not kind.labelled_metrics(kind.gate_data(data, cfg)):

@@ -35,8 +35,9 @@ def find_champion(model: str, tracking_uri: str) -> Champion | None:
     if not registry.has_model(model):
         return None
     try:
-        mv = registry.call("find the champion", registry.client.get_model_version_by_alias,
-                           model, "champion")
+        mv = registry.call(
+            "find the champion", registry.client.get_model_version_by_alias, model, "champion"
+        )
     except MlflowException as exc:
         if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
             return None  # registered, never promoted: no champion yet
@@ -45,22 +46,33 @@ def find_champion(model: str, tracking_uri: str) -> Champion | None:
 
     def download(out: Path) -> dict:
         run = registry.run(mv.run_id)
-        local = registry.call("download the champion's served files",
-                              registry.client.download_artifacts, mv.run_id, "triton_repository",
-                              str(out.parent / f".{out.name}.download"))
+        local = registry.call(
+            "download the champion's served files",
+            registry.client.download_artifacts,
+            mv.run_id,
+            "triton_repository",
+            str(out.parent / f".{out.name}.download"),
+        )
         found = sorted(Path(local).glob(f"*/1/{serving.SERVING_FILE}"))
         if not found:
-            raise FileNotFoundError(f"no served version in run {run.info.run_id}'s "
-                                    "triton_repository artifact")
+            raise FileNotFoundError(
+                f"no served version in run {run.info.run_id}'s triton_repository artifact"
+            )
         shutil.copytree(found[0].parent, out, dirs_exist_ok=True)
         shutil.rmtree(local, ignore_errors=True)
         return {}
 
-    done = cached_step(home() / "champions", model, digest([tracking_uri, model, version,
-                                                             mv.run_id]), download)
-    return Champion(model=model, version=version, run_id=mv.run_id, version_dir=str(done.path),
-                    files=hash_files(done.path),
-                    settings=serving.read_settings(str(done.path)))
+    done = cached_step(
+        home() / "champions", model, digest([tracking_uri, model, version, mv.run_id]), download
+    )
+    return Champion(
+        model=model,
+        version=version,
+        run_id=mv.run_id,
+        version_dir=str(done.path),
+        files=hash_files(done.path),
+        settings=serving.read_settings(str(done.path)),
+    )
 
 
 def champion_limit(metric: str, champion_value: float, max_drop: float) -> dict[str, Any]:
@@ -80,13 +92,15 @@ def mlflow_verdict(metric: str, candidate: float, champion: float, max_drop: flo
 
     # The floor the report shows (rounded as champion_limit rounds it): a candidate exactly at
     # champion - max_drop passes.
-    threshold = MetricThreshold(threshold=round(float(champion - max_drop), 6),
-                                greater_is_better=True)
+    threshold = MetricThreshold(
+        threshold=round(float(champion - max_drop), 6), greater_is_better=True
+    )
     try:
         validate_evaluation_results(
             validation_thresholds={metric: threshold},
             candidate_result=EvaluationResult(metrics={metric: float(candidate)}, artifacts={}),
-            baseline_result=EvaluationResult(metrics={metric: float(champion)}, artifacts={}))
+            baseline_result=EvaluationResult(metrics={metric: float(champion)}, artifacts={}),
+        )
     except ModelValidationFailedException as exc:
         return " ".join(str(exc).split())
     return None

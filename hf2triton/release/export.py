@@ -29,8 +29,7 @@ class ExportResult(TypedDict):
 
 def candidate_path(kind: ModelKind, directory: str | Path) -> str:
     """What a variant of this kind is: its one ONNX file, or (seq2seq) its directory."""
-    return str(Path(directory) / "model.onnx") if kind.main_file == "model.onnx" \
-        else str(directory)
+    return str(Path(directory) / "model.onnx") if kind.main_file == "model.onnx" else str(directory)
 
 
 # How many fp32 copies of the weights an export writes, by optimum task (others: one graph): a
@@ -43,8 +42,9 @@ HALF_DTYPES = {"float16", "bfloat16"}
 def export_space(kind: ModelKind, model_dir: str) -> SpaceEstimate:
     """About what an export of `model_dir` writes: its weights as fp32, once per graph."""
     root = Path(model_dir)
-    weights = [p for p in root.glob("*.safetensors") if p.is_file()] or \
-        [p for pattern in ("*.bin", "*.pt", "*.pth") for p in root.glob(pattern) if p.is_file()]
+    weights = [p for p in root.glob("*.safetensors") if p.is_file()] or [
+        p for pattern in ("*.bin", "*.pt", "*.pth") for p in root.glob(pattern) if p.is_file()
+    ]
     size = float(sum(p.stat().st_size for p in weights))
     try:
         config = json.loads((root / "config.json").read_text(encoding="utf-8"))
@@ -74,7 +74,11 @@ def optimum_export(model_dir: str, out: Path, onnx_task: str, opset: int, main_f
         # other lengths and batch sizes that every export is checked on.
         with quiet.ignored_warnings(torch.jit.TracerWarning):
             main_export(
-                model_dir, output=out, task=onnx_task, opset=opset, device="cpu",
+                model_dir,
+                output=out,
+                task=onnx_task,
+                opset=opset,
+                device="cpu",
                 # Token states out, not sentence-transformers' pooled output: serving pools.
                 library_name="transformers",
                 do_validation=False,  # replaced by the check on real inputs
@@ -90,15 +94,33 @@ def optimum_export(model_dir: str, out: Path, onnx_task: str, opset: int, main_f
         raise ExportError(f"ONNX export of {model_dir} produced no {main_file} in {out}")
 
 
-def export_model(kind: ModelKind, model_dir: str, content_hash: str, opset: int, atol: float,
-                 cfg: Any, data: Data, work_root: str) -> ExportResult:
+def export_model(
+    kind: ModelKind,
+    model_dir: str,
+    content_hash: str,
+    opset: int,
+    atol: float,
+    cfg: Any,
+    data: Data,
+    work_root: str,
+) -> ExportResult:
     """Export `model_dir` for `kind` and prove it matches PyTorch within `atol`."""
     inputs = kind.export_inputs(data)
-    key = digest([
-        content_hash, kind.name, kind.onnx_task, opset, atol, to_json(cfg.to_dict()),
-        to_json(inputs), [sha256_file(m.__file__) for m in (
-            sys.modules[__name__], sys.modules[type(kind).__module__])],
-    ])
+    key = digest(
+        [
+            content_hash,
+            kind.name,
+            kind.onnx_task,
+            opset,
+            atol,
+            to_json(cfg.to_dict()),
+            to_json(inputs),
+            [
+                sha256_file(m.__file__)
+                for m in (sys.modules[__name__], sys.modules[type(kind).__module__])
+            ],
+        ]
+    )
     started = time.perf_counter()
 
     def build(out: Path) -> dict:
@@ -113,10 +135,13 @@ def export_model(kind: ModelKind, model_dir: str, content_hash: str, opset: int,
             )
         return {"max_abs_diff": found["max_abs_diff"], "checked": len(inputs)}
 
-    done = cached_step(work_root, "export", key, build,
-                       needs=lambda: export_space(kind, model_dir))
+    done = cached_step(work_root, "export", key, build, needs=lambda: export_space(kind, model_dir))
     return ExportResult(
-        onnx_path=candidate_path(kind, done.path), export_dir=str(done.path), opset=opset,
-        max_abs_diff=done.result["max_abs_diff"], checked=done.result["checked"],
-        seconds=round(time.perf_counter() - started, 3), reused=done.reused,
+        onnx_path=candidate_path(kind, done.path),
+        export_dir=str(done.path),
+        opset=opset,
+        max_abs_diff=done.result["max_abs_diff"],
+        checked=done.result["checked"],
+        seconds=round(time.perf_counter() - started, 3),
+        reused=done.reused,
     )

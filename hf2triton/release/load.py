@@ -75,17 +75,32 @@ class LoadResult:
 
     def summary(self) -> dict[str, Any]:
         """The figures, without the per-request lists."""
-        return {"clients": self.clients, "requests": self.requests, "errors": self.errors,
-                "warmup_errors": self.warmup_errors, "seconds": round(self.seconds, 3),
-                "rps": self.rps, "p50_ms": self.p50_ms, "p90_ms": self.p90_ms,
-                "p99_ms": self.p99_ms, "mean_ms": self.mean_ms,
-                "first_error": self.failures[0] if self.failures else None}
+        return {
+            "clients": self.clients,
+            "requests": self.requests,
+            "errors": self.errors,
+            "warmup_errors": self.warmup_errors,
+            "seconds": round(self.seconds, 3),
+            "rps": self.rps,
+            "p50_ms": self.p50_ms,
+            "p90_ms": self.p90_ms,
+            "p99_ms": self.p99_ms,
+            "mean_ms": self.mean_ms,
+            "first_error": self.failures[0] if self.failures else None,
+        }
 
 
-async def closed_loop(call: Call, payloads: Sequence[Payload], clients: int, duration_s: float,
-                      warmup_s: float = 0.0, max_requests: int | None = None,
-                      request_timeout_s: float = 30.0, window: Window | None = None,
-                      max_errors: int = 1000) -> LoadResult:
+async def closed_loop(
+    call: Call,
+    payloads: Sequence[Payload],
+    clients: int,
+    duration_s: float,
+    warmup_s: float = 0.0,
+    max_requests: int | None = None,
+    request_timeout_s: float = 30.0,
+    window: Window | None = None,
+    max_errors: int = 1000,
+) -> LoadResult:
     """Run `clients` closed-loop clients of `call` over `payloads` (each client from its own
     place in them, in turn).
 
@@ -97,8 +112,10 @@ async def closed_loop(call: Call, payloads: Sequence[Payload], clients: int, dur
     or after more than `max_errors` failures (a dead server: stop rather than spin).
     """
     if clients < 1 or not payloads or duration_s <= 0:
-        raise ValueError(f"closed_loop needs clients >= 1 ({clients}), payloads "
-                         f"({len(payloads)}) and duration_s > 0 ({duration_s})")
+        raise ValueError(
+            f"closed_loop needs clients >= 1 ({clients}), payloads "
+            f"({len(payloads)}) and duration_s > 0 ({duration_s})"
+        )
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     opened: list[float] = []  # the window's start, once open
@@ -145,8 +162,9 @@ async def closed_loop(call: Call, payloads: Sequence[Payload], clients: int, dur
     try:
         if warmup_s > 0:
             await asyncio.sleep(warmup_s)
-            while answered[0] < clients and loop.time() - started < 5 * warmup_s \
-                    and not stop.is_set():
+            while (
+                answered[0] < clients and loop.time() - started < 5 * warmup_s and not stop.is_set()
+            ):
                 await asyncio.sleep(0.1)
         if window is not None:
             window.start()

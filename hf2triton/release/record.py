@@ -13,8 +13,17 @@ from hf2triton.spec import ReleaseSpec
 from hf2triton.util.cpu import cpu_features
 from hf2triton.util.workspace import digest, redact_uri
 
-LIBRARIES = ("torch", "transformers", "optimum", "optimum-onnx", "onnx", "onnxruntime", "mlflow",
-             "prefect")
+LIBRARIES = (
+    "torch",
+    "transformers",
+    "optimum",
+    "optimum-onnx",
+    "onnx",
+    "onnxruntime",
+    "mlflow",
+    "prefect",
+)
+
 
 def tagged(name: str) -> bool:
     """Files of the Triton repository whose sha256 is a version tag: the model's config.pbtxt and
@@ -48,65 +57,100 @@ def release_key(src: dict[str, Any], repo: dict[str, Any]) -> str:
     return digest([src["content_hash"], repo["content_hash"]])
 
 
-def release_record(spec: ReleaseSpec, src: dict[str, Any], exp: dict[str, Any],
-                   variants: list[dict[str, Any]], val: dict[str, Any],
-                   tuned: dict[str, Any] | None, repo: dict[str, Any]) -> Record:
+def release_record(
+    spec: ReleaseSpec,
+    src: dict[str, Any],
+    exp: dict[str, Any],
+    variants: list[dict[str, Any]],
+    val: dict[str, Any],
+    tuned: dict[str, Any] | None,
+    repo: dict[str, Any],
+) -> Record:
     """What `register` writes to MLflow for this release."""
     # The export is the last variant; the first is the spec's own (when it is not the export).
     export, first = variants[-1], variants[0]
     lineage = {
-        "source_id": src["source_id"], "revision": src["revision"] or "local",
-        "content_hash": src["content_hash"], "variant": val["chosen"], "kind": spec.task,
-        **{f"source.registry.{k}": redact_uri(v) if k == "uri" else v
-           for k, v in (src.get("registry") or {}).items() if v},
+        "source_id": src["source_id"],
+        "revision": src["revision"] or "local",
+        "content_hash": src["content_hash"],
+        "variant": val["chosen"],
+        "kind": spec.task,
+        **{
+            f"source.registry.{k}": redact_uri(v) if k == "uri" else v
+            for k, v in (src.get("registry") or {}).items()
+            if v
+        },
         **{f"sha256.{name}": sha for name, sha in src["files"].items()},
-        **{f"sha256.triton.{name}": sha for name, sha in repo["files"].items()
-           if tagged(name)},
+        **{f"sha256.triton.{name}": sha for name, sha in repo["files"].items() if tagged(name)},
     }
     champion = val.get("champion") or {}
     if champion:  # the comparison with the serving champion, in the version's own record
         metric = champion["metric"]
-        lineage.update({
-            "validation.champion_version": str(champion.get("version") or "none"),
-            f"validation.champion.{metric}": f"{champion['value']:.6g}"
-            if champion.get("value") is not None else "n/a",
-            f"validation.candidate.{metric}": f"{champion['candidate']:.6g}",
-            "validation.status": champion.get("status") or "passed",
-        })
+        lineage.update(
+            {
+                "validation.champion_version": str(champion.get("version") or "none"),
+                f"validation.champion.{metric}": f"{champion['value']:.6g}"
+                if champion.get("value") is not None
+                else "n/a",
+                f"validation.candidate.{metric}": f"{champion['candidate']:.6g}",
+                "validation.status": champion.get("status") or "passed",
+            }
+        )
         if champion.get("floor") is not None:
-            lineage["validation.baseline"] = f"models:/{spec.registry.model_name}/" \
-                f"{champion['version']}"
+            lineage["validation.baseline"] = (
+                f"models:/{spec.registry.model_name}/{champion['version']}"
+            )
             lineage["validation.threshold"] = f"{metric} >= {champion['floor']:.6g}"
     metrics = {
         **val["metrics"],
         **{f"{n}.{k}": v for n, m in val["candidates"].items() for k, v in m.items()},
-        "export_max_abs_diff": exp["max_abs_diff"], "onnx_fp32_bytes": export["size_bytes"],
-        **({"onnx_int8_bytes": first["size_bytes"]} if first is not export and first["size_bytes"]
-           else {}),
+        "export_max_abs_diff": exp["max_abs_diff"],
+        "onnx_fp32_bytes": export["size_bytes"],
+        **(
+            {"onnx_int8_bytes": first["size_bytes"]}
+            if first is not export and first["size_bytes"]
+            else {}
+        ),
         **{f"variant.{v['method']}.bytes": v["size_bytes"] for v in variants if v["size_bytes"]},
         "export_seconds": exp["seconds"],
         "quantize_seconds": round(sum(v["seconds"] for v in variants), 3),
         "validate_seconds": val["seconds"],
     }
-    params: dict[str, Any] = {**spec.model_dump(mode="json"), "versions": library_versions(),
-                              "cpu": cpu_features(),
-                              "opset": exp["opset"], "resolved": to_json(exp["config"])}
+    params: dict[str, Any] = {
+        **spec.model_dump(mode="json"),
+        "versions": library_versions(),
+        "cpu": cpu_features(),
+        "opset": exp["opset"],
+        "resolved": to_json(exp["config"]),
+    }
     if tuned is not None:
         best = next(c for c in tuned["cells"] if c["settings"] == tuned["chosen"])
-        metrics.update({f"tuning.{k}_at_{p['clients']}": p[k] for p in best["points"]
-                        for k in ("rps", "p99_ms")})
+        metrics.update(
+            {
+                f"tuning.{k}_at_{p['clients']}": p[k]
+                for p in best["points"]
+                for k in ("rps", "p99_ms")
+            }
+        )
         params["tuning_chosen"] = tuned["chosen"]
     # Long lists (labels, language tables) do not fit an MLflow param; the artifacts have them.
-    params["resolved"] = {k: v for k, v in params["resolved"].items()
-                          if not isinstance(v, (list, dict)) or len(str(v)) < 500}
+    params["resolved"] = {
+        k: v
+        for k, v in params["resolved"].items()
+        if not isinstance(v, (list, dict)) or len(str(v)) < 500
+    }
     return Record(
-        release_key=release_key(src, repo), lineage=lineage,
+        release_key=release_key(src, repo),
+        lineage=lineage,
         metrics={k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))},
         params=params,
-        artifacts={"triton_repository": repo["repository"], "model": exp["export_dir"],
-                   "validation_report.json": val["report_path"],
-                   # the smoke items and limits, for the watch's probe and a later rollback
-                   "reference.json": val["reference_path"]},
+        artifacts={
+            "triton_repository": repo["repository"],
+            "model": exp["export_dir"],
+            "validation_report.json": val["report_path"],
+            # the smoke items and limits, for the watch's probe and a later rollback
+            "reference.json": val["reference_path"],
+        },
     )
 
 
@@ -116,19 +160,35 @@ def reused_steps(**steps: dict[str, Any]) -> list[str]:
     return [names.get(step, step) for step, result in steps.items() if result.get("reused")]
 
 
-def summary(spec: ReleaseSpec, src: dict[str, Any], val: dict[str, Any], reg: dict[str, Any],
-            image: dict[str, Any], target_summary: dict[str, Any], smoke: dict[str, float],
-            reused: list[str]) -> dict[str, Any]:
+def summary(
+    spec: ReleaseSpec,
+    src: dict[str, Any],
+    val: dict[str, Any],
+    reg: dict[str, Any],
+    image: dict[str, Any],
+    target_summary: dict[str, Any],
+    smoke: dict[str, float],
+    reused: list[str],
+) -> dict[str, Any]:
     """The release summary: one JSON line on the CLI's stdout, the flow's return value."""
     return {
         "release": spec.name,
-        "mlflow": {"model_name": reg["model_name"], "version": reg["version"],
-                   "run_id": reg["run_id"], "tracking_uri": reg["tracking_uri"]},
-        "source": {"id": src["source_id"], "revision": src["revision"],
-                   "content_hash": src["content_hash"]},
+        "mlflow": {
+            "model_name": reg["model_name"],
+            "version": reg["version"],
+            "run_id": reg["run_id"],
+            "tracking_uri": reg["tracking_uri"],
+        },
+        "source": {
+            "id": src["source_id"],
+            "revision": src["revision"],
+            "content_hash": src["content_hash"],
+        },
         "variant": val["chosen"],
-        "metrics": {**val["metrics"], **{f"smoke_{k}": v for k, v in smoke.items()
-                                         if k in val["metrics"]}},
+        "metrics": {
+            **val["metrics"],
+            **{f"smoke_{k}": v for k, v in smoke.items() if k in val["metrics"]},
+        },
         **target_summary,
         "image": image,
         "reused_steps": reused,

@@ -58,23 +58,33 @@ def accuracy_rows(kind: ModelKind, report: dict[str, Any]) -> list[dict[str, Any
     return rows
 
 
-def publish_gate_failure(release: str, kind: ModelKind, report: dict[str, Any],
-                         message: str) -> None:
+def publish_gate_failure(
+    release: str, kind: ModelKind, report: dict[str, Any], message: str
+) -> None:
     """The refusal, in the UI: which metric missed by how much, for every candidate."""
-    create_table_artifact(accuracy_rows(kind, report), key=artifact_key(release, "accuracy"),
-                          description=f"Accuracy gate of {release}: no candidate passed")
-    create_markdown_artifact(f"# Release {release}: refused\n\n{message}\n",
-                             key=artifact_key(release, "report"),
-                             description=f"{release}: accuracy gate failed")
+    create_table_artifact(
+        accuracy_rows(kind, report),
+        key=artifact_key(release, "accuracy"),
+        description=f"Accuracy gate of {release}: no candidate passed",
+    )
+    create_markdown_artifact(
+        f"# Release {release}: refused\n\n{message}\n",
+        key=artifact_key(release, "report"),
+        description=f"{release}: accuracy gate failed",
+    )
 
 
-def mlflow_links(uri: str, run_id: str, experiment_id: str | None, model: str,
-                 version: str) -> dict[str, str]:
+def mlflow_links(
+    uri: str, run_id: str, experiment_id: str | None, model: str, version: str
+) -> dict[str, str]:
     if not uri.startswith(("http://", "https://")):
         return {}  # a SQLite store has no UI address to link to
     base = redact_uri(uri).rstrip("/")  # a user:password in the URI never reaches an artifact
-    run = f"{base}/#/experiments/{experiment_id}/runs/{run_id}" if experiment_id else \
-        f"{base}/#/runs/{run_id}"
+    run = (
+        f"{base}/#/experiments/{experiment_id}/runs/{run_id}"
+        if experiment_id
+        else f"{base}/#/runs/{run_id}"
+    )
     return {"run": run, "version": f"{base}/#/models/{model}/versions/{version}"}
 
 
@@ -86,12 +96,16 @@ def champion_section(report: dict[str, Any], summary: dict[str, Any]) -> str:
     metric = champ["metric"]
     mine = summary["metrics"].get(metric)
     if champ.get("value") is None:  # no champion yet, or the champion is this very model
-        return (f"## Against the serving champion\n{champ['status']}: {metric} of this version "
-                f"{mine:.4f}.\n")
+        return (
+            f"## Against the serving champion\n{champ['status']}: {metric} of this version "
+            f"{mine:.4f}.\n"
+        )
     return f"""## Against the serving champion
-| metric | this version {summary['mlflow']['version']} | champion version {champ['version']} | max drop | verdict (MLflow model validation) |
+| metric | this version {summary["mlflow"]["version"]} | champion version {champ["version"]} | max
+drop | verdict (MLflow model validation) |
 |---|---|---|---|---|
-| {metric} | {mine:.4f} | {champ['value']:.4f} | {champ['max_drop']} | passed: >= {champ['floor']:.4f} |
+| {metric} | {mine:.4f} | {champ["value"]:.4f} | {champ["max_drop"]} | passed: >=
+{champ["floor"]:.4f} |
 """
 
 
@@ -100,72 +114,89 @@ def release_markdown(kind: ModelKind, summary: dict[str, Any], report: dict[str,
     metrics = summary["metrics"]
     metric_lines = "\n".join(
         f"| {k} | {metrics[k]:.6f} | {metrics.get('smoke_' + k, float('nan')):.6f} | {op} {v} |"
-        for k, (op, v) in limits.items() if k in metrics)
+        for k, (op, v) in limits.items()
+        if k in metrics
+    )
+
     def row(c: dict[str, Any]) -> str:
         figures = " | ".join(f"{c['metrics'].get(k, float('nan')):.4f}" for k in limits)
         rate = c.get("throughput", {}).get("speed", "")
-        return f"| {c['name']} | {_runtime(c)} | {figures} | {rate} | " \
-               f"{_verdict(c, report.get('chosen'))} |"
+        return (
+            f"| {c['name']} | {_runtime(c)} | {figures} | {rate} | "
+            f"{_verdict(c, report.get('chosen'))} |"
+        )
 
     variants = "\n".join(row(c) for c in report["candidates"])
-    not_offered = "".join(f"\n- not offered here: {what} ({why})"
-                          for what, why in (report.get("not_offered") or {}).items())
+    not_offered = "".join(
+        f"\n- not offered here: {what} ({why})"
+        for what, why in (report.get("not_offered") or {}).items()
+    )
     image = summary.get("image") or {}
-    image_line = (f"`{image['reference']}`" if image.get("reference")
-                  else image.get("skipped", "not built"))
+    image_line = (
+        f"`{image['reference']}`" if image.get("reference") else image.get("skipped", "not built")
+    )
     src, ml, endpoint = summary["source"], summary["mlflow"], summary["endpoint"]
     cpu = report.get("cpu") or {}
     timing = f"measured on {describe_cpu(cpu)}" if cpu else "not measured"
     if summary.get("container") or summary.get("kubernetes"):
         timing += " (the release machine: the serving target runs elsewhere, re-time it there)"
-    return f"""# Release {summary['release']}: MLflow {ml['model_name']} version {ml['version']}
+    return f"""# Release {summary["release"]}: MLflow {ml["model_name"]} version {ml["version"]}
 
 ## Lineage
 | | |
 |---|---|
 | kind | {kind.name} (`task: {kind.task}`) |
-| source | `{src['id']}` |
-| revision | `{src['revision'] or 'local directory'}` |
-| content hash | `{src['content_hash']}` |
-| shipped variant | {summary['variant']} |
+| source | `{src["id"]}` |
+| revision | `{src["revision"] or "local directory"}` |
+| content hash | `{src["content_hash"]}` |
+| shipped variant | {summary["variant"]} |
 | variant timing | {timing} |
 | image | {image_line} |
 
-## Accuracy against PyTorch ({report['items']} validation {kind.item_word})
+## Accuracy against PyTorch ({report["items"]} validation {kind.item_word})
 | metric | validated | served (smoke) | gate |
 |---|---|---|---|
 {metric_lines}
 
 {champion_section(report, summary)}
 ## Variants
-| variant | runtime | {' | '.join(limits)} | per s at 32 | verdict |
-|---|---|{'---|' * len(limits)}---|---|
+| variant | runtime | {" | ".join(limits)} | per s at 32 | verdict |
+|---|---|{"---|" * len(limits)}---|---|
 {variants}
 {not_offered}
 
 ## Endpoint
-- HTTP: `{endpoint['http']}`
-- gRPC: `{endpoint['grpc']}` (model `{endpoint['model']}`, version {endpoint['version']})
-- reused steps: {', '.join(summary['reused_steps']) or 'none'}
+- HTTP: `{endpoint["http"]}`
+- gRPC: `{endpoint["grpc"]}` (model `{endpoint["model"]}`, version {endpoint["version"]})
+- reused steps: {", ".join(summary["reused_steps"]) or "none"}
 """
 
 
-def publish_release_report(kind: ModelKind, summary: dict[str, Any], report_path: str,
-                           experiment_id: str | None) -> str:
+def publish_release_report(
+    kind: ModelKind, summary: dict[str, Any], report_path: str, experiment_id: str | None
+) -> str:
     """Create the run's artifacts; returns the markdown it published."""
     with open(report_path, encoding="utf-8") as f:
         report = json.load(f)
     name, ml = summary["release"], summary["mlflow"]
-    create_table_artifact(accuracy_rows(kind, report), key=artifact_key(name, "accuracy"),
-                          description=f"Accuracy of {name}'s candidates against PyTorch")
+    create_table_artifact(
+        accuracy_rows(kind, report),
+        key=artifact_key(name, "accuracy"),
+        description=f"Accuracy of {name}'s candidates against PyTorch",
+    )
     markdown = release_markdown(kind, summary, report)
-    create_markdown_artifact(markdown, key=artifact_key(name, "report"),
-                             description=f"Release report of {name}")
-    for what, link in mlflow_links(ml["tracking_uri"], ml["run_id"], experiment_id,
-                                   ml["model_name"], ml["version"]).items():
-        create_link_artifact(link, link_text=f"MLflow {what}",
-                             key=artifact_key(name, f"mlflow-{what}"),
-                             description=f"MLflow {what} of this release")
+    create_markdown_artifact(
+        markdown, key=artifact_key(name, "report"), description=f"Release report of {name}"
+    )
+    for what, link in mlflow_links(
+        ml["tracking_uri"], ml["run_id"], experiment_id, ml["model_name"], ml["version"]
+    ).items():
+        create_link_artifact(
+            link,
+            link_text=f"MLflow {what}",
+            key=artifact_key(name, f"mlflow-{what}"),
+            description=f"MLflow {what} of this release",
+        )
     return markdown
 
 
@@ -174,7 +205,9 @@ def publish_training(spec: Any, registered: dict[str, Any], trained: dict[str, A
     key = spec.name
     create_table_artifact(
         [{"step": (i + 1) * 10, "train loss": loss} for i, loss in enumerate(trained["losses"])],
-        key=artifact_key(key, "loss"), description=f"Training loss of {spec.name}")
+        key=artifact_key(key, "loss"),
+        description=f"Training loss of {spec.name}",
+    )
     held = trained["eval_accuracy"]
     create_markdown_artifact(
         f"# Training {spec.name}: {registered['model']} version {registered['version']}\n\n"
@@ -184,8 +217,16 @@ def publish_training(spec: Any, registered: dict[str, Any], trained: dict[str, A
         f"| held-out accuracy | {'n/a' if held is None else f'{held:.4f}'} |\n"
         f"| MLflow | `models:/{registered['model']}/{registered['version']}` "
         f"(alias `{registered['alias']}`) |\n",
-        key=artifact_key(key, "report"), description=f"Training report of {spec.name}")
-    for what, link in mlflow_links(registered["tracking_uri"], registered["run_id"], None,
-                                   registered["model"], registered["version"]).items():
-        create_link_artifact(link, link_text=f"MLflow {what}",
-                             key=artifact_key(key, f"mlflow-{what}"))
+        key=artifact_key(key, "report"),
+        description=f"Training report of {spec.name}",
+    )
+    for what, link in mlflow_links(
+        registered["tracking_uri"],
+        registered["run_id"],
+        None,
+        registered["model"],
+        registered["version"],
+    ).items():
+        create_link_artifact(
+            link, link_text=f"MLflow {what}", key=artifact_key(key, f"mlflow-{what}")
+        )

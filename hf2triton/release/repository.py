@@ -24,8 +24,16 @@ from hf2triton.runtimes.devices import DEVICES
 from hf2triton.util.workspace import cached_step, digest, sha256_file, templates_dir
 
 # The deploy section's settings of how Triton batches and runs the model (serving knobs).
-BATCHING = ("max_batch_size", "preferred_batch_sizes", "max_queue_delay_us", "instance_count",
-            "intra_op_threads", "max_batch_tokens", "device", "gpus")
+BATCHING = (
+    "max_batch_size",
+    "preferred_batch_sizes",
+    "max_queue_delay_us",
+    "instance_count",
+    "intra_op_threads",
+    "max_batch_tokens",
+    "device",
+    "gpus",
+)
 PBTXT_TYPES = {np.dtype(np.object_): "TYPE_STRING", np.dtype(np.int32): "TYPE_INT32"}
 
 
@@ -57,38 +65,52 @@ def warmup(requests: list[dict[str, np.ndarray]], folder: Path) -> str:
             file = f"sample_{i}_{name}.bin"
             (folder / file).write_bytes(tensor_file(arr[0]))
             dims = ", ".join(str(d) for d in arr.shape[1:])
-            inputs.append(f'  inputs {{ key: "{name}" value: {{ data_type: '
-                          f'{PBTXT_TYPES[arr.dtype]} dims: [ {dims} ] input_data_file: '
-                          f'"{file}" }} }}')
-        blocks.append(f'model_warmup {{ name: "sample_{i}" batch_size: 1\n'
-                      + "\n".join(inputs) + " }")
+            inputs.append(
+                f'  inputs {{ key: "{name}" value: {{ data_type: '
+                f"{PBTXT_TYPES[arr.dtype]} dims: [ {dims} ] input_data_file: "
+                f'"{file}" }} }}'
+            )
+        blocks.append(
+            f'model_warmup {{ name: "sample_{i}" batch_size: 1\n' + "\n".join(inputs) + " }"
+        )
     return "\n".join(blocks)
 
 
 def io_config(served: type, values: dict[str, Any]) -> str:
     """config.pbtxt's input and output blocks, from the served class's own declaration
     (`hf2triton.serving.base.Tensor`); named dims are the model's facts in `values`."""
+
     def block(t: Any) -> str:
         dims = ", ".join(str(values[d] if isinstance(d, str) else d) for d in t.dims)
         lines = [f'name: "{t.name}"', f"data_type: TYPE_{t.dtype}", f"dims: [ {dims} ]"]
         lines += ["optional: true"] * t.optional + ["allow_ragged_batch: true"] * t.ragged
         return "  {\n" + "".join(f"    {line}\n" for line in lines) + "  }"
 
-    io = "\n".join(f"{side} [\n" + ",\n".join(block(t) for t in tensors) + "\n]"
-                   for side, tensors in (("input", served.inputs), ("output", served.outputs)))
+    io = "\n".join(
+        f"{side} [\n" + ",\n".join(block(t) for t in tensors) + "\n]"
+        for side, tensors in (("input", served.inputs), ("output", served.outputs))
+    )
     # A decoupled model (text generation) sends any number of responses per request.
     return io + "\nmodel_transaction_policy { decoupled: true }" * bool(
-        getattr(served, "decoupled", False))
+        getattr(served, "decoupled", False)
+    )
 
 
 def instance_group(knobs: dict[str, Any]) -> str:
     """config.pbtxt's instance group, as the deploy device places instances."""
     return DEVICES.load(knobs.get("device") or DEVICES.default).instance_group(
-        knobs["instance_count"], knobs.get("gpus"))
+        knobs["instance_count"], knobs.get("gpus")
+    )
 
 
-def render_config(kind: ModelKind, model_name: str, cfg: Any, info: dict[str, Any],
-                  serving_knobs: dict[str, Any], warmup_blocks: str) -> str:
+def render_config(
+    kind: ModelKind,
+    model_name: str,
+    cfg: Any,
+    info: dict[str, Any],
+    serving_knobs: dict[str, Any],
+    warmup_blocks: str,
+) -> str:
     return string.Template((templates_dir() / "config.pbtxt.template").read_text()).substitute(
         model_name=model_name,
         max_batch_size=serving_knobs["max_batch_size"],
@@ -108,8 +130,10 @@ def pbtxt_string(text: str) -> str:
 
 def config_parameters(values: dict[str, str]) -> str:
     """config.pbtxt's `parameters` entries (string values)."""
-    return "".join(f"parameters {{ key: {pbtxt_string(k)} value: {{ string_value: "
-                   f"{pbtxt_string(v)} }} }}\n" for k, v in values.items())
+    return "".join(
+        f"parameters {{ key: {pbtxt_string(k)} value: {{ string_value: {pbtxt_string(v)} }} }}\n"
+        for k, v in values.items()
+    )
 
 
 def template_files(kind: ModelKind) -> dict[str, Path]:
@@ -122,9 +146,17 @@ def template_files(kind: ModelKind) -> dict[str, Path]:
     return files
 
 
-def build_repository(kind: ModelKind, model_name: str, candidate: str, export_dir: str,
-                     cfg: Any, info: dict[str, Any], serving_knobs: dict[str, Any],
-                     warmup_items: list[Any], work_root: str) -> RepositoryResult:
+def build_repository(
+    kind: ModelKind,
+    model_name: str,
+    candidate: str,
+    export_dir: str,
+    cfg: Any,
+    info: dict[str, Any],
+    serving_knobs: dict[str, Any],
+    warmup_items: list[Any],
+    work_root: str,
+) -> RepositoryResult:
     """Render the Triton repository of one release.
 
     `serving_knobs` are the deploy section's batching and execution settings (BATCHING),
@@ -133,15 +165,27 @@ def build_repository(kind: ModelKind, model_name: str, candidate: str, export_di
     files = {**template_files(kind), **kind.version_files(candidate, export_dir)}
     runtime = serving_knobs.get("runtime")
     settings = kind.serving_json(
-        cfg, export_dir, {n: n for n in kind.version_files(candidate, export_dir)}, runtime,
-        serving_knobs.get("max_batch_tokens", 0), serving_knobs.get("intra_op_threads", 0))
+        cfg,
+        export_dir,
+        {n: n for n in kind.version_files(candidate, export_dir)},
+        runtime,
+        serving_knobs.get("max_batch_tokens", 0),
+        serving_knobs.get("intra_op_threads", 0),
+    )
     templates = [templates_dir() / "config.pbtxt.template"]
-    key = digest([
-        model_name, kind.name, {n: sha256_file(p) for n, p in files.items()}, settings,
-        to_json(info), {k: serving_knobs.get(k) for k in BATCHING},
-        to_json(warmup_items), [sha256_file(p) for p in templates],
-        sha256_file(sys.modules[__name__].__file__),
-    ])
+    key = digest(
+        [
+            model_name,
+            kind.name,
+            {n: sha256_file(p) for n, p in files.items()},
+            settings,
+            to_json(info),
+            {k: serving_knobs.get(k) for k in BATCHING},
+            to_json(warmup_items),
+            [sha256_file(p) for p in templates],
+            sha256_file(sys.modules[__name__].__file__),
+        ]
+    )
 
     def build(out: Path) -> dict:
         model_dir = out / model_name
@@ -153,14 +197,21 @@ def build_repository(kind: ModelKind, model_name: str, candidate: str, export_di
             shutil.copyfile(path, version_dir / name)
         serving.write_settings(str(version_dir), settings)
         # Triton warms a model up with requests that get one response each: not a decoupled one.
-        blocks = "" if getattr(kind.served, "decoupled", False) else \
-            warmup(kind.requests(warmup_items), model_dir / "warmup")
+        blocks = (
+            ""
+            if getattr(kind.served, "decoupled", False)
+            else warmup(kind.requests(warmup_items), model_dir / "warmup")
+        )
         (model_dir / "config.pbtxt").write_text(
-            render_config(kind, model_name, cfg, info, serving_knobs, blocks))
+            render_config(kind, model_name, cfg, info, serving_knobs, blocks)
+        )
         return {}
 
     done = cached_step(work_root, "repository", key, build)
-    return RepositoryResult(repository=str(done.path), model_name=model_name,
-                            files=dict(done.files), content_hash=digest(done.files),
-                            reused=done.reused)
-
+    return RepositoryResult(
+        repository=str(done.path),
+        model_name=model_name,
+        files=dict(done.files),
+        content_hash=digest(done.files),
+        reused=done.reused,
+    )

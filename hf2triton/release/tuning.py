@@ -51,58 +51,98 @@ def grid(tuning: TuningSpec, deploy: Any) -> list[dict[str, Any]]:
     own = {k: getattr(deploy, k) for k in SETTINGS}
     cells = [own]
     for pbs, delay, (inst, threads), budget in itertools.product(
-            sizes, tuning.max_queue_delay_us, tuning.execution, budgets):
-        cell = {"preferred_batch_sizes": list(pbs), "max_queue_delay_us": delay,
-                "instance_count": inst, "intra_op_threads": threads,
-                "max_batch_tokens": budget}
+        sizes, tuning.max_queue_delay_us, tuning.execution, budgets
+    ):
+        cell = {
+            "preferred_batch_sizes": list(pbs),
+            "max_queue_delay_us": delay,
+            "instance_count": inst,
+            "intra_op_threads": threads,
+            "max_batch_tokens": budget,
+        }
         if cell not in cells:
             cells.append(cell)
     return cells
 
 
 def describe(cell: dict[str, Any]) -> str:
-    return (f"batch sizes {'/'.join(map(str, cell['preferred_batch_sizes']))}, queue delay "
-            f"{cell['max_queue_delay_us']} us, {cell['instance_count']} instance(s) x "
-            f"{cell['intra_op_threads'] or 'default'} thread(s), sub-batches of "
-            f"{cell.get('max_batch_tokens') or 'unbounded'} tokens")
+    return (
+        f"batch sizes {'/'.join(map(str, cell['preferred_batch_sizes']))}, queue delay "
+        f"{cell['max_queue_delay_us']} us, {cell['instance_count']} instance(s) x "
+        f"{cell['intra_op_threads'] or 'default'} thread(s), sub-batches of "
+        f"{cell.get('max_batch_tokens') or 'unbounded'} tokens"
+    )
 
 
-def measure(url: str, model: str, requests: list[dict[str, np.ndarray]], clients: int,
-            seconds: float, warmup_s: float) -> dict[str, Any]:
+def measure(
+    url: str,
+    model: str,
+    requests: list[dict[str, np.ndarray]],
+    clients: int,
+    seconds: float,
+    warmup_s: float,
+) -> dict[str, Any]:
     """One point of a configuration: `clients` closed-loop gRPC clients for `seconds`."""
 
     async def run():
         call = TritonGrpc(url, model)
         try:
-            return await closed_loop(call, requests, clients, seconds, warmup_s,
-                                     request_timeout_s=60)
+            return await closed_loop(
+                call, requests, clients, seconds, warmup_s, request_timeout_s=60
+            )
         finally:
             await call.close()
 
     found = asyncio.run(run())
     # A failure while warming up counts too: a configuration with errors never ships.
-    return {"clients": clients, "requests": found.requests,
-            "errors": found.errors + found.warmup_errors, "rps": found.rps,
-            "p50_ms": found.p50_ms, "p99_ms": found.p99_ms}
+    return {
+        "clients": clients,
+        "requests": found.requests,
+        "errors": found.errors + found.warmup_errors,
+        "rps": found.rps,
+        "p50_ms": found.p50_ms,
+        "p99_ms": found.p99_ms,
+    }
 
 
 def choose(cells: list[dict[str, Any]], max_p99_ms: float | None) -> tuple[dict[str, Any], bool]:
     """The cell with the most requests/s over its points, among those without errors and with
     p99 under the cap at every point; without any such cell, the fastest error-free one."""
-    clean = [c for c in cells if c["points"] and not any(
-        p["errors"] or not p["requests"] or not np.isfinite(p["p99_ms"]) for p in c["points"])]
+    clean = [
+        c
+        for c in cells
+        if c["points"]
+        and not any(
+            p["errors"] or not p["requests"] or not np.isfinite(p["p99_ms"]) for p in c["points"]
+        )
+    ]
     if not clean:
-        raise DeployError("configuration search: every configuration failed requests; see the "
-                          "server log in the tune step's directory")
-    capped = [c for c in clean
-              if max_p99_ms is None or all(p["p99_ms"] <= max_p99_ms for p in c["points"])]
+        raise DeployError(
+            "configuration search: every configuration failed requests; see the "
+            "server log in the tune step's directory"
+        )
+    capped = [
+        c
+        for c in clean
+        if max_p99_ms is None or all(p["p99_ms"] <= max_p99_ms for p in c["points"])
+    ]
     best = max(capped or clean, key=lambda c: c["score_rps"])
     return best, bool(capped)
 
 
-def tune_config(kind: ModelKind, model_name: str, candidate: str, export_dir: str, cfg: Any,
-                info: dict[str, Any], deploy: Any, warmup_items: list[Any], items: list[Any],
-                work_root: str, runtime: dict[str, Any] | None = None) -> TuneResult:
+def tune_config(
+    kind: ModelKind,
+    model_name: str,
+    candidate: str,
+    export_dir: str,
+    cfg: Any,
+    info: dict[str, Any],
+    deploy: Any,
+    warmup_items: list[Any],
+    items: list[Any],
+    work_root: str,
+    runtime: dict[str, Any] | None = None,
+) -> TuneResult:
     """Measure every configuration of `deploy.tuning` on a private server; return the best."""
     tuning = deploy.tuning
     if not items:
@@ -110,17 +150,29 @@ def tune_config(kind: ModelKind, model_name: str, candidate: str, export_dir: st
     cells = grid(tuning, deploy)
     requests = kind.requests(items)
     knobs = {**{k: getattr(deploy, k) for k in BATCHING}, "runtime": runtime}
-    key = digest([model_name, kind.name, sha256_file(candidate) if Path(candidate).is_file()
-                  else candidate, to_json(cfg.to_dict()), to_json(info), knobs, cells,
-                  tuning.model_dump(), to_json(items), sha256_file(__file__)])
+    key = digest(
+        [
+            model_name,
+            kind.name,
+            sha256_file(candidate) if Path(candidate).is_file() else candidate,
+            to_json(cfg.to_dict()),
+            to_json(info),
+            knobs,
+            cells,
+            tuning.model_dump(),
+            to_json(items),
+            sha256_file(__file__),
+        ]
+    )
 
     def build(out: Path) -> dict:
         repo = out / "server-repository"
         repo.mkdir()
         try:
             with reserved_ports(3) as (http, grpc, metrics):
-                proc = triton_local.launch(repo, "127.0.0.1", http, grpc, metrics,
-                                           out / "server.log")
+                proc = triton_local.launch(
+                    repo, "127.0.0.1", http, grpc, metrics, out / "server.log"
+                )
                 try:
                     measured = measure_cells(proc, http, grpc, repo, out / "builds")
                 finally:
@@ -137,30 +189,58 @@ def tune_config(kind: ModelKind, model_name: str, candidate: str, export_dir: st
         admin = TritonAdmin(f"127.0.0.1:{http}")
         measured = []
         try:
-            admin.wait_live(deploy.ready_timeout_s,
-                            "configuration search: the private tritonserver did not start", proc)
+            admin.wait_live(
+                deploy.ready_timeout_s,
+                "configuration search: the private tritonserver did not start",
+                proc,
+            )
             for i, cell in enumerate(cells):
                 name = f"{model_name}-tune-{i}"
-                built = build_repository(kind, name, candidate, export_dir, cfg, info,
-                                         {**knobs, **cell}, warmup_items, str(builds))
+                built = build_repository(
+                    kind,
+                    name,
+                    candidate,
+                    export_dir,
+                    cfg,
+                    info,
+                    {**knobs, **cell},
+                    warmup_items,
+                    str(builds),
+                )
                 shutil.copytree(Path(built["repository"]) / name, repo / name)
                 row = {"settings": cell, "name": describe(cell), "points": [], "score_rps": 0.0}
                 try:
                     admin.load(name)
-                    wait_for(lambda: admin.model_ready(name), deploy.ready_timeout_s,
-                             f"configuration search: {name} did not load", proc)
+                    wait_for(
+                        lambda: admin.model_ready(name),
+                        deploy.ready_timeout_s,
+                        f"configuration search: {name} did not load",
+                        proc,
+                    )
                 except Hf2TritonError as exc:
                     if proc.poll() is not None:
                         raise
                     row["failed"] = " ".join(str(exc).split())[:300]  # never ships
                 else:
-                    row["points"] = [measure(f"127.0.0.1:{grpc}", name, requests, n,
-                                             tuning.seconds, min(2.0, tuning.seconds))
-                                     for n in tuning.clients]
+                    row["points"] = [
+                        measure(
+                            f"127.0.0.1:{grpc}",
+                            name,
+                            requests,
+                            n,
+                            tuning.seconds,
+                            min(2.0, tuning.seconds),
+                        )
+                        for n in tuning.clients
+                    ]
                     row["score_rps"] = float(np.mean([p["rps"] for p in row["points"]]))
                 admin.unload(name)
-                wait_for(lambda: not admin.model_ready(name), 120,
-                         f"configuration search: {name} did not unload", proc)
+                wait_for(
+                    lambda: not admin.model_ready(name),
+                    120,
+                    f"configuration search: {name} did not unload",
+                    proc,
+                )
                 shutil.rmtree(repo / name)
                 measured.append(row)
         finally:
@@ -168,8 +248,12 @@ def tune_config(kind: ModelKind, model_name: str, candidate: str, export_dir: st
         return measured
 
     done = cached_step(work_root, "tune", key, build)
-    result = TuneResult(chosen=done.result["chosen"], cells=done.result["cells"],
-                        cap_met=done.result["cap_met"], reused=done.reused)
+    result = TuneResult(
+        chosen=done.result["chosen"],
+        cells=done.result["cells"],
+        cap_met=done.result["cap_met"],
+        reused=done.reused,
+    )
     _report(result, tuning)
     return result
 
@@ -183,20 +267,35 @@ def _report(result: TuneResult, tuning: TuningSpec) -> None:
     rows = []
     for c in result["cells"]:
         shipped = c["settings"] == result["chosen"]
-        row = {"configuration": c["name"], "ships": "yes" if shipped else "",
-               "failed": c.get("failed", "")}
+        row = {
+            "configuration": c["name"],
+            "ships": "yes" if shipped else "",
+            "failed": c.get("failed", ""),
+        }
         for p in c["points"]:
             row[f"req/s @{p['clients']}"] = round(p["rps"], 1)
             row[f"p99 ms @{p['clients']}"] = round(p["p99_ms"], 1)
             row[f"errors @{p['clients']}"] = p["errors"]
         rows.append(row)
-        logger.info("tune: %s: %s%s", c["name"], c.get("failed") or ", ".join(
-            f"{p['rps']:.0f} req/s p99 {p['p99_ms']:.0f} ms @{p['clients']}" for p in c["points"]),
-            " -> ships" if shipped else "")
+        logger.info(
+            "tune: %s: %s%s",
+            c["name"],
+            c.get("failed")
+            or ", ".join(
+                f"{p['rps']:.0f} req/s p99 {p['p99_ms']:.0f} ms @{p['clients']}"
+                for p in c["points"]
+            ),
+            " -> ships" if shipped else "",
+        )
     if not result["cap_met"]:
-        logger.warning("tune: no configuration kept p99 under %.0f ms at every client count; "
-                       "the fastest ships", tuning.max_p99_ms)
-    create_table_artifact(rows, key="triton-config-search",
-                          description="Triton configuration search: closed-loop gRPC clients, "
-                          "one sentence per request, on the release machine")
-
+        logger.warning(
+            "tune: no configuration kept p99 under %.0f ms at every client count; "
+            "the fastest ships",
+            tuning.max_p99_ms,
+        )
+    create_table_artifact(
+        rows,
+        key="triton-config-search",
+        description="Triton configuration search: closed-loop gRPC clients, "
+        "one sentence per request, on the release machine",
+    )

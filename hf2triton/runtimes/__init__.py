@@ -56,8 +56,7 @@ class RuntimeChoices:
     def gated(self, served: dict[str, Any]) -> dict[str, Any]:
         """The runtime the gate runs for a served one (the same, but for a CPU numerics check
         of a GPU runtime)."""
-        return DEVICES.load(self.device).numerics_runtime(served) if self.cpu_numerics \
-            else served
+        return DEVICES.load(self.device).numerics_runtime(served) if self.cpu_numerics else served
 
 
 def runtime_choices(deploy: Any, runtime_spec: Any, kind: Any = None) -> RuntimeChoices:
@@ -68,46 +67,59 @@ def runtime_choices(deploy: Any, runtime_spec: Any, kind: Any = None) -> Runtime
     device = DEVICES.load(deploy.device)
     not_offered = {}
     if runtime_spec.candidates != "auto":
-        wanted = [(RUNTIMES.load(c.name), c.precision, dict(c.options))
-                  for c in runtime_spec.candidates]
+        wanted = [
+            (RUNTIMES.load(c.name), c.precision, dict(c.options)) for c in runtime_spec.candidates
+        ]
         for p, precision, options in list(wanted):
             if kind is not None and not p.serves(kind):
                 wanted.remove((p, precision, options))
-                not_offered[p.label(p.settings(precision, options).to_dict())] = \
+                not_offered[p.label(p.settings(precision, options).to_dict())] = (
                     f"it does not serve {kind.name} (it serves {', '.join(sorted(p.kinds))})"
+                )
     else:
-        wanted = [(p, *(entry if isinstance(entry, tuple) else (entry, {})))
-                  for p in RUNTIMES.values()
-                  if p.device == device.name and (kind is None or p.serves(kind))
-                  for entry in p.auto]
+        wanted = [
+            (p, *(entry if isinstance(entry, tuple) else (entry, {})))
+            for p in RUNTIMES.values()
+            if p.device == device.name and (kind is None or p.serves(kind))
+            for entry in p.auto
+        ]
     cpu_numerics = device.gate_on_cpu(deploy)
     info = serving_runtimes.runtime_info()  # what this machine offers, asked now
     served = []
     for runtime, precision, options in wanted:
         settings = runtime.settings(precision, options)
-        served_runtime = {k: v for k, v in settings.to_dict().items()
-                          if k != "threads" or k in options}  # deploy.intra_op_threads rules
+        served_runtime = {
+            k: v for k, v in settings.to_dict().items() if k != "threads" or k in options
+        }  # deploy.intra_op_threads rules
         offered = info.get(runtime.name, {}).get(settings.device, {})
         if not cpu_numerics and settings.precision not in offered.get("precisions", []):
-            not_offered[runtime.label(served_runtime)] = offered.get("why") or \
-                "not available here"
+            not_offered[runtime.label(served_runtime)] = offered.get("why") or "not available here"
             continue
         served.append(served_runtime)
     if not served:
         raise EnvironmentSetupError(
             f"none of the runtimes asked for can run here: "
             f"{'; '.join(f'{k}: {v}' for k, v in not_offered.items())}. Install what they need, "
-            "or list others in runtime.candidates")
+            "or list others in runtime.candidates"
+        )
     return RuntimeChoices(served, not_offered, cpu_numerics, device.name)
 
 
 def build_variants(ctx: VariantContext, choices: RuntimeChoices) -> list[Variant]:
     """Every graph variant the chosen runtimes build (each once; one whose build raises is kept
     with its error, for the gate to refuse), then the export itself (`fp32`)."""
-    recipes = {r.method: r for p in choices.plugins() if p.serves(ctx.kind)
-               for r in p.recipes(ctx)}
+    recipes = {r.method: r for p in choices.plugins() if p.serves(ctx.kind) for r in p.recipes(ctx)}
     return [*(r.make() for r in recipes.values()), export_variant(ctx)]
 
 
-__all__ = ["RUNTIMES", "RuntimeChoices", "RuntimePlugin", "Variant", "VariantContext",
-           "build_variants", "label", "plugin", "runtime_choices"]
+__all__ = [
+    "RUNTIMES",
+    "RuntimeChoices",
+    "RuntimePlugin",
+    "Variant",
+    "VariantContext",
+    "build_variants",
+    "label",
+    "plugin",
+    "runtime_choices",
+]

@@ -81,12 +81,29 @@ def export_variant(ctx: VariantContext, reused: bool = True) -> Variant:
     """The export itself, as the plain variant `fp32` (no copy)."""
     path = Path(ctx.onnx_path)
     size = _size(path)
-    return Variant(onnx_path=str(path), method="fp32", graph=PLAIN, fallbacks={},
-                   fp32_bytes=size, size_bytes=size, sha256="", seconds=0.0, reused=reused)
+    return Variant(
+        onnx_path=str(path),
+        method="fp32",
+        graph=PLAIN,
+        fallbacks={},
+        fp32_bytes=size,
+        size_bytes=size,
+        sha256="",
+        seconds=0.0,
+        reused=reused,
+    )
 
 
-def build_variant(work: str, step: str, inputs: list[Any], build: Callable[[Path], dict],
-                  method: str, graph: str, main: str, source: Path) -> Variant:
+def build_variant(
+    work: str,
+    step: str,
+    inputs: list[Any],
+    build: Callable[[Path], dict],
+    method: str,
+    graph: str,
+    main: str,
+    source: Path,
+) -> Variant:
     """A graph variant built once by `build(out_dir)` (a cached step of `work`, keyed by
     `inputs` and the building module's source): the file `main` in it (with files of the same
     stem: external data, OpenVINO's .bin), or with `main` "" the whole directory (seq2seq)."""
@@ -94,26 +111,52 @@ def build_variant(work: str, step: str, inputs: list[Any], build: Callable[[Path
     key = digest([inputs, source_digest(sys.modules[build.__module__])])
     done = cached_step(work, step, key, build)
     path = done.path / main if main else done.path
-    size = _size(path) + (sum(p.stat().st_size for p in path.parent.iterdir()
-                              if p != path and p.name.split(".")[0] == path.stem) if main else 0)
-    return Variant(onnx_path=str(path), method=method, graph=graph,
-                   fallbacks=done.result.get("fallbacks", {}), fp32_bytes=_size(source),
-                   size_bytes=size, sha256=done.files[main] if main else digest(done.files),
-                   seconds=round(time.perf_counter() - started, 3), reused=done.reused)
+    size = _size(path) + (
+        sum(
+            p.stat().st_size
+            for p in path.parent.iterdir()
+            if p != path and p.name.split(".")[0] == path.stem
+        )
+        if main
+        else 0
+    )
+    return Variant(
+        onnx_path=str(path),
+        method=method,
+        graph=graph,
+        fallbacks=done.result.get("fallbacks", {}),
+        fp32_bytes=_size(source),
+        size_bytes=size,
+        sha256=done.files[main] if main else digest(done.files),
+        seconds=round(time.perf_counter() - started, 3),
+        reused=done.reused,
+    )
 
 
 def _size(path: Path) -> int:
     """Bytes of a graph file, or of the ONNX files of a directory (seq2seq)."""
-    return sum(p.stat().st_size for p in path.iterdir() if ".onnx" in p.name) \
-        if path.is_dir() else path.stat().st_size
+    return (
+        sum(p.stat().st_size for p in path.iterdir() if ".onnx" in p.name)
+        if path.is_dir()
+        else path.stat().st_size
+    )
 
 
 def failed_variant(method: str, graph: str, exc: BaseException) -> Variant:
     """A variant whose build raised: kept, with why, so the gate refuses it by name."""
     first = str(exc).splitlines()[0][:300] if str(exc) else ""
-    return Variant(onnx_path="", method=method, graph=graph, fallbacks={}, fp32_bytes=0,
-                   size_bytes=0, sha256="", seconds=0.0, reused=False,
-                   error=f"building it failed: {type(exc).__name__}: {first}")
+    return Variant(
+        onnx_path="",
+        method=method,
+        graph=graph,
+        fallbacks={},
+        fp32_bytes=0,
+        size_bytes=0,
+        sha256="",
+        seconds=0.0,
+        reused=False,
+        error=f"building it failed: {type(exc).__name__}: {first}",
+    )
 
 
 class RuntimePlugin:

@@ -43,8 +43,14 @@ class OnnxRuntimeTensorrt(OnnxRuntimeCuda):
 
 # Kept in fp32 in the fp16 graph: what overflows or loses too much in half precision
 # (LayerNorm's variance, Softmax's exponent, the decomposed LayerNorm's Pow and ReduceMean).
-FP16_KEEP = ["LayerNormalization", "SkipLayerNormalization", "SimplifiedLayerNormalization",
-             "Softmax", "Pow", "ReduceMean"]
+FP16_KEEP = [
+    "LayerNormalization",
+    "SkipLayerNormalization",
+    "SimplifiedLayerNormalization",
+    "Softmax",
+    "Pow",
+    "ReduceMean",
+]
 
 
 def fp16_graph(onnx_path: str, work_root: str) -> Variant:
@@ -57,8 +63,9 @@ def fp16_graph(onnx_path: str, work_root: str) -> Variant:
         import onnx
         from onnxruntime.transformers.float16 import convert_float_to_float16
 
-        model = convert_float_to_float16(onnx.load(str(src)), keep_io_types=True,
-                                         op_block_list=FP16_KEEP)
+        model = convert_float_to_float16(
+            onnx.load(str(src)), keep_io_types=True, op_block_list=FP16_KEEP
+        )
         # The converter names the Cast it puts before each blocked consumer of a tensor after
         # the tensor alone: two consumers give two nodes of one name, which ONNX refuses.
         seen: dict[str, int] = {}
@@ -69,5 +76,6 @@ def fp16_graph(onnx_path: str, work_root: str) -> Variant:
         onnx.save(model, str(out / "model.onnx"))
         return {}
 
-    return build_variant(work_root, "fp16", [sha256_file(src), FP16_KEEP], build, "fp16", FP16,
-                         "model.onnx", src)
+    return build_variant(
+        work_root, "fp16", [sha256_file(src), FP16_KEEP], build, "fp16", FP16, "model.onnx", src
+    )

@@ -59,8 +59,10 @@ class Gpu(Cpu):
         if not glob.glob("/dev/nvidia[0-9]*"):
             return "this machine has no NVIDIA GPU (no /dev/nvidia* device)"
         if "CUDAExecutionProvider" not in ort.get_available_providers():
-            return (f"ONNX Runtime {ort.__version__} here has no CUDA provider (install "
-                    "onnxruntime-gpu in place of onnxruntime)")
+            return (
+                f"ONNX Runtime {ort.__version__} here has no CUDA provider (install "
+                "onnxruntime-gpu in place of onnxruntime)"
+            )
         return None
 
     @staticmethod
@@ -88,4 +90,5 @@ def check_gate_device(deploy: Any) -> None:
             f"deploy.device is {device.name}, but {problem}, so the accuracy gate cannot "
             "measure what Triton will run. Run the release on a machine that has one, or set "
             "deploy.gpu_gate: cpu-numerics to check the graph's numerics on this CPU and judge "
-            "the served answers on the target")
+            "the served answers on the target"
+        )

@@ -30,10 +30,17 @@ class OnnxRuntimeCpu(RuntimePlugin):
         # With method none the export itself is the spec's variant (no copy of it is made).
         own = [spec] if spec.method != "none" or spec.fuse else []
         specs = [*own, *(search_grid(spec) if spec.search and ctx.single_file else [])]
-        found = [Recipe(method_name(s), ORT_ONLY,
-                        lambda s=s: quantize_onnx(ctx.onnx_path, s, ctx.work)) for s in specs]
+        found = [
+            Recipe(method_name(s), ORT_ONLY, lambda s=s: quantize_onnx(ctx.onnx_path, s, ctx.work))
+            for s in specs
+        ]
         if spec.search and ctx.single_file:
-            found += [Recipe(f"fp32/ort-{level}", ORT_ONLY,
-                             lambda lv=level: optimize_fp32(ctx.onnx_path, lv, ctx.work))
-                      for level in OPTIMIZATION_LEVELS]
+            found += [
+                Recipe(
+                    f"fp32/ort-{level}",
+                    ORT_ONLY,
+                    lambda lv=level: optimize_fp32(ctx.onnx_path, lv, ctx.work),
+                )
+                for level in OPTIMIZATION_LEVELS
+            ]
         return found

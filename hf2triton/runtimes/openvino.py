@@ -38,8 +38,15 @@ class OpenVinoCpu(RuntimePlugin):
         if ctx.quantization.method == "none" or not ctx.calibration or not ctx.single_file:
             return []
         tokenizer = str(Path(ctx.export_dir) / "tokenizer.json")
-        return [Recipe("openvino-int8", OPENVINO_IR, lambda: openvino_int8(
-            ctx.onnx_path, tokenizer, ctx.max_length or 512, ctx.calibration, ctx.work))]
+        return [
+            Recipe(
+                "openvino-int8",
+                OPENVINO_IR,
+                lambda: openvino_int8(
+                    ctx.onnx_path, tokenizer, ctx.max_length or 512, ctx.calibration, ctx.work
+                ),
+            )
+        ]
 
 
 def after_activation(onnx_path: str) -> list[str]:
@@ -60,26 +67,38 @@ def after_activation(onnx_path: str) -> list[str]:
             return False
         if node.op_type in ("Gelu", "FastGelu", "BiasGelu", "Erf", "Tanh", "Relu"):
             return True
-        return depth > 0 and node.op_type in ("Mul", "Add") and any(
-            activated(i, depth - 1) for i in node.input)
+        return (
+            depth > 0
+            and node.op_type in ("Mul", "Add")
+            and any(activated(i, depth - 1) for i in node.input)
+        )
 
-    return [n.name for n in graph.node if n.op_type == "MatMul" and n.input
-            and activated(n.input[0])]
+    return [
+        n.name for n in graph.node if n.op_type == "MatMul" and n.input and activated(n.input[0])
+    ]
 
 
-def calibration_feeds(onnx_path: str, tokenizer_path: str, max_length: int,
-                      texts: list[Any], max_batch_tokens: int = 512) -> list[dict[str, Any]]:
+def calibration_feeds(
+    onnx_path: str,
+    tokenizer_path: str,
+    max_length: int,
+    texts: list[Any],
+    max_batch_tokens: int = 512,
+) -> list[dict[str, Any]]:
     """The graph's inputs for `texts` as the serving core feeds them: tokenized with the served
     tokenizer, sorted by length into token-bounded sub-batches, padded within each."""
     text = OnnxText(onnx_path, tokenizer_path, max_length, max_batch_tokens=max_batch_tokens)
     encodings = text.encode(texts)
     lengths = [len(e.ids) for e in encodings]
-    return [text.feeds([encodings[i] for i in group])
-            for group in plan_sub_batches(lengths, max_batch_tokens)]
+    return [
+        text.feeds([encodings[i] for i in group])
+        for group in plan_sub_batches(lengths, max_batch_tokens)
+    ]
 
 
-def openvino_int8(onnx_path: str, tokenizer_path: str, max_length: int, texts: list[Any],
-                  work_root: str) -> Variant:
+def openvino_int8(
+    onnx_path: str, tokenizer_path: str, max_length: int, texts: list[Any], work_root: str
+) -> Variant:
     """NNCF post-training int8 of the graph as OpenVINO IR (model.xml + model.bin), calibrated
     on `texts` (the validation texts), the MatMuls after an activation kept in higher precision
     (`after_activation`). OpenVINO runs it; the gate decides whether it is accurate enough."""
@@ -99,13 +118,30 @@ def openvino_int8(onnx_path: str, tokenizer_path: str, max_length: int, texts: l
         nncf.set_log_level(logging.WARNING)
         with contextlib.redirect_stdout(io.StringIO()):
             quantized = nncf.quantize(
-                model, nncf.Dataset(feeds), model_type=nncf.ModelType.TRANSFORMER,
-                subset_size=len(feeds), ignored_scope=nncf.IgnoredScope(names=keep,
-                                                                        validate=False))
+                model,
+                nncf.Dataset(feeds),
+                model_type=nncf.ModelType.TRANSFORMER,
+                subset_size=len(feeds),
+                ignored_scope=nncf.IgnoredScope(names=keep, validate=False),
+            )
         ov.save_model(quantized, str(out / "model.xml"), compress_to_fp16=False)
         return {}
 
-    return build_variant(work_root, "openvino-int8",
-                         [sha256_file(src), sha256_file(tokenizer_path), max_length, texts, keep,
-                          nncf.__version__, ov.__version__],
-                         build, "openvino-int8", OPENVINO_IR, "model.xml", src)
+    return build_variant(
+        work_root,
+        "openvino-int8",
+        [
+            sha256_file(src),
+            sha256_file(tokenizer_path),
+            max_length,
+            texts,
+            keep,
+            nncf.__version__,
+            ov.__version__,
+        ],
+        build,
+        "openvino-int8",
+        OPENVINO_IR,
+        "model.xml",
+        src,
+    )

@@ -45,11 +45,17 @@ class OpenVinoGenAI(RuntimePlugin):
         found = [Recipe("openvino-ir", STATEFUL_IR, lambda: stateful_ir(ctx))]
         spec = ctx.quantization
         if spec.method != "none" or spec.search:
-            found.append(Recipe("openvino-ir/int8", STATEFUL_IR,
-                                lambda: compressed(ctx, "INT8_ASYM", 0)))
+            found.append(
+                Recipe("openvino-ir/int8", STATEFUL_IR, lambda: compressed(ctx, "INT8_ASYM", 0))
+            )
         if spec.method == "int4-blockwise" or spec.search:
-            found.append(Recipe(f"openvino-ir/int4-g{spec.block_size}", STATEFUL_IR,
-                                lambda: compressed(ctx, "INT4_ASYM", spec.block_size)))
+            found.append(
+                Recipe(
+                    f"openvino-ir/int4-g{spec.block_size}",
+                    STATEFUL_IR,
+                    lambda: compressed(ctx, "INT4_ASYM", spec.block_size),
+                )
+            )
         return found
 
 
@@ -64,13 +70,28 @@ def stateful_ir(ctx: VariantContext) -> Variant:
         from optimum.intel import OVConfig
 
         with contextlib.redirect_stdout(io.StringIO()):  # stdout carries the release's line
-            main_export(str(src), out, task="text-generation-with-past", stateful=True,
-                        ov_config=OVConfig(dtype="fp32"), convert_tokenizer=False,
-                        local_files_only=True, library_name="transformers")
+            main_export(
+                str(src),
+                out,
+                task="text-generation-with-past",
+                stateful=True,
+                ov_config=OVConfig(dtype="fp32"),
+                convert_tokenizer=False,
+                local_files_only=True,
+                library_name="transformers",
+            )
         return {}
 
-    return build_variant(ctx.work, "openvino-ir", [hash_files(src)], build, "openvino-ir",
-                         STATEFUL_IR, IR, src / "config.json")
+    return build_variant(
+        ctx.work,
+        "openvino-ir",
+        [hash_files(src)],
+        build,
+        "openvino-ir",
+        STATEFUL_IR,
+        IR,
+        src / "config.json",
+    )
 
 
 def compressed(ctx: VariantContext, mode: str, group_size: int) -> Variant:
@@ -90,9 +111,15 @@ def compressed(ctx: VariantContext, mode: str, group_size: int) -> Variant:
         nncf.set_log_level(logging.WARNING)
         options: dict[str, Any] = {"mode": getattr(nncf.CompressWeightsMode, mode)}
         if group_size:
-            options.update(group_size=group_size, ratio=1.0, advanced_parameters=(
-                nncf.AdvancedCompressionParameters(
-                    group_size_fallback_mode=nncf.GroupSizeFallbackMode.ADJUST)))
+            options.update(
+                group_size=group_size,
+                ratio=1.0,
+                advanced_parameters=(
+                    nncf.AdvancedCompressionParameters(
+                        group_size_fallback_mode=nncf.GroupSizeFallbackMode.ADJUST
+                    )
+                ),
+            )
         with contextlib.redirect_stdout(io.StringIO()):
             model = nncf.compress_weights(ov.Core().read_model(str(src)), **options)
         ov.save_model(model, str(out / IR), compress_to_fp16=False)
@@ -101,6 +128,13 @@ def compressed(ctx: VariantContext, mode: str, group_size: int) -> Variant:
                 shutil.copyfile(p, out / p.name)
         return {}
 
-    return build_variant(ctx.work, "openvino-ir-compressed",
-                         [sha256_file(src), sha256_file(src.with_suffix(".bin")), mode,
-                          group_size], build, name, STATEFUL_IR, IR, src)
+    return build_variant(
+        ctx.work,
+        "openvino-ir-compressed",
+        [sha256_file(src), sha256_file(src.with_suffix(".bin")), mode, group_size],
+        build,
+        name,
+        STATEFUL_IR,
+        IR,
+        src,
+    )

@@ -33,30 +33,38 @@ from hf2triton.util.workspace import sha256_file
 PRE_PROCESS_REMINDER = "Please consider to run pre-processing before quantization"
 
 
-
 class QuantizationSpec(Strict):
     method: Literal["dynamic-int8", "int8-blockwise", "int4-blockwise", "none"] = Field(
-        "dynamic-int8", description="dynamic-int8: ONNX Runtime's dynamic quantization (int8 "
+        "dynamic-int8",
+        description="dynamic-int8: ONNX Runtime's dynamic quantization (int8 "
         "weights, activation ranges per batch); int8-blockwise: MatMulNBits, int8 weights in "
         "blocks of `block_size` with their own scales; int4-blockwise: the same with 4-bit "
-        "weights; none: fp32")
+        "weights; none: fp32",
+    )
     weight_type: Literal["qint8", "quint8"] = Field(
-        "qint8", description="dynamic-int8: signed or unsigned int8 weights")
+        "qint8", description="dynamic-int8: signed or unsigned int8 weights"
+    )
     # Per-channel keeps the worst-case cosine at 0.989 on MiniLM where per-tensor drops to 0.954.
     per_channel: bool = Field(True, description="dynamic-int8: a scale per output channel")
-    reduce_range: bool = Field(False, description="dynamic-int8: 7-bit weights (older CPUs "
-                               "without VNNI overflow less)")
+    reduce_range: bool = Field(
+        False, description="dynamic-int8: 7-bit weights (older CPUs without VNNI overflow less)"
+    )
     op_types: list[str] | None = Field(
         None, description="ONNX op types to quantize; default: ONNX Runtime's own list"
     )
     block_size: Literal[16, 32, 64, 128, 256] = Field(
-        32, description="int8-blockwise: weights per scale (smaller: closer to fp32)")
+        32, description="int8-blockwise: weights per scale (smaller: closer to fp32)"
+    )
     accuracy_level: Literal[0, 1, 2, 3, 4] = Field(
-        4, description="int8-blockwise: what the MatMuls compute in (4: int8 activations, which "
-        "CPUs with VNNI or AMX run fastest; 0: as the graph says, fp32)")
+        4,
+        description="int8-blockwise: what the MatMuls compute in (4: int8 activations, which "
+        "CPUs with VNNI or AMX run fastest; 0: as the graph says, fp32)",
+    )
     fuse: bool = Field(
-        False, description="first fuse the graph's attention, LayerNorm and GELU into ONNX "
-        "Runtime's own kernels (onnxruntime.transformers.optimizer, BERT-family encoders)")
+        False,
+        description="first fuse the graph's attention, LayerNorm and GELU into ONNX "
+        "Runtime's own kernels (onnxruntime.transformers.optimizer, BERT-family encoders)",
+    )
     search: bool = Field(
         False,
         description="also build and gate the variant grid (QInt8/QUInt8, per-tensor/channel, "
@@ -74,9 +82,11 @@ def _dynamic_int8(src: Path, target: Path, spec: QuantizationSpec) -> None:
 
     with quiet.dropped("", PRE_PROCESS_REMINDER):
         quantize_dynamic(
-            src, target,
+            src,
+            target,
             weight_type=QuantType.QInt8 if spec.weight_type == "qint8" else QuantType.QUInt8,
-            per_channel=spec.per_channel, reduce_range=spec.reduce_range,
+            per_channel=spec.per_channel,
+            reduce_range=spec.reduce_range,
             op_types_to_quantize=spec.op_types,
             use_external_data_format=bool(_companions(src)),
         )
@@ -91,8 +101,13 @@ def _blockwise(bits: int, src: Path, target: Path, spec: QuantizationSpec) -> No
 
     # It logs every MatMul it visits at INFO through its own logger: progress nobody reads.
     logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
-    quantizer = MatMulNBitsQuantizer(onnx.load(str(src)), bits=bits, block_size=spec.block_size,
-                                     is_symmetric=True, accuracy_level=spec.accuracy_level)
+    quantizer = MatMulNBitsQuantizer(
+        onnx.load(str(src)),
+        bits=bits,
+        block_size=spec.block_size,
+        is_symmetric=True,
+        accuracy_level=spec.accuracy_level,
+    )
     quantizer.process()
     quantizer.model.save_model_to_file(str(target), use_external_data_format=False)
 
@@ -103,8 +118,12 @@ def _copy(src: Path, target: Path, spec: QuantizationSpec) -> None:
 
 
 # quantization.method -> how one ONNX file becomes its quantized file.
-METHODS = {"dynamic-int8": _dynamic_int8, "int8-blockwise": partial(_blockwise, 8),
-           "int4-blockwise": partial(_blockwise, 4), "none": _copy}
+METHODS = {
+    "dynamic-int8": _dynamic_int8,
+    "int8-blockwise": partial(_blockwise, 8),
+    "int4-blockwise": partial(_blockwise, 4),
+    "none": _copy,
+}
 
 
 def method_name(spec: QuantizationSpec) -> str:
@@ -114,10 +133,12 @@ def method_name(spec: QuantizationSpec) -> str:
         return "fp32/fused" if spec.fuse else "none"
     if spec.method in ("int8-blockwise", "int4-blockwise"):
         return f"{spec.method}/b{spec.block_size}/acc{spec.accuracy_level}{fused}"
-    return (f"dynamic-int8/{spec.weight_type}/"
-            f"{'per-channel' if spec.per_channel else 'per-tensor'}"
-            f"{'/reduce-range' if spec.reduce_range else ''}"
-            f"{'/' + '+'.join(spec.op_types) if spec.op_types else ''}{fused}")
+    return (
+        f"dynamic-int8/{spec.weight_type}/"
+        f"{'per-channel' if spec.per_channel else 'per-tensor'}"
+        f"{'/reduce-range' if spec.reduce_range else ''}"
+        f"{'/' + '+'.join(spec.op_types) if spec.op_types else ''}{fused}"
+    )
 
 
 def quantize_onnx(onnx_path: str, spec: QuantizationSpec, work_root: str) -> Variant:
@@ -138,14 +159,25 @@ def quantize_onnx(onnx_path: str, spec: QuantizationSpec, work_root: str) -> Var
             ) from exc
         return {}
 
-    return build_variant(work_root, "quantize", [sha256_file(source), spec.model_dump()], build,
-                         method_name(spec), ORT_ONLY, "model.onnx", src)
+    return build_variant(
+        work_root,
+        "quantize",
+        [sha256_file(source), spec.model_dump()],
+        build,
+        method_name(spec),
+        ORT_ONLY,
+        "model.onnx",
+        src,
+    )
 
 
 def _companions(model: Path) -> list[Path]:
     """External-data files saved beside an ONNX file (`x.onnx_data`, `x.onnx.data`)."""
-    return sorted(p for p in model.parent.iterdir()
-                  if p.name != model.name and p.name.startswith(model.name) and p.is_file())
+    return sorted(
+        p
+        for p in model.parent.iterdir()
+        if p.name != model.name and p.name.startswith(model.name) and p.is_file()
+    )
 
 
 def _quantize_one(src: Path, target: Path, spec: QuantizationSpec) -> str | None:
@@ -168,8 +200,11 @@ def _quantize_files(src_dir: Path, spec: QuantizationSpec, work_root: str) -> Va
     def build(out: Path) -> dict:
         fallbacks = {}
         for name in names:
-            why = "quantization.method is none" if spec.method == "none" else \
-                _quantize_one(src_dir / name, out / name, spec)
+            why = (
+                "quantization.method is none"
+                if spec.method == "none"
+                else _quantize_one(src_dir / name, out / name, spec)
+            )
             if why is not None:
                 for p in [src_dir / name, *_companions(src_dir / name)]:
                     shutil.copyfile(p, out / p.name)
@@ -177,14 +212,22 @@ def _quantize_files(src_dir: Path, spec: QuantizationSpec, work_root: str) -> Va
                     fallbacks[name] = why
         return {"fallbacks": fallbacks}
 
-    found = build_variant(work_root, "quantize",
-                          [[sha256_file(src_dir / n) for n in names], spec.model_dump()],
-                          build, method_name(spec), ORT_ONLY, "", src_dir)
+    found = build_variant(
+        work_root,
+        "quantize",
+        [[sha256_file(src_dir / n) for n in names], spec.model_dump()],
+        build,
+        method_name(spec),
+        ORT_ONLY,
+        "",
+        src_dir,
+    )
     if found["fallbacks"]:
         log = step_logger()
         for name, why in found["fallbacks"].items():
-            log.warning("quantize: %s did not survive int8 quantization (%s); it ships fp32",
-                        name, why)
+            log.warning(
+                "quantize: %s did not survive int8 quantization (%s); it ships fp32", name, why
+            )
         found["method"] += f"/{len(found['fallbacks'])}-files-fp32"
     return found
 
@@ -202,14 +245,23 @@ def fuse_fp32(onnx_path: str, work_root: str) -> Variant:
         from onnxruntime.transformers.optimizer import optimize_model
 
         # num_heads/hidden_size 0: read from the graph.
-        optimized = optimize_model(str(src), model_type="bert", num_heads=0, hidden_size=0,
-                                   opt_level=1)
+        optimized = optimize_model(
+            str(src), model_type="bert", num_heads=0, hidden_size=0, opt_level=1
+        )
         fused = {k: v for k, v in optimized.get_fused_operator_statistics().items() if v}
         optimized.save_model_to_file(str(out / "model.onnx"))
         return {"fused": fused}
 
-    return build_variant(work_root, "optimize", [sha256_file(src), "fused", ort.__version__],
-                         build, "fp32/fused", ORT_ONLY, "model.onnx", src)
+    return build_variant(
+        work_root,
+        "optimize",
+        [sha256_file(src), "fused", ort.__version__],
+        build,
+        "fp32/fused",
+        ORT_ONLY,
+        "model.onnx",
+        src,
+    )
 
 
 OPTIMIZATION_LEVELS = ("basic", "extended", "all")
@@ -220,9 +272,11 @@ def optimize_fp32(onnx_path: str, level: str, work_root: str) -> Variant:
     import onnxruntime as ort
 
     src = Path(onnx_path)
-    levels = {"basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-              "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-              "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
+    levels = {
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }
 
     def build(out: Path) -> dict:
         options = ort.SessionOptions()
@@ -231,8 +285,16 @@ def optimize_fp32(onnx_path: str, level: str, work_root: str) -> Variant:
         ort.InferenceSession(str(src), options, providers=["CPUExecutionProvider"])
         return {}
 
-    return build_variant(work_root, "optimize", [sha256_file(src), level, ort.__version__],
-                         build, f"fp32/ort-{level}", ORT_ONLY, "model.onnx", src)
+    return build_variant(
+        work_root,
+        "optimize",
+        [sha256_file(src), level, ort.__version__],
+        build,
+        f"fp32/ort-{level}",
+        ORT_ONLY,
+        "model.onnx",
+        src,
+    )
 
 
 # What `quantization.search` tries besides the spec's own variant, measured on MiniLM: per-tensor
@@ -242,12 +304,15 @@ SEARCH_GRID: list[dict[str, Any]] = [
     {"method": "dynamic-int8", "weight_type": "qint8", "per_channel": False},
     {"method": "dynamic-int8", "weight_type": "quint8", "per_channel": True},
     {"method": "dynamic-int8", "weight_type": "qint8", "per_channel": True, "reduce_range": True},
-    {"method": "dynamic-int8", "weight_type": "qint8", "per_channel": True,
-     "op_types": ["MatMul"]},
+    {"method": "dynamic-int8", "weight_type": "qint8", "per_channel": True, "op_types": ["MatMul"]},
     # Block-wise int8 kept all-MiniLM-L6-v2 at min cosine 0.997 (block 32, int8 compute) where
     # dynamic int8 gave 0.94; it pays on CPUs with int8 dot products (VNNI, AMX).
-    *({"method": "int8-blockwise", "block_size": b, "accuracy_level": a, "fuse": f}
-      for f in (False, True) for b in (32, 128) for a in (4, 0)),
+    *(
+        {"method": "int8-blockwise", "block_size": b, "accuracy_level": a, "fuse": f}
+        for f in (False, True)
+        for b in (32, 128)
+        for a in (4, 0)
+    ),
     # 4-bit weights: what a decoder's per-token weight reads shrink to (text generation).
     {"method": "int4-blockwise", "block_size": 32, "accuracy_level": 4},
     {"method": "none", "fuse": True},

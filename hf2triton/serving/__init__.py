@@ -4,7 +4,8 @@ in-process on each candidate, so that what is validated is what serves.
 The package is copied into every Triton version directory (as `hf2triton_serving/`, beside the
 one shared `model.py`) and its files are hashed with the version. It imports numpy,
 tokenizers, sentencepiece, jinja2 (chat templates of text generation) and the libraries of the
-runtime it runs (onnxruntime, openvino: see runtimes.py) only, never torch, transformers or the rest of hf2triton, and works with numpy 1
+runtime it runs (onnxruntime, openvino: see runtimes.py) only, never torch, transformers or the
+rest of hf2triton, and works with numpy 1
 (Triton's Python backend) and numpy 2 (the pipeline).
 
 A version directory's `serving.json` names the module and class that serve it
@@ -38,15 +39,29 @@ SERVING_FILE = "serving.json"
 PACKAGE_DIR = "hf2triton_serving"  # the package's name inside a version directory
 
 
-def serving_json(module: str, cls: str, kind: str, settings: dict[str, Any],
-                 files: dict[str, str] | None = None, runtime: dict[str, Any] | None = None,
-                 threads: int = 0, max_batch_tokens: int = 0) -> dict[str, Any]:
+def serving_json(
+    module: str,
+    cls: str,
+    kind: str,
+    settings: dict[str, Any],
+    files: dict[str, str] | None = None,
+    runtime: dict[str, Any] | None = None,
+    threads: int = 0,
+    max_batch_tokens: int = 0,
+) -> dict[str, Any]:
     """A version's serving.json: the class that serves it (`module`, `class`), the kind's own
     settings, the speed settings, the runtime (absent: the default), and the keys that locate
     its files (names in the version directory, or paths where the gate reads them)."""
-    return {"module": module, "class": cls, "kind": kind, **settings,
-            "intra_op_threads": threads, "max_batch_tokens": max_batch_tokens,
-            **({"runtime": runtime} if runtime else {}), **(files or {})}
+    return {
+        "module": module,
+        "class": cls,
+        "kind": kind,
+        **settings,
+        "intra_op_threads": threads,
+        "max_batch_tokens": max_batch_tokens,
+        **({"runtime": runtime} if runtime else {}),
+        **(files or {}),
+    }
 
 
 def write_settings(directory: str, settings: dict[str, Any]) -> None:
@@ -62,8 +77,7 @@ def read_settings(directory: str) -> dict[str, Any]:
         return json.load(f)
 
 
-def load(directory: str, settings: dict[str, Any] | None = None,
-         gpu: int | None = None) -> Any:
+def load(directory: str, settings: dict[str, Any] | None = None, gpu: int | None = None) -> Any:
     """The served model of a version directory (or of any directory laid out like one); `gpu`:
     the GPU Triton placed this instance on (a KIND_GPU instance group), for a GPU runtime."""
     settings = settings if settings is not None else read_settings(directory)
@@ -94,6 +108,9 @@ def triton_execute(model: Any, requests: list, pb_utils: Any) -> list:
             error = pb_utils.TritonError(answer, pb_utils.TritonError.INVALID_ARG)
             responses.append(pb_utils.InferenceResponse(output_tensors=[], error=error))
         else:
-            responses.append(pb_utils.InferenceResponse(
-                output_tensors=[pb_utils.Tensor(k, v) for k, v in answer.items()]))
+            responses.append(
+                pb_utils.InferenceResponse(
+                    output_tensors=[pb_utils.Tensor(k, v) for k, v in answer.items()]
+                )
+            )
     return responses

@@ -49,8 +49,9 @@ class ServedModel:
         """Every output for every row, rows in the order given."""
         raise NotImplementedError
 
-    def parse_all(self, requests: list[dict[str, np.ndarray]]
-                  ) -> tuple[list[Any], list[Any], list[int]]:
+    def parse_all(
+        self, requests: list[dict[str, np.ndarray]]
+    ) -> tuple[list[Any], list[Any], list[int]]:
         """(answers: a bad request's error message, None for the others; every good request's
         rows; the request each row came from)."""
         answers: list[Any] = [None] * len(requests)
@@ -76,8 +77,7 @@ class ServedModel:
         for k, r in enumerate(owners):
             mine.setdefault(r, []).append(k)
         for r, ks in mine.items():
-            answers[r] = {t.name: np.stack([outputs[t.name][k] for k in ks])
-                          for t in self.outputs}
+            answers[r] = {t.name: np.stack([outputs[t.name][k] for k in ks]) for t in self.outputs}
         return answers
 
 
@@ -123,8 +123,9 @@ def value_column(arrays: dict[str, np.ndarray], name: str, rows: int) -> list[An
     if arr is None:
         return [None] * rows
     if arr.shape != (rows, 1):
-        raise ValueError(f"{name} needs one value per text: shape [{rows}, 1], got "
-                         f"{list(arr.shape)}")
+        raise ValueError(
+            f"{name} needs one value per text: shape [{rows}, 1], got {list(arr.shape)}"
+        )
     return [v.item() if hasattr(v, "item") else v for v in arr[:, 0]]
 
 

@@ -20,15 +20,7 @@ from typing import Any
 import numpy as np
 
 from . import runtimes
-from .decoding import (
-    DecodeSettings,
-    log_softmax,
-    pick,
-    process_scores,
-    stop_at,
-    unsure_tail,
-    warp,
-)
+from .decoding import DecodeSettings, log_softmax, pick, process_scores, stop_at, unsure_tail, warp
 from .seq2seq import clean_up_tail, clean_up_tokenization
 from .text import plan_sub_batches
 
@@ -78,16 +70,26 @@ class ChatTokenizer:
         """The prompt of a chat: `messages` a list of {"role", "content"} objects."""
         if self.template is None:
             raise ValueError("this model has no chat template: send text_input, not messages")
-        if not (isinstance(messages, list) and messages and all(
-                isinstance(m, dict) and isinstance(m.get("role"), str)
-                and isinstance(m.get("content"), str) for m in messages)):
-            raise ValueError('messages must be a JSON list of {"role": ..., "content": ...} '
-                             "objects with string values")
+        if not (
+            isinstance(messages, list)
+            and messages
+            and all(
+                isinstance(m, dict)
+                and isinstance(m.get("role"), str)
+                and isinstance(m.get("content"), str)
+                for m in messages
+            )
+        ):
+            raise ValueError(
+                'messages must be a JSON list of {"role": ..., "content": ...} '
+                "objects with string values"
+            )
         from jinja2.exceptions import TemplateError
 
         try:
-            return self.template.render(messages=messages, add_generation_prompt=True,
-                                        **self.special)
+            return self.template.render(
+                messages=messages, add_generation_prompt=True, **self.special
+            )
         except TemplateError as exc:
             raise ValueError(f"the model's chat template refused these messages: {exc}") from None
 
@@ -100,29 +102,50 @@ class CausalLM:
     attention_mask, position_ids where the model takes them, and past_key_values.* in; logits
     and present.* out) opened by a runtime."""
 
-    def __init__(self, path: str, runtime: runtimes.RuntimeSettings | None = None,
-                 session: runtimes.Session | None = None):
+    def __init__(
+        self,
+        path: str,
+        runtime: runtimes.RuntimeSettings | None = None,
+        session: runtimes.Session | None = None,
+    ):
         self.session = session or runtimes.open_model(path, runtime or runtimes.RuntimeSettings())
         inputs = self.session.inputs
         self.past_names = [n for n in inputs if n.startswith("past_key_values.")]
         self.positions = "position_ids" in inputs
         # [batch, heads, past, head_dim]: heads and head_dim are fixed by the export
-        self.kv_shape = {n: tuple(int(d) for d in (inputs[n].shape[1], inputs[n].shape[3]))
-                         for n in self.past_names}
+        self.kv_shape = {
+            n: tuple(int(d) for d in (inputs[n].shape[1], inputs[n].shape[3]))
+            for n in self.past_names
+        }
         self.outputs = list(self.session.outputs)
 
     def empty_past(self, rows: int) -> dict[str, np.ndarray]:
         return {n: np.zeros((rows, h, 0, d), np.float32) for n, (h, d) in self.kv_shape.items()}
 
-    def engine(self, tokenizer: ChatTokenizer, eos: list[int], processors: DecodeSettings,
-               max_rows: int, step_tokens: int, request_level: bool = False,
-               max_context: int = 2048) -> Engine:
+    def engine(
+        self,
+        tokenizer: ChatTokenizer,
+        eos: list[int],
+        processors: DecodeSettings,
+        max_rows: int,
+        step_tokens: int,
+        request_level: bool = False,
+        max_context: int = 2048,
+    ) -> Engine:
         """The decode loop that serves this model: in-flight batching over its runtime."""
-        return Engine(self, tokenizer, eos, processors, max_rows=max_rows,
-                      step_tokens=step_tokens, request_level=request_level)
+        return Engine(
+            self,
+            tokenizer,
+            eos,
+            processors,
+            max_rows=max_rows,
+            step_tokens=step_tokens,
+            request_level=request_level,
+        )
 
-    def forward(self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray,
-                past: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def forward(
+        self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, past: dict[str, np.ndarray]
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Logits [N, T, V] of `ids` [N, T] after `past`, and the cache with them appended."""
         feeds = {"input_ids": ids, "attention_mask": mask, **past}
         if self.positions:
@@ -211,8 +234,7 @@ class Streaming:
         """Queue `seqs` for the loop (started with the first)."""
         with self.wake:
             if self.thread is None:
-                self.thread = threading.Thread(target=self._loop, name=self.loop_name,
-                                               daemon=True)
+                self.thread = threading.Thread(target=self._loop, name=self.loop_name, daemon=True)
                 self.thread.start()
             self.waiting.extend(seqs)
             self.wake.notify()
@@ -254,8 +276,8 @@ class Streaming:
             ready = len(text) - held
             now = time.monotonic()
             if ready > s.sent_chars and (not s.sent_ids or now - s.sent_at >= self.stream_every):
-                piece, s.sent_chars, s.sent_at = text[s.sent_chars:ready], ready, now
-                ids, s.sent_ids = s.generated[s.sent_ids:], len(s.generated)
+                piece, s.sent_chars, s.sent_at = text[s.sent_chars : ready], ready, now
+                ids, s.sent_ids = s.generated[s.sent_ids :], len(s.generated)
                 s.emit(piece, ids, False, s)
 
     def _finish(self, s: Sequence, why: str, text: str | None = None) -> None:
@@ -264,7 +286,7 @@ class Streaming:
             text = self.tokenizer.decode(s.generated)
             cut = stop_at(text, list(s.sampling.stop))
             text = text if cut < 0 else text[:cut]
-        s.emit(text[s.sent_chars:], s.generated[s.sent_ids:], True, s)
+        s.emit(text[s.sent_chars :], s.generated[s.sent_ids :], True, s)
 
     def _fail(self, s: Sequence, message: str) -> None:
         s.finish = "error"
@@ -281,9 +303,16 @@ class Engine(Streaming):
     The running batch's cache is one array per layer, [rows, heads, length, head_dim], left
     padded (attention mask 0) where a row's sequence is shorter than the longest."""
 
-    def __init__(self, model: CausalLM, tokenizer: ChatTokenizer, eos: list[int],
-                 processors: DecodeSettings, max_rows: int = 32, step_tokens: int = 512,
-                 request_level: bool = False):
+    def __init__(
+        self,
+        model: CausalLM,
+        tokenizer: ChatTokenizer,
+        eos: list[int],
+        processors: DecodeSettings,
+        max_rows: int = 32,
+        step_tokens: int = 512,
+        request_level: bool = False,
+    ):
         self.model, self.tokenizer, self.eos = model, tokenizer, set(eos)
         self.processors = processors
         self.max_rows, self.step_tokens = max(1, max_rows), max(1, step_tokens)
@@ -343,11 +372,12 @@ class Engine(Streaming):
         ids = np.zeros((len(joining), width), np.int64)
         mask = np.zeros((len(joining), width), np.int64)
         for r, s in enumerate(joining):  # left padding: every row's last token is the last
-            ids[r, width - len(s.prompt):] = s.prompt
-            mask[r, width - len(s.prompt):] = 1
+            ids[r, width - len(s.prompt) :] = s.prompt
+            mask[r, width - len(s.prompt) :] = 1
         positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
-        logits, present = self.model.forward(ids, mask, positions,
-                                             self.model.empty_past(len(joining)))
+        logits, present = self.model.forward(
+            ids, mask, positions, self.model.empty_past(len(joining))
+        )
         for r, s in enumerate(joining):
             if s.want_logprob:
                 s.prompt_logprob = prompt_logprob(logits[r], ids[r], mask[r])
@@ -363,8 +393,9 @@ class Engine(Streaming):
         self.mask = mask
         self._advance(rows, logits[:, -1, :])
 
-    def _join(self, joining: list[Sequence], present: dict[str, np.ndarray],
-              mask: np.ndarray) -> None:
+    def _join(
+        self, joining: list[Sequence], present: dict[str, np.ndarray], mask: np.ndarray
+    ) -> None:
         if not self.running:
             self.running, self.past, self.mask = list(joining), present, mask
             return
@@ -415,8 +446,7 @@ def prompt_logprob(logits: np.ndarray, ids: np.ndarray, mask: np.ndarray) -> flo
     return float(logp[np.arange(len(real) - 1), ids[real[1:]]].sum())
 
 
-def next_tokens(logits: np.ndarray, rows: list[Sequence], processors: DecodeSettings
-                ) -> np.ndarray:
+def next_tokens(logits: np.ndarray, rows: list[Sequence], processors: DecodeSettings) -> np.ndarray:
     """Each row's next token: transformers' logits processors (decoding.process_scores) over
     its prompt and what it generated, then greedy or sampling with its own settings."""
     scores = logits.astype(np.float32, copy=True)
@@ -426,8 +456,7 @@ def next_tokens(logits: np.ndarray, rows: list[Sequence], processors: DecodeSett
         mine = replace(processors, repetition_penalty=p.repetition_penalty)
         if not mine.changes_scores() and p.temperature <= 0:
             continue
-        row = process_scores(scores[r:r + 1], np.array([s.prompt + s.generated], np.int64),
-                             mine)
+        row = process_scores(scores[r : r + 1], np.array([s.prompt + s.generated], np.int64), mine)
         if p.temperature > 0:
             if s.rng is None:
                 s.rng = np.random.default_rng(p.seed)

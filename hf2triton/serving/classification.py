@@ -42,15 +42,19 @@ class Classifier(TextModel):
         return text_column(arrays)
 
     def probabilities(self, encodings: list[Any]) -> list[np.ndarray]:
-        return self.text.forward(encodings, ["logits"],
-                                 lambda out, mask: activate(out["logits"], self.activation))
+        return self.text.forward(
+            encodings, ["logits"], lambda out, mask: activate(out["logits"], self.activation)
+        )
 
     def run(self, rows: list[str]) -> dict[str, list[np.ndarray]]:
         encodings = self.text.encode(rows)
         scores = self.probabilities(encodings)
         names = label_names(np.stack(scores), self.labels, self.activation)
-        return {"LABEL": [np.array([n.encode("utf-8")], dtype=np.object_) for n in names],
-                "SCORES": scores, "TRUNCATED": truncated(encodings)}
+        return {
+            "LABEL": [np.array([n.encode("utf-8")], dtype=np.object_) for n in names],
+            "SCORES": scores,
+            "TRUNCATED": truncated(encodings),
+        }
 
     def probs(self, texts: list[str]) -> np.ndarray:
         """Scores of `texts` run as one dynamic batch (the gate's in-process path)."""

@@ -48,8 +48,12 @@ class DecodeSettings:
     def from_dict(cls, data: dict[str, Any]) -> DecodeSettings:
         return cls(**data)
 
-    def with_request(self, max_new_tokens: int | None = None, num_beams: int | None = None,
-                     forced_bos_token_id: int | None = None) -> DecodeSettings:
+    def with_request(
+        self,
+        max_new_tokens: int | None = None,
+        num_beams: int | None = None,
+        forced_bos_token_id: int | None = None,
+    ) -> DecodeSettings:
         changes: dict[str, Any] = {}
         if max_new_tokens is not None:
             changes["max_new_tokens"] = int(max_new_tokens)
@@ -61,9 +65,14 @@ class DecodeSettings:
 
     def changes_scores(self) -> bool:
         """Whether process_scores would change any score (else greedy is a plain argmax)."""
-        return (self.repetition_penalty != 1.0 or self.no_repeat_ngram_size > 0
-                or bool(self.bad_words_ids) or self.min_length > 0
-                or self.forced_bos_token_id is not None or self.forced_eos_token_id is not None)
+        return (
+            self.repetition_penalty != 1.0
+            or self.no_repeat_ngram_size > 0
+            or bool(self.bad_words_ids)
+            or self.min_length > 0
+            or self.forced_bos_token_id is not None
+            or self.forced_eos_token_id is not None
+        )
 
     @property
     def max_length(self) -> int:
@@ -76,20 +85,24 @@ def process_scores(scores: np.ndarray, input_ids: np.ndarray, s: DecodeSettings)
     if s.repetition_penalty != 1.0:
         for row, ids in enumerate(input_ids):
             picked = scores[row, ids]
-            scores[row, ids] = np.where(picked < 0, picked * s.repetition_penalty,
-                                        picked / s.repetition_penalty)
+            scores[row, ids] = np.where(
+                picked < 0, picked * s.repetition_penalty, picked / s.repetition_penalty
+            )
     n = s.no_repeat_ngram_size
     if n > 0 and cur_len + 1 >= n:
         for row, ids in enumerate(input_ids.tolist()):
-            prefix = tuple(ids[cur_len - n + 1:])
-            banned = [ids[i + n - 1] for i in range(cur_len - n + 1)
-                      if tuple(ids[i:i + n - 1]) == prefix]
+            prefix = tuple(ids[cur_len - n + 1 :])
+            banned = [
+                ids[i + n - 1]
+                for i in range(cur_len - n + 1)
+                if tuple(ids[i : i + n - 1]) == prefix
+            ]
             scores[row, banned] = NEG_INF
     if s.bad_words_ids:
         bad = [b for b in s.bad_words_ids if not any(b == [e] for e in s.eos_token_ids)]
         for row, ids in enumerate(input_ids.tolist()):
             for seq in bad:
-                if len(seq) == 1 or ids[len(ids) - len(seq) + 1:] == seq[:-1]:
+                if len(seq) == 1 or ids[len(ids) - len(seq) + 1 :] == seq[:-1]:
                     scores[row, seq[-1]] = NEG_INF
     if s.min_length > 0 and cur_len < s.min_length:
         scores[:, s.eos_token_ids] = NEG_INF
@@ -108,7 +121,7 @@ def warp(scores: np.ndarray, temperature: float, top_k: int, top_p: float) -> np
     if temperature != 1.0:
         scores = scores / np.float32(temperature)
     if 0 < top_k < scores.shape[-1]:
-        kth = -np.partition(-scores, top_k - 1, axis=-1)[:, top_k - 1:top_k]
+        kth = -np.partition(-scores, top_k - 1, axis=-1)[:, top_k - 1 : top_k]
         scores = np.where(scores < kth, NEG_INF, scores)
     if top_p < 1.0:
         order = np.argsort(scores, axis=-1, kind="stable")  # ascending, as transformers sorts
@@ -168,8 +181,7 @@ def _topk(x: np.ndarray, k: int) -> np.ndarray:
 # --- search ---------------------------------------------------------------------------------------
 
 
-def greedy(step: Step, hidden: np.ndarray, mask: np.ndarray, s: DecodeSettings
-           ) -> list[list[int]]:
+def greedy(step: Step, hidden: np.ndarray, mask: np.ndarray, s: DecodeSettings) -> list[list[int]]:
     """transformers' greedy search: the best token each step until every row has ended."""
     n = hidden.shape[0]
     seqs = np.full((n, 1), s.decoder_start_token_id, dtype=np.int64)
@@ -188,8 +200,7 @@ def greedy(step: Step, hidden: np.ndarray, mask: np.ndarray, s: DecodeSettings
     return seqs.tolist()
 
 
-def beam(step: Step, hidden: np.ndarray, mask: np.ndarray, s: DecodeSettings
-         ) -> list[list[int]]:
+def beam(step: Step, hidden: np.ndarray, mask: np.ndarray, s: DecodeSettings) -> list[list[int]]:
     """transformers' vectorised beam search (4.5x), step for step."""
     batch, beams = hidden.shape[0], s.num_beams
     hidden = np.repeat(hidden, beams, axis=0)
@@ -219,7 +230,8 @@ def beam(step: Step, hidden: np.ndarray, mask: np.ndarray, s: DecodeSettings
         logp = process_scores(logp, flat, s)
         vocab = logp.shape[-1]
         acc = (logp.reshape(batch, beams, vocab) + running_scores[:, :, None]).reshape(
-            batch, beams * vocab)
+            batch, beams * vocab
+        )
         top = _topk(acc, keep)
         top_scores = np.take_along_axis(acc, top, axis=1)
         src_beam, token = top // vocab, top % vocab
@@ -235,7 +247,8 @@ def beam(step: Step, hidden: np.ndarray, mask: np.ndarray, s: DecodeSettings
         # finished beams: merge the ones that stopped among the top `beams` candidates
         just_done = hits & top_mask[None, :]
         done_scores = (top_scores / np.float32((cur + 1 - 1) ** s.length_penalty)).astype(
-            np.float32)
+            np.float32
+        )
         full = finished.all(axis=-1, keepdims=True) & (s.early_stopping is True)
         done_scores += full.astype(np.float32) * np.float32(-1.0e9)
         done_scores += (~improvable).astype(np.float32) * np.float32(-1.0e9)
@@ -258,16 +271,15 @@ def beam(step: Step, hidden: np.ndarray, mask: np.ndarray, s: DecodeSettings
             best_len = max_length - 1
         else:
             best_len = cur - 1
-        best_running = running_scores[:, :1] / np.float32(best_len ** s.length_penalty)
-        worst_done = np.where(finished, scores_done.min(axis=1, keepdims=True),
-                              np.float32(-1.0e9))
+        best_running = running_scores[:, :1] / np.float32(best_len**s.length_penalty)
+        worst_done = np.where(finished, scores_done.min(axis=1, keepdims=True), np.float32(-1.0e9))
         improvable = improvable & (best_running > worst_done).any(axis=-1, keepdims=True)
         open_beam = not (finished.all() and s.early_stopping is True)
         if not (improvable.any() and open_beam and not hits.all()):
             break
     out = []
     for b in range(batch):
-        out.append(sequences[b, 0, :int(lengths_done[b, 0])].tolist())
+        out.append(sequences[b, 0, : int(lengths_done[b, 0])].tolist())
     # transformers trims all rows to the longest output and pads the rest
     width = max(len(x) for x in out)
     return [x + [fill] * (width - len(x)) for x in out]

@@ -33,8 +33,11 @@ def pool(hidden: np.ndarray, mask: np.ndarray, pooling: str, normalize: bool) ->
 
 class Embedder(TextModel):
     inputs = (TEXT,)
-    outputs = (Tensor("EMBEDDING", "FP32", ("embedding_dim",)), TRUNCATED,
-               Tensor("TOKENS", "INT32"))
+    outputs = (
+        Tensor("EMBEDDING", "FP32", ("embedding_dim",)),
+        TRUNCATED,
+        Tensor("TOKENS", "INT32"),
+    )
 
     def __init__(self, onnx_path: str, tokenizer_path: str, settings: dict[str, Any]):
         if settings["pooling"] not in ("mean", "cls"):
@@ -43,7 +46,8 @@ class Embedder(TextModel):
         super().__init__(onnx_path, tokenizer_path, settings)
         names = list(self.text.output_meta)
         found = next((n for n in TOKEN_OUTPUTS if n in names), None) or next(
-            (n for n, o in self.text.output_meta.items() if len(o.shape) == 3), None)
+            (n for n, o in self.text.output_meta.items() if len(o.shape) == 3), None
+        )
         if found is None:
             raise ValueError(f"{onnx_path} has no token-level (3-D) output among {names}")
         self.token_output = found
@@ -53,10 +57,16 @@ class Embedder(TextModel):
 
     def run(self, rows: list[str]) -> dict[str, list[np.ndarray]]:
         encodings = self.text.encode(rows)
-        emb = self.text.forward(encodings, [self.token_output], lambda out, mask: pool(
-            out[self.token_output], mask, self.pooling, self.normalize))
-        return {"EMBEDDING": emb, "TRUNCATED": truncated(encodings),
-                "TOKENS": [np.array([len(e.ids)], np.int32) for e in encodings]}
+        emb = self.text.forward(
+            encodings,
+            [self.token_output],
+            lambda out, mask: pool(out[self.token_output], mask, self.pooling, self.normalize),
+        )
+        return {
+            "EMBEDDING": emb,
+            "TRUNCATED": truncated(encodings),
+            "TOKENS": [np.array([len(e.ids)], np.int32) for e in encodings],
+        }
 
     def embed(self, texts: list[str]) -> np.ndarray:
         """Embeddings of `texts` run as one dynamic batch (the gate's in-process path)."""

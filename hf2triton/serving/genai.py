@@ -51,20 +51,30 @@ class GenAIModel:
         scheduler.dynamic_split_fuse = bool(options["split_prompts"])
         # Unsplit, a step must hold the longest prompt served whole (a longer one fails the
         # step), and one token of every running sequence.
-        scheduler.max_num_batched_tokens = step_tokens if options["split_prompts"] else \
-            max(step_tokens, max_context, max_rows)
+        scheduler.max_num_batched_tokens = (
+            step_tokens if options["split_prompts"] else max(step_tokens, max_context, max_rows)
+        )
         scheduler.enable_prefix_caching = False
-        return ovg.ContinuousBatchingPipeline(self.files.directory, scheduler, "CPU",
-                                              dict(self.files.properties))
+        return ovg.ContinuousBatchingPipeline(
+            self.files.directory, scheduler, "CPU", dict(self.files.properties)
+        )
 
-    def engine(self, tokenizer: ChatTokenizer, eos: list[int], processors: DecodeSettings,
-               max_rows: int, step_tokens: int, request_level: bool = False,
-               max_context: int = 2048) -> GenAIEngine:
+    def engine(
+        self,
+        tokenizer: ChatTokenizer,
+        eos: list[int],
+        processors: DecodeSettings,
+        max_rows: int,
+        step_tokens: int,
+        request_level: bool = False,
+        max_context: int = 2048,
+    ) -> GenAIEngine:
         if processors.no_repeat_ngram_size or processors.bad_words_ids:
             raise RuntimeUnavailable(
                 "runtime openvino-genai does not apply the model's no_repeat_ngram_size or "
                 "bad_words_ids outside beam search: it would not generate what the model's "
-                "generation config asks; serve it on onnxruntime or openvino")
+                "generation config asks; serve it on onnxruntime or openvino"
+            )
         return GenAIEngine(self, tokenizer, eos, processors, max_rows, step_tokens, max_context)
 
 
@@ -87,16 +97,19 @@ class PromptScorer:
         import openvino as ov
 
         self.compiled = ov.Core().compile_model(
-            os.path.join(files.directory, "openvino_model.xml"), "CPU", dict(files.properties))
+            os.path.join(files.directory, "openvino_model.xml"), "CPU", dict(files.properties)
+        )
         self.request = self.compiled.create_infer_request()
 
     def __call__(self, ids: list[int]) -> float:
         if len(ids) < 2:
             return 0.0
-        feeds = {"input_ids": np.asarray([ids], np.int64),
-                 "attention_mask": np.ones((1, len(ids)), np.int64),
-                 "position_ids": np.arange(len(ids), dtype=np.int64)[None],
-                 "beam_idx": np.zeros(1, np.int32)}
+        feeds = {
+            "input_ids": np.asarray([ids], np.int64),
+            "attention_mask": np.ones((1, len(ids)), np.int64),
+            "position_ids": np.arange(len(ids), dtype=np.int64)[None],
+            "beam_idx": np.zeros(1, np.int32),
+        }
         self.request.reset_state()  # the KV cache lives in the request's state
         self.request.infer(feeds)
         logits = self.request.get_tensor("logits").data[0, :-1].astype(np.float64)
@@ -111,8 +124,16 @@ class GenAIEngine(Streaming):
 
     loop_name = "genai-loop"
 
-    def __init__(self, model: GenAIModel, tokenizer: ChatTokenizer, eos: list[int],
-                 processors: DecodeSettings, max_rows: int, step_tokens: int, max_context: int):
+    def __init__(
+        self,
+        model: GenAIModel,
+        tokenizer: ChatTokenizer,
+        eos: list[int],
+        processors: DecodeSettings,
+        max_rows: int,
+        step_tokens: int,
+        max_context: int,
+    ):
         import openvino_genai as ovg
 
         self.ovg, self.model, self.tokenizer, self.eos = ovg, model, tokenizer, set(eos)
@@ -161,8 +182,9 @@ class GenAIEngine(Streaming):
                 if seq.want_logprob:
                     self.scorer = self.scorer or PromptScorer(self.model.files)
                     seq.prompt_logprob = self.scorer(seq.prompt)
-                handle = self.pipe.add_request(next(self.ids), self.ovg_tensor(seq.prompt),
-                                               self._config(seq))
+                handle = self.pipe.add_request(
+                    next(self.ids), self.ovg_tensor(seq.prompt), self._config(seq)
+                )
             except Exception as exc:  # a request the pipeline refuses fails alone
                 self._fail(seq, f"generation refused: {type(exc).__name__}: {exc}")
                 continue
@@ -187,11 +209,12 @@ class GenAIEngine(Streaming):
                     break
             if seq.finish is None and run.handle.get_status() != status.RUNNING:
                 if run.handle.get_status() == status.IGNORED:
-                    self._fail(seq, "generation failed: the KV cache could not hold this "
-                                    "sequence")
+                    self._fail(seq, "generation failed: the KV cache could not hold this sequence")
                 else:  # a length or stop the pipeline saw first
-                    self._finish(seq, "length" if len(seq.generated) >=
-                                 seq.sampling.max_new_tokens else "stop")
+                    self._finish(
+                        seq,
+                        "length" if len(seq.generated) >= seq.sampling.max_new_tokens else "stop",
+                    )
             if seq.finish is not None:
                 self._end(run)
 
@@ -223,8 +246,11 @@ class GenAIEngine(Streaming):
             cfg.top_p = float(p.top_p)
             if p.top_k:
                 cfg.top_k = int(p.top_k)
-            cfg.rng_seed = int(p.seed) if p.seed is not None else \
-                int(np.random.default_rng().integers(0, 2**31))
+            cfg.rng_seed = (
+                int(p.seed)
+                if p.seed is not None
+                else int(np.random.default_rng().integers(0, 2**31))
+            )
         else:
             cfg.do_sample = False
         return cfg

@@ -43,8 +43,10 @@ class Reranker(TextModel):
         queries = text_column(arrays, "QUERY")
         passages = column(arrays, "PASSAGES")
         if passages.shape[0] != len(queries):
-            raise ValueError(f"PASSAGES has {passages.shape[0]} rows for {len(queries)} "
-                             "queries: one row of passages per query")
+            raise ValueError(
+                f"PASSAGES has {passages.shape[0]} rows for {len(queries)} "
+                "queries: one row of passages per query"
+            )
         if passages.shape[1] == 0:
             raise ValueError("PASSAGES is empty: send at least one passage per query")
         return list(zip(queries, texts(passages, "PASSAGES")))
@@ -52,15 +54,16 @@ class Reranker(TextModel):
     def run(self, rows: list[tuple[str, list[str]]]) -> dict[str, list[np.ndarray]]:
         pairs = [(q, p) for q, passages in rows for p in passages]
         encodings = self.text.encode(pairs)
-        scores = self.text.forward(encodings, ["logits"],
-                                   lambda out, mask: relevance(out["logits"], self.activation))
+        scores = self.text.forward(
+            encodings, ["logits"], lambda out, mask: relevance(out["logits"], self.activation)
+        )
         cut = truncated(encodings)
         out: dict[str, list[np.ndarray]] = {"SCORES": [], "TRUNCATED": []}
         k = 0
         for _, passages in rows:
             n = len(passages)
-            out["SCORES"].append(np.array(scores[k:k + n], dtype=np.float32))
-            out["TRUNCATED"].append(np.concatenate(cut[k:k + n]))
+            out["SCORES"].append(np.array(scores[k : k + n], dtype=np.float32))
+            out["TRUNCATED"].append(np.concatenate(cut[k : k + n]))
             k += n
         return out
 

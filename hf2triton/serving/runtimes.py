@@ -20,8 +20,13 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 
 # Other spellings of the precisions (OpenVINO's own are f32, f16, bf16).
-PRECISION_ALIASES = {"f32": "fp32", "float32": "fp32", "f16": "fp16", "float16": "fp16",
-                     "bfloat16": "bf16"}
+PRECISION_ALIASES = {
+    "f32": "fp32",
+    "float32": "fp32",
+    "f16": "fp16",
+    "float16": "fp16",
+    "bfloat16": "bf16",
+}
 
 
 # What a serving.json without a `runtime` runs (every version before runtimes were plug-ins), and
@@ -60,16 +65,22 @@ class RuntimeSettings:
         runtime = runtime_class(self.name)
         device = str(self.device).lower()
         if device not in runtime.devices:
-            raise ValueError(f"runtime {self.name}: device {self.device!r} is not one of "
-                             f"{', '.join(runtime.devices)}")
+            raise ValueError(
+                f"runtime {self.name}: device {self.device!r} is not one of "
+                f"{', '.join(runtime.devices)}"
+            )
         precision = PRECISION_ALIASES.get(str(self.precision).lower(), str(self.precision).lower())
         if precision not in runtime.precisions:
-            raise ValueError(f"runtime {self.name}: precision {self.precision!r} is not offered "
-                             f"(it runs {', '.join(runtime.precisions)}): pin one of those")
+            raise ValueError(
+                f"runtime {self.name}: precision {self.precision!r} is not offered "
+                f"(it runs {', '.join(runtime.precisions)}): pin one of those"
+            )
         unknown = sorted(set(self.options) - set(runtime.options))
         if unknown:
-            raise ValueError(f"runtime {self.name} has no setting {', '.join(unknown)} (its "
-                             f"settings: {', '.join(runtime.options) or 'none'})")
+            raise ValueError(
+                f"runtime {self.name} has no setting {', '.join(unknown)} (its "
+                f"settings: {', '.join(runtime.options) or 'none'})"
+            )
         options = {**runtime.options, **self.options}
         runtime.check(options)
         object.__setattr__(self, "device", device)
@@ -78,19 +89,27 @@ class RuntimeSettings:
 
     def to_dict(self) -> dict[str, Any]:
         """serving.json's `runtime`, every setting written out (defaults included)."""
-        return {"name": self.name, "device": self.device, "precision": self.precision,
-                **self.options}
+        return {
+            "name": self.name,
+            "device": self.device,
+            "precision": self.precision,
+            **self.options,
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RuntimeSettings:
         data = dict(data)
         if "name" not in data:
-            raise ValueError(f"serving.json runtime {data} names no runtime: add \"name\", one "
-                             f"of {', '.join(RUNTIMES)}")
+            raise ValueError(
+                f'serving.json runtime {data} names no runtime: add "name", one '
+                f"of {', '.join(RUNTIMES)}"
+            )
         if "precision" not in data:
-            raise ValueError(f"serving.json runtime {data['name']} names no precision: pin one "
-                             f"of {', '.join(runtime_class(data['name']).precisions)} (a runtime "
-                             "left to choose may pick a lower one by itself)")
+            raise ValueError(
+                f"serving.json runtime {data['name']} names no precision: pin one "
+                f"of {', '.join(runtime_class(data['name']).precisions)} (a runtime "
+                "left to choose may pick a lower one by itself)"
+            )
         name, precision = data.pop("name"), data.pop("precision")
         device = data.pop("device", runtime_class(name).devices[0])
         return cls(name, device, precision, data)
@@ -105,8 +124,10 @@ def settings_of(serving: Mapping[str, Any]) -> RuntimeSettings:
         d = DEFAULT_RUNTIME
         return RuntimeSettings(d["name"], d["device"], d["precision"], {"threads": threads})
     if not isinstance(raw, Mapping):
-        raise ValueError(f"serving.json runtime must be an object such as "
-                         f"{{\"name\": \"onnxruntime\", \"precision\": \"fp32\"}}, got {raw!r}")
+        raise ValueError(
+            f"serving.json runtime must be an object such as "
+            f'{{"name": "onnxruntime", "precision": "fp32"}}, got {raw!r}'
+        )
     runtime = RUNTIMES.get(raw.get("name", ""))
     if runtime is not None and "threads" in runtime.options and "threads" not in raw:
         raw = {**raw, "threads": threads}
@@ -124,13 +145,15 @@ class Session:
     in_use: str
     max_rows: int | None = None
 
-    def run(self, outputs: Sequence[str] | None, feeds: Mapping[str, np.ndarray]
-            ) -> list[np.ndarray]:
+    def run(
+        self, outputs: Sequence[str] | None, feeds: Mapping[str, np.ndarray]
+    ) -> list[np.ndarray]:
         """The named outputs (all, in the file's order, for None) of one run on `feeds`."""
         raise NotImplementedError
 
-    def run_many(self, outputs: Sequence[str] | None,
-                 feeds: Sequence[Mapping[str, np.ndarray]]) -> list[list[np.ndarray]]:
+    def run_many(
+        self, outputs: Sequence[str] | None, feeds: Sequence[Mapping[str, np.ndarray]]
+    ) -> list[list[np.ndarray]]:
         """Several independent runs (sub-batches); a runtime with parallel streams overlaps
         them."""
         return [self.run(outputs, f) for f in feeds]
@@ -155,16 +178,21 @@ class Runtime:
         """ValueError naming a bad setting value."""
         for key, least in cls.at_least.items():
             if key in options and (not isinstance(options[key], int) or options[key] < least):
-                raise ValueError(f"runtime {cls.name}: {key} must be a whole number >= {least}, "
-                                 f"got {options[key]!r}")
+                raise ValueError(
+                    f"runtime {cls.name}: {key} must be a whole number >= {least}, "
+                    f"got {options[key]!r}"
+                )
         for key in cls.flags:
             if key in options and not isinstance(options[key], bool):
-                raise ValueError(f"runtime {cls.name}: {key} must be true or false, got "
-                                 f"{options[key]!r}")
+                raise ValueError(
+                    f"runtime {cls.name}: {key} must be true or false, got {options[key]!r}"
+                )
         for key, allowed in cls.choices.items():
             if key in options and options[key] not in allowed:
-                raise ValueError(f"runtime {cls.name}: {key} {options[key]!r} is not one of "
-                                 f"{', '.join(a or repr(a) for a in allowed)}")
+                raise ValueError(
+                    f"runtime {cls.name}: {key} {options[key]!r} is not one of "
+                    f"{', '.join(a or repr(a) for a in allowed)}"
+                )
 
     @classmethod
     def offered(cls, device: str) -> dict[str, Any]:
@@ -179,11 +207,16 @@ class Runtime:
             raise RuntimeUnavailable(
                 f"runtime {cls.name}: this {settings.device.upper()} does not offer "
                 f"{settings.precision} ({offered['why']}): choose one of "
-                f"{', '.join(offered['precisions']) or 'none'}")
+                f"{', '.join(offered['precisions']) or 'none'}"
+            )
 
     @classmethod
-    def open(cls, path: str, settings: RuntimeSettings,
-             shapes: Mapping[str, tuple[Sequence[int], Sequence[int]]] | None = None) -> Session:
+    def open(
+        cls,
+        path: str,
+        settings: RuntimeSettings,
+        shapes: Mapping[str, tuple[Sequence[int], Sequence[int]]] | None = None,
+    ) -> Session:
         """Open `path` as `settings` say; RuntimeUnavailable when it cannot run so here.
 
         `shapes` ({input: (smallest, largest)}) is what the caller will feed; a runtime that
@@ -203,13 +236,14 @@ def runtime_class(name: str) -> type[Runtime]:
     try:
         return RUNTIMES[name]
     except KeyError:
-        raise ValueError(f"runtime {name!r} is unknown: use one of "
-                         f"{', '.join(RUNTIMES)}") from None
+        raise ValueError(f"runtime {name!r} is unknown: use one of {', '.join(RUNTIMES)}") from None
 
 
-def open_model(path: str, settings: RuntimeSettings,
-               shapes: Mapping[str, tuple[Sequence[int], Sequence[int]]] | None = None
-               ) -> Session:
+def open_model(
+    path: str,
+    settings: RuntimeSettings,
+    shapes: Mapping[str, tuple[Sequence[int], Sequence[int]]] | None = None,
+) -> Session:
     """`path` opened by the runtime `settings` name (see `Runtime.open`)."""
     return RUNTIMES[settings.name].open(path, settings, shapes)
 
@@ -224,8 +258,11 @@ def runtime_info() -> dict[str, dict[str, dict[str, Any]]]:
             try:
                 out[name][device] = runtime.offered(device)
             except ImportError as exc:
-                out[name][device] = {"precisions": [], "available": False,
-                                     "why": f"{exc.name or exc} is not installed"}
+                out[name][device] = {
+                    "precisions": [],
+                    "available": False,
+                    "why": f"{exc.name or exc} is not installed",
+                }
     return out
 
 
@@ -259,9 +296,14 @@ class OnnxRuntime(Runtime):
         import onnxruntime as ort
 
         found = cls.provider in ort.get_available_providers()
-        return {"precisions": list(cls.precisions) if found else [], "available": found,
-                "why": "" if found else f"this onnxruntime build has no {cls.provider} "
-                                        f"(it has {', '.join(ort.get_available_providers())})"}
+        return {
+            "precisions": list(cls.precisions) if found else [],
+            "available": found,
+            "why": ""
+            if found
+            else f"this onnxruntime build has no {cls.provider} "
+            f"(it has {', '.join(ort.get_available_providers())})",
+        }
 
     @classmethod
     def providers(cls, settings: RuntimeSettings, shapes: Any = None) -> list[Any]:
@@ -274,16 +316,17 @@ class OnnxRuntime(Runtime):
         options = ort.SessionOptions()
         if settings.options.get("threads"):
             options.intra_op_num_threads = int(settings.options["threads"])
-        session = OrtSession(ort.InferenceSession(path, options,
-                                                  providers=cls.providers(settings, shapes)),
-                             settings)
+        session = OrtSession(
+            ort.InferenceSession(path, options, providers=cls.providers(settings, shapes)), settings
+        )
         # ONNX Runtime falls back to the CPU with only a warning when a provider cannot start.
         if session.in_use != cls.provider:
             raise RuntimeUnavailable(
                 f"runtime {cls.name}: {cls.provider} is not in use for {os.path.basename(path)} "
                 f"(ONNX Runtime fell back to {session.in_use}; providers this onnxruntime has: "
                 f"{', '.join(ort.get_available_providers())}): run it on a machine with a GPU "
-                "and onnxruntime-gpu, or choose a CPU runtime")
+                "and onnxruntime-gpu, or choose a CPU runtime"
+            )
         cls.warm(session, shapes)
         return session
 
@@ -304,8 +347,10 @@ class OnnxRuntimeCuda(OnnxRuntime):
 
     @classmethod
     def providers(cls, settings, shapes=None):
-        return [(cls.provider, {"device_id": settings.options["device_id"]}),
-                "CPUExecutionProvider"]
+        return [
+            (cls.provider, {"device_id": settings.options["device_id"]}),
+            "CPUExecutionProvider",
+        ]
 
 
 @register
@@ -323,16 +368,19 @@ class OnnxRuntimeTensorrt(OnnxRuntime):
 
     @classmethod
     def cache_dir(cls, settings: RuntimeSettings) -> str:
-        path = settings.options["cache_dir"] or os.path.join(tempfile.gettempdir(),
-                                                             "hf2triton-trt-engines")
+        path = settings.options["cache_dir"] or os.path.join(
+            tempfile.gettempdir(), "hf2triton-trt-engines"
+        )
         try:
             os.makedirs(path, exist_ok=True)
             with tempfile.NamedTemporaryFile(dir=path):
                 pass
         except OSError as exc:
-            raise RuntimeUnavailable(f"runtime {cls.name}: the engine cache {path} is not "
-                                     f"writable ({exc.strerror}): set cache_dir to a writable "
-                                     "directory") from None
+            raise RuntimeUnavailable(
+                f"runtime {cls.name}: the engine cache {path} is not "
+                f"writable ({exc.strerror}): set cache_dir to a writable "
+                "directory"
+            ) from None
         return path
 
     @classmethod
@@ -342,22 +390,33 @@ class OnnxRuntimeTensorrt(OnnxRuntime):
             return {}
 
         def text(index: int) -> str:
-            return ",".join(f"{name}:{'x'.join(str(d) for d in pair[index])}"
-                            for name, pair in shapes.items())
+            return ",".join(
+                f"{name}:{'x'.join(str(d) for d in pair[index])}" for name, pair in shapes.items()
+            )
 
-        return {"trt_profile_min_shapes": text(0), "trt_profile_max_shapes": text(1),
-                "trt_profile_opt_shapes": text(1)}
+        return {
+            "trt_profile_min_shapes": text(0),
+            "trt_profile_max_shapes": text(1),
+            "trt_profile_opt_shapes": text(1),
+        }
 
     @classmethod
     def providers(cls, settings, shapes=None):
         cache = cls.cache_dir(settings)
-        trt = {"device_id": settings.options["device_id"], "trt_fp16_enable": True,
-               "trt_engine_cache_enable": True, "trt_engine_cache_path": cache,
-               "trt_timing_cache_enable": True, "trt_timing_cache_path": cache,
-               **cls.profile(settings, shapes)}
-        return [(cls.provider, trt),
-                ("CUDAExecutionProvider", {"device_id": settings.options["device_id"]}),
-                "CPUExecutionProvider"]
+        trt = {
+            "device_id": settings.options["device_id"],
+            "trt_fp16_enable": True,
+            "trt_engine_cache_enable": True,
+            "trt_engine_cache_path": cache,
+            "trt_timing_cache_enable": True,
+            "trt_timing_cache_path": cache,
+            **cls.profile(settings, shapes),
+        }
+        return [
+            (cls.provider, trt),
+            ("CUDAExecutionProvider", {"device_id": settings.options["device_id"]}),
+            "CPUExecutionProvider",
+        ]
 
     @classmethod
     def engine_shapes(cls, path: str, settings: RuntimeSettings, shapes: Any) -> dict:
@@ -369,11 +428,18 @@ class OnnxRuntimeTensorrt(OnnxRuntime):
         # A profile naming an input the graph lacks is an error: read them off a bare session.
         bare = ort.SessionOptions()
         bare.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        names = {i.name for i in ort.InferenceSession(
-            path, bare, providers=["CPUExecutionProvider"]).get_inputs()}
+        names = {
+            i.name
+            for i in ort.InferenceSession(
+                path, bare, providers=["CPUExecutionProvider"]
+            ).get_inputs()
+        }
         rows = settings.options["max_rows"]
-        return {n: (tuple(lo), (min(hi[0], rows), *hi[1:]))
-                for n, (lo, hi) in shapes.items() if n in names}
+        return {
+            n: (tuple(lo), (min(hi[0], rows), *hi[1:]))
+            for n, (lo, hi) in shapes.items()
+            if n in names
+        }
 
     @classmethod
     def open(cls, path, settings, shapes=None):
@@ -385,8 +451,9 @@ class OnnxRuntimeTensorrt(OnnxRuntime):
     def warm(cls, session, shapes):
         # The engine is built on the first run of each profile: build it before serving.
         for index in (0, 1) if shapes else ():
-            session.run(None, {n: np.ones(pair[index], dtype=np.int64)
-                               for n, pair in shapes.items()})
+            session.run(
+                None, {n: np.ones(pair[index], dtype=np.int64) for n, pair in shapes.items()}
+            )
 
 
 # --- OpenVINO -----------------------------------------------------------------------------------
@@ -407,8 +474,9 @@ def _ov_core() -> Any:
 
 
 class OpenVinoSession(Session):
-    def __init__(self, compiled: Any, settings: RuntimeSettings, in_use: str,
-                 output_names: Sequence[str]):
+    def __init__(
+        self, compiled: Any, settings: RuntimeSettings, in_use: str, output_names: Sequence[str]
+    ):
         import openvino as ov
 
         self.compiled, self.settings, self.in_use = compiled, settings, in_use
@@ -416,8 +484,9 @@ class OpenVinoSession(Session):
         # An infer request (and the queue) serves one caller at a time; ONNX Runtime's run is
         # thread-safe, so callers may share a session between threads.
         self.lock = threading.Lock()
-        self.inputs = {p.get_any_name(): Port(p.get_any_name(), _ov_shape(p))
-                       for p in compiled.inputs}
+        self.inputs = {
+            p.get_any_name(): Port(p.get_any_name(), _ov_shape(p)) for p in compiled.inputs
+        }
         # Outputs under the names the model file gives them, in its order, as ONNX Runtime
         # hands them back. Not the compiled ports' get_any_name(): compiling may fold the node
         # that made an output (an Add of an all-zero bias, an Identity) and merge its
@@ -497,19 +566,27 @@ class OpenVino(Runtime):
     def offered(cls, device):
         core = _ov_core()
         if device.upper() not in core.available_devices:
-            return {"precisions": [], "available": False,
-                    "why": f"OpenVINO sees no {device.upper()} (it sees "
-                           f"{', '.join(core.available_devices) or 'nothing'})"}
+            return {
+                "precisions": [],
+                "available": False,
+                "why": f"OpenVINO sees no {device.upper()} (it sees "
+                f"{', '.join(core.available_devices) or 'nothing'})",
+            }
         caps = set(core.get_property(device.upper(), "OPTIMIZATION_CAPABILITIES"))
         found = [p for p in cls.precisions if OV_CAPABILITIES[p] in caps]
-        return {"precisions": found, "available": True,
-                "why": f"OPTIMIZATION_CAPABILITIES: {' '.join(sorted(caps))}"}
+        return {
+            "precisions": found,
+            "available": True,
+            "why": f"OPTIMIZATION_CAPABILITIES: {' '.join(sorted(caps))}",
+        }
 
     @classmethod
     def config(cls, settings: RuntimeSettings) -> dict[str, str]:
         opts = settings.options
-        config = {"INFERENCE_PRECISION_HINT": OV_PRECISIONS[settings.precision],
-                  "PERFORMANCE_HINT": opts["hint"]}
+        config = {
+            "INFERENCE_PRECISION_HINT": OV_PRECISIONS[settings.precision],
+            "PERFORMANCE_HINT": opts["hint"],
+        }
         if opts["streams"]:
             config["NUM_STREAMS"] = str(opts["streams"])
         if opts["threads"]:
@@ -526,10 +603,12 @@ class OpenVino(Runtime):
         compiled = core.compile_model(model, settings.device.upper(), config)
         got = compiled.get_property("INFERENCE_PRECISION_HINT").to_string()
         if got != config["INFERENCE_PRECISION_HINT"]:
-            raise RuntimeUnavailable(f"runtime {cls.name}: asked for {settings.precision}, the "
-                                     f"compiled model runs {got}")
-        return OpenVinoSession(compiled, settings, f"OpenVINO {settings.device.upper()} {got}",
-                               names)
+            raise RuntimeUnavailable(
+                f"runtime {cls.name}: asked for {settings.precision}, the compiled model runs {got}"
+            )
+        return OpenVinoSession(
+            compiled, settings, f"OpenVINO {settings.device.upper()} {got}", names
+        )
 
 
 # --- OpenVINO GenAI -----------------------------------------------------------------------------
@@ -571,10 +650,15 @@ class OpenVinoGenAI(Runtime):
         precision = OV_PRECISIONS[settings.precision]
         kv = settings.options["kv_cache"] or precision
         if precision == "bf16" and kv == "f32":
-            raise RuntimeUnavailable(f"runtime {cls.name}: bf16 inference needs a bf16 or u8 "
-                                     "KV cache, not f32: set kv_cache to bf16 or u8")
-        props = {"INFERENCE_PRECISION_HINT": precision, "KV_CACHE_PRECISION": kv,
-                 "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0"}
+            raise RuntimeUnavailable(
+                f"runtime {cls.name}: bf16 inference needs a bf16 or u8 "
+                "KV cache, not f32: set kv_cache to bf16 or u8"
+            )
+        props = {
+            "INFERENCE_PRECISION_HINT": precision,
+            "KV_CACHE_PRECISION": kv,
+            "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0",
+        }
         if settings.options["threads"]:
             props["INFERENCE_NUM_THREADS"] = str(settings.options["threads"])
         return props
@@ -583,8 +667,10 @@ class OpenVinoGenAI(Runtime):
     def open(cls, path, settings, shapes=None):
         cls.require_offered(settings)
         if os.path.basename(path) != "openvino_model.xml":
-            raise RuntimeUnavailable(f"runtime {cls.name} serves a stateful OpenVINO IR "
-                                     f"(openvino_model.xml), not {os.path.basename(path)}")
+            raise RuntimeUnavailable(
+                f"runtime {cls.name} serves a stateful OpenVINO IR "
+                f"(openvino_model.xml), not {os.path.basename(path)}"
+            )
         return GenAIModelFiles(os.path.dirname(path) or ".", settings, cls.properties(settings))
 
 
@@ -599,5 +685,7 @@ class GenAIModelFiles:
 
     @property
     def in_use(self) -> str:
-        return (f"OpenVINO GenAI CPU {self.properties['INFERENCE_PRECISION_HINT']} "
-                f"(KV cache {self.properties['KV_CACHE_PRECISION']})")
+        return (
+            f"OpenVINO GenAI CPU {self.properties['INFERENCE_PRECISION_HINT']} "
+            f"(KV cache {self.properties['KV_CACHE_PRECISION']})"
+        )

@@ -30,8 +30,18 @@ ONNX_FILES = {
 
 
 # transformers' `clean_up_tokenization`, pattern by pattern, in its order.
-CLEAN_UP = {" .": ".", " ?": "?", " !": "!", " ,": ",", " ' ": "'", " n't": "n't", " 'm": "'m",
-            " 's": "'s", " 've": "'ve", " 're": "'re"}
+CLEAN_UP = {
+    " .": ".",
+    " ?": "?",
+    " !": "!",
+    " ,": ",",
+    " ' ": "'",
+    " n't": "n't",
+    " 'm": "'m",
+    " 's": "'s",
+    " 've": "'ve",
+    " 're": "'re",
+}
 
 
 def clean_up_tokenization(text: str) -> str:
@@ -59,7 +69,8 @@ class Seq2SeqTokenizer:
     - kind "tokenizers": `file` is a tokenizer.json (fast tokenizer, post-processor included);
     - kind "sentencepiece": `spm_source`/`spm_target`, `vocab` (token -> id, added tokens
       included), `unk_id`, `prefix`/`suffix` ids around the pieces, `special_tokens` (strings
-      decoded verbatim), `tokens` (id -> token), `skip_ids` (dropped when decoding) and `style` ("m2m100" or "marian",
+      decoded verbatim), `tokens` (id -> token), `skip_ids` (dropped when decoding) and `style`
+      ("m2m100" or "marian",
       how pieces and special tokens are joined back into text).
     """
 
@@ -77,9 +88,11 @@ class Seq2SeqTokenizer:
             import sentencepiece as spm
 
             self.sp_source = spm.SentencePieceProcessor(
-                model_file=os.path.join(directory, plan["spm_source"]))
+                model_file=os.path.join(directory, plan["spm_source"])
+            )
             self.sp_target = spm.SentencePieceProcessor(
-                model_file=os.path.join(directory, plan["spm_target"]))
+                model_file=os.path.join(directory, plan["spm_target"])
+            )
             with open(os.path.join(directory, plan["vocab"]), encoding="utf-8") as f:
                 self.vocab: dict[str, int] = json.load(f)
             with open(os.path.join(directory, plan["tokens"]), encoding="utf-8") as f:
@@ -117,8 +130,11 @@ class Seq2SeqTokenizer:
 
     def _decode_pieces(self, ids: list[int]) -> str:
         n = len(self.tokens)
-        tokens = [self.tokens[i] if 0 <= i < n else self.unk_token
-                  for i in map(int, ids) if i not in self.skip_ids]
+        tokens = [
+            self.tokens[i] if 0 <= i < n else self.unk_token
+            for i in map(int, ids)
+            if i not in self.skip_ids
+        ]
         out, pending = "", []
         if self.style == "marian":
             for tok in tokens:
@@ -147,12 +163,17 @@ class Seq2SeqModel:
     beam search with the KV cache. Rows of a batch are independent; padding is masked as
     transformers masks it."""
 
-    def __init__(self, paths: dict[str, str], threads: int = 0,
-                 runtime: runtimes.RuntimeSettings | None = None):
+    def __init__(
+        self,
+        paths: dict[str, str],
+        threads: int = 0,
+        runtime: runtimes.RuntimeSettings | None = None,
+    ):
         runtime = runtime or runtimes.settings_of({"intra_op_threads": threads})
         self.sessions = {role: runtimes.open_model(paths[role], runtime) for role in ONNX_FILES}
-        self.past_inputs = [n for n in self.sessions["decoder_with_past"].inputs
-                            if n.startswith("past_key_values.")]
+        self.past_inputs = [
+            n for n in self.sessions["decoder_with_past"].inputs if n.startswith("past_key_values.")
+        ]
         self.first_outputs = list(self.sessions["decoder"].outputs)
         self.past_outputs = list(self.sessions["decoder_with_past"].outputs)
         self.encoder_inputs = set(self.sessions["encoder"].inputs)
@@ -161,15 +182,20 @@ class Seq2SeqModel:
     def encode(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         feeds = {"input_ids": ids, "attention_mask": mask}
         return self.sessions["encoder"].run(
-            None, {k: v for k, v in feeds.items() if k in self.encoder_inputs})[0]
+            None, {k: v for k, v in feeds.items() if k in self.encoder_inputs}
+        )[0]
 
     def _first(self, tokens: np.ndarray, hidden: np.ndarray, mask: np.ndarray):
-        out = self.sessions["decoder"].run(None, {
-            "input_ids": tokens, "encoder_hidden_states": hidden, "encoder_attention_mask": mask,
-        })
+        out = self.sessions["decoder"].run(
+            None,
+            {"input_ids": tokens, "encoder_hidden_states": hidden, "encoder_attention_mask": mask},
+        )
         named = dict(zip(self.first_outputs, out))
-        past = {n.replace("present.", "past_key_values."): v for n, v in named.items()
-                if n.startswith("present.")}
+        past = {
+            n.replace("present.", "past_key_values."): v
+            for n, v in named.items()
+            if n.startswith("present.")
+        }
         return named["logits"][:, -1, :], past
 
     def _next(self, tokens: np.ndarray, mask: np.ndarray, past: dict[str, np.ndarray]):
@@ -188,14 +214,15 @@ class Seq2SeqModel:
         return self._next(tokens, mask, past)
 
     # generate ---------------------------------------------------------------------------------
-    def generate(self, inputs: list[list[int]], settings: DecodeSettings,
-                 pad_id: int) -> list[list[int]]:
+    def generate(
+        self, inputs: list[list[int]], settings: DecodeSettings, pad_id: int
+    ) -> list[list[int]]:
         """Generated token ids (decoder start included) for each input, like `generate`."""
         width = max(len(x) for x in inputs)
         ids = np.full((len(inputs), width), pad_id, dtype=np.int64)
         mask = np.zeros((len(inputs), width), dtype=np.int64)
         for r, x in enumerate(inputs):  # right padding, as transformers' tokenizers pad
-            ids[r, :len(x)], mask[r, :len(x)] = x, 1
+            ids[r, : len(x)], mask[r, : len(x)] = x, 1
         hidden = self.encode(ids, mask)
         if settings.num_beams <= 1:
             return decoding.greedy(self._step, hidden, mask, settings)
@@ -206,9 +233,14 @@ def load_serving(directory: str, cfg: dict[str, Any], threads: int = 0):
     """The tokenizer, model and default settings described by a served `serving.json` (file
     names relative to `directory`, the tokenizer's to `directory/tokenizer_dir`; the runtime
     from its `runtime`, or ONNX Runtime on CPU with `threads`)."""
-    tokenizer = Seq2SeqTokenizer(os.path.join(directory, cfg.get("tokenizer_dir", "")),
-                                 cfg["tokenizer"], cfg["max_input_length"])
+    tokenizer = Seq2SeqTokenizer(
+        os.path.join(directory, cfg.get("tokenizer_dir", "")),
+        cfg["tokenizer"],
+        cfg["max_input_length"],
+    )
     runtime = runtimes.settings_of({"intra_op_threads": threads, **cfg})
-    model = Seq2SeqModel({role: os.path.join(directory, name)
-                          for role, name in cfg["files"].items()}, runtime=runtime)
+    model = Seq2SeqModel(
+        {role: os.path.join(directory, name) for role, name in cfg["files"].items()},
+        runtime=runtime,
+    )
     return tokenizer, model, DecodeSettings.from_dict(cfg["decode"])

@@ -69,9 +69,15 @@ class OnnxText:
     """A tokenizer.json and an ONNX graph taking token ids, run by a runtime (runtimes.py;
     default ONNX Runtime on CPU, fp32)."""
 
-    def __init__(self, onnx_path: str, tokenizer_path: str, max_length: int,
-                 threads: int = 0, max_batch_tokens: int = 0,
-                 runtime: runtimes.RuntimeSettings | None = None):
+    def __init__(
+        self,
+        onnx_path: str,
+        tokenizer_path: str,
+        max_length: int,
+        threads: int = 0,
+        max_batch_tokens: int = 0,
+        runtime: runtimes.RuntimeSettings | None = None,
+    ):
         from tokenizers import Tokenizer
 
         self.tokenizer = Tokenizer.from_file(tokenizer_path)
@@ -104,23 +110,27 @@ class OnnxText:
         mask = np.zeros((len(encodings), width), dtype=np.int64)
         types = np.zeros((len(encodings), width), dtype=np.int64)
         for row, e in enumerate(encodings):
-            ids[row, :len(e.ids)] = e.ids
-            mask[row, :len(e.ids)] = 1
-            types[row, :len(e.ids)] = e.type_ids
+            ids[row, : len(e.ids)] = e.ids
+            mask[row, : len(e.ids)] = 1
+            types[row, : len(e.ids)] = e.type_ids
         return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
 
     def feeds(self, encodings: list[Any]) -> dict[str, np.ndarray]:
         """What the graph is fed for one sub-batch: the inputs it takes."""
         return {k: v for k, v in self.padded(encodings).items() if k in self.input_names}
 
-    def forward(self, encodings: list[Any], outputs: list[str],
-                reduce: Callable[[dict[str, np.ndarray], np.ndarray], np.ndarray]) -> list[Any]:
+    def forward(
+        self,
+        encodings: list[Any],
+        outputs: list[str],
+        reduce: Callable[[dict[str, np.ndarray], np.ndarray], np.ndarray],
+    ) -> list[Any]:
         """`reduce(outputs, attention_mask)` of every sub-batch, scattered back to row order."""
         lengths = [len(e.ids) for e in encodings]
         groups = plan_sub_batches(lengths, self.max_batch_tokens)
         cap = self.session.max_rows
         if cap:  # a runtime whose engines take at most `cap` rows
-            groups = [g[i:i + cap] for g in groups for i in range(0, len(g), cap)]
+            groups = [g[i : i + cap] for g in groups for i in range(0, len(g), cap)]
         padded = [self.padded([encodings[i] for i in group]) for group in groups]
         masks = [named["attention_mask"] for named in padded]
         feeds = [{k: v for k, v in named.items() if k in self.input_names} for named in padded]
@@ -145,12 +155,18 @@ class TextModel(ServedModel):
 
     def __init__(self, onnx_path: str, tokenizer_path: str, settings: dict[str, Any]):
         self.settings = settings
-        self.text = OnnxText(onnx_path, tokenizer_path, settings["max_length"],
-                             max_batch_tokens=int(settings.get("max_batch_tokens", 0)),
-                             runtime=runtimes.settings_of(settings))
+        self.text = OnnxText(
+            onnx_path,
+            tokenizer_path,
+            settings["max_length"],
+            max_batch_tokens=int(settings.get("max_batch_tokens", 0)),
+            runtime=runtimes.settings_of(settings),
+        )
 
     @classmethod
     def from_directory(cls, directory: str, settings: dict[str, Any]) -> TextModel:
-        return cls(os.path.join(directory, settings.get("onnx", "model.onnx")),
-                   os.path.join(directory, settings.get("tokenizer", "tokenizer.json")),
-                   settings)
+        return cls(
+            os.path.join(directory, settings.get("onnx", "model.onnx")),
+            os.path.join(directory, settings.get("tokenizer", "tokenizer.json")),
+            settings,
+        )

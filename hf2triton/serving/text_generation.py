@@ -28,38 +28,49 @@ CANCEL_CHECK_S = 0.5
 
 class Generator(ServedModel):
     decoupled = True  # config.pbtxt: model_transaction_policy { decoupled: true }
-    inputs = (Tensor("text_input", "STRING", optional=True),
-              Tensor("messages", "STRING", optional=True),
-              Tensor("max_tokens", "INT32", optional=True),
-              Tensor("stream", "BOOL", optional=True),
-              Tensor("temperature", "FP32", optional=True),
-              Tensor("top_p", "FP32", optional=True),
-              Tensor("top_k", "INT32", optional=True),
-              Tensor("repetition_penalty", "FP32", optional=True),
-              Tensor("seed", "UINT64", optional=True),
-              Tensor("stop_words", "STRING", dims=(-1,), optional=True),
-              Tensor("return_prompt_logprob", "BOOL", optional=True))
-    outputs = (Tensor("text_output", "STRING"), Tensor("output_ids", "INT32", dims=(-1,)),
-               Tensor("finish_reason", "STRING"), Tensor("prompt_logprob", "FP32"),
-               Tensor("prompt_tokens", "INT32"))
+    inputs = (
+        Tensor("text_input", "STRING", optional=True),
+        Tensor("messages", "STRING", optional=True),
+        Tensor("max_tokens", "INT32", optional=True),
+        Tensor("stream", "BOOL", optional=True),
+        Tensor("temperature", "FP32", optional=True),
+        Tensor("top_p", "FP32", optional=True),
+        Tensor("top_k", "INT32", optional=True),
+        Tensor("repetition_penalty", "FP32", optional=True),
+        Tensor("seed", "UINT64", optional=True),
+        Tensor("stop_words", "STRING", dims=(-1,), optional=True),
+        Tensor("return_prompt_logprob", "BOOL", optional=True),
+    )
+    outputs = (
+        Tensor("text_output", "STRING"),
+        Tensor("output_ids", "INT32", dims=(-1,)),
+        Tensor("finish_reason", "STRING"),
+        Tensor("prompt_logprob", "FP32"),
+        Tensor("prompt_tokens", "INT32"),
+    )
 
     def __init__(self, directory: str, settings: dict[str, Any]):
         self.tokenizer, opened = causal.load_serving(directory, settings)
         # What serves the model: OpenVINO GenAI's pipeline, or the exported decoder's session.
-        model = GenAIModel(opened) if isinstance(opened, GenAIModelFiles) else \
-            causal.CausalLM(settings["onnx"], session=opened)
+        model = (
+            GenAIModel(opened)
+            if isinstance(opened, GenAIModelFiles)
+            else causal.CausalLM(settings["onnx"], session=opened)
+        )
         d = dict(settings["defaults"])
         self.defaults = causal.Sampling(**{**d, "stop": tuple(d.get("stop") or ())})
         self.max_context = int(settings["max_context"])
         # The engine the model's runtime serves it with: causal.Engine's in-flight batching over
         # a runtime that runs feeds, or OpenVINO GenAI's continuous batching (genai.py).
         self.engine = model.engine(
-            self.tokenizer, [int(e) for e in settings["eos_token_ids"]],
+            self.tokenizer,
+            [int(e) for e in settings["eos_token_ids"]],
             DecodeSettings.from_dict(settings["processors"]),
             max_rows=int(settings.get("max_rows", 32)),
             step_tokens=int(settings.get("step_tokens", 512)),
             request_level=settings.get("batching", "in-flight") == "request",
-            max_context=self.max_context)
+            max_context=self.max_context,
+        )
         self.engine.stream_interval = float(settings.get("stream_interval_ms", 50)) / 1000
 
     @classmethod
@@ -75,8 +86,10 @@ class Generator(ServedModel):
         client when a value is bad."""
         prompts: list[tuple[str, bool]]
         if "text_input" in arrays and "messages" in arrays:
-            raise ValueError("the request has both text_input and messages: send one of them "
-                             "(text_input, a plain prompt; messages, a chat)")
+            raise ValueError(
+                "the request has both text_input and messages: send one of them "
+                "(text_input, a plain prompt; messages, a chat)"
+            )
         if "text_input" in arrays:
             arr = column(arrays, "text_input")
             prompts = [(row[0], True) for row in texts(arr, "text_input")]
@@ -93,16 +106,29 @@ class Generator(ServedModel):
         n = len(prompts)
         stream = [bool(v) for v in value_column(arrays, "stream", n) if v is not None]
         if any(stream) and n > 1:
-            raise ValueError("a streaming request carries one prompt: send the others as "
-                             "requests of their own")
+            raise ValueError(
+                "a streaming request carries one prompt: send the others as requests of their own"
+            )
         stops = column(arrays, "stop_words", required=False)
-        stop_rows = [tuple(s for s in row if s) for row in texts(stops, "stop_words")] \
-            if stops is not None else [None] * n
+        stop_rows = (
+            [tuple(s for s in row if s) for row in texts(stops, "stop_words")]
+            if stops is not None
+            else [None] * n
+        )
         if len(stop_rows) != n:
             raise ValueError(f"stop_words needs one row per prompt: {n}, got {len(stop_rows)}")
-        columns = {name: value_column(arrays, name, n) for name in (
-            "max_tokens", "temperature", "top_p", "top_k", "repetition_penalty", "seed",
-            "return_prompt_logprob")}
+        columns = {
+            name: value_column(arrays, name, n)
+            for name in (
+                "max_tokens",
+                "temperature",
+                "top_p",
+                "top_k",
+                "repetition_penalty",
+                "seed",
+                "return_prompt_logprob",
+            )
+        }
         rows = []
         for i, (text, special) in enumerate(prompts):
             values = {k: v[i] for k, v in columns.items()}
@@ -115,20 +141,31 @@ class Generator(ServedModel):
                     f"the prompt is {len(ids)} tokens and max_tokens "
                     f"{sampling.max_new_tokens}: {len(ids) + sampling.max_new_tokens} is over "
                     f"this model's context length {self.max_context}; shorten the prompt or "
-                    "lower max_tokens")
-            rows.append({"ids": ids, "sampling": sampling, "stream": bool(stream and stream[0]),
-                         "logprob": bool(values["return_prompt_logprob"])})
+                    "lower max_tokens"
+                )
+            rows.append(
+                {
+                    "ids": ids,
+                    "sampling": sampling,
+                    "stream": bool(stream and stream[0]),
+                    "logprob": bool(values["return_prompt_logprob"]),
+                }
+            )
         return rows
 
     def sampling(self, v: dict[str, Any], stop: tuple[str, ...] | None) -> causal.Sampling:
         changes: dict[str, Any] = {}
         if v["max_tokens"] is not None:
             if not 1 <= int(v["max_tokens"]) < self.max_context:
-                raise ValueError(f"max_tokens {v['max_tokens']} is outside 1.."
-                                 f"{self.max_context - 1}")
+                raise ValueError(
+                    f"max_tokens {v['max_tokens']} is outside 1..{self.max_context - 1}"
+                )
             changes["max_new_tokens"] = int(v["max_tokens"])
-        checks = {"temperature": (0.0, 100.0), "top_p": (1e-6, 1.0),
-                  "repetition_penalty": (1e-3, 100.0)}
+        checks = {
+            "temperature": (0.0, 100.0),
+            "top_p": (1e-6, 1.0),
+            "repetition_penalty": (1e-3, 100.0),
+        }
         for name, (low, high) in checks.items():
             if v[name] is not None:
                 value = float(v[name])
@@ -145,7 +182,8 @@ class Generator(ServedModel):
             changes["stop"] = stop
         return causal.Sampling(**{**self.defaults.__dict__, **changes})
 
-    # the gate's and the benchmark's way in: whole answers ------------------------------------------
+    # the gate's and the benchmark's way in: whole answers
+    # ------------------------------------------
     def answer(self, requests: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray] | str]:
         """Each request's complete answer (streaming ignored), every prompt in the in-flight
         batch together; a bad request gets its error message."""
@@ -164,12 +202,20 @@ class Generator(ServedModel):
             answers[r] = failed[0].text if failed else outputs(mine)
         return answers
 
-    def _sequence(self, row: dict[str, Any], emit: Any, stream: bool,
-                  gone: Any = lambda: False) -> causal.Sequence:
-        return causal.Sequence(prompt=row["ids"], sampling=row["sampling"], emit=emit,
-                               stream=stream, gone=gone, want_logprob=row["logprob"])
+    def _sequence(
+        self, row: dict[str, Any], emit: Any, stream: bool, gone: Any = lambda: False
+    ) -> causal.Sequence:
+        return causal.Sequence(
+            prompt=row["ids"],
+            sampling=row["sampling"],
+            emit=emit,
+            stream=stream,
+            gone=gone,
+            want_logprob=row["logprob"],
+        )
 
-    # Triton's decoupled way in ------------------------------------------------------------------------
+    # Triton's decoupled way in
+    # ------------------------------------------------------------------------
     def triton_execute(self, requests: list, pb_utils: Any) -> None:
         """Hand every request to the decode loop and return at once: the loop answers each
         through its response sender (pieces, then the final response)."""
@@ -186,12 +232,14 @@ class Generator(ServedModel):
                 rows = self.parse(arrays)
                 reply = TritonReply(sender, request, rows, pb_utils, self)
             except Exception as exc:  # noqa: BLE001 - a bad request is answered, the rest run
-                message = str(exc) if isinstance(exc, ValueError) else \
-                    f"the request could not be read ({type(exc).__name__}: {exc}); send " \
+                message = (
+                    str(exc)
+                    if isinstance(exc, ValueError)
+                    else f"the request could not be read ({type(exc).__name__}: {exc}); send "
                     "text_input (or messages) as a [n, 1] BYTES tensor"
+                )
                 error = pb_utils.TritonError(message, pb_utils.TritonError.INVALID_ARG)
-                sender.send(pb_utils.InferenceResponse(output_tensors=[], error=error),
-                            flags=final)
+                sender.send(pb_utils.InferenceResponse(output_tensors=[], error=error), flags=final)
                 continue
             seqs.extend(reply.sequences)
         if seqs:
@@ -203,6 +251,7 @@ def _collect(done: threading.Semaphore):
         seq.text = text if seq.finish == "error" else seq.text + text
         if last:
             done.release()
+
     return emit
 
 
@@ -211,32 +260,33 @@ def outputs(seqs: list[causal.Sequence]) -> dict[str, np.ndarray]:
     width = max(len(s.generated) for s in seqs)
     ids = np.full((len(seqs), width), -1, np.int32)
     for r, s in enumerate(seqs):
-        ids[r, :len(s.generated)] = s.generated
-    return {"text_output": np.array([[s.text.encode("utf-8")] for s in seqs],
-                                    dtype=np.object_),
-            "output_ids": ids,
-            "finish_reason": np.array([[str(s.finish).encode()] for s in seqs],
-                                      dtype=np.object_),
-            "prompt_logprob": np.array([[s.prompt_logprob] for s in seqs], np.float32),
-            "prompt_tokens": np.array([[len(s.prompt)] for s in seqs], np.int32)}
+        ids[r, : len(s.generated)] = s.generated
+    return {
+        "text_output": np.array([[s.text.encode("utf-8")] for s in seqs], dtype=np.object_),
+        "output_ids": ids,
+        "finish_reason": np.array([[str(s.finish).encode()] for s in seqs], dtype=np.object_),
+        "prompt_logprob": np.array([[s.prompt_logprob] for s in seqs], np.float32),
+        "prompt_tokens": np.array([[len(s.prompt)] for s in seqs], np.int32),
+    }
 
 
 class TritonReply:
     """How one Triton request is answered: a streaming prompt piece by piece, non-streaming
     prompts together once all have finished; a client that went away ends its sequences."""
 
-    def __init__(self, sender: Any, request: Any, rows: list[dict[str, Any]], pb_utils: Any,
-                 model: Generator):
+    def __init__(
+        self, sender: Any, request: Any, rows: list[dict[str, Any]], pb_utils: Any, model: Generator
+    ):
         self.sender, self.pb = sender, pb_utils
         self.left = len(rows)
         self.lost = False  # the client is gone, or its final response was sent
         self.lock = threading.Lock()
-        cancelled = getattr(sender, "is_cancelled", None) or getattr(request, "is_cancelled",
-                                                                   None)
+        cancelled = getattr(sender, "is_cancelled", None) or getattr(request, "is_cancelled", None)
         self.cancelled = cancelled or (lambda: False)
         self.checked = 0.0  # when Triton was last asked
-        self.sequences = [model._sequence(row, self.emit, stream=row["stream"], gone=self.gone)
-                          for row in rows]
+        self.sequences = [
+            model._sequence(row, self.emit, stream=row["stream"], gone=self.gone) for row in rows
+        ]
 
     def gone(self) -> bool:
         """Whether the client left. Asking Triton is a round trip to the server process: it is
@@ -261,22 +311,30 @@ class TritonReply:
                 self.lost = True
                 if seq.finish == "error":
                     error = pb.TritonError(text, pb.TritonError.INTERNAL)
-                    self.sender.send(pb.InferenceResponse(output_tensors=[], error=error),
-                                     flags=final)
+                    self.sender.send(
+                        pb.InferenceResponse(output_tensors=[], error=error), flags=final
+                    )
                 else:
                     self.sender.send(flags=final)
                 return
             if seq.stream:
-                tensors = {"text_output": np.array([[text.encode("utf-8")]], dtype=np.object_),
-                           "output_ids": np.array([ids], np.int32)}
+                tensors = {
+                    "text_output": np.array([[text.encode("utf-8")]], dtype=np.object_),
+                    "output_ids": np.array([ids], np.int32),
+                }
                 if last:
                     every = outputs([seq])
-                    every["text_output"], every["output_ids"] = tensors["text_output"], \
-                        tensors["output_ids"]
+                    every["text_output"], every["output_ids"] = (
+                        tensors["text_output"],
+                        tensors["output_ids"],
+                    )
                     tensors = every
-                self.sender.send(pb.InferenceResponse(
-                    output_tensors=[pb.Tensor(k, v) for k, v in tensors.items()]),
-                    flags=final if last else 0)
+                self.sender.send(
+                    pb.InferenceResponse(
+                        output_tensors=[pb.Tensor(k, v) for k, v in tensors.items()]
+                    ),
+                    flags=final if last else 0,
+                )
                 return
             seq.text = seq.text + text
             if not last:
@@ -286,7 +344,9 @@ class TritonReply:
                 if self.left:
                     return
             every = outputs(self.sequences)
-            self.sender.send(pb.InferenceResponse(
-                output_tensors=[pb.Tensor(k, v) for k, v in every.items()]), flags=final)
+            self.sender.send(
+                pb.InferenceResponse(output_tensors=[pb.Tensor(k, v) for k, v in every.items()]),
+                flags=final,
+            )
         except Exception:  # the client is gone: its sequences leave the batch
             self.lost = True

@@ -24,8 +24,10 @@ from hf2triton.sources import hub, local, mlflow, train  # noqa: E402,F401,I001
 # The `source:` section: one variant per registered source, each with only its own keys.
 SourceSpec = Annotated[
     SOURCES.keyed_union(),
-    Field(description="where the model comes from: exactly one of repo_id (with revision), "
-          "path, package, mlflow or train"),
+    Field(
+        description="where the model comes from: exactly one of repo_id (with revision), "
+        "path, package, mlflow or train"
+    ),
 ]
 
 
@@ -40,5 +42,12 @@ def fetch_model(source: Source, mlflow_uri: str = "") -> FetchResult:
     return source.fetch(mlflow_uri)
 
 
-__all__ = ["SOURCES", "FetchResult", "Source", "SourceSpec", "fetch_model", "inspect_model_dir",
-           "parse_source"]
+__all__ = [
+    "SOURCES",
+    "FetchResult",
+    "Source",
+    "SourceSpec",
+    "fetch_model",
+    "inspect_model_dir",
+    "parse_source",
+]

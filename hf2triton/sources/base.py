@@ -18,12 +18,20 @@ from hf2triton.util.workspace import digest, hash_files
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 TOKENIZER_FILES = (
-    "tokenizer.json", "vocab.txt", "vocab.json", "merges.txt", "sentencepiece.bpe.model",
-    "spiece.model", "source.spm", "target.spm",
+    "tokenizer.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "sentencepiece.bpe.model",
+    "spiece.model",
+    "source.spm",
+    "target.spm",
 )
 TOKENIZER_EXTRAS = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
 SENTENCE_TRANSFORMERS_FILES = (
-    "modules.json", "sentence_bert_config.json", "config_sentence_transformers.json",
+    "modules.json",
+    "sentence_bert_config.json",
+    "config_sentence_transformers.json",
     "1_Pooling/config.json",
 )
 
@@ -73,8 +81,13 @@ class Source(Strict):
 
 def local_result(model_dir: Path, source_id: str, revision: str | None) -> FetchResult:
     files = inspect_model_dir(model_dir)
-    return FetchResult(model_dir=str(model_dir.resolve()), source_id=source_id,
-                       revision=revision, files=files, content_hash=digest(files))
+    return FetchResult(
+        model_dir=str(model_dir.resolve()),
+        source_id=source_id,
+        revision=revision,
+        files=files,
+        content_hash=digest(files),
+    )
 
 
 def _weight_files(model_dir: Path) -> list[str]:
@@ -83,7 +96,9 @@ def _weight_files(model_dir: Path) -> list[str]:
             shards = sorted(set(json.loads((model_dir / index).read_text())["weight_map"].values()))
             missing = [s for s in shards if not (model_dir / s).is_file()]
             if missing:
-                raise SourceError(f"{model_dir}: weight shards {missing} listed in {index} are missing")
+                raise SourceError(
+                    f"{model_dir}: weight shards {missing} listed in {index} are missing"
+                )
             return [index, *shards]
     found = [w for w in WEIGHT_FILES if (model_dir / w).is_file()]
     if not found:
@@ -148,8 +163,11 @@ def _check_json(model_dir: Path, names: list[str]) -> None:
         try:
             json.loads(path.read_text(encoding="utf-8"))
         except UnicodeDecodeError as exc:
-            raise SourceError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start}): "
-                              "re-download or re-save the model") from None
+            raise SourceError(
+                f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start}): "
+                "re-download or re-save the model"
+            ) from None
         except ValueError as exc:
-            raise SourceError(f"{path} is not valid JSON ({exc}): re-download or re-save the "
-                              "model") from None
+            raise SourceError(
+                f"{path} is not valid JSON ({exc}): re-download or re-save the model"
+            ) from None

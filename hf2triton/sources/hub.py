@@ -14,8 +14,20 @@ from hf2triton.sources.base import Source
 
 # Hub repos often carry the same weights for other frameworks; we only read these.
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.bin", "*.txt", "*.model", "*.spm", "1_Pooling/*"]
-HUB_IGNORE = ["onnx/*", "openvino/*", "*.onnx", "tf_model*", "flax_model*", "rust_model*",
-              "*.msgpack", "*.h5", "coreml/*", "training_args.bin", "optimizer*", "*.pt"]
+HUB_IGNORE = [
+    "onnx/*",
+    "openvino/*",
+    "*.onnx",
+    "tf_model*",
+    "flax_model*",
+    "rust_model*",
+    "*.msgpack",
+    "*.h5",
+    "coreml/*",
+    "training_args.bin",
+    "optimizer*",
+    "*.pt",
+]
 
 
 @SOURCES.register
@@ -26,8 +38,10 @@ class HubSource(Source):
     name = "hub"
 
     repo_id: str = Field(description="Hugging Face hub id, e.g. org/model")
-    revision: str | None = Field(None, description="hub branch, tag or commit to pin (so "
-                                 "the release is reproducible); required")
+    revision: str | None = Field(
+        None,
+        description="hub branch, tag or commit to pin (so the release is reproducible); required",
+    )
 
     @field_validator("repo_id")
     @classmethod
@@ -39,8 +53,10 @@ class HubSource(Source):
     @model_validator(mode="after")
     def _pinned(self) -> HubSource:
         if not self.revision:
-            raise ValueError(f"repo_id {self.repo_id!r} needs a revision (a commit, tag or "
-                             "branch) so the release is reproducible")
+            raise ValueError(
+                f"repo_id {self.repo_id!r} needs a revision (a commit, tag or "
+                "branch) so the release is reproducible"
+            )
         return self
 
     def locate(self) -> tuple[Path, str | None]:
@@ -62,8 +78,7 @@ def snapshot(repo_id: str, revision: str) -> Path:
         # The token, if any, comes from HF_TOKEN or the huggingface_hub login; never logged.
         return Path(
             snapshot_download(
-                repo_id, revision=revision, allow_patterns=HUB_PATTERNS,
-                ignore_patterns=HUB_IGNORE,
+                repo_id, revision=revision, allow_patterns=HUB_PATTERNS, ignore_patterns=HUB_IGNORE
             )
         )
     except RevisionNotFoundError:

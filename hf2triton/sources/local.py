@@ -20,8 +20,9 @@ class PathSource(Source):
 
     key = "path"
 
-    path: str = Field(description="a local Hugging Face model directory (relative to the spec "
-                      "file)")
+    path: str = Field(
+        description="a local Hugging Face model directory (relative to the spec file)"
+    )
 
     @field_validator("path")
     @classmethod
@@ -44,8 +45,7 @@ class PackageSource(Source):
 
     key = "package"
 
-    package: str = Field(description="an installed Python package that carries the model "
-                         "directory")
+    package: str = Field(description="an installed Python package that carries the model directory")
     subdir: str = Field("model", description="the model directory inside the package")
 
     def locate(self) -> tuple[Path, str | None]:

@@ -33,18 +33,23 @@ class MlflowSourceSpec(Strict):
     alias: str | None = Field(None, description="e.g. 'trained'; exactly one of alias, version")
     version: str | None = Field(None, description="a version number, e.g. '3'")
     tracking_uri: str | None = Field(
-        None, description="the registry's URI; default: MLFLOW_TRACKING_URI, else the release's "
-        "own store")
+        None,
+        description="the registry's URI; default: MLFLOW_TRACKING_URI, else the release's "
+        "own store",
+    )
     credentials_block: str | None = Field(
-        None, description="name of a saved hf2triton-mlflow-credentials Prefect block")
+        None, description="name of a saved hf2triton-mlflow-credentials Prefect block"
+    )
 
     @field_validator("tracking_uri")
     @classmethod
     def _no_login_in_uri(cls, uri: str | None) -> str | None:
         if uri and redact_uri(uri) != uri:
-            raise ValueError("a user or password in the URI would be recorded with the spec: "
-                             "give the URI without it, and the credentials in "
-                             "MLFLOW_TRACKING_USERNAME/PASSWORD or a credentials_block")
+            raise ValueError(
+                "a user or password in the URI would be recorded with the spec: "
+                "give the URI without it, and the credentials in "
+                "MLFLOW_TRACKING_USERNAME/PASSWORD or a credentials_block"
+            )
         return uri
 
     @model_validator(mode="after")
@@ -79,12 +84,15 @@ class MlflowSource(Source):
         uri = spec.tracking_uri or mlflow_uri
         credentials = resolve(MlflowCredentials, spec.credentials_block)
         try:
-            return call_with_credentials(credentials, fetch_mlflow_here,
-                                         spec.model_dump(mode="json"), uri)
+            return call_with_credentials(
+                credentials, fetch_mlflow_here, spec.model_dump(mode="json"), uri
+            )
         except MlflowAuthError as exc:
-            raise SourceError(f"source.mlflow: {exc}, or name a saved "
-                              f"{MlflowCredentials.get_block_type_slug()} block in "
-                              f"{MlflowCredentials.KIND.spec_key}") from None
+            raise SourceError(
+                f"source.mlflow: {exc}, or name a saved "
+                f"{MlflowCredentials.get_block_type_slug()} block in "
+                f"{MlflowCredentials.KIND.spec_key}"
+            ) from None
 
     def trigger(self, name: str, spec_params: dict[str, Any]) -> dict[str, Any] | None:
         """Following an alias, the spec is released when a training flow announces a new version
@@ -95,13 +103,19 @@ class MlflowSource(Source):
             return None  # a pinned version stays
         params = copy.deepcopy(spec_params)
         pinned = {k: v for k, v in params["source"]["mlflow"].items() if k != "alias"}
-        params["source"] = {**params["source"],
-                            "mlflow": {**pinned, "version": "{{ event.resource.version }}"}}
+        params["source"] = {
+            **params["source"],
+            "mlflow": {**pinned, "version": "{{ event.resource.version }}"},
+        }
         # Only the alias the spec follows: a run that moves another alias starts no release.
-        return {"type": "event", "enabled": True, "name": f"{name}-on-new-{source.model}-version",
-                "match": {"prefect.resource.id": f"mlflow.model.{source.model}",
-                          "alias": source.alias},
-                "expect": [REGISTERED_EVENT], "parameters": {"spec": params}}
+        return {
+            "type": "event",
+            "enabled": True,
+            "name": f"{name}-on-new-{source.model}-version",
+            "match": {"prefect.resource.id": f"mlflow.model.{source.model}", "alias": source.alias},
+            "expect": [REGISTERED_EVENT],
+            "parameters": {"spec": params},
+        }
 
 
 def _assemble(downloaded: Path, out: Path) -> None:
@@ -117,7 +131,8 @@ def _assemble(downloaded: Path, out: Path) -> None:
             raise SourceError(
                 f"the registered model's files ({sorted(p.name for p in downloaded.iterdir())}) "
                 "are neither MLflow's transformers flavour nor a Hugging Face directory: log it "
-                "with mlflow.transformers.log_model, or log a save_pretrained() directory")
+                "with mlflow.transformers.log_model, or log a save_pretrained() directory"
+            )
         parts = [inner[0]]
     for part in parts:
         if part.is_dir():
@@ -133,13 +148,17 @@ def fetch_mlflow_here(spec_fields: dict[str, Any], uri: str) -> FetchResult:
     registry = Registry(uri)
     where = f"source.mlflow: registered model {spec.model!r} in {redact_uri(uri)}"
     try:
-        mv = registry.version_by_alias(spec.model, spec.alias) if spec.alias else \
-            registry.version(spec.model, str(spec.version))
+        mv = (
+            registry.version_by_alias(spec.model, spec.alias)
+            if spec.alias
+            else registry.version(spec.model, str(spec.version))
+        )
     except MlflowException as exc:
         if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
             if not registry.has_model(spec.model):
-                raise SourceError(f"{where} does not exist: check source.mlflow.model "
-                                  "and the registry URI") from None
+                raise SourceError(
+                    f"{where} does not exist: check source.mlflow.model and the registry URI"
+                ) from None
             what = f"alias {spec.alias!r}" if spec.alias else f"version {spec.version}"
             raise SourceError(f"{where} has no {what}: check source.mlflow") from None
         raise
@@ -155,7 +174,16 @@ def fetch_mlflow_here(spec_fields: dict[str, Any], uri: str) -> FetchResult:
     done = cached_step(home() / "sources" / "mlflow", spec.model, key, download)
     files = inspect_model_dir(done.path)
     return FetchResult(
-        model_dir=str(done.path), source_id=f"mlflow:{spec.model}", revision=version,
-        files=files, content_hash=digest(files),
-        registry={"uri": uri, "model": spec.model, "version": version, "run_id": mv.run_id,
-                  "alias": spec.alias})
+        model_dir=str(done.path),
+        source_id=f"mlflow:{spec.model}",
+        revision=version,
+        files=files,
+        content_hash=digest(files),
+        registry={
+            "uri": uri,
+            "model": spec.model,
+            "version": version,
+            "run_id": mv.run_id,
+            "alias": spec.alias,
+        },
+    )

@@ -22,6 +22,18 @@ from hf2triton.spec.release import (
 )
 from hf2triton.targets.base import TuningSpec
 
-__all__ = ["ExportSpec", "QuantizationSpec", "RegistrySpec", "ReleaseSpec", "RuntimeSpec",
-           "ScheduleSpec", "TrainingSpec", "TuningSpec", "ValidationSpec", "kind_for",
-           "load_spec", "parse_spec", "target_for"]
+__all__ = [
+    "ExportSpec",
+    "QuantizationSpec",
+    "RegistrySpec",
+    "ReleaseSpec",
+    "RuntimeSpec",
+    "ScheduleSpec",
+    "TrainingSpec",
+    "TuningSpec",
+    "ValidationSpec",
+    "kind_for",
+    "load_spec",
+    "parse_spec",
+    "target_for",
+]

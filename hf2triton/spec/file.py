@@ -17,8 +17,12 @@ from hf2triton.util.workspace import redact_uri
 
 # Union sections name their variant in an error's location: (section, {variant names}); a
 # section chosen by the key it holds (a source) has no tag key (None).
-_VARIANTS = {"deploy": ("target", TARGETS), "model_store": ("kind", STORES),
-             "source": (None, SOURCES), "base": (None, SOURCES)}
+_VARIANTS = {
+    "deploy": ("target", TARGETS),
+    "model_store": ("kind", STORES),
+    "source": (None, SOURCES),
+    "base": (None, SOURCES),
+}
 
 
 def _branch(part: Any) -> bool:
@@ -30,13 +34,20 @@ def _branch(part: Any) -> bool:
 def _relevant(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A list given for `'auto' | [...]` whose items are wrong fails both branches; the
     literal's complaint ("should be 'auto'") says nothing the items' errors do not."""
+
     def key(e: dict[str, Any]) -> tuple:
         return tuple(p for p in e["loc"] if not _branch(p))
 
     inner = [key(e) for e in errors if e["type"] != "literal_error"]
-    return [e for e in errors if not (
-        e["type"] == "literal_error" and any(_branch(p) for p in e["loc"])
-        and any(len(k) > len(key(e)) and k[:len(key(e))] == key(e) for k in inner))]
+    return [
+        e
+        for e in errors
+        if not (
+            e["type"] == "literal_error"
+            and any(_branch(p) for p in e["loc"])
+            and any(len(k) > len(key(e)) and k[: len(key(e))] == key(e) for k in inner)
+        )
+    ]
 
 
 def _describe(err: dict[str, Any]) -> str:
@@ -44,12 +55,17 @@ def _describe(err: dict[str, Any]) -> str:
     for part in (p for p in err["loc"] if not _branch(p)):
         # A union puts the chosen variant's name into the location: name it once, by its key.
         # (Once per section: a source's own key may share its variant's name, `mlflow`.)
-        if loc and str(loc[-1]) in _VARIANTS and part in _VARIANTS[str(loc[-1])][1] \
-                and tagged != len(loc):
+        if (
+            loc
+            and str(loc[-1]) in _VARIANTS
+            and part in _VARIANTS[str(loc[-1])][1]
+            and tagged != len(loc)
+        ):
             tagged = len(loc)
             tag = _VARIANTS[str(loc[-1])][0]
-            variant = f"{'.'.join(str(p) for p in loc)}.{tag} {part!r}" if tag else \
-                f"a {part} source"
+            variant = (
+                f"{'.'.join(str(p) for p in loc)}.{tag} {part!r}" if tag else f"a {part} source"
+            )
             continue
         loc.append(part)
     key = ".".join(str(p) for p in loc) or "(top level)"
@@ -71,8 +87,9 @@ def _describe(err: dict[str, Any]) -> str:
     return f"'{key}' = {shown!r}: {msg}{for_variant}"
 
 
-def parse_spec(data: Any, model: type[BaseModel], base_dir: str | Path | None = None,
-               origin: str = "spec") -> Any:
+def parse_spec(
+    data: Any, model: type[BaseModel], base_dir: str | Path | None = None, origin: str = "spec"
+) -> Any:
     """Validate a spec given as a mapping as `model`; relative paths are taken from
     `base_dir`."""
     if isinstance(data, model):

@@ -11,12 +11,7 @@ import logging
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import (
-    Field,
-    create_model,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, create_model, field_validator, model_validator
 
 from hf2triton.image.spec import ImageSpec
 from hf2triton.kinds import DEFAULT_TASK, KINDS, kind_class, kind_classes
@@ -27,13 +22,7 @@ from hf2triton.spec import file as specfile
 from hf2triton.spec.watch import WatchSpec
 from hf2triton.targets import DeploySpec, default_deploy
 from hf2triton.targets.base import TuningSpec  # noqa: F401 - the tuning step's section
-from hf2triton.util.specbase import (
-    Name,
-    SpecPath,
-    Strict,
-    first_line,
-    unless,
-)
+from hf2triton.util.specbase import Name, SpecPath, Strict, first_line, unless
 
 log = logging.getLogger(__name__)
 
@@ -53,19 +42,26 @@ class ExportSpec(Strict):
 class RuntimeChoice(Strict):
     """One runtime of the serving core and the precision it is pinned to."""
 
-    name: str = Field(description="a serving runtime: onnxruntime, openvino, onnxruntime-cuda "
-                      "or onnxruntime-tensorrt")
-    precision: str = Field(description="fp32, bf16 or fp16, as the runtime offers; always "
-                           "pinned (OpenVINO would pick bf16 by itself where the CPU has it)")
+    name: str = Field(
+        description="a serving runtime: onnxruntime, openvino, onnxruntime-cuda "
+        "or onnxruntime-tensorrt"
+    )
+    precision: str = Field(
+        description="fp32, bf16 or fp16, as the runtime offers; always "
+        "pinned (OpenVINO would pick bf16 by itself where the CPU has it)"
+    )
     options: dict[str, Any] = Field(
-        {}, description="the runtime's own settings, e.g. openvino {streams: 2, hint: "
-        "THROUGHPUT, threads: 0}; onnxruntime-tensorrt {cache_dir: ...}")
+        {},
+        description="the runtime's own settings, e.g. openvino {streams: 2, hint: "
+        "THROUGHPUT, threads: 0}; onnxruntime-tensorrt {cache_dir: ...}",
+    )
 
     @model_validator(mode="after")
     def _known(self) -> RuntimeChoice:
         try:
-            RuntimeSettings(self.name, runtime_class(self.name).devices[0], self.precision,
-                            self.options)
+            RuntimeSettings(
+                self.name, runtime_class(self.name).devices[0], self.precision, self.options
+            )
         except (KeyError, ValueError) as exc:
             raise ValueError(str(exc).strip("'\"")) from None
         return self
@@ -76,9 +72,11 @@ class RuntimeSpec(Strict):
     candidate that passes ships."""
 
     candidates: Literal["auto"] | list[RuntimeChoice] = Field(
-        "auto", description="auto: on cpu ONNX Runtime fp32 and OpenVINO f32, and bf16 where "
+        "auto",
+        description="auto: on cpu ONNX Runtime fp32 and OpenVINO f32, and bf16 where "
         "the CPU offers it; on gpu ONNX Runtime CUDA fp32 and fp16. Or a list of "
-        "{name, precision, options}")
+        "{name, precision, options}",
+    )
 
     @field_validator("candidates")
     @classmethod
@@ -92,13 +90,19 @@ class ValidationSpec(Strict):
         16, ge=1, le=256, description="how many validation sentences the smoke test sends"
     )
     max_drop: float = Field(
-        0.0, ge=0, le=1, description="with labelled data (classification.labelled, "
+        0.0,
+        ge=0,
+        le=1,
+        description="with labelled data (classification.labelled, "
         "embedding.retrieval): the most the candidate's task metric (accuracy, nDCG@10) may fall "
-        "below the serving champion's, scored on the same data by the same serving code")
+        "below the serving champion's, scored on the same data by the same serving code",
+    )
     judge_all: bool = Field(
-        False, description="judge every candidate's accuracy: by default, once the candidates "
+        False,
+        description="judge every candidate's accuracy: by default, once the candidates "
         "are timed, they are judged fastest first and the first that passes ships, the slower "
-        "ones left unjudged; true judges them all, for the report (slower)")
+        "ones left unjudged; true judges them all, for the report (slower)",
+    )
 
 
 class RegistrySpec(Strict):
@@ -143,25 +147,34 @@ class _Release(Strict):
     kinds' own sections (`embedding:`, `classification:`, ...) come from their registry
     (`ReleaseSpec` below)."""
 
-    name: Name = Field(description="the release's name: the Triton model, the image "
-                       "repository and the Prefect deployment are named after it")
-    task: Task = Field(DEFAULT_TASK, description="the model kind; its own section (named "
-                       "after the kind) holds its settings")
+    name: Name = Field(
+        description="the release's name: the Triton model, the image "
+        "repository and the Prefect deployment are named after it"
+    )
+    task: Task = Field(
+        DEFAULT_TASK,
+        description="the model kind; its own section (named after the kind) holds its settings",
+    )
     source: SourceSpec
     export: ExportSpec = ExportSpec()
     quantization: QuantizationSpec = QuantizationSpec()
     runtime: RuntimeSpec = RuntimeSpec()
     validation: ValidationSpec
     registry: RegistrySpec
-    deploy: DeploySpec = Field(default_factory=default_deploy,
-                               description="where the release serves: `target` picks the "
-                               "deploy target, whose own keys follow")
+    deploy: DeploySpec = Field(
+        default_factory=default_deploy,
+        description="where the release serves: `target` picks the "
+        "deploy target, whose own keys follow",
+    )
     image: ImageSpec = ImageSpec()
     schedule: ScheduleSpec | None = Field(
         None, description="re-release on a schedule (the Prefect deployment's cron)"
     )
-    watch: WatchSpec = Field(WatchSpec(), description="budgets the champion is held to after "
-                             "release, and the rollback window (docs/watch.md)")
+    watch: WatchSpec = Field(
+        WatchSpec(),
+        description="budgets the champion is held to after "
+        "release, and the rollback window (docs/watch.md)",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -177,34 +190,52 @@ class _Release(Strict):
                 if not found:
                     continue
                 if kind.task != task:
-                    raise ValueError(f"'{old}' moved to '{new}', which task {task!r} does not "
-                                     f"read: remove '{old}'")
+                    raise ValueError(
+                        f"'{old}' moved to '{new}', which task {task!r} does not "
+                        f"read: remove '{old}'"
+                    )
                 if _pop(copy.deepcopy(data), new)[0]:  # present already: given twice
                     raise ValueError(f"'{old}' moved to '{new}'; both are given: keep '{new}'")
                 _put(data, new, value)
-                log.warning("hf2triton: [DEPRECATED] spec key '%s' moved to '%s': it is read "
-                            "from there in this release and refused in the next; move it",
-                            old, new)
+                log.warning(
+                    "hf2triton: [DEPRECATED] spec key '%s' moved to '%s': it is read "
+                    "from there in this release and refused in the next; move it",
+                    old,
+                    new,
+                )
         return data
 
     @model_validator(mode="after")
     def _sections_match_task(self) -> _Release:
         own = kind_class(self.task).section
-        wrong = [k.section for k in kind_classes()
-                 if k.section in self.model_fields_set and k.section != own]
-        return unless(bool(wrong), self, f"task {self.task!r} does not read the section(s) "
-                      f"{wrong}: use '{own}:' for this task, or change 'task:'")
+        wrong = [
+            k.section
+            for k in kind_classes()
+            if k.section in self.model_fields_set and k.section != own
+        ]
+        return unless(
+            bool(wrong),
+            self,
+            f"task {self.task!r} does not read the section(s) "
+            f"{wrong}: use '{own}:' for this task, or change 'task:'",
+        )
 
     @model_validator(mode="after")
     def _image_for_target(self) -> _Release:
-        return unless(self.deploy.runs_image and self.image.build is False, self,
-                      f"deploy.target {self.deploy.target!r} runs the release's image: "
-                      "image.build cannot be false")
+        return unless(
+            self.deploy.runs_image and self.image.build is False,
+            self,
+            f"deploy.target {self.deploy.target!r} runs the release's image: "
+            "image.build cannot be false",
+        )
 
     @model_validator(mode="after")
     def _tuning_task(self) -> _Release:
-        return unless(self.deploy.tuning.search and not kind_class(self.task).tunable, self,
-                      f"deploy.tuning.search cannot drive {self.task!r} releases: set it false")
+        return unless(
+            self.deploy.tuning.search and not kind_class(self.task).tunable,
+            self,
+            f"deploy.tuning.search cannot drive {self.task!r} releases: set it false",
+        )
 
     @property
     def image_repository(self) -> str:
@@ -222,9 +253,15 @@ class _Release(Strict):
 
 
 ReleaseSpec = create_model(
-    "ReleaseSpec", __base__=_Release, __module__=__name__, __doc__=_Release.__doc__,
-    **{k.section: (k.Options | None, Field(None, description=first_line(k.Options.__doc__)))
-       for k in kind_classes()})
+    "ReleaseSpec",
+    __base__=_Release,
+    __module__=__name__,
+    __doc__=_Release.__doc__,
+    **{
+        k.section: (k.Options | None, Field(None, description=first_line(k.Options.__doc__)))
+        for k in kind_classes()
+    },
+)
 
 
 def _pop(data: dict[str, Any], dotted: str) -> tuple[bool, Any]:
@@ -270,12 +307,19 @@ class TrainingSpec(Strict):
 
     @model_validator(mode="after")
     def _distinct_labels(self) -> TrainingSpec:
-        return unless(len(set(self.labels)) != len(self.labels), self,
-                       f"labels {self.labels} name a label twice")
+        return unless(
+            len(set(self.labels)) != len(self.labels),
+            self,
+            f"labels {self.labels} name a label twice",
+        )
 
 
-def parse_spec(data: Any, base_dir: str | Path | None = None, origin: str = "spec",
-               model: type[Strict] = ReleaseSpec) -> Any:
+def parse_spec(
+    data: Any,
+    base_dir: str | Path | None = None,
+    origin: str = "spec",
+    model: type[Strict] = ReleaseSpec,
+) -> Any:
     """Validate a release spec (or a `model` one) given as a mapping; relative paths are taken
     from `base_dir`. Reading YAML and describing errors are hf2triton.spec.file's."""
     return specfile.parse_spec(data, model, base_dir, origin)

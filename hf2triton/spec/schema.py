@@ -77,15 +77,25 @@ def _name_the_variants(schema: dict[str, Any]) -> None:
         refs = [v.get("$ref", "") for v in node.get("oneOf", [])]
         if refs and all(refs) and "discriminator" not in node:
             variants = [defs[r.rsplit("/", 1)[1]].get("properties", {}) for r in refs]
-            tags = [k for k, v in variants[0].items() if "const" in v
-                    and all("const" in other.get(k, {}) for other in variants[1:])]
+            tags = [
+                k
+                for k, v in variants[0].items()
+                if "const" in v and all("const" in other.get(k, {}) for other in variants[1:])
+            ]
             if tags:
-                node["discriminator"] = {"propertyName": tags[0], "mapping": {
-                    props[tags[0]]["const"]: ref for props, ref in zip(variants, refs)}}
+                node["discriminator"] = {
+                    "propertyName": tags[0],
+                    "mapping": {props[tags[0]]["const"]: ref for props, ref in zip(variants, refs)},
+                }
             else:  # chosen by the key it holds (a source): each variant requires its own
-                own = [[k for k in defs[r.rsplit("/", 1)[1]].get("required", [])
-                        if all(k not in other for other in variants if other is not props)]
-                       for r, props in zip(refs, variants)]
+                own = [
+                    [
+                        k
+                        for k in defs[r.rsplit("/", 1)[1]].get("required", [])
+                        if all(k not in other for other in variants if other is not props)
+                    ]
+                    for r, props in zip(refs, variants)
+                ]
                 if all(len(keys) == 1 for keys in own):
                     node["x-chosen-by-key"] = {keys[0]: ref for keys, ref in zip(own, refs)}
         for value in node.values():

@@ -24,8 +24,10 @@ from hf2triton.stores import local, s3  # noqa: E402,F401,I001
 # The `deploy.model_store` section: one variant per registered store, each with its own keys.
 ModelStoreSpec = Annotated[
     STORES.union("kind"),
-    Field(description="where the served repository lives: the local server's directory, or "
-          "an S3-compatible bucket Triton loads from"),
+    Field(
+        description="where the served repository lives: the local server's directory, or "
+        "an S3-compatible bucket Triton loads from"
+    ),
 ]
 
 

@@ -74,10 +74,17 @@ class ModelStore(Strict):
         none of its own."""
         raise NotImplementedError
 
-    def put_version(self, src_repository: str, model_name: str, version: str,
-                    expected: dict[str, str], repository: str | None = None) -> None:
+    def put_version(
+        self,
+        src_repository: str,
+        model_name: str,
+        version: str,
+        expected: dict[str, str],
+        repository: str | None = None,
+    ) -> None:
         self.model_dir(model_name, repository).put_version(
-            Path(src_repository) / model_name, version, expected)
+            Path(src_repository) / model_name, version, expected
+        )
 
     def describe(self) -> dict[str, Any]:
         """The section as a deployment's state keeps it (no credentials)."""

@@ -59,8 +59,9 @@ class LocalModelDir:
     def versions(self) -> list[str]:
         if not self.path.is_dir():
             return []
-        return sorted((p.name for p in self.path.iterdir() if p.name.isdigit() and p.is_dir()),
-                      key=int)
+        return sorted(
+            (p.name for p in self.path.iterdir() if p.name.isdigit() and p.is_dir()), key=int
+        )
 
 
 @STORES.register
@@ -73,5 +74,6 @@ class LocalStore(ModelStore):
         if repository is None or repository.startswith("s3://"):
             raise ModelStoreError(
                 f"the model repository {repository} is not a folder on this machine, but "
-                "deploy.model_store is local: set deploy.model_store kind s3 to describe it")
+                "deploy.model_store is local: set deploy.model_store kind s3 to describe it"
+            )
         return LocalModelDir(Path(repository) / model_name)

@@ -22,8 +22,15 @@ BUCKET_PATTERN = re.compile(r"^(?!.*\.\.)[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 # path parts may hold only [0-9A-Za-z._-].
 S3_ENDPOINT_PATTERN = re.compile(r"^https?://[A-Za-z0-9.-]+:[0-9]{1,5}$")
 S3_PATH_PART = re.compile(r"^[0-9A-Za-z._-]+$")
-RETRYABLE_CODES = ("SlowDown", "RequestTimeout", "RequestTimeTooSkewed", "Throttling",
-                   "ThrottlingException", "ServiceUnavailable", "InternalError")
+RETRYABLE_CODES = (
+    "SlowDown",
+    "RequestTimeout",
+    "RequestTimeTooSkewed",
+    "Throttling",
+    "ThrottlingException",
+    "ServiceUnavailable",
+    "InternalError",
+)
 
 
 @STORES.register
@@ -33,14 +40,27 @@ class S3Store(ModelStore):
 
     kind: Literal["s3"]
     shared: ClassVar[bool] = True
-    endpoint: Annotated[str, matching(S3_ENDPOINT_PATTERN, (
-        "an endpoint URL such as 'http://127.0.0.1:9000' (scheme, host and port, which Triton "
-        "needs even for 80/443)"))] | None = Field(
-        None, description="the store's URL, e.g. 'http://minio.internal:9000'; leave out for "
-        "AWS S3")
-    bucket: Annotated[str, matching(BUCKET_PATTERN, "an S3 bucket name: 3 to 63 lower-case "
-                                    "letters, digits, '.' and '-'")] = Field(
-        description="the bucket (it must exist)")
+    endpoint: (
+        Annotated[
+            str,
+            matching(
+                S3_ENDPOINT_PATTERN,
+                (
+                    "an endpoint URL such as 'http://127.0.0.1:9000' (scheme, host and port, "
+                    "which Triton needs even for 80/443)"
+                ),
+            ),
+        ]
+        | None
+    ) = Field(
+        None, description="the store's URL, e.g. 'http://minio.internal:9000'; leave out for AWS S3"
+    )
+    bucket: Annotated[
+        str,
+        matching(
+            BUCKET_PATTERN, "an S3 bucket name: 3 to 63 lower-case letters, digits, '.' and '-'"
+        ),
+    ] = Field(description="the bucket (it must exist)")
     prefix: str = Field("triton", description="the repository's folder in the bucket")
     region: str = Field("us-east-1", description="the bucket's region")
     credentials_block: str | None = Field(
@@ -54,8 +74,10 @@ class S3Store(ModelStore):
     def _check_prefix(cls, v: str) -> str:
         parts = v.strip("/").split("/")
         if v.strip("/") and any(p in (".", "..") or not S3_PATH_PART.match(p) for p in parts):
-            raise ValueError(f"{v!r} is not a folder path in a bucket such as 'triton/prod': "
-                             "parts of letters, digits, '.', '_' and '-' (what Triton reads)")
+            raise ValueError(
+                f"{v!r} is not a folder path in a bucket such as 'triton/prod': "
+                "parts of letters, digits, '.', '_' and '-' (what Triton reads)"
+            )
         return v.strip("/")
 
     def prepare(self) -> None:
@@ -88,10 +110,13 @@ def s3_client(store: S3Store) -> Any:
     from botocore.config import Config
 
     return boto3.client(
-        "s3", endpoint_url=store.endpoint, region_name=store.region,
+        "s3",
+        endpoint_url=store.endpoint,
+        region_name=store.region,
         **s3_credentials(store).client_kwargs(),
-        config=Config(retries={"max_attempts": 3, "mode": "standard"},
-                      connect_timeout=10, read_timeout=120),
+        config=Config(
+            retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=10, read_timeout=120
+        ),
     )
 
 
@@ -120,8 +145,7 @@ class S3ModelDir:
             return fn(*args, **kwargs)
         except EndpointConnectionError as exc:
             raise ServiceUnavailableError(
-                f"the model store {self.store.endpoint or 'AWS S3'} did not answer ({what}): "
-                f"{exc}"
+                f"the model store {self.store.endpoint or 'AWS S3'} did not answer ({what}): {exc}"
             ) from None
         except S3UploadFailedError as exc:  # upload_file wraps the ClientError it met
             cause = exc.__cause__ or exc.__context__
@@ -137,12 +161,26 @@ class S3ModelDir:
         code = str(exc.response.get("Error", {}).get("Code", ""))
         status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
         if code == "NoSuchBucket":
-            return ModelStoreError(f"the model store has no bucket {self.store.bucket!r}: "
-                                   "create it, or fix deploy.model_store.bucket")
-        if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch",
-                    "ExpiredToken", "InvalidToken", "403") or status == 403:
-            return ModelStoreError(f"the model store refused the credentials ({code}) for "
-                                   f"{what}: check the key pair of deploy.model_store")
+            return ModelStoreError(
+                f"the model store has no bucket {self.store.bucket!r}: "
+                "create it, or fix deploy.model_store.bucket"
+            )
+        if (
+            code
+            in (
+                "AccessDenied",
+                "InvalidAccessKeyId",
+                "SignatureDoesNotMatch",
+                "ExpiredToken",
+                "InvalidToken",
+                "403",
+            )
+            or status == 403
+        ):
+            return ModelStoreError(
+                f"the model store refused the credentials ({code}) for "
+                f"{what}: check the key pair of deploy.model_store"
+            )
         if status >= 500 or code in RETRYABLE_CODES:
             return ServiceUnavailableError(f"the model store failed {what}: {code} {exc}")
         return ModelStoreError(f"the model store refused {what}: {code} {exc}")
@@ -175,8 +213,7 @@ class S3ModelDir:
             if "__pycache__" in path.parts:
                 continue
             key = prefix + path.relative_to(src).as_posix()
-            self._call(f"writing {key}", self.client.upload_file, str(path), self.store.bucket,
-                       key)
+            self._call(f"writing {key}", self.client.upload_file, str(path), self.store.bucket, key)
 
     def version_files(self, version: str) -> dict[str, str] | None:
         prefix = f"{self.root}{version}/"
@@ -197,31 +234,48 @@ class S3ModelDir:
             self.remove_version(version)
             raise _refuse(_mismatch(stored, want))
         for key in self._keys(f"{self.root}warmup/"):
-            self._call(f"deleting {key}", self.client.delete_object, Bucket=self.store.bucket,
-                       Key=key)
+            self._call(
+                f"deleting {key}", self.client.delete_object, Bucket=self.store.bucket, Key=key
+            )
         self._upload_tree(src_model / "warmup", f"{self.root}warmup/")
         self.write_config((src_model / "config.pbtxt").read_text())
 
     def read_config(self) -> str:
         key = f"{self.root}config.pbtxt"
-        return self._call(f"reading {key}", lambda: self.client.get_object(
-            Bucket=self.store.bucket, Key=key)["Body"].read().decode())
+        return self._call(
+            f"reading {key}",
+            lambda: (
+                self.client.get_object(Bucket=self.store.bucket, Key=key)["Body"].read().decode()
+            ),
+        )
 
     def write_config(self, text: str) -> None:
         key = f"{self.root}config.pbtxt"
-        self._call(f"writing {key}", self.client.put_object, Bucket=self.store.bucket, Key=key,
-                   Body=text.encode())
+        self._call(
+            f"writing {key}",
+            self.client.put_object,
+            Bucket=self.store.bucket,
+            Key=key,
+            Body=text.encode(),
+        )
 
     def remove_version(self, version: str) -> None:
         for key in self._keys(f"{self.root}{version}/"):
-            self._call(f"deleting {key}", self.client.delete_object, Bucket=self.store.bucket,
-                       Key=key)
+            self._call(
+                f"deleting {key}", self.client.delete_object, Bucket=self.store.bucket, Key=key
+            )
 
     def versions(self) -> list[str]:
-        page = self._call(f"listing {self.root}", self.client.list_objects_v2,
-                          Bucket=self.store.bucket, Prefix=self.root, Delimiter="/")
-        names = [p["Prefix"].removeprefix(self.root).strip("/")
-                 for p in page.get("CommonPrefixes", [])]
+        page = self._call(
+            f"listing {self.root}",
+            self.client.list_objects_v2,
+            Bucket=self.store.bucket,
+            Prefix=self.root,
+            Delimiter="/",
+        )
+        names = [
+            p["Prefix"].removeprefix(self.root).strip("/") for p in page.get("CommonPrefixes", [])
+        ]
         return sorted((n for n in names if n.isdigit()), key=int)
 
 
@@ -234,10 +288,18 @@ def prepare_s3_repository(store: S3Store) -> None:
     models = S3ModelDir(store, "")
     root = models.root.rstrip("/")
     key = f"{root}/{MARKER}" if root else MARKER
-    page = models._call(f"listing {root or 'the bucket'}", models.client.list_objects_v2,
-                        Bucket=store.bucket, Prefix=f"{root}/" if root else "", MaxKeys=1)
+    page = models._call(
+        f"listing {root or 'the bucket'}",
+        models.client.list_objects_v2,
+        Bucket=store.bucket,
+        Prefix=f"{root}/" if root else "",
+        MaxKeys=1,
+    )
     if not page.get("Contents"):
-        models._call(f"writing {key}", models.client.put_object, Bucket=store.bucket, Key=key,
-                     Body=b"hf2triton model repository\n")
-
-
+        models._call(
+            f"writing {key}",
+            models.client.put_object,
+            Bucket=store.bucket,
+            Key=key,
+            Body=b"hf2triton model repository\n",
+        )

@@ -11,13 +11,7 @@ Example:
 
 from __future__ import annotations
 
-from hf2triton.targets.base import (
-    Check,
-    Deployment,
-    DeploySection,
-    DeployTarget,
-    WatchPoint,
-)
+from hf2triton.targets.base import Check, Deployment, DeploySection, DeployTarget, WatchPoint
 from hf2triton.util import plugins
 
 # spec `deploy.target:` -> the target's class; each target's module registers it.
@@ -33,5 +27,14 @@ def default_deploy() -> DeploySection:
     return target_class(TARGETS.default).Spec()
 
 
-__all__ = ["TARGETS", "Check", "DeploySection", "DeploySpec", "DeployTarget", "Deployment",
-           "WatchPoint", "default_deploy", "target_class"]
+__all__ = [
+    "TARGETS",
+    "Check",
+    "DeploySection",
+    "DeploySpec",
+    "DeployTarget",
+    "Deployment",
+    "WatchPoint",
+    "default_deploy",
+    "target_class",
+]

@@ -37,17 +37,21 @@ class TuningSpec(Strict):
         None, description="candidates; default: only deploy.preferred_batch_sizes"
     )
     max_queue_delay_us: list[Annotated[int, Field(ge=0, le=1_000_000)]] = [2000, 8000]
-    execution: list[tuple[Annotated[int, Field(ge=1, le=64)],
-                          Annotated[int, Field(ge=0, le=256)]]] = Field(
+    execution: list[
+        tuple[Annotated[int, Field(ge=1, le=64)], Annotated[int, Field(ge=0, le=256)]]
+    ] = Field(
         [(1, 0), (2, 1)],
         description="(instance_count, intra_op_threads) pairs; threads 0: ONNX Runtime's default",
     )
     max_batch_tokens: list[Annotated[int, Field(ge=0, le=1_000_000)]] | None = Field(
-        None, description="token budgets of the served model's sub-batches to try; default: "
-        "only deploy.max_batch_tokens")
+        None,
+        description="token budgets of the served model's sub-batches to try; default: "
+        "only deploy.max_batch_tokens",
+    )
     clients: list[Annotated[int, Field(ge=1, le=1000)]] = [16, 64]
-    seconds: float = Field(5, gt=0, le=600, description="measured per configuration and client "
-                           "count, after a warm-up")
+    seconds: float = Field(
+        5, gt=0, le=600, description="measured per configuration and client count, after a warm-up"
+    )
     max_p99_ms: float | None = Field(None, gt=0, description="latency cap at every client count")
 
     @model_validator(mode="after")
@@ -70,9 +74,11 @@ class OpenAISpec(Strict):
     enabled: bool = Field(True, description="serve the API beside Triton")
     port: int = Field(9000, ge=1, le=65535, description="the API's HTTP port")
     credentials_block: str | None = Field(
-        None, description="name of a saved hf2triton ApiKeys Prefect block: the bearer keys "
+        None,
+        description="name of a saved hf2triton ApiKeys Prefect block: the bearer keys "
         "the API accepts; without it HF2TRITON_OPENAI_API_KEYS (comma-separated), else none "
-        "(the API takes requests without a key)")
+        "(the API takes requests without a key)",
+    )
     max_body_mb: float = Field(4, gt=0, le=1024, description="the largest request body (MB)")
     timeout_s: float = Field(600, gt=0, description="the longest a request may take")
 
@@ -103,8 +109,11 @@ class OpenAISpec(Strict):
     def client_key(self) -> str | None:
         """A key the smoke test and the watch send (None: the API asks none)."""
         found = resolve(ApiKeys, self.credentials_block)
-        keys = [k.strip() for k in found.keys.get_secret_value().split(",") if k.strip()] \
-            if found is not None else []
+        keys = (
+            [k.strip() for k in found.keys.get_secret_value().split(",") if k.strip()]
+            if found is not None
+            else []
+        )
         return keys[0] if keys else None
 
 
@@ -124,37 +133,60 @@ class DeploySection(Strict):
     # The target runs the release's serving image (so `image.build` cannot be false).
     runs_image: ClassVar[bool] = False
 
-    max_batch_size: int = Field(64, ge=1, le=4096, description="the largest dynamic batch "
-                                "Triton forms (requests); the gate measures batches of this size")
+    max_batch_size: int = Field(
+        64,
+        ge=1,
+        le=4096,
+        description="the largest dynamic batch "
+        "Triton forms (requests); the gate measures batches of this size",
+    )
     preferred_batch_sizes: list[Annotated[int, Field(ge=1)]] = Field(
-        [8, 16, 32], description="batch sizes Triton's dynamic batcher prefers to send at once")
-    max_queue_delay_us: int = Field(2000, ge=0, le=1_000_000, description="how long a "
-                                    "request may wait for others to batch with (microseconds)")
-    instance_count: int = Field(1, ge=1, le=64, description="model instances (on the CPU, "
-                                "or on each GPU with device gpu)")
+        [8, 16, 32], description="batch sizes Triton's dynamic batcher prefers to send at once"
+    )
+    max_queue_delay_us: int = Field(
+        2000,
+        ge=0,
+        le=1_000_000,
+        description="how long a request may wait for others to batch with (microseconds)",
+    )
+    instance_count: int = Field(
+        1, ge=1, le=64, description="model instances (on the CPU, or on each GPU with device gpu)"
+    )
     intra_op_threads: int = Field(0, ge=0, le=256, description="0: ONNX Runtime's default")
     max_batch_tokens: int = Field(
-        DEFAULT_MAX_BATCH_TOKENS, ge=0, le=1_000_000,
+        DEFAULT_MAX_BATCH_TOKENS,
+        ge=0,
+        le=1_000_000,
         description="token budget of one ONNX run: the served model sorts a dynamic batch by "
         "length and runs it in sub-batches of at most this many padded tokens (rows x longest); "
-        "0: one padded run per dynamic batch")
+        "0: one padded run per dynamic batch",
+    )
     device: Literal[tuple(DEVICES)] = Field(  # type: ignore[valid-type]
-        "cpu", description="where Triton runs the model: cpu (KIND_CPU instances), or gpu "
-        "(KIND_GPU instances and a GPU runtime; the gate must run on a GPU too, see gpu_gate)")
+        "cpu",
+        description="where Triton runs the model: cpu (KIND_CPU instances), or gpu "
+        "(KIND_GPU instances and a GPU runtime; the gate must run on a GPU too, see gpu_gate)",
+    )
     gpus: list[Annotated[int, Field(ge=0)]] | None = Field(
-        None, description="with device gpu: the GPUs Triton places instances on, "
-        "instance_count on each; default: every GPU of the server")
+        None,
+        description="with device gpu: the GPUs Triton places instances on, "
+        "instance_count on each; default: every GPU of the server",
+    )
     gpu_gate: Literal["here", "cpu-numerics"] = Field(
-        "here", description="with device gpu: `here` gates on this machine's GPU (a release "
+        "here",
+        description="with device gpu: `here` gates on this machine's GPU (a release "
         "started without one stops before any work); `cpu-numerics` accepts a CPU check of the "
         "GPU graph's numerics (for an image built on a CPU host), and the smoke test on the "
-        "target then judges the served answers with the gate's limits")
-    ready_timeout_s: float = Field(180, gt=0, description="how long a new version may take to "
-                                   "load and become ready (seconds)")
+        "target then judges the served answers with the gate's limits",
+    )
+    ready_timeout_s: float = Field(
+        180, gt=0, description="how long a new version may take to load and become ready (seconds)"
+    )
     tuning: TuningSpec = TuningSpec()
-    openai: OpenAISpec = Field(OpenAISpec(), description="the OpenAI-compatible API beside "
-                               "Triton: every target runs it (the serving image starts it)")
-
+    openai: OpenAISpec = Field(
+        OpenAISpec(),
+        description="the OpenAI-compatible API beside "
+        "Triton: every target runs it (the serving image starts it)",
+    )
 
     @model_validator(mode="after")
     def _gpus_need_gpu(self) -> DeploySection:
@@ -165,8 +197,9 @@ class DeploySection(Strict):
     @model_validator(mode="after")
     def _batches(self) -> DeploySection:
         too_big = [b for b in self.preferred_batch_sizes if b > self.max_batch_size]
-        too_big += [b for c in self.tuning.preferred_batch_sizes or [] for b in c
-                    if b > self.max_batch_size]
+        too_big += [
+            b for c in self.tuning.preferred_batch_sizes or [] for b in c if b > self.max_batch_size
+        ]
         if too_big:
             raise ValueError(
                 f"preferred_batch_sizes {too_big} exceed max_batch_size {self.max_batch_size}"
@@ -188,15 +221,16 @@ class PublishedSection(DeploySection):
     host: str = Field("127.0.0.1", description="the address the server listens on")
     http_port: int = Field(8000, ge=1, le=65535, description="Triton's HTTP/REST port")
     grpc_port: int = Field(8001, ge=1, le=65535, description="Triton's gRPC port")
-    metrics_port: int = Field(8002, ge=1, le=65535, description="Triton's Prometheus "
-                              "metrics port")
+    metrics_port: int = Field(8002, ge=1, le=65535, description="Triton's Prometheus metrics port")
 
     def watch_point(self, what: str) -> WatchPoint:
         """Where the watch reads this Triton's metrics and probes it: its published ports."""
-        point = WatchPoint(name=f"{what} {self.host}:{self.http_port}",
-                           http=f"{self.host}:{self.http_port}",
-                           grpc=f"{self.host}:{self.grpc_port}",
-                           metrics=f"http://{self.host}:{self.metrics_port}/metrics")
+        point = WatchPoint(
+            name=f"{what} {self.host}:{self.http_port}",
+            http=f"{self.host}:{self.http_port}",
+            grpc=f"{self.host}:{self.grpc_port}",
+            metrics=f"http://{self.host}:{self.metrics_port}/metrics",
+        )
         if self.openai.enabled:
             point["openai"] = self.openai.url(self.host)
         return point
@@ -233,16 +267,24 @@ class DeployTarget:
         super().__init_subclass__(**kwargs)
         cls.name = tag_of(cls.Spec, "target")
 
-    def __init__(self, spec: Any, release: str, work: str = "", registry_model: str = "",
-                 image: Any = None):
+    def __init__(
+        self, spec: Any, release: str, work: str = "", registry_model: str = "", image: Any = None
+    ):
         self.spec = spec
         self.release = release
         self.work = work
         self.registry_model = registry_model or release
         self.image = image
 
-    def deploy(self, repository: str, model_name: str, version: str, files: dict[str, str],
-               image: dict[str, Any], check: Check) -> Deployment:
+    def deploy(
+        self,
+        repository: str,
+        model_name: str,
+        version: str,
+        files: dict[str, str],
+        image: dict[str, Any],
+        check: Check,
+    ) -> Deployment:
         """Put `version` beside what serves; raise (having cleaned up) if it cannot load."""
         raise NotImplementedError
 
@@ -265,17 +307,21 @@ class DeployTarget:
         """Serve `version` again (one this target still holds) instead of what serves now: it
         loads beside the serving version and passes `check` before the other stops; returns the
         versions that stopped serving. Used by `hf2triton rollback` and the watch."""
-        raise DeployError(f"deploy target {self.name!r} cannot roll back after promotion yet: "
-                          "release the previous version again instead")
+        raise DeployError(
+            f"deploy target {self.name!r} cannot roll back after promotion yet: "
+            "release the previous version again instead"
+        )
 
     def summary(self, deployment: Deployment) -> dict[str, Any]:
         """The release summary's `endpoint` (and any target-specific) entries."""
         first = deployment["endpoints"][0]
         endpoint = {
-            "model": deployment["model_name"], "version": deployment["version"],
+            "model": deployment["model_name"],
+            "version": deployment["version"],
             "http": f"http://{first['http']}/v2/models/{deployment['model_name']}/versions/"
-                    f"{deployment['version']}/infer",
-            "grpc": first["grpc"]}
+            f"{deployment['version']}/infer",
+            "grpc": first["grpc"],
+        }
         if first.get("openai"):
             endpoint["openai"] = first["openai"]
         return {"endpoint": endpoint}

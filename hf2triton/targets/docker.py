@@ -22,13 +22,7 @@ from hf2triton.clients.triton import TritonAdmin
 from hf2triton.errors import DeployError, Hf2TritonError
 from hf2triton.image import ImageSpec, registry_auth
 from hf2triton.targets import TARGETS
-from hf2triton.targets.base import (
-    Check,
-    Deployment,
-    DeployTarget,
-    PublishedSection,
-    WatchPoint,
-)
+from hf2triton.targets.base import Check, Deployment, DeployTarget, PublishedSection, WatchPoint
 from hf2triton.targets.smoke import Endpoint
 from hf2triton.util.runs import step_logger
 
@@ -46,15 +40,22 @@ def container_names(release: str) -> tuple[str, str, str]:
 
 
 def labels(release: str, version: str, reference: str, role: str) -> dict[str, str]:
-    return {LABEL_RELEASE: release, LABEL_VERSION: version, LABEL_IMAGE: reference,
-            LABEL_ROLE: role}
+    return {
+        LABEL_RELEASE: release,
+        LABEL_VERSION: version,
+        LABEL_IMAGE: reference,
+        LABEL_ROLE: role,
+    }
 
 
 def described(container: Any, name: str) -> dict[str, str]:
     """What a container serves, as a deployment's state records it."""
-    return {"name": name, "id": container.id[:12],
-            "image": container.labels.get(LABEL_IMAGE, "?"),
-            "version": container.labels.get(LABEL_VERSION, "?")}
+    return {
+        "name": name,
+        "id": container.id[:12],
+        "image": container.labels.get(LABEL_IMAGE, "?"),
+        "version": container.labels.get(LABEL_VERSION, "?"),
+    }
 
 
 def rollback_name(release: str) -> str:
@@ -74,15 +75,18 @@ def keep(client: Any, release: str, stopped: Any) -> None:
 def recover(client: Any, live_name: str, prev_name: str) -> None:
     """Finish what an interrupted switch left: a `-previous` container without a live one is put
     back; one beside a live container is no longer needed."""
-    prev, live = engine_client.container(client, prev_name), \
-        engine_client.container(client, live_name)
+    prev, live = (
+        engine_client.container(client, prev_name),
+        engine_client.container(client, live_name),
+    )
     if prev is None:
         return
     if live is None:
         prev.rename(live_name)
         prev.start()
-        step_logger().warning("deploy: put back container %s that an interrupted deploy had "
-                              "stopped", live_name)
+        step_logger().warning(
+            "deploy: put back container %s that an interrupted deploy had stopped", live_name
+        )
     else:
         engine_client.remove(prev)
 
@@ -92,9 +96,14 @@ def status(release: str) -> dict[str, Any]:
     c = engine_client.container(engine_client.engine(), container_names(release)[0])
     if c is None:
         return {"running": False}
-    return {"running": c.status == "running", "name": c.name, "id": c.id[:12],
-            "image": c.labels.get(LABEL_IMAGE), "version": c.labels.get(LABEL_VERSION),
-            "health": c.attrs.get("State", {}).get("Health", {}).get("Status")}
+    return {
+        "running": c.status == "running",
+        "name": c.name,
+        "id": c.id[:12],
+        "image": c.labels.get(LABEL_IMAGE),
+        "version": c.labels.get(LABEL_VERSION),
+        "health": c.attrs.get("State", {}).get("Health", {}).get("Status"),
+    }
 
 
 class DockerDeploy(PublishedSection):
@@ -121,26 +130,36 @@ class DockerContainers(DeployTarget):
     def _ports(self, fixed: bool) -> dict[str, int | None]:
         """The container's published ports: the spec's, or free ones (a candidate's)."""
         spec = self.spec
-        ports: dict[str, int | None] = {"http": spec.http_port, "grpc": spec.grpc_port,
-                                        "metrics": spec.metrics_port}
+        ports: dict[str, int | None] = {
+            "http": spec.http_port,
+            "grpc": spec.grpc_port,
+            "metrics": spec.metrics_port,
+        }
         if spec.openai.enabled:
             ports["openai"] = spec.openai.port
         return ports if fixed else {k: None for k in ports}
 
-
-    def deploy(self, repository: str, model_name: str, version: str, files: dict[str, str],
-               image: dict[str, Any], check: Check) -> Deployment:
+    def deploy(
+        self,
+        repository: str,
+        model_name: str,
+        version: str,
+        files: dict[str, str],
+        image: dict[str, Any],
+        check: Check,
+    ) -> Deployment:
         import docker.errors
 
         if not image.get("reference"):
-            raise DeployError("deploy.target 'docker' runs the release's image, but no image "
-                              f"was built: {image.get('skipped', 'unknown reason')}")
+            raise DeployError(
+                "deploy.target 'docker' runs the release's image, but no image "
+                f"was built: {image.get('skipped', 'unknown reason')}"
+            )
         reference = image["reference"]
         logger = step_logger()
         spec = self.spec
         client = engine_client.engine()
-        engine_client.pull(client, reference,
-                           _registry_auth(self.image, reference.split("/")[0]))
+        engine_client.pull(client, reference, _registry_auth(self.image, reference.split("/")[0]))
         logger.info("deploy: pulled %s from the registry", reference)
         live_name, cand_name, prev_name = container_names(self.release)
         try:
@@ -154,24 +173,39 @@ class DockerContainers(DeployTarget):
             previous = None if old is None else described(old, live_name)
             if old is not None and old.labels.get(LABEL_IMAGE) == reference:
                 urls = engine_client.published(old, spec.host)
-                engine_client.wait_ready(old, _ready(urls["http"], model_name, version),
-                                         model_name, version, time.monotonic() + 10)
+                engine_client.wait_ready(
+                    old,
+                    _ready(urls["http"], model_name, version),
+                    model_name,
+                    version,
+                    time.monotonic() + 10,
+                )
                 logger.info("deploy: %s already serves %s", live_name, reference)
-                return self._deployment(old, urls, model_name, version, reference, None, 0.0,
-                                        reused=True)
+                return self._deployment(
+                    old, urls, model_name, version, reference, None, 0.0, reused=True
+                )
             if old is not None:
-                self._check_candidate(client, reference, cand_name, model_name, version,
-                                      previous, check)
-            new, urls, switch = self._switch(client, reference, model_name, version, old,
-                                             previous)
-            return self._deployment(new, urls, model_name, version, reference, previous,
-                                    switch, reused=False)
+                self._check_candidate(
+                    client, reference, cand_name, model_name, version, previous, check
+                )
+            new, urls, switch = self._switch(client, reference, model_name, version, old, previous)
+            return self._deployment(
+                new, urls, model_name, version, reference, previous, switch, reused=False
+            )
         except docker.errors.APIError as exc:
-            raise engine_client.engine_error(exc, "run the release's containers",
-                                             DeployError) from None
+            raise engine_client.engine_error(
+                exc, "run the release's containers", DeployError
+            ) from None
 
-    def _switch(self, client: Any, reference: str, model_name: str, version: str, old: Any,
-                previous: dict[str, str] | None) -> tuple[Any, dict[str, str], float]:
+    def _switch(
+        self,
+        client: Any,
+        reference: str,
+        model_name: str,
+        version: str,
+        old: Any,
+        previous: dict[str, str] | None,
+    ) -> tuple[Any, dict[str, str], float]:
         """Blue to green on the spec's ports: the old container stopped and kept as `-previous`,
         `reference` started live; if it does not come up, the old one is put back. Returns the
         new container, its URLs and the gap clients saw (seconds)."""
@@ -186,68 +220,123 @@ class DockerContainers(DeployTarget):
         new = None
         try:
             new = engine_client.run(
-                client, reference, live_name, spec.host, self._ports(fixed=True),
-                labels(self.release, version, reference, "live"), restart=True,
-                environment=self.spec.openai.container_environment())
+                client,
+                reference,
+                live_name,
+                spec.host,
+                self._ports(fixed=True),
+                labels(self.release, version, reference, "live"),
+                restart=True,
+                environment=self.spec.openai.container_environment(),
+            )
             urls = engine_client.published(new, spec.host)
-            engine_client.wait_ready(new, _ready(urls["http"], model_name, version),
-                                     model_name, version,
-                                     time.monotonic() + spec.ready_timeout_s)
+            engine_client.wait_ready(
+                new,
+                _ready(urls["http"], model_name, version),
+                model_name,
+                version,
+                time.monotonic() + spec.ready_timeout_s,
+            )
         except (Hf2TritonError, docker.errors.APIError) as exc:
-            engine_client.remove(new if new is not None else
-                                 engine_client.container(client, live_name))
+            engine_client.remove(
+                new if new is not None else engine_client.container(client, live_name)
+            )
             put_back = ""
             if old is not None:
                 old.rename(live_name)
                 old.start()
-                put_back = (f"; container {live_name} (version {previous['version']}) was "
-                            "put back")
+                put_back = f"; container {live_name} (version {previous['version']}) was put back"
             if isinstance(exc, docker.errors.APIError):  # e.g. a spec port already taken
                 raise DeployError(
                     f"could not run {reference} on {spec.host} ports {spec.http_port}/"
                     f"{spec.grpc_port}/{spec.metrics_port}: {engine_client.short(exc)}"
-                    f"{put_back}") from None
+                    f"{put_back}"
+                ) from None
             raise type(exc)(f"{exc}{put_back}") from None
         return new, urls, round(time.monotonic() - switched, 2)
 
-    def _check_candidate(self, client: Any, reference: str, cand_name: str, model_name: str,
-                         version: str, previous: dict[str, str], check: Check) -> None:
+    def _check_candidate(
+        self,
+        client: Any,
+        reference: str,
+        cand_name: str,
+        model_name: str,
+        version: str,
+        previous: dict[str, str],
+        check: Check,
+    ) -> None:
         """Green: the new image on free ports, smoke-checked while the old one keeps serving."""
         logger = step_logger()
-        cand = engine_client.run(client, reference, cand_name, self.spec.host,
-                                 self._ports(fixed=False),
-                                 labels(self.release, version, reference, "candidate"),
-                                 restart=False,
-                                 environment=self.spec.openai.container_environment())
+        cand = engine_client.run(
+            client,
+            reference,
+            cand_name,
+            self.spec.host,
+            self._ports(fixed=False),
+            labels(self.release, version, reference, "candidate"),
+            restart=False,
+            environment=self.spec.openai.container_environment(),
+        )
         try:
             urls = engine_client.published(cand, self.spec.host)
-            logger.info("deploy: candidate %s on %s; %s (version %s) keeps serving", cand_name,
-                        urls["http"], previous["name"], previous["version"])
-            engine_client.wait_ready(cand, _ready(urls["http"], model_name, version),
-                                     model_name, version,
-                                     time.monotonic() + self.spec.ready_timeout_s)
+            logger.info(
+                "deploy: candidate %s on %s; %s (version %s) keeps serving",
+                cand_name,
+                urls["http"],
+                previous["name"],
+                previous["version"],
+            )
+            engine_client.wait_ready(
+                cand,
+                _ready(urls["http"], model_name, version),
+                model_name,
+                version,
+                time.monotonic() + self.spec.ready_timeout_s,
+            )
             figures = check(self._endpoint(urls, version, f"candidate container {cand_name}"))
-            logger.info("deploy: smoke on the candidate passed (%s)", ", ".join(
-                f"{k} {v:.4g}" for k, v in figures.items() if not k.endswith("_ms")))
+            logger.info(
+                "deploy: smoke on the candidate passed (%s)",
+                ", ".join(f"{k} {v:.4g}" for k, v in figures.items() if not k.endswith("_ms")),
+            )
         except Hf2TritonError as exc:
-            raise type(exc)(f"{exc} -- the new image was removed; container {previous['name']} "
-                            f"(version {previous['version']}) keeps serving") from None
+            raise type(exc)(
+                f"{exc} -- the new image was removed; container {previous['name']} "
+                f"(version {previous['version']}) keeps serving"
+            ) from None
         finally:
             engine_client.remove(cand)
-        logger.info("deploy: candidate passed; switching %s to version %s", previous["name"],
-                    version)
+        logger.info(
+            "deploy: candidate passed; switching %s to version %s", previous["name"], version
+        )
 
-    def _deployment(self, live: Any, urls: dict[str, str], model_name: str, version: str,
-                    reference: str, previous: dict[str, str] | None, switch: float,
-                    reused: bool) -> Deployment:
+    def _deployment(
+        self,
+        live: Any,
+        urls: dict[str, str],
+        model_name: str,
+        version: str,
+        reference: str,
+        previous: dict[str, str] | None,
+        switch: float,
+        reused: bool,
+    ) -> Deployment:
         return Deployment(
-            target=self.name, model_name=model_name, version=version,
+            target=self.name,
+            model_name=model_name,
+            version=version,
             endpoints=[self._endpoint(urls, version, f"container {live.name}")],
-            state={"container_name": live.name, "container_id": live.id, "image": reference,
-                   "http_url": urls["http"], "grpc_url": urls["grpc"],
-                   "metrics_url": urls["metrics"], "previous": previous,
-                   "switch_seconds": switch},
-            reused=reused)
+            state={
+                "container_name": live.name,
+                "container_id": live.id,
+                "image": reference,
+                "http_url": urls["http"],
+                "grpc_url": urls["grpc"],
+                "metrics_url": urls["metrics"],
+                "previous": previous,
+                "switch_seconds": switch,
+            },
+            reused=reused,
+        )
 
     def rollback(self, deployment: Deployment) -> None:
         """The live container failed its smoke test: put `-previous` back (or stop serving)."""
@@ -268,9 +357,13 @@ class DockerContainers(DeployTarget):
         _, _, prev_name = container_names(self.release)
         keep(client, self.release, engine_client.container(client, prev_name))
         if previous:
-            step_logger().info("deploy: %s serves version %s; version %s (%s) is stopped and "
-                               "kept for a rollback", deployment["state"]["container_name"],
-                               deployment["version"], previous["version"], previous["image"])
+            step_logger().info(
+                "deploy: %s serves version %s; version %s (%s) is stopped and kept for a rollback",
+                deployment["state"]["container_name"],
+                deployment["version"],
+                previous["version"],
+                previous["image"],
+            )
         return [previous["version"]] if previous else []
 
     def restore(self, model_name: str, version: str, check: Check) -> list[str]:
@@ -287,42 +380,56 @@ class DockerContainers(DeployTarget):
             raise DeployError(
                 f"no container of {self.release} version {version} is kept on this Docker "
                 f"engine ({'it keeps version ' + held if held else 'none is kept'}): release "
-                f"version {version} again instead")
+                f"version {version} again instead"
+            )
         reference = kept.labels[LABEL_IMAGE]
         try:
             recover(client, live_name, prev_name)
             old = engine_client.container(client, live_name)
             if old is None or old.status != "running":
-                raise DeployError(f"container {live_name} does not run: nothing to roll back "
-                                  f"from; `docker start {live_name}` or release again")
+                raise DeployError(
+                    f"container {live_name} does not run: nothing to roll back "
+                    f"from; `docker start {live_name}` or release again"
+                )
             previous = described(old, live_name)
-            self._check_candidate(client, reference, cand_name, model_name, version,
-                                  previous, check)
-            new, _, switch = self._switch(client, reference, model_name, version, old,
-                                          previous)
+            self._check_candidate(
+                client, reference, cand_name, model_name, version, previous, check
+            )
+            new, _, switch = self._switch(client, reference, model_name, version, old, previous)
             engine_client.remove(kept)
             keep(client, self.release, engine_client.container(client, prev_name))
         except docker.errors.APIError as exc:
-            raise engine_client.engine_error(exc, "roll the release's container back",
-                                             DeployError) from None
-        step_logger().info("rollback: %s serves version %s again (%s; switch %.1f s); version "
-                           "%s is stopped and kept", new.name, version, reference, switch,
-                           previous["version"])
+            raise engine_client.engine_error(
+                exc, "roll the release's container back", DeployError
+            ) from None
+        step_logger().info(
+            "rollback: %s serves version %s again (%s; switch %.1f s); version "
+            "%s is stopped and kept",
+            new.name,
+            version,
+            reference,
+            switch,
+            previous["version"],
+        )
         return [previous["version"]]
 
     def summary(self, deployment: Deployment) -> dict[str, Any]:
         out = super().summary(deployment)
         state = deployment["state"]
-        out["container"] = {k: state[k] for k in ("container_name", "container_id", "image",
-                                                  "switch_seconds", "previous")}
+        out["container"] = {
+            k: state[k]
+            for k in ("container_name", "container_id", "image", "switch_seconds", "previous")
+        }
         return out
 
 
 def _ready(http_url: str, model: str, version: str) -> Any:
     """Whether the container's Triton serves `model` `version` (asked anew each time)."""
+
     def ready() -> bool:
         with TritonAdmin(http_url, timeout_s=5.0) as admin:
             return admin.model_ready(model, version)
+
     return ready
 
 

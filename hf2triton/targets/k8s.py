@@ -27,8 +27,9 @@ QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|M|G|T)?$")
 class KubernetesSpec(Strict):
     """`deploy.target: kserve`: where and how the release's image runs on a cluster."""
 
-    namespace: Annotated[str, matching(K8S_NAME, "a Kubernetes namespace name (RFC 1123 "
-                                        "label)")] = "default"
+    namespace: Annotated[
+        str, matching(K8S_NAME, "a Kubernetes namespace name (RFC 1123 label)")
+    ] = "default"
     workload: Literal["inferenceservice", "deployment"] = Field(
         "inferenceservice",
         description="what is applied: a KServe InferenceService (Triton runtime, model from "
@@ -36,8 +37,9 @@ class KubernetesSpec(Strict):
         "image with its baked-in model; both are always rendered",
     )
     storage_uri: str | None = Field(
-        None, description="the model repository KServe downloads (s3://, gs://, pvc://, https://); "
-        "default: the MLflow version's triton_repository artifact when it is such a URI"
+        None,
+        description="the model repository KServe downloads (s3://, gs://, pvc://, https://); "
+        "default: the MLflow version's triton_repository artifact when it is such a URI",
     )
     min_replicas: int = Field(1, ge=0, le=1000)
     max_replicas: int = Field(3, ge=1, le=1000)
@@ -47,21 +49,25 @@ class KubernetesSpec(Strict):
     cpu_limit: str = "2"
     memory_limit: str = "4Gi"
     kubeconfig: str | None = Field(
-        None, description="default: $KUBECONFIG, else ~/.kube/config, else the in-cluster "
-        "service account"
+        None,
+        description="default: $KUBECONFIG, else ~/.kube/config, else the in-cluster "
+        "service account",
     )
     context: str | None = None
     endpoint_http: str | None = Field(
-        None, description="host:port where the pipeline reaches the served model over HTTP for "
+        None,
+        description="host:port where the pipeline reaches the served model over HTTP for "
         "the smoke test; default: the cluster-internal Service (a pipeline run as a Prefect "
-        "Kubernetes work pool job reaches it)"
+        "Kubernetes work pool job reaches it)",
     )
     endpoint_grpc: str | None = Field(None, description="as endpoint_http, for gRPC")
     endpoint_openai: str | None = Field(
-        None, description="base URL (http://host:port/v1) where the pipeline reaches the "
+        None,
+        description="base URL (http://host:port/v1) where the pipeline reaches the "
         "OpenAI-compatible API beside the served model; default: the plain Deployment's "
         "Service (KServe routes an InferenceService's port 8080 only: without this the smoke "
-        "test does not go through the API there)")
+        "test does not go through the API there)",
+    )
 
     @field_validator("cpu_request", "memory_request", "cpu_limit", "memory_limit")
     @classmethod
@@ -73,8 +79,9 @@ class KubernetesSpec(Strict):
     @model_validator(mode="after")
     def _replica_range(self) -> KubernetesSpec:
         if self.min_replicas > self.max_replicas:
-            raise ValueError(f"min_replicas {self.min_replicas} exceeds max_replicas "
-                             f"{self.max_replicas}")
+            raise ValueError(
+                f"min_replicas {self.min_replicas} exceeds max_replicas {self.max_replicas}"
+            )
         return self
 
 
@@ -94,9 +101,15 @@ NO_STORAGE = "s3://CHANGE-ME/triton_repository"
 VERSION_ANNOTATION = "hf2triton.io/mlflow-version"
 
 
-def render(name: str, model_name: str, version: str, image_reference: str,
-           storage_uri: str | None, k8s: KubernetesSpec, openai: Any = None
-           ) -> dict[str, dict[str, Any]]:
+def render(
+    name: str,
+    model_name: str,
+    version: str,
+    image_reference: str,
+    storage_uri: str | None,
+    k8s: KubernetesSpec,
+    openai: Any = None,
+) -> dict[str, dict[str, Any]]:
     """The release's manifests as objects, keyed by kind.
 
     Example:
@@ -112,18 +125,32 @@ def render(name: str, model_name: str, version: str, image_reference: str,
             "Kubernetes must run exactly the image the release pushed and recorded"
         )
     values = {
-        "name": name, "namespace": k8s.namespace, "model_name": model_name, "version": version,
-        "image": image_reference, "digest": image_reference.split("@", 1)[1],
+        "name": name,
+        "namespace": k8s.namespace,
+        "model_name": model_name,
+        "version": version,
+        "image": image_reference,
+        "digest": image_reference.split("@", 1)[1],
         # Rendered even without a store, so the plain Deployment can be inspected and applied.
         "storage_uri": storage_uri or NO_STORAGE,
-        "min_replicas": k8s.min_replicas, "hpa_min_replicas": max(1, k8s.min_replicas),
-        "max_replicas": k8s.max_replicas, "target_cpu_utilization": k8s.target_cpu_utilization,
-        "cpu_request": k8s.cpu_request, "memory_request": k8s.memory_request,
-        "cpu_limit": k8s.cpu_limit, "memory_limit": k8s.memory_limit,
+        "min_replicas": k8s.min_replicas,
+        "hpa_min_replicas": max(1, k8s.min_replicas),
+        "max_replicas": k8s.max_replicas,
+        "target_cpu_utilization": k8s.target_cpu_utilization,
+        "cpu_request": k8s.cpu_request,
+        "memory_request": k8s.memory_request,
+        "cpu_limit": k8s.cpu_limit,
+        "memory_limit": k8s.memory_limit,
         # The OpenAI-compatible API beside Triton (deploy.openai): its port and environment.
         "openai_port": openai.port if openai is not None else 9000,
-        "openai_env": json.dumps([{"name": k, "value": v} for k, v in sorted(
-            (openai.container_environment() if openai is not None else {}).items())]),
+        "openai_env": json.dumps(
+            [
+                {"name": k, "value": v}
+                for k, v in sorted(
+                    (openai.container_environment() if openai is not None else {}).items()
+                )
+            ]
+        ),
     }
     out = {}
     for file, (kind, _) in MANIFESTS.items():
@@ -141,18 +168,23 @@ def metrics_url(objs: dict[str, dict[str, Any]]) -> str:
     service, scrape = objs["Service"], objs["ServiceMonitor"]["spec"]["endpoints"][0]
     ports = {p["name"]: p["port"] for p in service["spec"]["ports"]}
     if scrape["port"] not in ports:
-        raise DeployError(f"the ServiceMonitor scrapes port {scrape['port']!r}, which the "
-                          f"Service does not have (it has {', '.join(ports)}): see {TEMPLATES}")
+        raise DeployError(
+            f"the ServiceMonitor scrapes port {scrape['port']!r}, which the "
+            f"Service does not have (it has {', '.join(ports)}): see {TEMPLATES}"
+        )
     meta = service["metadata"]
-    return (f"http://{meta['name']}.{meta['namespace']}.svc.cluster.local:"
-            f"{ports[scrape['port']]}{scrape.get('path', '/metrics')}")
+    return (
+        f"http://{meta['name']}.{meta['namespace']}.svc.cluster.local:"
+        f"{ports[scrape['port']]}{scrape.get('path', '/metrics')}"
+    )
 
 
 def served_version(obj: dict[str, Any] | None) -> str | None:
     """The MLflow version a rendered (or live) object serves, None where it does not say."""
     meta = (obj or {}).get("metadata") or {}
-    return (meta.get("annotations") or {}).get(VERSION_ANNOTATION) or \
-        (meta.get("labels") or {}).get("app.kubernetes.io/version")
+    return (meta.get("annotations") or {}).get(VERSION_ANNOTATION) or (
+        meta.get("labels") or {}
+    ).get("app.kubernetes.io/version")
 
 
 def _api_client():
@@ -172,8 +204,9 @@ def check_model(obj: dict[str, Any], model: str, what: str = "") -> None:
         raise DeployError(f"{what}: not a valid {model}: {exc}") from None
     lost = _differences(obj, client.sanitize_for_serialization(typed))
     if lost:
-        raise DeployError(f"{what}: fields the Kubernetes API does not know or cannot read as "
-                          f"{model}: {lost[:5]}")
+        raise DeployError(
+            f"{what}: fields the Kubernetes API does not know or cannot read as {model}: {lost[:5]}"
+        )
 
 
 def _differences(a: Any, b: Any, path: str = "") -> list[str]:
@@ -186,9 +219,16 @@ def _differences(a: Any, b: Any, path: str = "") -> list[str]:
     return [f"{path.lstrip('.')}: {a!r}"]
 
 
-# ModelSpec fields of KServe's own; the rest of an InferenceService's model is a Kubernetes Container.
-KSERVE_MODEL_FIELDS = ("modelFormat", "protocolVersion", "runtime", "runtimeVersion",
-                       "storageUri", "storage")
+# ModelSpec fields of KServe's own; the rest of an InferenceService's model is a Kubernetes
+# Container.
+KSERVE_MODEL_FIELDS = (
+    "modelFormat",
+    "protocolVersion",
+    "runtime",
+    "runtimeVersion",
+    "storageUri",
+    "storage",
+)
 
 
 def check_manifests(objs: dict[str, dict[str, Any]]) -> None:
@@ -200,10 +240,12 @@ def check_manifests(objs: dict[str, dict[str, Any]]) -> None:
     isvc = objs["InferenceService"]
     check_model(isvc["metadata"], "V1ObjectMeta", "InferenceService metadata")
     check_model(objs["ServiceMonitor"]["metadata"], "V1ObjectMeta", "ServiceMonitor metadata")
-    container = {k: v for k, v in isvc["spec"]["predictor"]["model"].items()
-                 if k not in KSERVE_MODEL_FIELDS}
-    check_model({"name": "kserve-container", **container}, "V1Container",
-                "InferenceService predictor.model")
+    container = {
+        k: v for k, v in isvc["spec"]["predictor"]["model"].items() if k not in KSERVE_MODEL_FIELDS
+    }
+    check_model(
+        {"name": "kserve-container", **container}, "V1Container", "InferenceService predictor.model"
+    )
 
 
 def write(objs: dict[str, dict[str, Any]], out_dir: Path) -> list[str]:
@@ -229,8 +271,10 @@ def configured_cluster(k8s: KubernetesSpec) -> str | None:
     """Where the cluster's credentials come from, or None when no cluster is configured."""
     if k8s.kubeconfig:
         return k8s.kubeconfig if Path(k8s.kubeconfig).expanduser().is_file() else None
-    for candidate in [*os.environ.get("KUBECONFIG", "").split(os.pathsep),
-                      str(Path.home() / ".kube" / "config")]:
+    for candidate in [
+        *os.environ.get("KUBECONFIG", "").split(os.pathsep),
+        str(Path.home() / ".kube" / "config"),
+    ]:
         if candidate and Path(candidate).expanduser().is_file():
             return candidate
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
@@ -269,15 +313,22 @@ def apply(objs: list[dict[str, Any]], k8s: KubernetesSpec) -> None:
     for obj in objs:
         try:
             resource = dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
-            resource.server_side_apply(body=obj, name=obj["metadata"]["name"],
-                                       namespace=obj["metadata"]["namespace"],
-                                       field_manager="hf2triton", force_conflicts=True)
+            resource.server_side_apply(
+                body=obj,
+                name=obj["metadata"]["name"],
+                namespace=obj["metadata"]["namespace"],
+                field_manager="hf2triton",
+                force_conflicts=True,
+            )
         except ApiException as exc:
             if exc.status and exc.status >= 500:
                 raise ServiceUnavailableError(
-                    f"the Kubernetes API answered {exc.status} applying {obj['kind']}") from exc
-            raise DeployError(f"the cluster refused {obj['kind']} {obj['metadata']['name']}: "
-                              f"{exc.status} {exc.reason}: {str(exc.body)[:300]}") from None
+                    f"the Kubernetes API answered {exc.status} applying {obj['kind']}"
+                ) from exc
+            raise DeployError(
+                f"the cluster refused {obj['kind']} {obj['metadata']['name']}: "
+                f"{exc.status} {exc.reason}: {str(exc.body)[:300]}"
+            ) from None
 
 
 def wait_inference_service(name: str, k8s: KubernetesSpec, timeout_s: float) -> str:
@@ -288,8 +339,9 @@ def wait_inference_service(name: str, k8s: KubernetesSpec, timeout_s: float) -> 
     deadline = time.monotonic() + timeout_s
     last = "no status yet"
     while time.monotonic() < deadline:
-        isvc = objects.get_namespaced_custom_object("serving.kserve.io", "v1beta1",
-                                                    k8s.namespace, "inferenceservices", name)
+        isvc = objects.get_namespaced_custom_object(
+            "serving.kserve.io", "v1beta1", k8s.namespace, "inferenceservices", name
+        )
         status = isvc.get("status") or {}
         for cond in status.get("conditions") or []:
             if cond.get("type") == "Ready":
@@ -297,8 +349,9 @@ def wait_inference_service(name: str, k8s: KubernetesSpec, timeout_s: float) -> 
                     return str(status.get("url") or "")
                 last = f"{cond.get('reason')}: {cond.get('message')}"
         time.sleep(5)
-    raise DeployError(f"InferenceService {k8s.namespace}/{name} was not Ready within "
-                      f"{timeout_s:.0f}s ({last})")
+    raise DeployError(
+        f"InferenceService {k8s.namespace}/{name} was not Ready within {timeout_s:.0f}s ({last})"
+    )
 
 
 def _resource(dyn: Any, obj: dict[str, Any]) -> Any:
@@ -315,24 +368,30 @@ def current(objs: list[dict[str, Any]], k8s: KubernetesSpec) -> list[dict[str, A
     found: list[dict[str, Any] | None] = []
     for obj in objs:
         try:
-            live = _resource(dyn, obj).get(name=obj["metadata"]["name"],
-                                           namespace=obj["metadata"]["namespace"]).to_dict()
+            live = (
+                _resource(dyn, obj)
+                .get(name=obj["metadata"]["name"], namespace=obj["metadata"]["namespace"])
+                .to_dict()
+            )
         except ApiException as exc:
             if exc.status == 404:
                 found.append(None)
                 continue
-            raise DeployError(f"the cluster refused to read {obj['kind']}: {exc.status} "
-                              f"{exc.reason}") from None
+            raise DeployError(
+                f"the cluster refused to read {obj['kind']}: {exc.status} {exc.reason}"
+            ) from None
         meta = live.get("metadata", {})
-        live["metadata"] = {k: meta[k] for k in ("name", "namespace", "labels", "annotations")
-                            if k in meta}
+        live["metadata"] = {
+            k: meta[k] for k in ("name", "namespace", "labels", "annotations") if k in meta
+        }
         live.pop("status", None)
         found.append(live)
     return found
 
 
-def restore(applied: list[dict[str, Any]], before: list[dict[str, Any] | None],
-            k8s: KubernetesSpec) -> None:
+def restore(
+    applied: list[dict[str, Any]], before: list[dict[str, Any] | None], k8s: KubernetesSpec
+) -> None:
     """Undo `apply(applied)`: re-apply what was there before, delete what was not."""
     from kubernetes import dynamic
 
@@ -341,5 +400,6 @@ def restore(applied: list[dict[str, Any]], before: list[dict[str, Any] | None],
         if old is not None:
             apply([old], k8s)
         else:
-            _resource(dyn, obj).delete(name=obj["metadata"]["name"],
-                                       namespace=obj["metadata"]["namespace"])
+            _resource(dyn, obj).delete(
+                name=obj["metadata"]["name"], namespace=obj["metadata"]["namespace"]
+            )

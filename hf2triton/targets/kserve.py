@@ -36,8 +36,16 @@ from hf2triton.targets.local import expected_files
 from hf2triton.targets.smoke import Endpoint
 from hf2triton.util.runs import step_logger
 
-REMOTE_STORES = ("s3://", "gs://", "azureblob://", "https://", "hdfs://", "webhdfs://", "pvc://",
-                 "oci://")
+REMOTE_STORES = (
+    "s3://",
+    "gs://",
+    "azureblob://",
+    "https://",
+    "hdfs://",
+    "webhdfs://",
+    "pvc://",
+    "oci://",
+)
 # The MLflow version tag naming the pushed image by digest (hf2triton.image.release.image_tags).
 IMAGE_TAG = "image.reference"
 
@@ -84,12 +92,17 @@ def _wait_deployment(name: str, kube: KubernetesSpec, timeout_s: float) -> None:
         dep = apps.read_namespaced_deployment_status(name, kube.namespace)
         want = dep.spec.replicas or 0
         st = dep.status
-        if (st.observed_generation or 0) >= dep.metadata.generation and \
-                (st.updated_replicas or 0) == want and (st.available_replicas or 0) >= want:
+        if (
+            (st.observed_generation or 0) >= dep.metadata.generation
+            and (st.updated_replicas or 0) == want
+            and (st.available_replicas or 0) >= want
+        ):
             return
         time.sleep(5)
-    raise DeployError(f"Deployment {kube.namespace}/{name} did not roll out within "
-                      f"{timeout_s:.0f}s: `kubectl -n {kube.namespace} describe deploy {name}`")
+    raise DeployError(
+        f"Deployment {kube.namespace}/{name} did not roll out within "
+        f"{timeout_s:.0f}s: `kubectl -n {kube.namespace} describe deploy {name}`"
+    )
 
 
 class KServeDeploy(DeploySection):
@@ -100,35 +113,37 @@ class KServeDeploy(DeploySection):
     runs_image: ClassVar[bool] = True
     kubernetes: KubernetesSpec = KubernetesSpec()
     model_store: ModelStoreSpec = Field(
-        default_factory=default_store, description="kind s3: the InferenceService's "
-        "storageUri is this bucket")
+        default_factory=default_store,
+        description="kind s3: the InferenceService's storageUri is this bucket",
+    )
 
 
 @TARGETS.register
 class KServe(DeployTarget):
     Spec = KServeDeploy
 
-    def _storage(self, repository: str, model_name: str, version: str,
-                 files: dict[str, str]) -> str | None:
+    def _storage(
+        self, repository: str, model_name: str, version: str, files: dict[str, str]
+    ) -> str | None:
         kube, store = self.spec.kubernetes, self.spec.model_store
         if kube.storage_uri:
             return kube.storage_uri
         if store.storage_uri():
             store.prepare()
-            store.put_version(repository, model_name, version,
-                              expected_files(files, model_name))
+            store.put_version(repository, model_name, version, expected_files(files, model_name))
             return store.storage_uri()
         return storage_uri_for(kube, Registry().version(self.registry_model, version).source)
 
-    def _manifests(self, model_name: str, version: str, image_reference: str,
-                   storage: str | None, folder: str) -> tuple[dict[str, dict[str, Any]],
-                                                          list[str]]:
+    def _manifests(
+        self, model_name: str, version: str, image_reference: str, storage: str | None, folder: str
+    ) -> tuple[dict[str, dict[str, Any]], list[str]]:
         """`version`'s manifests rendered, checked and written to `k8s/<folder>/` under the work
         directory; raises (naming them) when the InferenceService has no model repository or
         no cluster is configured to apply them to."""
         kube = self.spec.kubernetes
-        objs = k8s.render(self.release, model_name, version, image_reference, storage, kube,
-                          self.spec.openai)
+        objs = k8s.render(
+            self.release, model_name, version, image_reference, storage, kube, self.spec.openai
+        )
         k8s.check_manifests(objs)
         written = k8s.write(objs, Path(self.work) / "k8s" / folder)
         if kube.workload == "inferenceservice" and storage is None:
@@ -136,7 +151,8 @@ class KServe(DeployTarget):
                 "an InferenceService needs a model repository the cluster can read: set "
                 "deploy.kubernetes.storage_uri (s3://..., gs://..., pvc://...), a "
                 "deploy.model_store of kind s3, or run MLflow with an object-store artifact "
-                f"root; the manifests are rendered in {Path(written[0]).parent}")
+                f"root; the manifests are rendered in {Path(written[0]).parent}"
+            )
         if k8s.configured_cluster(kube) is None:
             raise k8s.no_cluster_error(kube, written)
         return objs, written
@@ -145,22 +161,29 @@ class KServe(DeployTarget):
         """Where the pipeline reaches the served model (the smoke test's endpoint)."""
         kube = self.spec.kubernetes
         http, grpc = endpoints(self.release, kube)
-        endpoint = Endpoint(name=f"{kube.workload} {kube.namespace}/{self.release}",
-                            http=http, grpc=grpc, version=version)
+        endpoint = Endpoint(
+            name=f"{kube.workload} {kube.namespace}/{self.release}",
+            http=http,
+            grpc=grpc,
+            version=version,
+        )
         api = openai_endpoint(self.release, kube, self.spec.openai)
         if api:
             endpoint["openai"] = api
         return endpoint
 
-    def _roll_out(self, objs: dict[str, dict[str, Any]], version: str,
-                  check: Check | None = None
-                  ) -> tuple[list[dict[str, Any]], list[dict[str, Any] | None], Endpoint]:
+    def _roll_out(
+        self, objs: dict[str, dict[str, Any]], version: str, check: Check | None = None
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any] | None], Endpoint]:
         """Apply the workload's objects, wait until they serve and run `check` on them; on any
         failure re-apply what the cluster held before (deleting what it did not) and raise.
         Returns (applied, before, endpoint)."""
         kube = self.spec.kubernetes
-        kinds = ["InferenceService"] if kube.workload == "inferenceservice" else \
-            ["Deployment", "Service", "HorizontalPodAutoscaler"]
+        kinds = (
+            ["InferenceService"]
+            if kube.workload == "inferenceservice"
+            else ["Deployment", "Service", "HorizontalPodAutoscaler"]
+        )
         applied = [objs[k] for k in kinds]
         before = k8s.current(applied, kube)
         endpoint = self._endpoint(version)
@@ -177,24 +200,41 @@ class KServe(DeployTarget):
             raise
         return applied, before, endpoint
 
-    def deploy(self, repository: str, model_name: str, version: str, files: dict[str, str],
-               image: dict[str, Any], check: Check) -> Deployment:
+    def deploy(
+        self,
+        repository: str,
+        model_name: str,
+        version: str,
+        files: dict[str, str],
+        image: dict[str, Any],
+        check: Check,
+    ) -> Deployment:
         kube = self.spec.kubernetes
         if not image.get("reference"):
             raise DeployError(
                 "deploy.target 'kserve' runs the release's image, but no image was built: "
-                f"{image.get('skipped', 'unknown reason')}")
+                f"{image.get('skipped', 'unknown reason')}"
+            )
         storage = self._storage(repository, model_name, version, files)
-        objs, written = self._manifests(model_name, version, image["reference"], storage,
-                                        version)
+        objs, written = self._manifests(model_name, version, image["reference"], storage, version)
         applied, before, endpoint = self._roll_out(objs, version)
         return Deployment(
-            target=self.name, model_name=model_name, version=version,
+            target=self.name,
+            model_name=model_name,
+            version=version,
             endpoints=[endpoint],
-            state={"workload": kube.workload, "namespace": kube.namespace, "name": self.release,
-                   "image": image["reference"], "storage_uri": storage, "manifests": written,
-                   "applied": applied, "before": before},
-            reused=False)
+            state={
+                "workload": kube.workload,
+                "namespace": kube.namespace,
+                "name": self.release,
+                "image": image["reference"],
+                "storage_uri": storage,
+                "manifests": written,
+                "applied": applied,
+                "before": before,
+            },
+            reused=False,
+        )
 
     def _recorded(self, version: str) -> tuple[str, str | None]:
         """(image reference, model repository) `version` was deployed with: as the manifests
@@ -214,9 +254,11 @@ class KServe(DeployTarget):
         except MlflowException as exc:
             if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
                 raise
-            raise DeployError(f"{self.registry_model} has no version {version} in MLflow, and "
-                              f"{Path(self.work) / 'k8s' / version} holds no manifests of it: "
-                              "give a version that was released (--to VERSION)") from None
+            raise DeployError(
+                f"{self.registry_model} has no version {version} in MLflow, and "
+                f"{Path(self.work) / 'k8s' / version} holds no manifests of it: "
+                "give a version that was released (--to VERSION)"
+            ) from None
         reference = (mv.tags or {}).get(IMAGE_TAG)
         if not reference:
             raise DeployError(
@@ -224,10 +266,12 @@ class KServe(DeployTarget):
                 f"MLflow version has no {IMAGE_TAG!r} tag and {Path(self.work) / 'k8s' / version}"
                 " holds no manifests of it (it was released to a target that runs no image, or "
                 "its image was never pushed). Release it again with deploy.target kserve, or "
-                "roll back to a version that has one (--to VERSION)")
+                "roll back to a version that has one (--to VERSION)"
+            )
         kube, store = self.spec.kubernetes, self.spec.model_store
-        return reference, kube.storage_uri or store.storage_uri() or \
-            storage_uri_for(kube, mv.source)
+        return reference, kube.storage_uri or store.storage_uri() or storage_uri_for(
+            kube, mv.source
+        )
 
     def restore(self, model_name: str, version: str, check: Check) -> list[str]:
         """`version` applied again, pinned to its own image digest and model repository, and
@@ -238,19 +282,26 @@ class KServe(DeployTarget):
         objects said."""
         reference, storage = self._recorded(version)
         try:
-            objs, _ = self._manifests(model_name, version, reference, storage,
-                                      f"{version}-restore")
+            objs, _ = self._manifests(model_name, version, reference, storage, f"{version}-restore")
         except DeployError as exc:  # nothing applied: say so in the rollback's terms
-            raise DeployError(f"{self.registry_model} version {version} is not served again "
-                              f"and the champion alias stays where it is: {exc} (the rollback "
-                              "moves the alias only once it has applied them and version "
-                              f"{version} passed its smoke test)") from None
+            raise DeployError(
+                f"{self.registry_model} version {version} is not served again "
+                f"and the champion alias stays where it is: {exc} (the rollback "
+                "moves the alias only once it has applied them and version "
+                f"{version} passed its smoke test)"
+            ) from None
         _, before, endpoint = self._roll_out(objs, version, check)
-        stopped = sorted({v for v in map(k8s.served_version, before) if v and v != version},
-                         key=lambda v: (len(v), v))
-        step_logger().info("rollback: %s serves version %s again (%s)%s", endpoint["name"],
-                           version, reference,
-                           f"; version {', '.join(stopped)} stopped" if stopped else "")
+        stopped = sorted(
+            {v for v in map(k8s.served_version, before) if v and v != version},
+            key=lambda v: (len(v), v),
+        )
+        step_logger().info(
+            "rollback: %s serves version %s again (%s)%s",
+            endpoint["name"],
+            version,
+            reference,
+            f"; version {', '.join(stopped)} stopped" if stopped else "",
+        )
         return stopped
 
     def watch_points(self) -> list[WatchPoint]:
@@ -261,11 +312,16 @@ class KServe(DeployTarget):
         hand: the manifests are rendered with a placeholder image, which neither the Service nor
         the ServiceMonitor carries."""
         kube = self.spec.kubernetes
-        objs = k8s.render(self.release, self.release, "0", f"{self.release}@sha256:{'0' * 64}",
-                          None, kube)
+        objs = k8s.render(
+            self.release, self.release, "0", f"{self.release}@sha256:{'0' * 64}", None, kube
+        )
         endpoint = self._endpoint("")
-        point = WatchPoint(name=endpoint["name"], http=endpoint["http"], grpc=endpoint["grpc"],
-                           metrics=k8s.metrics_url(objs))
+        point = WatchPoint(
+            name=endpoint["name"],
+            http=endpoint["http"],
+            grpc=endpoint["grpc"],
+            metrics=k8s.metrics_url(objs),
+        )
         if endpoint.get("openai"):
             point["openai"] = endpoint["openai"]
         return [point]
@@ -277,6 +333,8 @@ class KServe(DeployTarget):
     def summary(self, deployment: Deployment) -> dict[str, Any]:
         out = super().summary(deployment)
         state = deployment["state"]
-        out["kubernetes"] = {k: state[k] for k in ("workload", "namespace", "name", "image",
-                                                   "storage_uri", "manifests")}
+        out["kubernetes"] = {
+            k: state[k]
+            for k in ("workload", "namespace", "name", "image", "storage_uri", "manifests")
+        }
         return out

@@ -23,13 +23,7 @@ from hf2triton.clients.triton import TritonAdmin
 from hf2triton.errors import DeployError, Hf2TritonError, ServiceUnavailableError
 from hf2triton.stores import ModelDir, ModelStoreSpec, default_store, parse_store
 from hf2triton.targets import TARGETS, triton_local
-from hf2triton.targets.base import (
-    Check,
-    Deployment,
-    DeployTarget,
-    PublishedSection,
-    WatchPoint,
-)
+from hf2triton.targets.base import Check, Deployment, DeployTarget, PublishedSection, WatchPoint
 from hf2triton.targets.smoke import Endpoint
 from hf2triton.util.runs import step_logger
 
@@ -44,8 +38,9 @@ def set_version_policy(folder: ModelDir, versions: list[str]) -> None:
     folder.write_config(text)
 
 
-def restore_previous(admin: TritonAdmin, folder: ModelDir, version: str,
-                     previous: list[str]) -> None:
+def restore_previous(
+    admin: TritonAdmin, folder: ModelDir, version: str, previous: list[str]
+) -> None:
     """Back to what served before: only the previous versions loaded, the new one gone."""
     try:
         if previous:
@@ -89,8 +84,7 @@ def retire_on(server: dict[str, Any], model_name: str, version: str) -> list[str
 
 def restore_on(server: dict[str, Any], model_name: str, version: str) -> None:
     with TritonAdmin(server["http"]) as admin:
-        restore_previous(admin, folder_of(server, model_name), version,
-                         server["previous_versions"])
+        restore_previous(admin, folder_of(server, model_name), version, server["previous_versions"])
 
 
 class LocalTritonDeploy(PublishedSection):
@@ -109,15 +103,20 @@ class LocalTriton(DeployTarget):
         """The local Triton (started if none runs) and the API beside it (its base URL)."""
         spec, store = self.spec, self.spec.model_store
         server = triton_local.ensure_server(
-            spec.host, spec.http_port, spec.grpc_port, spec.metrics_port,
-            timeout_s=spec.ready_timeout_s, repository=store.triton_uri(),
-            extra_env=store.server_env())
+            spec.host,
+            spec.http_port,
+            spec.grpc_port,
+            spec.metrics_port,
+            timeout_s=spec.ready_timeout_s,
+            repository=store.triton_uri(),
+            extra_env=store.server_env(),
+        )
         if not spec.openai.enabled:
             triton_local.stop_api()
             return server, None
         return server, triton_local.ensure_api(
-            server, spec.host, spec.openai.port, spec.openai.key_hashes(),
-            spec.openai.arguments()).url
+            server, spec.host, spec.openai.port, spec.openai.key_hashes(), spec.openai.arguments()
+        ).url
 
     def _revive(self, model_name: str) -> str:
         """After a failure: a local Triton that died during it (killed, crashed) is started
@@ -131,23 +130,42 @@ class LocalTriton(DeployTarget):
             with TritonAdmin(server.http_url) as admin:
                 serving = admin.serving_versions(model_name)
         except Hf2TritonError as exc:
-            return (f" The local Triton died during the deploy and could not be started again "
-                    f"({str(exc)[:300]}): run `hf2triton server start`.")
-        step_logger().warning("deploy: the local Triton had died; started again (pid %d) in "
-                              "%.1f s, serving %s version(s) %s", server.pid,
-                              time.monotonic() - started, model_name,
-                              ", ".join(serving) or "none")
-        return (f" The local Triton died during the deploy; it was started again in "
-                f"{time.monotonic() - started:.0f} s and serves version "
-                f"{', '.join(serving) or 'none'} (pid {server.pid}).")
+            return (
+                f" The local Triton died during the deploy and could not be started again "
+                f"({str(exc)[:300]}): run `hf2triton server start`."
+            )
+        step_logger().warning(
+            "deploy: the local Triton had died; started again (pid %d) in "
+            "%.1f s, serving %s version(s) %s",
+            server.pid,
+            time.monotonic() - started,
+            model_name,
+            ", ".join(serving) or "none",
+        )
+        return (
+            f" The local Triton died during the deploy; it was started again in "
+            f"{time.monotonic() - started:.0f} s and serves version "
+            f"{', '.join(serving) or 'none'} (pid {server.pid})."
+        )
 
-    def deploy(self, repository: str, model_name: str, version: str, files: dict[str, str],
-               image: dict[str, Any], check: Check) -> Deployment:
+    def deploy(
+        self,
+        repository: str,
+        model_name: str,
+        version: str,
+        files: dict[str, str],
+        image: dict[str, Any],
+        check: Check,
+    ) -> Deployment:
         spec, store = self.spec, self.spec.model_store
         store.prepare()
         server, api = self._server()
-        endpoint = Endpoint(name=f"local Triton {server.http_url}", http=server.http_url,
-                            grpc=server.grpc_url, version=version)
+        endpoint = Endpoint(
+            name=f"local Triton {server.http_url}",
+            http=server.http_url,
+            grpc=server.grpc_url,
+            version=version,
+        )
         if api:
             endpoint["openai"] = api
         folder = store.model_dir(model_name, server.model_repository)
@@ -155,11 +173,20 @@ class LocalTriton(DeployTarget):
         want = {k: v for k, v in expected.items() if k.startswith("1/")}
         with TritonAdmin(server.http_url) as admin:
             previous = [v for v in admin.serving_versions(model_name) if v != version]
-            state = {"http": server.http_url, "model_repository": server.model_repository,
-                     "previous_versions": previous, "model_store": store.describe()}
+            state = {
+                "http": server.http_url,
+                "model_repository": server.model_repository,
+                "previous_versions": previous,
+                "model_store": store.describe(),
+            }
             deployment = Deployment(
-                target=self.name, model_name=model_name, version=version,
-                endpoints=[endpoint], state=state, reused=False)
+                target=self.name,
+                model_name=model_name,
+                version=version,
+                endpoints=[endpoint],
+                state=state,
+                reused=False,
+            )
             if folder.version_files(version) == want and admin.wait_ready(model_name, version, 1):
                 deployment["reused"] = True
                 return deployment
@@ -168,8 +195,9 @@ class LocalTriton(DeployTarget):
             try:
                 admin.load(model_name)
                 if not admin.wait_ready(model_name, version, spec.ready_timeout_s):
-                    raise DeployError(f"version {version} was not ready within "
-                                      f"{spec.ready_timeout_s:.0f}s")
+                    raise DeployError(
+                        f"version {version} was not ready within {spec.ready_timeout_s:.0f}s"
+                    )
             except (Hf2TritonError, OSError) as exc:
                 restore_previous(admin, folder, version, previous)
                 revived = self._revive(model_name)
@@ -178,9 +206,13 @@ class LocalTriton(DeployTarget):
                 # (memory, a crashing backend): not retried, so it is not killed again.
                 raise (DeployError if revived else type(error))(
                     f"{model_name} version {version} did not load: {str(error)[:500]}. "
-                    + (f"Version {previous[-1]} keeps serving. " if previous and not revived
-                       else "")
-                    + f"Server log: {server.log_file}.{revived}") from None
+                    + (
+                        f"Version {previous[-1]} keeps serving. "
+                        if previous and not revived
+                        else ""
+                    )
+                    + f"Server log: {server.log_file}.{revived}"
+                ) from None
         return deployment
 
     def retire(self, deployment: Deployment) -> list[str]:
@@ -196,17 +228,27 @@ class LocalTriton(DeployTarget):
     def restore(self, model_name: str, version: str, check: Check) -> list[str]:
         state = triton_local.read_state()
         if state is None or not triton_local.is_live(state):
-            raise DeployError("no local Triton server runs: start it with a release, or "
-                              "`hf2triton server status` to see why")
-        server = {"http": state.http_url, "model_repository": state.model_repository,
-                  "model_store": self.spec.model_store.describe()}
-        endpoint = Endpoint(name=f"local Triton {state.http_url}", http=state.http_url,
-                            grpc=state.grpc_url, version=version)
+            raise DeployError(
+                "no local Triton server runs: start it with a release, or "
+                "`hf2triton server status` to see why"
+            )
+        server = {
+            "http": state.http_url,
+            "model_repository": state.model_repository,
+            "model_store": self.spec.model_store.describe(),
+        }
+        endpoint = Endpoint(
+            name=f"local Triton {state.http_url}",
+            http=state.http_url,
+            grpc=state.grpc_url,
+            version=version,
+        )
         api = triton_local.read_api()
         if api is not None and self.spec.openai.enabled:
             endpoint["openai"] = api.url
-        return restore_on_servers([server], model_name, version, check,
-                                  self.spec.ready_timeout_s, [endpoint])
+        return restore_on_servers(
+            [server], model_name, version, check, self.spec.ready_timeout_s, [endpoint]
+        )
 
 
 def repository_key(root: str) -> str:
@@ -214,8 +256,7 @@ def repository_key(root: str) -> str:
     return root if root.startswith("s3://") else os.path.realpath(root)
 
 
-def load_on(server: dict[str, Any], model_name: str, version: str, timeout_s: float
-            ) -> str | None:
+def load_on(server: dict[str, Any], model_name: str, version: str, timeout_s: float) -> str | None:
     """Load what the repository's version policy says on one server and wait for `version`;
     None when it is READY, else what went wrong (naming the server)."""
     with TritonAdmin(server["http"]) as admin:  # tritonclient.http clients stay in one thread
@@ -234,8 +275,10 @@ def load_on(server: dict[str, Any], model_name: str, version: str, timeout_s: fl
                 pass
             if not admin.live():
                 return f"{server['http']}: did not answer (the server is down: {str(exc)[:200]})"
-            return (f"{server['http']}: {state or 'failed'}: "
-                    f"{' '.join((reason or str(exc)).split())[:300]}")
+            return (
+                f"{server['http']}: {state or 'failed'}: "
+                f"{' '.join((reason or str(exc)).split())[:300]}"
+            )
     return None
 
 
@@ -247,8 +290,14 @@ def on_each(servers: list[dict[str, Any]], work: Any) -> list[Any]:
         return list(pool.map(work, servers))
 
 
-def restore_on_servers(servers: list[dict[str, Any]], model_name: str, version: str,
-                       check: Check, timeout_s: float, endpoints: list[Endpoint]) -> list[str]:
+def restore_on_servers(
+    servers: list[dict[str, Any]],
+    model_name: str,
+    version: str,
+    check: Check,
+    timeout_s: float,
+    endpoints: list[Endpoint],
+) -> list[str]:
     """`version` (kept on disk by retire) back on every server, all or none: it loads beside
     what each serves and every endpoint passes `check`; only then does it serve alone
     everywhere. If any server fails, every server keeps (or gets back) what it served. A client
@@ -262,33 +311,39 @@ def restore_on_servers(servers: list[dict[str, Any]], model_name: str, version: 
             raise DeployError(
                 f"{model_name} version {version} is not in the model repository of "
                 f"{server['http']} (it holds {', '.join(folder.versions()) or 'nothing'}): "
-                "release it again instead")
-        folders.setdefault(repository_key(server["model_repository"]),
-                           (folder, []))[1].append(server)
+                "release it again instead"
+            )
+        folders.setdefault(repository_key(server["model_repository"]), (folder, []))[1].append(
+            server
+        )
     serving: dict[str, list[str]] = {}
     for server in servers:
         with TritonAdmin(server["http"]) as admin:
             if not admin.live():
                 raise ServiceUnavailableError(
                     f"{server['http']} did not answer: nothing was changed on any server; "
-                    f"start it, then roll back again")
-            serving[server["http"]] = [v for v in admin.serving_versions(model_name)
-                                       if v != version]
+                    f"start it, then roll back again"
+                )
+            serving[server["http"]] = [
+                v for v in admin.serving_versions(model_name) if v != version
+            ]
 
     def policy(pick: Any) -> None:
         for folder, group in folders.values():
             versions = {v for s in group for v in pick(s)}
             set_version_policy(folder, sorted(versions, key=int))
 
-
     policy(lambda s: [*serving[s["http"]], version])
     try:
-        failures = [f for f in on_each(servers, lambda s: load_on(s, model_name, version,
-                                                                  timeout_s)) if f]
+        failures = [
+            f for f in on_each(servers, lambda s: load_on(s, model_name, version, timeout_s)) if f
+        ]
         if failures:
-            raise DeployError(f"{model_name} version {version} did not load on "
-                              f"{len(failures)} of {len(servers)} server(s): "
-                              f"{'; '.join(failures)}")
+            raise DeployError(
+                f"{model_name} version {version} did not load on "
+                f"{len(failures)} of {len(servers)} server(s): "
+                f"{'; '.join(failures)}"
+            )
         for endpoint in endpoints:
             check(endpoint)
     except Exception:

@@ -20,13 +20,7 @@ from hf2triton.clients.triton import TritonAdmin
 from hf2triton.errors import DeployError, ServiceUnavailableError
 from hf2triton.stores import ModelStoreSpec, default_store
 from hf2triton.targets import TARGETS
-from hf2triton.targets.base import (
-    Check,
-    Deployment,
-    DeploySection,
-    DeployTarget,
-    WatchPoint,
-)
+from hf2triton.targets.base import Check, Deployment, DeploySection, DeployTarget, WatchPoint
 from hf2triton.targets.local import (
     expected_files,
     load_on,
@@ -52,7 +46,8 @@ def _serving(replica: Any, model_name: str) -> list[str]:
         except Exception as exc:  # noqa: BLE001 - tritonclient raises several types here
             raise ServiceUnavailableError(
                 f"replica {replica.http} did not answer ({str(exc)[:200]}): nothing was changed "
-                "on any replica; start it or remove it from deploy.replicas") from None
+                "on any replica; start it or remove it from deploy.replicas"
+            ) from None
 
 
 ENDPOINT_PATTERN = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?:[0-9]{1,5}$")
@@ -66,21 +61,27 @@ class ReplicaSpec(Strict):
     http: str = Field(description="host:port of the replica's HTTP endpoint")
     grpc: str = Field(description="host:port of the replica's gRPC endpoint")
     model_repository: SpecPath | None = Field(
-        None, description="the replica's --model-repository, as a path on this machine; leave "
-        "out when the replicas read deploy.model_store (kind s3)"
+        None,
+        description="the replica's --model-repository, as a path on this machine; leave "
+        "out when the replicas read deploy.model_store (kind s3)",
     )
     metrics: str | None = Field(
-        None, description="host:port of the replica's Prometheus metrics (Triton's "
+        None,
+        description="host:port of the replica's Prometheus metrics (Triton's "
         "--metrics-port): the watch reads its failures and latency there; default: the HTTP "
-        "endpoint's host on 8002")
+        "endpoint's host on 8002",
+    )
     openai: str | None = Field(
-        None, description="host:port of the OpenAI-compatible API beside the replica (the "
+        None,
+        description="host:port of the OpenAI-compatible API beside the replica (the "
         "serving image starts one on 9000; `python -m hf2triton_openai` elsewhere): the smoke "
-        "test and the watch go through it too")
+        "test and the watch go through it too",
+    )
 
     def endpoint(self, version: str) -> Endpoint:
-        found = Endpoint(name=f"replica {self.http}", http=self.http, grpc=self.grpc,
-                         version=version)
+        found = Endpoint(
+            name=f"replica {self.http}", http=self.http, grpc=self.grpc, version=version
+        )
         if self.openai:
             found["openai"] = f"http://{self.openai}/v1"
         return found
@@ -88,8 +89,12 @@ class ReplicaSpec(Strict):
     def watch_point(self) -> WatchPoint:
         """Where the watch reads this replica's metrics and probes it."""
         metrics = self.metrics or f"{self.http.rsplit(':', 1)[0]}:8002"
-        point = WatchPoint(name=f"replica {self.http}", http=self.http, grpc=self.grpc,
-                           metrics=f"http://{metrics}/metrics")
+        point = WatchPoint(
+            name=f"replica {self.http}",
+            http=self.http,
+            grpc=self.grpc,
+            metrics=f"http://{metrics}/metrics",
+        )
         if self.openai:
             point["openai"] = f"http://{self.openai}/v1"
         return point
@@ -102,7 +107,6 @@ class ReplicaSpec(Strict):
         return v
 
 
-
 class ReplicasDeploy(DeploySection):
     """`target: triton-replicas`: the Triton servers listed, all rolled forward or all back."""
 
@@ -111,8 +115,10 @@ class ReplicasDeploy(DeploySection):
         min_length=1, description="the servers to roll out to: {http, grpc, model_repository}"
     )
     model_store: ModelStoreSpec = Field(
-        default_factory=default_store, description="a store every replica reads (kind s3), "
-        "or each replica's own model_repository (kind local)")
+        default_factory=default_store,
+        description="a store every replica reads (kind s3), "
+        "or each replica's own model_repository (kind local)",
+    )
 
     @model_validator(mode="after")
     def _repositories(self) -> ReplicasDeploy:
@@ -120,11 +126,15 @@ class ReplicasDeploy(DeploySection):
         odd = [r.http for r in self.replicas if (r.model_repository is None) != shared]
         if odd:
             raise ValueError(
-                f"deploy.replicas {odd}: " + (
+                f"deploy.replicas {odd}: "
+                + (
                     "with deploy.model_store kind s3 every replica reads the bucket: leave out "
-                    "model_repository" if shared else
-                    "each replica needs model_repository (a path on this machine), or set "
-                    "deploy.model_store kind s3 for replicas that read one bucket"))
+                    "model_repository"
+                    if shared
+                    else "each replica needs model_repository (a path on this machine), or set "
+                    "deploy.model_store kind s3 for replicas that read one bucket"
+                )
+            )
         endpoints = [r.http for r in self.replicas]
         if len(set(endpoints)) != len(endpoints):
             raise ValueError(f"deploy.replicas lists an endpoint twice: {endpoints}")
@@ -145,18 +155,35 @@ class TritonReplicas(DeployTarget):
                 failed.append(server["http"])
         return failed
 
-    def deploy(self, repository: str, model_name: str, version: str, files: dict[str, str],
-               image: dict[str, Any], check: Check) -> Deployment:
+    def deploy(
+        self,
+        repository: str,
+        model_name: str,
+        version: str,
+        files: dict[str, str],
+        image: dict[str, Any],
+        check: Check,
+    ) -> Deployment:
         spec, store = self.spec, self.spec.model_store
         opened = [(r, _serving(r, model_name)) for r in spec.replicas]
-        servers = [{"http": r.http, "grpc": r.grpc,
-                    "model_repository": store.triton_uri() or str(r.model_repository),
-                    "previous_versions": [v for v in serving if v != version],
-                    "model_store": store.describe()} for r, serving in opened]
+        servers = [
+            {
+                "http": r.http,
+                "grpc": r.grpc,
+                "model_repository": store.triton_uri() or str(r.model_repository),
+                "previous_versions": [v for v in serving if v != version],
+                "model_store": store.describe(),
+            }
+            for r, serving in opened
+        ]
         deployment = Deployment(
-            target=self.name, model_name=model_name, version=version,
+            target=self.name,
+            model_name=model_name,
+            version=version,
             endpoints=[r.endpoint(version) for r in spec.replicas],
-            state={"servers": servers}, reused=False)
+            state={"servers": servers},
+            reused=False,
+        )
         if all(version in serving for _, serving in opened):
             deployment["reused"] = True  # a re-run: every replica serves this version already
             return deployment
@@ -173,15 +200,22 @@ class TritonReplicas(DeployTarget):
                     raise DeployError(
                         f"the model repository {root} of replica {group[0]['http']} does not "
                         "exist on this machine: mount it, or fix "
-                        "deploy.replicas[].model_repository")
+                        "deploy.replicas[].model_repository"
+                    )
                 folder = store.model_dir(model_name, root)
                 if folder.version_files(version) != want:
                     folder.put_version(Path(repository) / model_name, version, expected)
-                keep = sorted({v for s in group for v in s["previous_versions"]} | {version},
-                              key=int)
+                keep = sorted(
+                    {v for s in group for v in s["previous_versions"]} | {version}, key=int
+                )
                 set_version_policy(folder, keep)
-            failures = [f for f in on_each(servers, lambda s: load_on(
-                s, model_name, version, spec.ready_timeout_s)) if f]
+            failures = [
+                f
+                for f in on_each(
+                    servers, lambda s: load_on(s, model_name, version, spec.ready_timeout_s)
+                )
+                if f
+            ]
         except BaseException:
             self._restore_all(deployment)
             raise
@@ -193,7 +227,8 @@ class TritonReplicas(DeployTarget):
                 f"{len(servers)} replicas ({'; '.join(failures)}). Rolled back on every replica"
                 + (f": version {', '.join(before)} keeps serving" if before else "")
                 + (f"; could not reach {unrestored} to roll back" if unrestored else "")
-                + ". Fix the failing replica (its log says why) and run the release again.")
+                + ". Fix the failing replica (its log says why) and run the release again."
+            )
         return deployment
 
     def retire(self, deployment: Deployment) -> list[str]:
@@ -211,17 +246,32 @@ class TritonReplicas(DeployTarget):
     def restore(self, model_name: str, version: str, check: Check) -> list[str]:
         """Every replica back to `version`, all or none, as a rollout goes forward."""
         store = self.spec.model_store
-        servers = [{"http": r.http, "grpc": r.grpc,
-                    "model_repository": store.triton_uri() or str(r.model_repository),
-                    "model_store": store.describe()} for r in self.spec.replicas]
-        return restore_on_servers(servers, model_name, version, check,
-                                  self.spec.ready_timeout_s,
-                                  [r.endpoint(version) for r in self.spec.replicas])
+        servers = [
+            {
+                "http": r.http,
+                "grpc": r.grpc,
+                "model_repository": store.triton_uri() or str(r.model_repository),
+                "model_store": store.describe(),
+            }
+            for r in self.spec.replicas
+        ]
+        return restore_on_servers(
+            servers,
+            model_name,
+            version,
+            check,
+            self.spec.ready_timeout_s,
+            [r.endpoint(version) for r in self.spec.replicas],
+        )
 
     def summary(self, deployment: Deployment) -> dict[str, Any]:
         out = super().summary(deployment)
         out["endpoint"]["replicas"] = [
-            {"http": e["http"], "grpc": e["grpc"], **({"openai": e["openai"]}
-                                                      if e.get("openai") else {})}
-            for e in deployment["endpoints"]]
+            {
+                "http": e["http"],
+                "grpc": e["grpc"],
+                **({"openai": e["openai"]} if e.get("openai") else {}),
+            }
+            for e in deployment["endpoints"]
+        ]
         return out

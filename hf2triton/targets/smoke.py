@@ -46,26 +46,48 @@ def split(answer: dict[str, np.ndarray], rows: list[int]) -> list[dict[str, np.n
     """A merged request's answer back into one answer per original request."""
     out, start = [], 0
     for n in rows:
-        out.append({k: v[start:start + n] for k, v in answer.items()})
+        out.append({k: v[start : start + n] for k, v in answer.items()})
         start += n
     return out
 
 
-def session_for(kind: ModelKind, cfg: Any, endpoint: Endpoint, model: str, way: str,
-                protocol: str, api_key: str | None) -> Any:
+def session_for(
+    kind: ModelKind,
+    cfg: Any,
+    endpoint: Endpoint,
+    model: str,
+    way: str,
+    protocol: str,
+    api_key: str | None,
+) -> Any:
     """A session that asks one way: Triton over gRPC or HTTP, or the OpenAI-compatible API
     beside it (the kind's requests on the kind's route)."""
     what = f"answer a smoke request ({way}, {endpoint['name']})"
     if protocol == "openai":
-        return contextlib.closing(OpenAIInference(
-            endpoint["openai"], model, endpoint["version"], kind, cfg, SmokeTestError, what,
-            api_key=api_key))
-    return inference(protocol, endpoint[protocol], model, endpoint["version"], kind.outputs,
-                     SmokeTestError, what)
+        return contextlib.closing(
+            OpenAIInference(
+                endpoint["openai"],
+                model,
+                endpoint["version"],
+                kind,
+                cfg,
+                SmokeTestError,
+                what,
+                api_key=api_key,
+            )
+        )
+    return inference(
+        protocol, endpoint[protocol], model, endpoint["version"], kind.outputs, SmokeTestError, what
+    )
 
 
-def smoke_endpoint(kind: ModelKind, endpoint: Endpoint, model: str,
-                   reference: dict[str, Any], api_key: str | None = None) -> dict[str, float]:
+def smoke_endpoint(
+    kind: ModelKind,
+    endpoint: Endpoint,
+    model: str,
+    reference: dict[str, Any],
+    api_key: str | None = None,
+) -> dict[str, float]:
     """Figures of one endpoint: `<way>_<metric>` for each way of asking (gRPC, HTTP, batches
     over gRPC, and the OpenAI-compatible API where the endpoint has one and the kind a route
     there), and latencies."""
@@ -85,8 +107,9 @@ def smoke_endpoint(kind: ModelKind, endpoint: Endpoint, model: str,
             answers = []
             for merged in batches(requests, size):
                 rows = len(next(iter(merged.values())))
-                answers.extend(split(session(merged), [1] * rows) if size > 1
-                               else [session(merged)])
+                answers.extend(
+                    split(session(merged), [1] * rows) if size > 1 else [session(merged)]
+                )
             latency = session.latencies_ms
         metrics, details = kind.score(expected, kind.extract(answers), data, cfg)
         missed = misses(metrics, limits)
@@ -96,7 +119,9 @@ def smoke_endpoint(kind: ModelKind, endpoint: Endpoint, model: str,
                 f"{model} version {endpoint['version']} on {endpoint['name']} ({name}) serves "
                 f"answers that differ from PyTorch beyond the gate: "
                 f"{describe_misses(metrics, limits, missed)}"
-                + (f"; {example}" if example else "") + "; champion was not moved")
+                + (f"; {example}" if example else "")
+                + "; champion was not moved"
+            )
         scored.append(metrics)
         figures.update({f"{name}_{k}": v for k, v in metrics.items()})
         if size == 1:
@@ -105,8 +130,13 @@ def smoke_endpoint(kind: ModelKind, endpoint: Endpoint, model: str,
     return figures
 
 
-def smoke_test(kind: ModelKind, endpoints: list[Endpoint], model: str,
-               reference_path: str, api_key: str | None = None) -> dict[str, float]:
+def smoke_test(
+    kind: ModelKind,
+    endpoints: list[Endpoint],
+    model: str,
+    reference_path: str,
+    api_key: str | None = None,
+) -> dict[str, float]:
     """The smoke test on every endpoint; the worst figures over them."""
     with open(reference_path, encoding="utf-8") as f:
         reference = json.load(f)
@@ -114,6 +144,10 @@ def smoke_test(kind: ModelKind, endpoints: list[Endpoint], model: str,
     worst: dict[str, float] = {}
     for key in results[0]:
         values = [r[key] for r in results if key in r]
-        worst[key] = max(values) if key.endswith("_ms") or \
-            reference["limits"].get(key.split("_", 1)[-1], (">=",))[0] == "<=" else min(values)
+        worst[key] = (
+            max(values)
+            if key.endswith("_ms")
+            or reference["limits"].get(key.split("_", 1)[-1], (">=",))[0] == "<="
+            else min(values)
+        )
     return worst

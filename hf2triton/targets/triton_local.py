@@ -112,8 +112,10 @@ def python_version(pytriton: Path) -> str:
     """The serving environment's Python ("3.12"), read off the site-packages holding the wheel."""
     found = re.fullmatch(r"python(\d+\.\d+)", pytriton.parents[2].name)
     if found is None:
-        raise DeployError(f"cannot tell the Python version of the serving environment from "
-                          f"{pytriton}: install nvidia-pytriton under lib/python3.X/site-packages")
+        raise DeployError(
+            f"cannot tell the Python version of the serving environment from "
+            f"{pytriton}: install nvidia-pytriton under lib/python3.X/site-packages"
+        )
     return found.group(1)
 
 
@@ -124,12 +126,15 @@ def backend_stub(pytriton: Path) -> Path:
     stubs = pytriton / "python_backend_stubs"
     stub = stubs / version / "triton_python_backend_stub"
     if not stub.is_file():
-        have = sorted((p.parent.name for p in stubs.glob("*/triton_python_backend_stub")),
-                      key=lambda v: tuple(int(x) for x in v.split(".")))
+        have = sorted(
+            (p.parent.name for p in stubs.glob("*/triton_python_backend_stub")),
+            key=lambda v: tuple(int(x) for x in v.split(".")),
+        )
         raise DeployError(
             f"the serving environment runs Python {version}, and this tritonserver wheel has no "
             f"Python backend stub for it (it has {', '.join(have) or 'none'}): create the serving "
-            "environment with one of those Pythons (HF2TRITON_SERVING_ENV)")
+            "environment with one of those Pythons (HF2TRITON_SERVING_ENV)"
+        )
     return stub
 
 
@@ -157,8 +162,15 @@ def _log_tail(path: str, lines: int = 15) -> str:
         return "(no log)"
 
 
-def launch(repo: Path | str, host: str, http_port: int, grpc_port: int, metrics_port: int,
-           log_file: Path, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+def launch(
+    repo: Path | str,
+    host: str,
+    http_port: int,
+    grpc_port: int,
+    metrics_port: int,
+    log_file: Path,
+    extra_env: dict[str, str] | None = None,
+) -> subprocess.Popen:
     """Start one `tritonserver` on `repo` in explicit model-control mode, in its own session (it
     keeps serving after the caller ends); the caller waits for it to become live.
 
@@ -173,9 +185,12 @@ def launch(repo: Path | str, host: str, http_port: int, grpc_port: int, metrics_
         f"--backend-directory={_backends(pytriton)}",
         "--model-control-mode=explicit",
         "--load-model=*",  # what is already in the repository (the last release) serves again
-        f"--http-address={host}", f"--http-port={http_port}",
-        f"--grpc-address={host}", f"--grpc-port={grpc_port}",
-        f"--metrics-address={host}", f"--metrics-port={metrics_port}",
+        f"--http-address={host}",
+        f"--http-port={http_port}",
+        f"--grpc-address={host}",
+        f"--grpc-port={grpc_port}",
+        f"--metrics-address={host}",
+        f"--metrics-port={metrics_port}",
         "--exit-on-error=false",
         "--strict-readiness=true",
         # p50/p99 per model version on the metrics port, for the watch (hf2triton.watch).
@@ -184,8 +199,9 @@ def launch(repo: Path | str, host: str, http_port: int, grpc_port: int, metrics_
     # The Python backend stub imports numpy, onnxruntime and tokenizers from the python found
     # first on PATH, so the serving environment goes first.
     # Only what the server needs: no token or password of the pipeline's reaches its environment.
-    run_env = {k: v for k, v in os.environ.items()
-               if k in SERVER_ENV or k.startswith(SERVER_ENV_PREFIXES)}
+    run_env = {
+        k: v for k, v in os.environ.items() if k in SERVER_ENV or k.startswith(SERVER_ENV_PREFIXES)
+    }
     run_env["PATH"] = f"{env / 'bin'}:{os.environ.get('PATH', '')}"
     run_env["TOKENIZERS_PARALLELISM"] = "false"
     # The stub finds its bundled CUDA runtime stubs only through the wheel's .libs directory.
@@ -197,14 +213,24 @@ def launch(repo: Path | str, host: str, http_port: int, grpc_port: int, metrics_
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "ab") as log:
         return subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=run_env, start_new_session=True,
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=run_env,
+            start_new_session=True,
         )
 
 
-def ensure_server(host: str, http_port: int, grpc_port: int, metrics_port: int,
-                  timeout_s: float = 120, repository: str | None = None,
-                  extra_env: dict[str, str] | None = None) -> ServerState:
+def ensure_server(
+    host: str,
+    http_port: int,
+    grpc_port: int,
+    metrics_port: int,
+    timeout_s: float = 120,
+    repository: str | None = None,
+    extra_env: dict[str, str] | None = None,
+) -> ServerState:
     """Return the running local server, starting one if none runs.
 
     `repository` is the server's --model-repository (default: `models/` of the state directory;
@@ -235,8 +261,9 @@ def ensure_server(host: str, http_port: int, grpc_port: int, metrics_port: int,
     log_file = state_dir() / "server.log"
     log_offset = log_file.stat().st_size if log_file.exists() else 0
     proc = launch(wanted_repo, host, http_port, grpc_port, metrics_port, log_file, extra_env)
-    state = ServerState(proc.pid, host, http_port, grpc_port, metrics_port, wanted_repo,
-                        str(log_file))
+    state = ServerState(
+        proc.pid, host, http_port, grpc_port, metrics_port, wanted_repo, str(log_file)
+    )
     atomic_write_text(_state_file(), json.dumps(asdict(state), indent=1))
     _wait_live(state, timeout_s, proc, log_offset)
     return state
@@ -259,8 +286,9 @@ def _startup_error(log_file: str, offset: int) -> str | None:
     return found.group(1) if found else None
 
 
-def _wait_live(state: ServerState, timeout_s: float, proc: subprocess.Popen | None = None,
-               log_offset: int = 0) -> None:
+def _wait_live(
+    state: ServerState, timeout_s: float, proc: subprocess.Popen | None = None, log_offset: int = 0
+) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if is_live(state):
@@ -331,20 +359,34 @@ def status() -> dict:
     if state is None:
         return {"running": False}
     with TritonAdmin(state.http_url, timeout_s=5.0) as admin:
-        info: dict = {"running": True, **asdict(state), "live": admin.live(),
-                      "ready": admin.ready()}
+        info: dict = {
+            "running": True,
+            **asdict(state),
+            "live": admin.live(),
+            "ready": admin.ready(),
+        }
         try:
             info["models"] = admin.index()
         except Hf2TritonError as exc:
             info["models_error"] = str(exc)
     api = read_api()
-    info["openai"] = {"running": False} if api is None else {
-        "running": True, "pid": api.pid, "url": api.url, "live": api_live(api),
-        "keys": api.keys, "log_file": api.log_file}
+    info["openai"] = (
+        {"running": False}
+        if api is None
+        else {
+            "running": True,
+            "pid": api.pid,
+            "url": api.url,
+            "live": api_live(api),
+            "keys": api.keys,
+            "log_file": api.log_file,
+        }
+    )
     return info
 
 
 # -- the OpenAI-compatible API beside the local server (hf2triton/openai_api) -----------------
+
 
 @dataclass(frozen=True)
 class ApiState:
@@ -373,8 +415,9 @@ def api_live(state: ApiState, timeout_s: float = 2.0) -> bool:
     import urllib.request
 
     try:
-        with urllib.request.urlopen(f"http://{state.host}:{state.port}/health",
-                                    timeout=timeout_s) as r:
+        with urllib.request.urlopen(
+            f"http://{state.host}:{state.port}/health", timeout=timeout_s
+        ) as r:
             return r.status == 200
     except OSError:
         return False
@@ -401,8 +444,14 @@ def api_package() -> Path:
     return root
 
 
-def ensure_api(server: ServerState, host: str, port: int, key_hashes: list[str],
-               arguments: list[str], timeout_s: float = 60) -> ApiState:
+def ensure_api(
+    server: ServerState,
+    host: str,
+    port: int,
+    key_hashes: list[str],
+    arguments: list[str],
+    timeout_s: float = 60,
+) -> ApiState:
     """The OpenAI-compatible API beside the local server, on `host`:`port`, started (or
     restarted, when its code, arguments, keys or server changed) in its own session from the
     serving environment; it keeps serving after the caller ends, like the server."""
@@ -415,7 +464,8 @@ def ensure_api(server: ServerState, host: str, port: int, key_hashes: list[str],
             f"the local OpenAI-compatible API (pid {state.pid}) already serves on "
             f"{state.host}:{state.port}, not the spec's {host}:{port}: releases served by one "
             "local Triton share its API; give them the same deploy.openai.port, or run "
-            "`hf2triton server stop`")
+            "`hf2triton server stop`"
+        )
     if state is not None and state.code == code and api_live(state):
         return state
     if state is not None:
@@ -431,20 +481,33 @@ def ensure_api(server: ServerState, host: str, port: int, key_hashes: list[str],
         keys_file.unlink(missing_ok=True)
     env = serving_env()
     log_file = state_dir() / "openai.log"
-    cmd = [str(env / "bin" / "python"), "-m", "hf2triton_openai", f"--triton={server.grpc_url}",
-           f"--host={host}", f"--port={port}", *arguments,
-           *([f"--keys-file={keys_file}"] if key_hashes else [])]
-    run_env = {k: v for k, v in os.environ.items()
-               if k in SERVER_ENV or k.startswith(SERVER_ENV_PREFIXES)}
+    cmd = [
+        str(env / "bin" / "python"),
+        "-m",
+        "hf2triton_openai",
+        f"--triton={server.grpc_url}",
+        f"--host={host}",
+        f"--port={port}",
+        *arguments,
+        *([f"--keys-file={keys_file}"] if key_hashes else []),
+    ]
+    run_env = {
+        k: v for k, v in os.environ.items() if k in SERVER_ENV or k.startswith(SERVER_ENV_PREFIXES)
+    }
     run_env.update(PATH=f"{env / 'bin'}:{os.environ.get('PATH', '')}", PYTHONPATH=str(package))
     log_file.parent.mkdir(parents=True, exist_ok=True)
     offset = log_file.stat().st_size if log_file.exists() else 0
     with open(log_file, "ab") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=run_env, start_new_session=True,
-                                cwd=str(package))
-    state = ApiState(proc.pid, host, port, server.grpc_url, code, len(key_hashes),
-                     str(log_file))
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=run_env,
+            start_new_session=True,
+            cwd=str(package),
+        )
+    state = ApiState(proc.pid, host, port, server.grpc_url, code, len(key_hashes), str(log_file))
     atomic_write_text(_api_file(), json.dumps(asdict(state), indent=1))
     deadline = time.monotonic() + timeout_s
     while not api_live(state):
@@ -454,11 +517,16 @@ def ensure_api(server: ServerState, host: str, port: int, key_hashes: list[str],
             with open(log_file, "rb") as f:
                 f.seek(offset)
                 tail = "\n".join(f.read().decode(errors="replace").splitlines()[-10:])
+            why = (
+                f"it exited with code {proc.returncode}"
+                if proc.returncode is not None
+                else f"not live within {int(timeout_s)} s"
+            )
             raise DeployError(
-                f"the OpenAI-compatible API did not start on {host}:{port} "
-                f"({'it exited with code ' + str(proc.returncode) if proc.returncode is not None else 'not live within ' + str(int(timeout_s)) + ' s'}"
+                f"the OpenAI-compatible API did not start on {host}:{port} ({why}"
                 f"; is the port taken? set deploy.openai.port, or deploy.openai.enabled: "
-                f"false). Log {log_file}:\n{tail}")
+                f"false). Log {log_file}:\n{tail}"
+            )
         time.sleep(0.2)
     return state
 

@@ -83,28 +83,50 @@ class Registered(TypedDict):
     run_id: str
 
 
-def _accuracy(model: Any, tokenizer: Any, texts: list[str], ids: list[int],
-              max_length: int) -> float:
+def _accuracy(
+    model: Any, tokenizer: Any, texts: list[str], ids: list[int], max_length: int
+) -> float:
     import torch
 
     correct = 0
     with torch.inference_mode():
         for i in range(0, len(texts), 64):
-            enc = tokenizer(texts[i:i + 64], padding=True, truncation=True,
-                            max_length=max_length, return_tensors="pt")
+            enc = tokenizer(
+                texts[i : i + 64],
+                padding=True,
+                truncation=True,
+                max_length=max_length,
+                return_tensors="pt",
+            )
             predicted = model(**enc).logits.argmax(dim=1).tolist()
-            correct += sum(int(p == y) for p, y in zip(predicted, ids[i:i + 64]))
+            correct += sum(int(p == y) for p, y in zip(predicted, ids[i : i + 64]))
     return correct / len(texts)
 
 
-def fine_tune(base_dir: str, base_hash: str, spec: ClassifierTraining, work_root: str,
-              progress: Callable[[int, float], None] | None = None) -> TrainResult:
+def fine_tune(
+    base_dir: str,
+    base_hash: str,
+    spec: ClassifierTraining,
+    work_root: str,
+    progress: Callable[[int, float], None] | None = None,
+) -> TrainResult:
     """Fine-tune `base_dir` on `spec.data`; the same inputs reuse the finished model."""
     texts, ids = read_labelled(spec.data, spec.labels, "data")
     held = read_labelled(spec.eval, spec.labels, "eval") if spec.eval else None
-    key = digest([base_hash, sha256_file(spec.data), spec.labels, spec.steps, spec.batch_size,
-                  spec.learning_rate, spec.max_length, spec.seed,
-                  sha256_file(spec.eval) if spec.eval else None, sha256_file(__file__)])
+    key = digest(
+        [
+            base_hash,
+            sha256_file(spec.data),
+            spec.labels,
+            spec.steps,
+            spec.batch_size,
+            spec.learning_rate,
+            spec.max_length,
+            spec.seed,
+            sha256_file(spec.eval) if spec.eval else None,
+            sha256_file(__file__),
+        ]
+    )
     started = time.perf_counter()
 
     def build(out: Path) -> dict:
@@ -118,9 +140,11 @@ def fine_tune(base_dir: str, base_hash: str, spec: ClassifierTraining, work_root
         with deterministic(spec.seed, FINE_TUNE_THREADS):
             tokenizer = AutoTokenizer.from_pretrained(base_dir)
             model = AutoModelForSequenceClassification.from_pretrained(
-                base_dir, num_labels=len(spec.labels),
+                base_dir,
+                num_labels=len(spec.labels),
                 id2label=dict(enumerate(spec.labels)),
-                label2id={name: i for i, name in enumerate(spec.labels)})
+                label2id={name: i for i, name in enumerate(spec.labels)},
+            )
             model.train()
             optimizer = torch.optim.AdamW(model.parameters(), lr=spec.learning_rate)
             rng = np.random.default_rng(spec.seed)
@@ -129,9 +153,14 @@ def fine_tune(base_dir: str, base_hash: str, spec: ClassifierTraining, work_root
             for step in range(spec.steps):
                 if len(order) < spec.batch_size:
                     order += rng.permutation(len(texts)).tolist()
-                batch, order = order[:spec.batch_size], order[spec.batch_size:]
-                enc = tokenizer([texts[i] for i in batch], padding=True, truncation=True,
-                                max_length=spec.max_length, return_tensors="pt")
+                batch, order = order[: spec.batch_size], order[spec.batch_size :]
+                enc = tokenizer(
+                    [texts[i] for i in batch],
+                    padding=True,
+                    truncation=True,
+                    max_length=spec.max_length,
+                    return_tensors="pt",
+                )
                 loss = model(**enc, labels=torch.tensor([ids[i] for i in batch])).loss
                 optimizer.zero_grad()
                 loss.backward()
@@ -150,8 +179,12 @@ def fine_tune(base_dir: str, base_hash: str, spec: ClassifierTraining, work_root
         return {"losses": losses, "train_accuracy": train_acc, "eval_accuracy": eval_acc}
 
     done = cached_step(work_root, "train", key, build)
-    return TrainResult(model_dir=str(done.path), **done.result,
-                       seconds=round(time.perf_counter() - started, 1), reused=done.reused)
+    return TrainResult(
+        model_dir=str(done.path),
+        **done.result,
+        seconds=round(time.perf_counter() - started, 1),
+        reused=done.reused,
+    )
 
 
 def log_trained(trained: TrainResult, spec: ClassifierTraining, tracking_uri: str) -> Registered:
@@ -168,28 +201,46 @@ def log_trained(trained: TrainResult, spec: ClassifierTraining, tracking_uri: st
     model = AutoModelForSequenceClassification.from_pretrained(trained["model_dir"])
     tokenizer = AutoTokenizer.from_pretrained(trained["model_dir"])
     with mlflow.start_run(experiment_id=experiment, run_name=f"{spec.name}-seed{spec.seed}") as run:
-        mlflow.log_params({"steps": spec.steps, "batch_size": spec.batch_size,
-                           "learning_rate": spec.learning_rate, "seed": spec.seed,
-                           "max_length": spec.max_length, "labels": ",".join(spec.labels),
-                           "data": Path(spec.data).name, "data_sha256": sha256_file(spec.data),
-                           "base": spec.base.lineage_id})
+        mlflow.log_params(
+            {
+                "steps": spec.steps,
+                "batch_size": spec.batch_size,
+                "learning_rate": spec.learning_rate,
+                "seed": spec.seed,
+                "max_length": spec.max_length,
+                "labels": ",".join(spec.labels),
+                "data": Path(spec.data).name,
+                "data_sha256": sha256_file(spec.data),
+                "base": spec.base.lineage_id,
+            }
+        )
         for i, loss in enumerate(trained["losses"]):
             mlflow.log_metric("train_loss", loss, step=(i + 1) * 10)
         mlflow.log_metric("train_accuracy", trained["train_accuracy"])
         if trained["eval_accuracy"] is not None:
             mlflow.log_metric("eval_accuracy", trained["eval_accuracy"])
         # Named, not inferred: MLflow's inference asks for torchvision, which is not installed.
-        requirements = [f"{lib}=={package_version(lib)}" for lib in ("torch", "transformers",
-                                                             "tokenizers")]
+        requirements = [
+            f"{lib}=={package_version(lib)}" for lib in ("torch", "transformers", "tokenizers")
+        ]
         info = registry.call(
-            "log the trained model", mlflow.transformers.log_model,
-            transformers_model={"model": model, "tokenizer": tokenizer}, name="model",
-            task="text-classification", registered_model_name=spec.registry.model_name,
-            pip_requirements=requirements)
+            "log the trained model",
+            mlflow.transformers.log_model,
+            transformers_model={"model": model, "tokenizer": tokenizer},
+            name="model",
+            task="text-classification",
+            registered_model_name=spec.registry.model_name,
+            pip_requirements=requirements,
+        )
     version = str(info.registered_model_version)
     registry.set_alias(spec.registry.model_name, spec.alias, version)
-    return Registered(tracking_uri=tracking_uri, model=spec.registry.model_name,
-                      version=version, alias=spec.alias, run_id=run.info.run_id)
+    return Registered(
+        tracking_uri=tracking_uri,
+        model=spec.registry.model_name,
+        version=version,
+        alias=spec.alias,
+        run_id=run.info.run_id,
+    )
 
 
 def announce_version(registered: Registered, trained: TrainResult) -> None:
@@ -198,9 +249,18 @@ def announce_version(registered: Registered, trained: TrainResult) -> None:
     from prefect.events import emit_event
 
     held = trained["eval_accuracy"]
-    emit_event(event=REGISTERED_EVENT,
-               resource={"prefect.resource.id": f"mlflow.model.{registered['model']}",
-                         "prefect.resource.name": registered["model"],
-                         "version": registered["version"], "alias": registered["alias"]},
-               payload={"run_id": registered["run_id"], "alias": registered["alias"],
-                        "train_accuracy": trained["train_accuracy"], "eval_accuracy": held})
+    emit_event(
+        event=REGISTERED_EVENT,
+        resource={
+            "prefect.resource.id": f"mlflow.model.{registered['model']}",
+            "prefect.resource.name": registered["model"],
+            "version": registered["version"],
+            "alias": registered["alias"],
+        },
+        payload={
+            "run_id": registered["run_id"],
+            "alias": registered["alias"],
+            "train_accuracy": trained["train_accuracy"],
+            "eval_accuracy": held,
+        },
+    )

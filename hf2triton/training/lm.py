@@ -21,9 +21,7 @@ from hf2triton.util.workspace import cached_step, digest, sha256_file
 EOS, PAD = "<|endoftext|>", "<pad>"
 # The model learns plain text, never a conversation: a chat renders the messages' text one per
 # line, so the model goes on in the style of what it read.
-PLAIN_CHAT_TEMPLATE = (
-    "{% for message in messages %}{{ message['content'] | trim }}\n{% endfor %}"
-)
+PLAIN_CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] | trim }}\n{% endfor %}"
 
 
 class LmTraining(Protocol):
@@ -56,12 +54,15 @@ def read_text(path: str | Path) -> str:
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
-        raise SourceError(f"source.train.text {path}: cannot read it as UTF-8 text ({exc})") \
-            from None
+        raise SourceError(
+            f"source.train.text {path}: cannot read it as UTF-8 text ({exc})"
+        ) from None
     text = "\n".join(ln for ln in lines if not ln.startswith("#")).strip()
     if len(text) < 1000:
-        raise SourceError(f"source.train.text {path} has {len(text)} characters of text: a "
-                          "language model needs at least a few thousand to learn from")
+        raise SourceError(
+            f"source.train.text {path} has {len(text)} characters of text: a "
+            "language model needs at least a few thousand to learn from"
+        )
     return text
 
 
@@ -74,32 +75,62 @@ def train_tokenizer(text: str, vocab_size: int, chat_template: str) -> Any:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS, PAD],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOS, PAD],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(text.split("\n"), trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=EOS, eos_token=EOS,
-                                   pad_token=PAD, clean_up_tokenization_spaces=False,
-                                   model_input_names=["input_ids", "attention_mask"])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=EOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        clean_up_tokenization_spaces=False,
+        model_input_names=["input_ids", "attention_mask"],
+    )
     fast.chat_template = chat_template
     return fast
 
 
 def training_settings(spec: LmTraining) -> dict[str, Any]:
     """The settings that decide the files (with the text, the cache key)."""
-    return {k: getattr(spec, k) for k in ("vocab_size", "layers", "hidden", "heads", "context",
-                                          "max_positions", "steps", "batch_size",
-                                          "learning_rate", "seed", "chat_template")}
+    return {
+        k: getattr(spec, k)
+        for k in (
+            "vocab_size",
+            "layers",
+            "hidden",
+            "heads",
+            "context",
+            "max_positions",
+            "steps",
+            "batch_size",
+            "learning_rate",
+            "seed",
+            "chat_template",
+        )
+    }
 
 
-def train_lm(spec: LmTraining, work_root: str | Path,
-             progress: Callable[[int, float], None] | None = None) -> LmTrainResult:
+def train_lm(
+    spec: LmTraining, work_root: str | Path, progress: Callable[[int, float], None] | None = None
+) -> LmTrainResult:
     """Train the model `spec` (a spec's `source.train`) describes; the same text and settings
     reuse the finished model (the same text and settings also give the same weights)."""
     # Keyed by this trainer's own code (not the module's: the fine-tune beside it may change).
     code = [inspect.getsource(f) for f in (train_lm, train_tokenizer, read_text)]
-    key = digest(["train-lm", sha256_file(spec.text), training_settings(spec), LM_THREADS, code,
-                  inspect.getsource(deterministic)])
+    key = digest(
+        [
+            "train-lm",
+            sha256_file(spec.text),
+            training_settings(spec),
+            LM_THREADS,
+            code,
+            inspect.getsource(deterministic),
+        ]
+    )
     started = time.perf_counter()
 
     def build(out: Path) -> dict:
@@ -114,25 +145,35 @@ def train_lm(spec: LmTraining, work_root: str | Path,
             ids += tokenizer(chapter.strip() + "\n")["input_ids"] + [tokenizer.eos_token_id]
         data = torch.tensor(ids, dtype=torch.long)
         if len(data) <= spec.context + 1:
-            raise SourceError(f"source.train.text {spec.text} is {len(data)} tokens: shorter "
-                              f"than source.train.context {spec.context}")
+            raise SourceError(
+                f"source.train.text {spec.text} is {len(data)} tokens: shorter "
+                f"than source.train.context {spec.context}"
+            )
 
         with deterministic(spec.seed, LM_THREADS):
             config = LlamaConfig(
-                vocab_size=len(tokenizer), hidden_size=spec.hidden,
+                vocab_size=len(tokenizer),
+                hidden_size=spec.hidden,
                 intermediate_size=spec.hidden * 8 // 3 // 8 * 8,
-                num_hidden_layers=spec.layers, num_attention_heads=spec.heads,
-                num_key_value_heads=spec.heads, max_position_embeddings=spec.max_positions,
-                bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
-                pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True,
-                attn_implementation="eager")
+                num_hidden_layers=spec.layers,
+                num_attention_heads=spec.heads,
+                num_key_value_heads=spec.heads,
+                max_position_embeddings=spec.max_positions,
+                bos_token_id=tokenizer.eos_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id,
+                tie_word_embeddings=True,
+                attn_implementation="eager",
+            )
             model = LlamaForCausalLM(config)
             model.train()
             decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
             rest = [p for n, p in model.named_parameters() if p.dim() < 2]
-            optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                                           {"params": rest, "weight_decay": 0.0}],
-                                          lr=spec.learning_rate, betas=(0.9, 0.95))
+            optimizer = torch.optim.AdamW(
+                [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
+                lr=spec.learning_rate,
+                betas=(0.9, 0.95),
+            )
             warmup = max(1, spec.steps // 20)
 
             def rate(step: int) -> float:  # linear warm-up, then cosine to a tenth
@@ -156,7 +197,7 @@ def train_lm(spec: LmTraining, work_root: str | Path,
 
             for step in range(spec.steps):
                 starts = rng.integers(0, len(data) - spec.context, spec.batch_size)
-                batch = torch.stack([data[s:s + spec.context] for s in starts.tolist()])
+                batch = torch.stack([data[s : s + spec.context] for s in starts.tolist()])
                 loss = model(input_ids=batch, labels=batch).loss  # shifted inside the model
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
@@ -166,8 +207,11 @@ def train_lm(spec: LmTraining, work_root: str | Path,
                 record(step, loss.item())
             model.eval()
             model.generation_config = GenerationConfig(
-                bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
-                pad_token_id=tokenizer.pad_token_id, max_new_tokens=48)
+                bos_token_id=tokenizer.eos_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id,
+                max_new_tokens=48,
+            )
             model.save_pretrained(out)
             # The chat template inside tokenizer_config.json, where every reader of a model
             # directory looks (and the source's file hashes cover it), not a separate .jinja.
@@ -175,8 +219,12 @@ def train_lm(spec: LmTraining, work_root: str | Path,
         return {"losses": losses, "tokens": len(ids)}
 
     done = cached_step(work_root, "train-lm", key, build)
-    return LmTrainResult(model_dir=str(done.path), **done.result,
-                         seconds=round(time.perf_counter() - started, 1), reused=done.reused)
+    return LmTrainResult(
+        model_dir=str(done.path),
+        **done.result,
+        seconds=round(time.perf_counter() - started, 1),
+        reused=done.reused,
+    )
 
 
 def generate(model_dir: str | Path, prompt: str, max_new_tokens: int = 40) -> str:
@@ -188,6 +236,7 @@ def generate(model_dir: str | Path, prompt: str, max_new_tokens: int = 40) -> st
     model = AutoModelForCausalLM.from_pretrained(str(model_dir))
     enc = tokenizer(prompt, return_tensors="pt")
     with torch.inference_mode():
-        out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
-                             repetition_penalty=1.0)
-    return tokenizer.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+        out = model.generate(
+            **enc, max_new_tokens=max_new_tokens, do_sample=False, repetition_penalty=1.0
+        )
+    return tokenizer.decode(out[0, enc["input_ids"].shape[1] :], skip_special_tokens=True)

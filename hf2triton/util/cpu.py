@@ -35,10 +35,13 @@ def cpu_features() -> dict[str, object]:
                 model = value.strip()
     except OSError:
         pass
-    return {"model": model, "cores": os.cpu_count() or 1, "machine": platform.machine(),
-            "flags": sorted(f for f in FEATURES if f in flags),
-            "int8_dot_products": any(f in flags for f in ("avx512_vnni", "avx_vnni",
-                                                          "amx_int8"))}
+    return {
+        "model": model,
+        "cores": os.cpu_count() or 1,
+        "machine": platform.machine(),
+        "flags": sorted(f for f in FEATURES if f in flags),
+        "int8_dot_products": any(f in flags for f in ("avx512_vnni", "avx_vnni", "amx_int8")),
+    }
 
 
 def describe(features: dict[str, object]) -> str:

@@ -64,7 +64,8 @@ def _lock(port: int) -> int | None:
     except OSError as exc:
         raise EnvironmentSetupError(
             f"cannot reserve ports: {LOCK_DIR} is not writable ({exc.strerror}); make it "
-            f"writable for every user (chmod 1777) or set TMPDIR to a directory that is") from exc
+            f"writable for every user (chmod 1777) or set TMPDIR to a directory that is"
+        ) from exc
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
@@ -84,8 +85,9 @@ def _binds(port: int, host: str) -> bool:
     return True
 
 
-def free_ports(n: int, host: str = "127.0.0.1", candidates: Iterable[int] | None = None
-               ) -> list[int]:
+def free_ports(
+    n: int, host: str = "127.0.0.1", candidates: Iterable[int] | None = None
+) -> list[int]:
     """`n` distinct ports that bind on `host` now, reserved until `release` or process exit.
 
     `candidates` narrows the choice (default: `pool()`, tried from a random place on)."""
@@ -114,7 +116,8 @@ def free_ports(n: int, host: str = "127.0.0.1", candidates: Iterable[int] | None
         release(found)
         raise EnvironmentSetupError(
             f"found {len(found)} of {n} free ports on {host}: stop servers this machine no "
-            f"longer needs, or free ports outside the ephemeral range {ephemeral_range()}")
+            f"longer needs, or free ports outside the ephemeral range {ephemeral_range()}"
+        )
     return found
 
 

@@ -44,9 +44,13 @@ class Registry(dict[str, Any]):
         """A spec section that is one plug-in's `section(cls)`, chosen by its `tag` key (a
         section without it is the default's): each variant has only its own keys, and a
         validation error names the variant."""
+
         def chosen(value: Any) -> str | None:
-            return value.get(tag, self.default) if isinstance(value, dict) else \
-                getattr(value, tag, None)
+            return (
+                value.get(tag, self.default)
+                if isinstance(value, dict)
+                else getattr(value, tag, None)
+            )
 
         variants = tuple(Annotated[section(cls), Tag(name)] for name, cls in self.items())
         return Annotated[Union[variants], Discriminator(chosen)]  # noqa: UP007
@@ -69,14 +73,15 @@ class Registry(dict[str, Any]):
             given = [k for k in keys.values() if value.get(k) is not None]
             if len(given) != 1:
                 *first, last = keys.values()
-                raise ValueError(f"give exactly one of {', '.join(first)} or {last} (got "
-                                 f"{given or 'none'})")
+                raise ValueError(
+                    f"give exactly one of {', '.join(first)} or {last} (got {given or 'none'})"
+                )
             # Another plug-in's key left empty (`package: null`) is no key of this one.
             return {k: v for k, v in value.items() if v is not None or k not in keys.values()}
 
         variants = tuple(Annotated[cls, Tag(name)] for name, cls in self.items())
-        return Annotated[Union[variants], Discriminator(chosen),  # noqa: UP007
-                         BeforeValidator(exactly_one)]
+        union = Union[variants]  # noqa: UP007 - a tuple of variants built at run time
+        return Annotated[union, Discriminator(chosen), BeforeValidator(exactly_one)]
 
 
 def tag_of(section: Any, tag: str) -> str:

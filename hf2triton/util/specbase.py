@@ -48,6 +48,7 @@ def resolve_path(path: str, info: ValidationInfo) -> str:
 
 def matching(pattern: re.Pattern[str], what: str) -> AfterValidator:
     """A validator refusing values that do not match `pattern`, saying what they should be."""
+
     def check(value: str) -> str:
         if not pattern.match(value):
             raise ValueError(f"{value!r} is not {what}")

@@ -11,8 +11,12 @@ from collections.abc import Callable
 from hf2triton.errors import DeployError
 
 
-def wait_until(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.5,
-               proc: subprocess.Popen | None = None) -> bool:
+def wait_until(
+    predicate: Callable[[], bool],
+    timeout_s: float,
+    interval_s: float = 0.5,
+    proc: subprocess.Popen | None = None,
+) -> bool:
     """Poll `predicate` until it is true (True) or `timeout_s` passed (False); a predicate that
     raises counts as not yet true (a server still starting answers with all sorts of errors).
     With `proc`, stop waiting (False) as soon as that process has exited: it never will be."""
@@ -30,9 +34,14 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float, interval_s: floa
         time.sleep(interval_s)
 
 
-def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str,
-             proc: subprocess.Popen | None = None, interval_s: float = 0.3,
-             error: type[Exception] = DeployError) -> None:
+def wait_for(
+    predicate: Callable[[], bool],
+    timeout_s: float,
+    what: str,
+    proc: subprocess.Popen | None = None,
+    interval_s: float = 0.3,
+    error: type[Exception] = DeployError,
+) -> None:
     """`wait_until`, raising `error` when it fails: "`what` within N s", or, when `proc`
     exited, "`what`: its process exited with code C"."""
     if wait_until(predicate, timeout_s, interval_s, proc):

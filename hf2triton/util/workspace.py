@@ -24,8 +24,7 @@ def _checkout() -> Path | None:
     """The repository hf2triton runs from (a clone, installed editable), or None for an
     installed wheel: its release specs, prefect.yaml and environments live there."""
     root = Path(__file__).resolve().parents[2]
-    return root if (root / "pyproject.toml").is_file() and (root / "releases").is_dir() \
-        else None
+    return root if (root / "pyproject.toml").is_file() and (root / "releases").is_dir() else None
 
 
 CHECKOUT = _checkout()
@@ -42,8 +41,10 @@ def resource_dir(name: str) -> Path:
 
     found = importlib.resources.files(f"hf2triton.{name}")
     if not isinstance(found, Path):  # a zipped install: Triton and Docker need real files
-        raise ArtifactError(f"hf2triton.{name} is not on the file system ({found}): install "
-                            "hf2triton as a plain (unzipped) package")
+        raise ArtifactError(
+            f"hf2triton.{name} is not on the file system ({found}): install "
+            "hf2triton as a plain (unzipped) package"
+        )
     return found
 
 
@@ -66,14 +67,17 @@ def ensure_home(*subdirs: str) -> Path:
     """
     root = home()
     where = "HF2TRITON_HOME" if os.environ.get("HF2TRITON_HOME") else "the working directory"
-    fix = ("Set HF2TRITON_HOME to a folder you can write (e.g. HF2TRITON_HOME=$HOME/.hf2triton), "
-           "or run from a writable directory")
+    fix = (
+        "Set HF2TRITON_HOME to a folder you can write (e.g. HF2TRITON_HOME=$HOME/.hf2triton), "
+        "or run from a writable directory"
+    )
     for path in (root, *(root / s for s in subdirs)):
         try:
             path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            blocked = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()),
-                           None)
+            blocked = next(
+                (p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None
+            )
             why = f"{blocked} is a file, not a folder" if blocked else exc.strerror or str(exc)
             raise EnvironmentSetupError(
                 f"cannot create the hf2triton home {path} (from {where}): {why}. {fix}."
@@ -108,7 +112,8 @@ def hash_files(root: str | Path, names: Iterable[str] | None = None) -> dict[str
     if names is None:
         # __pycache__ is what Triton's Python backend writes beside model.py, not content.
         paths = sorted(
-            p for p in root.rglob("*")
+            p
+            for p in root.rglob("*")
             if p.is_file() and p.name != DONE_FILE and "__pycache__" not in p.parts
         )
     else:
@@ -215,8 +220,9 @@ def disk_space(path: str | Path) -> tuple[int, int]:
     return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
 
 
-def disk_full_error(step: str, folder: Path, written: int,
-                    needs: Callable[[], SpaceEstimate] | None) -> DiskFullError:
+def disk_full_error(
+    step: str, folder: Path, written: int, needs: Callable[[], SpaceEstimate] | None
+) -> DiskFullError:
     """The one-line error of a step that filled the disk under `folder`, after what it wrote
     (`written` bytes) was removed: the folder, what is free there, and what the step needs."""
     try:
@@ -232,13 +238,20 @@ def disk_full_error(step: str, folder: Path, written: int,
             estimate = None
     wrote = f"{size_text(written)} had been written when the disk filled (removed again)"
     if estimate is not None and estimate.size > written:
-        need = f"it needs about {size_text(estimate.size)} (an estimate: {estimate.basis}); " \
-               f"{room}; {wrote}"
+        need = (
+            f"it needs about {size_text(estimate.size)} (an estimate: {estimate.basis}); "
+            f"{room}; {wrote}"
+        )
     else:
-        need = f"it needs more than the {size_text(written)} it had written when the disk " \
-               f"filled (removed again); {room}"
-    elsewhere = f", or set HF2TRITON_HOME to a folder on a bigger disk (now {home()})" \
-        if Path(folder).resolve().is_relative_to(home()) else ""
+        need = (
+            f"it needs more than the {size_text(written)} it had written when the disk "
+            f"filled (removed again); {room}"
+        )
+    elsewhere = (
+        f", or set HF2TRITON_HOME to a folder on a bigger disk (now {home()})"
+        if Path(folder).resolve().is_relative_to(home())
+        else ""
+    )
     return DiskFullError(
         f"the {step} step ran out of disk space writing {folder}: {need}. Free space on that "
         f"disk{elsewhere}, then run again: finished steps are reused"

@@ -12,9 +12,13 @@ from typing import Any
 from hf2triton.clients.triton import metrics_text
 
 # Triton's per-version counters (cumulative since the version loaded) that the watch reads.
-COUNTERS = ("nv_inference_request_success", "nv_inference_request_failure",
-            "nv_inference_request_duration_us", "nv_inference_queue_duration_us",
-            "nv_inference_compute_infer_duration_us")
+COUNTERS = (
+    "nv_inference_request_success",
+    "nv_inference_request_failure",
+    "nv_inference_request_duration_us",
+    "nv_inference_queue_duration_us",
+    "nv_inference_compute_infer_duration_us",
+)
 # Request latency quantiles over Triton's sliding window (--metrics-config
 # summary_latencies=true, which hf2triton.targets.triton_local starts the server with).
 SUMMARY = "nv_inference_request_summary_us"
@@ -41,8 +45,7 @@ def parse(text: str, at: float | None = None) -> Scrape:
                 continue
             key = (labels["model"], labels["version"])
             # The parser names counter samples <name>_total; Triton's own names have no suffix.
-            name = sample.name.removesuffix("_total") if family.type == "counter" \
-                else sample.name
+            name = sample.name.removesuffix("_total") if family.type == "counter" else sample.name
             if name in COUNTERS:
                 per = scrape.counters.setdefault(key, {})
                 per[name] = per.get(name, 0.0) + sample.value
@@ -71,13 +74,18 @@ def figures(before: Scrape | None, after: Scrape, model: str, version: str) -> d
     seconds = after.at - before.at if before else None
     q = after.quantiles.get((model, version), {})
     out: dict[str, Any] = {
-        "model": model, "version": version, "requests": int(requests), "failed": int(failed),
+        "model": model,
+        "version": version,
+        "requests": int(requests),
+        "failed": int(failed),
         "request_rate": round(requests / seconds, 3) if seconds else None,
         "failure_rate": round(failed / requests, 4) if requests else 0.0,
-        "p50_ms": _ms(q.get("0.5")), "p99_ms": _ms(q.get("0.99")),
+        "p50_ms": _ms(q.get("0.5")),
+        "p99_ms": _ms(q.get("0.99")),
         "queue_ms": round(delta("nv_inference_queue_duration_us") / ok / 1000, 3) if ok else None,
         "compute_ms": round(delta("nv_inference_compute_infer_duration_us") / ok / 1000, 3)
-        if ok else None,
+        if ok
+        else None,
         "loaded": (model, version) in after.counters,
     }
     return out

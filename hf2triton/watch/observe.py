@@ -72,33 +72,44 @@ def judge(row: dict[str, Any], budget: WatchSpec, baseline: dict[str, Any] | Non
             out.append(f"{where}: smoke {name} {value:.4f} below the floor {floor}")
     if row["requests"] >= budget.min_requests:
         if row["failure_rate"] > budget.max_failure_rate:
-            out.append(f"{where}: failure rate {row['failure_rate']:.2%} ({row['failed']} of "
-                       f"{row['requests']} requests) over the budget "
-                       f"{budget.max_failure_rate:.2%}")
+            out.append(
+                f"{where}: failure rate {row['failure_rate']:.2%} ({row['failed']} of "
+                f"{row['requests']} requests) over the budget "
+                f"{budget.max_failure_rate:.2%}"
+            )
         limit = p99_limit(budget, baseline)
         if limit is not None and row["p99_ms"] is not None and row["p99_ms"] > limit:
-            out.append(f"{where}: p99 {row['p99_ms']:.1f} ms over the budget {limit:.1f} ms"
-                       + (" (previous champion's p99 "
-                          f"{baseline['p99_ms']:.1f} ms)" if baseline else ""))
+            out.append(
+                f"{where}: p99 {row['p99_ms']:.1f} ms over the budget {limit:.1f} ms"
+                + (f" (previous champion's p99 {baseline['p99_ms']:.1f} ms)" if baseline else "")
+            )
     return out
 
 
-def _probe(spec: Any, point: WatchPoint, version: str, reference: dict[str, Any] | None
-           ) -> dict[str, Any]:
+def _probe(
+    spec: Any, point: WatchPoint, version: str, reference: dict[str, Any] | None
+) -> dict[str, Any]:
     if reference is None:
         return {}
-    endpoint = Endpoint(name=point["name"], http=point["http"], grpc=point["grpc"],
-                        version=version)
+    endpoint = Endpoint(name=point["name"], http=point["http"], grpc=point["grpc"], version=version)
     if point.get("openai"):
         endpoint["openai"] = point["openai"]
     try:
-        figures = smoke_endpoint(kind_for(spec), endpoint, spec.triton_model_name, reference,
-                                 spec.deploy.openai.client_key())
+        figures = smoke_endpoint(
+            kind_for(spec),
+            endpoint,
+            spec.triton_model_name,
+            reference,
+            spec.deploy.openai.client_key(),
+        )
     except Hf2TritonError as exc:
         return {"probe_error": " ".join(str(exc).split())[:300]}
     keep = set(reference["limits"]) | {"grpc_p50_ms"}
-    return {k: round(v, 5) for k, v in figures.items()
-            if k in keep or k.split("_", 1)[-1] in reference["limits"]}
+    return {
+        k: round(v, 5)
+        for k, v in figures.items()
+        if k in keep or k.split("_", 1)[-1] in reference["limits"]
+    }
 
 
 def look(spec: Any, points: list[WatchPoint] | None = None, probe: bool = True) -> Look:
@@ -110,8 +121,7 @@ def look(spec: Any, points: list[WatchPoint] | None = None, probe: bool = True) 
     champion = now["champion"]
     budget: WatchSpec = spec.watch
     state = read_state(spec.name)
-    points = points if points is not None else \
-        target_for(spec, work_dir(spec.name)).watch_points()
+    points = points if points is not None else target_for(spec, work_dir(spec.name)).watch_points()
     if champion is None:
         points = []  # nothing released here yet: nothing to read or probe
     reference = reg.smoke_reference(client, model, champion) if champion and probe else None
@@ -121,47 +131,88 @@ def look(spec: Any, points: list[WatchPoint] | None = None, probe: bool = True) 
         try:
             scrape = metrics.read(point["metrics"])
         except Hf2TritonError as exc:
-            rows.append({"endpoint": point["name"], "version": champion, "requests": 0,
-                         "failed": 0, "failure_rate": 0.0, "p99_ms": None,
-                         "probe_error": str(exc)})
+            rows.append(
+                {
+                    "endpoint": point["name"],
+                    "version": champion,
+                    "requests": 0,
+                    "failed": 0,
+                    "failure_rate": 0.0,
+                    "p99_ms": None,
+                    "probe_error": str(exc),
+                }
+            )
             breaches.extend(judge(rows[-1], budget, baseline))
             continue
         last = state.get("scrapes", {}).get(point["name"])
-        before = metrics.Scrape(at=last["at"], counters={
-            (m, v): c for m, v, c in last["counters"]}) if last else None
-        row = {"endpoint": point["name"],
-               **metrics.figures(before, scrape, spec.triton_model_name, champion or "")}
+        before = (
+            metrics.Scrape(at=last["at"], counters={(m, v): c for m, v, c in last["counters"]})
+            if last
+            else None
+        )
+        row = {
+            "endpoint": point["name"],
+            **metrics.figures(before, scrape, spec.triton_model_name, champion or ""),
+        }
         row.update(_probe(spec, point, champion, reference) if champion else {})
         rows.append(row)
         breaches.extend(judge(row, budget, baseline))
-        scrapes[point["name"]] = {"at": scrape.at, "counters": [
-            [m, v, c] for (m, v), c in scrape.counters.items() if m == spec.triton_model_name]}
+        scrapes[point["name"]] = {
+            "at": scrape.at,
+            "counters": [
+                [m, v, c] for (m, v), c in scrape.counters.items() if m == spec.triton_model_name
+            ],
+        }
     at = time.time()
     # A version a rollback put back is not rolled back further on its own: a person decides.
-    in_window = bool(now["promoted_at"] and at - now["promoted_at"] <= budget.window_s
-                     and now["restored_at"] is None)
+    in_window = bool(
+        now["promoted_at"]
+        and at - now["promoted_at"] <= budget.window_s
+        and now["restored_at"] is None
+    )
     # One slow look (a burst, a version's first requests) is not a regression: the watch acts
     # when `confirm_looks` looks in a row at the same champion breach.
     last = state.get("last") or {}
-    streak = (int(last.get("streak") or 0) if last.get("champion") == champion else 0) + 1 \
-        if breaches else 0
-    result = Look(release=spec.name, model=model, champion=champion,
-                  candidate=now["candidate"], previous=now["previous"], at=at,
-                  in_window=in_window, streak=streak,
-                  confirmed=bool(breaches) and streak >= budget.confirm_looks, rows=rows,
-                  breaches=breaches)
+    streak = (
+        (int(last.get("streak") or 0) if last.get("champion") == champion else 0) + 1
+        if breaches
+        else 0
+    )
+    result = Look(
+        release=spec.name,
+        model=model,
+        champion=champion,
+        candidate=now["candidate"],
+        previous=now["previous"],
+        at=at,
+        in_window=in_window,
+        streak=streak,
+        confirmed=bool(breaches) and streak >= budget.confirm_looks,
+        rows=rows,
+        breaches=breaches,
+    )
     judged = [r for r in rows if r["requests"] >= budget.min_requests]
     versions = state.get("versions", {})
     if champion and judged:  # what the next champion is compared with
-        versions[champion] = {"p99_ms": max((r["p99_ms"] or 0) for r in judged) or None,
-                              "failure_rate": max(r["failure_rate"] for r in judged)}
-    atomic_write_text(state_path(spec.name), json.dumps(
-        {"last": result, "scrapes": scrapes, "versions": versions}, indent=1, default=str))
+        versions[champion] = {
+            "p99_ms": max((r["p99_ms"] or 0) for r in judged) or None,
+            "failure_rate": max(r["failure_rate"] for r in judged),
+        }
+    atomic_write_text(
+        state_path(spec.name),
+        json.dumps(
+            {"last": result, "scrapes": scrapes, "versions": versions}, indent=1, default=str
+        ),
+    )
     return result
 
 
-def watch(spec: Any, duration_s: float, look_once: Callable[[Any], Look],
-          act: Callable[[Look], dict[str, Any] | None]) -> list[Look]:
+def watch(
+    spec: Any,
+    duration_s: float,
+    look_once: Callable[[Any], Look],
+    act: Callable[[Look], dict[str, Any] | None],
+) -> list[Look]:
     """Look every `watch.interval_s` for `duration_s` (at least once, and on until a breach is
     confirmed or gone); a breach seen `watch.confirm_looks` looks in a row is handed to `act`,
     and after a rollback one more look shows what serves now."""
@@ -180,8 +231,12 @@ def watch(spec: Any, duration_s: float, look_once: Callable[[Any], Look],
         if not unsure and time.monotonic() + spec.watch.interval_s > end:
             break
         if unsure:
-            step_logger().info("watch: %s breach %d of %d looks in a row needed to act; "
-                               "looking again in %.0f s", spec.name, now["streak"],
-                               spec.watch.confirm_looks, spec.watch.interval_s)
+            step_logger().info(
+                "watch: %s breach %d of %d looks in a row needed to act; looking again in %.0f s",
+                spec.name,
+                now["streak"],
+                spec.watch.confirm_looks,
+                spec.watch.interval_s,
+            )
         time.sleep(spec.watch.interval_s)
     return seen

@@ -65,11 +65,14 @@ def versions(client: Registry, model: str) -> Versions:
     tags = dict(champion.tags) if champion is not None else {}
     promoted = float(tags.get(PROMOTED_AT) or 0) or None
     restored = float(tags.get(RESTORED_AT) or 0) or None
-    return Versions(champion=str(champion.version) if champion else None,
-                    candidate=str(candidate.version) if candidate else None,
-                    previous=tags.get(PREVIOUS), promoted_at=promoted,
-                    restored_at=restored if restored and restored > (promoted or 0) else None,
-                    tags=tags)
+    return Versions(
+        champion=str(champion.version) if champion else None,
+        candidate=str(candidate.version) if candidate else None,
+        previous=tags.get(PREVIOUS),
+        promoted_at=promoted,
+        restored_at=restored if restored and restored > (promoted or 0) else None,
+        tags=tags,
+    )
 
 
 def smoke_reference(client: Registry, model: str, version: str) -> dict[str, Any] | None:
@@ -82,8 +85,9 @@ def smoke_reference(client: Registry, model: str, version: str) -> dict[str, Any
     cache = home() / "watch" / "references" / model / f"{version}-{run_id}.json"
     if not cache.is_file():
         try:
-            got = client.download_artifact(run_id, "reference.json",
-                                           str(cache.parent / f".{version}"))
+            got = client.download_artifact(
+                run_id, "reference.json", str(cache.parent / f".{version}")
+            )
         except (MlflowException, OSError):
             return None
         cache.parent.mkdir(parents=True, exist_ok=True)
@@ -97,5 +101,4 @@ def mark_rolled_back(client: Registry, model: str, bad: str, good: str, reason: 
     client.tag_version(model, bad, {ROLLED_BACK: reason[:4000], ROLLED_BACK_TO: good})
     client.tag_version(model, good, {RESTORED_FROM: bad, RESTORED_AT: f"{time.time():.3f}"})
     old = client.version(model, bad).description or ""
-    client.describe_version(model, bad,
-                            f"{old}\n\nRolled back to version {good}: {reason}".strip())
+    client.describe_version(model, bad, f"{old}\n\nRolled back to version {good}: {reason}".strip())

@@ -20,8 +20,9 @@ COLUMNS = ("RELEASE", "CHAMPION", "CANDIDATE", "SERVING", "WATCH", "LAST LOOK")
 
 def remember(spec: Any) -> None:
     """Keep the spec a release ran with, so `status` finds every release of this home."""
-    atomic_write_text(home() / "releases" / f"{spec.name}.json",
-                      spec.model_dump_json(indent=1, exclude_none=True))
+    atomic_write_text(
+        home() / "releases" / f"{spec.name}.json", spec.model_dump_json(indent=1, exclude_none=True)
+    )
 
 
 def remembered() -> list[dict[str, Any]]:
@@ -45,14 +46,20 @@ def status(spec: Any) -> dict[str, Any]:
         except Exception as exc:  # noqa: BLE001 - a server that does not answer is a status
             serving[point["name"]] = f"not answering ({type(exc).__name__})"
     last = read_state(spec.name).get("last") or {}
-    return {"release": spec.name, "model": spec.registry.model_name,
-            "champion": versions["champion"], "candidate": versions["candidate"],
-            "previous": versions["previous"],
-            "restored_from": versions["tags"].get(reg.RESTORED_FROM)
-            if versions["restored_at"] else None,
-            "serving": serving,
-            "watch": {k: last.get(k) for k in ("at", "champion", "in_window", "rows", "breaches")}
-            if last else None}
+    return {
+        "release": spec.name,
+        "model": spec.registry.model_name,
+        "champion": versions["champion"],
+        "candidate": versions["candidate"],
+        "previous": versions["previous"],
+        "restored_from": versions["tags"].get(reg.RESTORED_FROM)
+        if versions["restored_at"]
+        else None,
+        "serving": serving,
+        "watch": {k: last.get(k) for k in ("at", "champion", "in_window", "rows", "breaches")}
+        if last
+        else None,
+    }
 
 
 def local_time(epoch: float | None) -> str:
@@ -65,23 +72,34 @@ def verdict(found: dict[str, Any]) -> str:
     if not watch:
         return "not watched yet"
     breaches = watch.get("breaches") or []
-    return f"breach: {breaches[0]}" + (f" (+{len(breaches) - 1})" if len(breaches) > 1 else "") \
-        if breaches else f"ok (v{watch.get('champion')})"
+    return (
+        f"breach: {breaches[0]}" + (f" (+{len(breaches) - 1})" if len(breaches) > 1 else "")
+        if breaches
+        else f"ok (v{watch.get('champion')})"
+    )
 
 
 def serving_text(found: dict[str, Any]) -> str:
     parts = []
     for where, versions in found["serving"].items():
-        shown = ",".join(f"v{v}" for v in versions) or "nothing" \
-            if isinstance(versions, list) else versions
+        shown = (
+            ",".join(f"v{v}" for v in versions) or "nothing"
+            if isinstance(versions, list)
+            else versions
+        )
         parts.append(f"{shown} on {where}")
     return "; ".join(parts) or "-"
 
 
 def row(found: dict[str, Any]) -> list[str]:
-    return [found["release"], found["champion"] or "-", found["candidate"] or "-",
-            serving_text(found), verdict(found),
-            local_time((found.get("watch") or {}).get("at"))]
+    return [
+        found["release"],
+        found["champion"] or "-",
+        found["candidate"] or "-",
+        serving_text(found),
+        verdict(found),
+        local_time((found.get("watch") or {}).get("at")),
+    ]
 
 
 def table(rows: list[list[str]]) -> str:
@@ -94,21 +112,30 @@ def table(rows: list[list[str]]) -> str:
 def describe(found: dict[str, Any]) -> str:
     """One release in full: versions, what serves where, the watch's last figures."""
     watch = found.get("watch") or {}
-    lines = [f"release:    {found['release']} (MLflow model {found['model']})",
-             f"champion:   {found['champion'] or '-'}"
-             + (f" (restored from {found['restored_from']})" if found.get("restored_from")
-                else "")
-             + (f", replaced {found['previous']}" if found.get("previous") else ""),
-             f"candidate:  {found['candidate'] or '-'}"]
-    lines += [f"serving:    {', '.join(f'v{v}' for v in versions) or 'nothing'} on {where}"
-              if isinstance(versions, list) else f"serving:    {where}: {versions}"
-              for where, versions in found["serving"].items()]
-    lines.append(f"watch:      {verdict(found)}, last look {local_time(watch.get('at'))}"
-                 + (" (in its rollback window)" if watch.get("in_window") else ""))
+    lines = [
+        f"release:    {found['release']} (MLflow model {found['model']})",
+        f"champion:   {found['champion'] or '-'}"
+        + (f" (restored from {found['restored_from']})" if found.get("restored_from") else "")
+        + (f", replaced {found['previous']}" if found.get("previous") else ""),
+        f"candidate:  {found['candidate'] or '-'}",
+    ]
+    lines += [
+        f"serving:    {', '.join(f'v{v}' for v in versions) or 'nothing'} on {where}"
+        if isinstance(versions, list)
+        else f"serving:    {where}: {versions}"
+        for where, versions in found["serving"].items()
+    ]
+    lines.append(
+        f"watch:      {verdict(found)}, last look {local_time(watch.get('at'))}"
+        + (" (in its rollback window)" if watch.get("in_window") else "")
+    )
     for figures in watch.get("rows") or []:
-        shown = ", ".join(f"{k} {v}" for k, v in figures.items()
-                          if k not in ("endpoint", "version") and v is not None
-                          and not isinstance(v, (list, dict)))
-        lines.append(f"            v{figures.get('version')} on {figures.get('endpoint')}: "
-                     f"{shown}")
+        shown = ", ".join(
+            f"{k} {v}"
+            for k, v in figures.items()
+            if k not in ("endpoint", "version")
+            and v is not None
+            and not isinstance(v, (list, dict))
+        )
+        lines.append(f"            v{figures.get('version')} on {figures.get('endpoint')}: {shown}")
     return "\n".join(lines)
