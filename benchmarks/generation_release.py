@@ -66,8 +66,8 @@ finally:
     seconds = time.perf_counter() - started
     triton_local.stop_server()
 print("RESULT " + json.dumps({{"seconds": round(seconds, 1), "variant": summary["variant"],
-      "metrics": summary["metrics"],
-      "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}}))
+      "metrics": summary["metrics"], "peak_rss_mb":
+      round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}}))
 """
     env = {**os.environ, "HF2TRITON_HOME": str(home), "HF_HUB_OFFLINE": "1"}
     env.pop("MLFLOW_TRACKING_URI", None)

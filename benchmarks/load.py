@@ -1,6 +1,5 @@
 """The serving benchmark's load points: hf2triton.release.load's closed loop (N concurrent clients,
-one
-sentence per request, bounded in time and in count) with the CPU time of the client, of the
+one sentence per request, bounded in time and in count) with the CPU time of the client, of the
 server's process tree and of the whole machine measured over the same window, and the clients
 it drives (Triton over gRPC and HTTP, a JSON-over-HTTP baseline).
 """

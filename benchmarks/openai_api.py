@@ -14,8 +14,7 @@ The ratio api/grpc is the median over the rounds. With --aiperf, NVIDIA's AIPerf
 environment, benchmarks/.venv-aiperf, created on first use: a benchmark tool, not a dependency)
 measures the embeddings endpoint too, and with --chat MODEL_DIR a text-generation release of
 MODEL_DIR (releases/smollm2-135m-instruct.yaml's settings) through /v1/chat/completions, streaming:
-time to
-first token, inter-token latency, output tokens/s.
+time to first token, inter-token latency, output tokens/s.
 
     .venv/bin/python benchmarks/openai_api.py [--rounds 3] [--seconds 20] [--aiperf]
         [--chat DIR] [--quiet-wait 600]

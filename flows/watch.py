@@ -1,8 +1,7 @@
 """The watch's flows, each also a Prefect deployment (hf2triton.orchestration.deployments):
-`watch-release`
-looks at what a release serves and publishes it, and on a breach emits an event (and, in the
-window, rolls back itself when nothing else answers the event); `rollback-release` is the
-rollback the event's automation and `hf2triton rollback` run; `release-status` reports champion,
+`watch-release` looks at what a release serves and publishes it, and on a breach emits an event
+(and, in the window, rolls back itself when nothing else answers the event); `rollback-release` is
+the rollback the event's automation and `hf2triton rollback` run; `release-status` reports champion,
 candidate, what serves and the watch's last figures. The steps are tasks/watch.py's, the work
 hf2triton/watch/'s."""
 

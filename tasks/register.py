@@ -1,7 +1,6 @@
 """Steps `register` and `promote`: one MLflow run and one model version per distinct release,
 carrying the whole release record (hf2triton.release.record), alias `candidate`; after the smoke
-test
-the new version becomes what clients reach and `champion` moves to it
+test the new version becomes what clients reach and `champion` moves to it
 (hf2triton.clients.mlflow)."""
 
 from __future__ import annotations

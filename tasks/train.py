@@ -1,6 +1,6 @@
 """Steps of the retraining flow: `train` fine-tunes the encoder (hf2triton.training.classifier),
-`log-model`
-registers it in MLflow with its alias, and `announce` tells Prefect a new version exists (the
+`log-model` registers it in MLflow with its alias, and `announce` tells Prefect a new version exists
+(the
 event the release deployment's trigger waits for), with the training figures in the UI."""
 
 from __future__ import annotations

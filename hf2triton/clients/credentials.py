@@ -12,8 +12,7 @@ Example:
     >>> RegistryCredentials(username="ci", password="...").save("prod-registry")  # doctest: +SKIP
     and in the spec: `image: {credentials_block: prod-registry}`
     >>> resolve(RegistryCredentials, "prod-registry").auth_config("reg.example:5000")  # doctest:
-    +SKIP
-    {'username': 'ci', 'password': '...', 'serveraddress': 'reg.example:5000'}
+    +SKIP {'username': 'ci', 'password': '...', 'serveraddress': 'reg.example:5000'}
 """
 
 from __future__ import annotations
@@ -102,8 +101,7 @@ class RegistryCredentials(_Credentials, Block):
 
     Example:
         >>> RegistryCredentials(username="ci", password="...").save("prod-registry")  # doctest:
-        +SKIP
-        and in the spec: `image: {credentials_block: prod-registry}`
+        +SKIP and in the spec: `image: {credentials_block: prod-registry}`
     """
 
     _block_type_name = "hf2triton Registry Credentials"
@@ -154,8 +152,8 @@ class S3Credentials(_Credentials, Block):
 
     Example:
         >>> S3Credentials(access_key_id="AKIA...", secret_access_key="...").save("models-s3")  #
-        doctest: +SKIP
-        and in the spec: `deploy: {model_store: {kind: s3, ..., credentials_block: models-s3}}`
+        doctest: +SKIP and in the spec: `deploy: {model_store: {kind: s3, ..., credentials_block:
+        models-s3}}`
     """
 
     _block_type_name = "hf2triton S3 Credentials"

@@ -33,21 +33,19 @@ class ImageVariant:
 # any base with Python and glibc >= 2.28 runs it; the driver (libcuda.so.1) is what the NVIDIA
 # container toolkit mounts at run time when NVIDIA_VISIBLE_DEVICES asks for GPUs.
 GPU_BUILD = r"""# The CUDA libraries' wheels keep them in site-packages/nvidia/*/lib: list those
-folders for the
-# dynamic linker (ONNX Runtime's CUDA provider dlopens them by soname).
+folders for the # dynamic linker (ONNX Runtime's CUDA provider dlopens them by soname).
 RUN site=$(/opt/serving/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') \
  && ls -d "$site"/nvidia/*/lib > /opt/serving/cuda-libraries.conf \
  && test -s /opt/serving/cuda-libraries.conf \
  && test -f "$site/onnxruntime/capi/libonnxruntime_providers_cuda.so"
 """
 GPU_FINAL = r"""# Every library of ONNX Runtime's CUDA provider resolves in the image but the
-driver's own
-# libcuda.so.1, which the NVIDIA container toolkit mounts at run time.
+driver's own # libcuda.so.1, which the NVIDIA container toolkit mounts at run time.
 RUN cp /opt/serving/cuda-libraries.conf /etc/ld.so.conf.d/hf2triton-cuda.conf && ldconfig \
  && site=$(/opt/serving/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') \
  && if ldd "$site/onnxruntime/capi/libonnxruntime_providers_cuda.so" | grep 'not found' \
-      | grep -v 'libcuda\.so\.1'; then \
-      echo "ONNX Runtime's CUDA provider misses the libraries above" >&2; exit 1; fi
+      | grep -v 'libcuda\.so\.1'; then \ echo "ONNX Runtime's CUDA provider misses the libraries
+      above" >&2; exit 1; fi
 ENV NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility
 """

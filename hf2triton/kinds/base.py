@@ -3,11 +3,10 @@
 A kind (embedding, classification, translation, reranking) is chosen once from the spec's `task`
 (`hf2triton.spec.kind_for`) and given the settings it owns: its own spec section and the
 validation data's settings, never the whole spec. It knows what the export needs, what its
-validation data looks
-like, what the PyTorch reference says, how served answers are scored against it and with which
-limits (the gate and the smoke test use the same ones), and which files its Triton version
-directory holds. Everything else (the gate loop, the repository, the smoke test, the reports) is
-written once, against this interface.
+validation data looks like, what the PyTorch reference says, how served answers are scored against
+it and with which limits (the gate and the smoke test use the same ones), and which files its Triton
+version directory holds. Everything else (the gate loop, the repository, the smoke test, the
+reports) is written once, against this interface.
 """
 
 from __future__ import annotations

@@ -5,10 +5,9 @@ The candidates are the graph variants in the order the quantize step built them 
 first), then, with `quantization.fallback_to_fp32` or a search, the fp32 export; each on the
 runtimes the release tries (hf2triton.runtimes.runtime_choices) that read it: an int8 graph of
 ONNX Runtime's quantizer on ONNX Runtime's CPU provider only, OpenVINO's IR on OpenVINO, a plain
-float graph on every runtime. Without a
-search and with one runtime the first that passes ships; otherwise the fastest that passes.
-With labelled validation data the candidates also face the model the registry's `champion`
-alias serves.
+float graph on every runtime. Without a search and with one runtime the first that passes ships;
+otherwise the fastest that passes. With labelled validation data the candidates also face the model
+the registry's `champion` alias serves.
 """
 
 from __future__ import annotations

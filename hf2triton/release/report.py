@@ -102,8 +102,7 @@ def champion_section(report: dict[str, Any], summary: dict[str, Any]) -> str:
         )
     return f"""## Against the serving champion
 | metric | this version {summary["mlflow"]["version"]} | champion version {champ["version"]} | max
-drop | verdict (MLflow model validation) |
-|---|---|---|---|---|
+drop | verdict (MLflow model validation) | |---|---|---|---|---|
 | {metric} | {mine:.4f} | {champ["value"]:.4f} | {champ["max_drop"]} | passed: >=
 {champ["floor"]:.4f} |
 """

@@ -5,8 +5,7 @@ The package is copied into every Triton version directory (as `hf2triton_serving
 one shared `model.py`) and its files are hashed with the version. It imports numpy,
 tokenizers, sentencepiece, jinja2 (chat templates of text generation) and the libraries of the
 runtime it runs (onnxruntime, openvino: see runtimes.py) only, never torch, transformers or the
-rest of hf2triton, and works with numpy 1
-(Triton's Python backend) and numpy 2 (the pipeline).
+rest of hf2triton, and works with numpy 1 (Triton's Python backend) and numpy 2 (the pipeline).
 
 A version directory's `serving.json` names the module and class that serve it
 (`{"module": "embedding", "class": "Embedder", ...}`); `load` builds it from that directory.

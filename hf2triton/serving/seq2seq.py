@@ -70,8 +70,7 @@ class Seq2SeqTokenizer:
     - kind "sentencepiece": `spm_source`/`spm_target`, `vocab` (token -> id, added tokens
       included), `unk_id`, `prefix`/`suffix` ids around the pieces, `special_tokens` (strings
       decoded verbatim), `tokens` (id -> token), `skip_ids` (dropped when decoding) and `style`
-      ("m2m100" or "marian",
-      how pieces and special tokens are joined back into text).
+      ("m2m100" or "marian", how pieces and special tokens are joined back into text).
     """
 
     def __init__(self, directory: str, plan: dict[str, Any], max_length: int):

@@ -285,7 +285,7 @@ def _plant_fault(reps: list[Replica], version: str) -> None:
     """Every replica's served `version` starts failing inputs longer than any validated one: a
     regression only live traffic shows (its smoke probe, short texts, still passes)."""
     from hf2triton.clients.triton import TritonAdmin
-    from tests.test_watch import FAULT
+    from tests.watch.test_watch import FAULT
 
     for r in reps:
         model_py = r.repo / "tiny-embedder" / version / "model.py"
@@ -304,7 +304,7 @@ def test_watch_and_rollback_by_hand_on_every_replica_under_traffic(
     fails no request, and MLflow says why version 2 was rolled back."""
     from hf2triton.spec import load_spec
     from tests.served import Traffic, watched_under_traffic
-    from tests.test_watch import _mlflow, _until
+    from tests.watch.test_watch import _mlflow, _until
 
     tmp, reps, _ = replicas
     home = tmp / "home"

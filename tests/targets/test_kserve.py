@@ -22,7 +22,7 @@ from hf2triton.spec import parse_spec
 from hf2triton.targets import k8s
 from hf2triton.targets.kserve import KServe, KServeDeploy, KubernetesSpec
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 KSERVE_SDK = ROOT / ".cache" / "kserve-sdk"
 # What hf2triton/image.py's PushResult records for a pushed release image.
 PUSHED = {

@@ -229,7 +229,7 @@ def test_every_runtime_hands_back_each_graphs_outputs_under_their_onnx_names(exp
             except RuntimeError as exc:
                 # OpenVINO 2026.4's CPU plugin cannot run M2M100's decoder_with_past in bf16
                 # ("SetLoadStoreScalar expects static shapes"): the gate refuses such a
-                # candidate with that error (tests/test_gate.py). At fp32 everything runs.
+                # candidate with that error (tests/release/test_gate.py). At fp32 everything runs.
                 assert precision != "fp32", f"{path.name} on {name} fp32: {exc}"
                 continue
             picked = dict(zip(names[::-1], session.run(names[::-1], feeds)))

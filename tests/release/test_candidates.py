@@ -1,6 +1,6 @@
 """What the gate is asked to decide (hf2triton.release.candidates) and which items a served model is
 warmed up and searched with (hf2triton.release.traffic). The gate itself on real models:
-tests/test_gate.py and tests/test_variants.py."""
+tests/release/test_gate.py and tests/release/test_variants.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The closed-loop load generator (hf2triton.release.load) on a call of our own: what it counts,
-when it
-stops, and what it keeps of failures. Driving a real Triton with it: tests/test_tuning.py."""
+when it stops, and what it keeps of failures. Driving a real Triton with it:
+tests/release/test_tuning.py."""
 
 from __future__ import annotations
 

@@ -209,7 +209,7 @@ def test_reranking_spec_and_data_are_checked(tmp_path):
 
     with pytest.raises(SpecError, match="line 1: a text-ranking release reads 'query<TAB>"):
         kind_for(parse_spec(base)).read_data()
-    seed = load_spec(Path(__file__).resolve().parents[1] / "releases" / "ms-marco-reranker.yaml")
+    seed = load_spec(Path(__file__).resolve().parents[2] / "releases" / "ms-marco-reranker.yaml")
     groups = kind_for(seed).read_data().items
     assert seed.source.repo_id and len(groups) == 40 and all(len(p) >= 4 for _, p in groups)
 

@@ -1,7 +1,6 @@
 """The accuracy gate (hf2triton/release/gate.py) on a tiny real BERT: each candidate through the
-serving
-core, against PyTorch; the first (or fastest) that passes ships with its evidence, none passing
-stops the release with figures, and a candidate that raises is refused while the others are
+serving core, against PyTorch; the first (or fastest) that passes ships with its evidence, none
+passing stops the release with figures, and a candidate that raises is refused while the others are
 still judged."""
 
 from __future__ import annotations

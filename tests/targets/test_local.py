@@ -219,7 +219,7 @@ def test_local_triton_killed_during_deploy_comes_back_serving_the_champion(
             stop.set()
             killer.join(10)
         answered = len(traffic.answered)
-        from tests.test_watch import _until
+        from tests.watch.test_watch import _until
 
         _until(lambda: len(traffic.answered) >= answered + 10, "answers after it")
     assert at, "the server was not killed during the deploy"

@@ -225,7 +225,7 @@ def test_a_read_only_home_gives_an_artifact_error_naming_the_directory(tmp_path)
             capture_output=True,
             text=True,
             timeout=120,
-            cwd=Path(__file__).resolve().parents[1],
+            cwd=Path(__file__).resolve().parents[2],
         )
         assert proc.returncode == 3, proc.stderr[-2000:]
         assert str(root / "export") in proc.stdout

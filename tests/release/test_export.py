@@ -1,6 +1,6 @@
 """Step `export` (hf2triton/release/export.py) on a tiny real BERT: the ONNX graph has dynamic
-axes, runs any
-batch and length, matches PyTorch within atol on real sentences, is reused, and a graph that
+axes, runs any batch and length, matches PyTorch within atol on real sentences, is reused, and a
+graph that
 disagrees or an architecture optimum cannot export is refused, leaving nothing behind."""
 
 from __future__ import annotations

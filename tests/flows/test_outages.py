@@ -18,7 +18,7 @@ import pytest
 
 from hf2triton.util.net import free_port
 from tests.conftest import ROOT, tiny_spec, wait_http
-from tests.test_faults import HF2TRITON, _cli, _error_line, _fresh_env
+from tests.flows.test_faults import HF2TRITON, _cli, _error_line, _fresh_env
 
 pytestmark = pytest.mark.e2e  # every test here starts a server or runs a release
 
@@ -335,6 +335,7 @@ def test_worker_killed_mid_release_then_the_rerun_finishes_with_one_version_and_
     from hf2triton.orchestration.deployments import render
     from hf2triton.orchestration.prefect_api import DEAD_RUN_AUTOMATION
     from hf2triton.util.workspace import DONE_FILE, hash_files
+    from tests.flows.test_faults import _mlflow_versions
     from tests.prefect_fixtures import (
         BIN,
         _run,
@@ -346,7 +347,6 @@ def test_worker_killed_mid_release_then_the_rerun_finishes_with_one_version_and_
         read_run,
         start_run,
     )
-    from tests.test_faults import _mlflow_versions
 
     env, tmp = dict(prefect_server["env"]), prefect_server["tmp"] / "worker-lost"
     tmp.mkdir()

@@ -1,7 +1,6 @@
 """hf2triton.clients.credentials on its own: the three kinds of secret (image registry, MLflow, S3
-store)
-from a saved Prefect block (the session's real test API) or the environment, what each client is
-handed, the one-line errors, and MLflow's child process that carries a block's credentials
+store) from a saved Prefect block (the session's real test API) or the environment, what each client
+is handed, the one-line errors, and MLflow's child process that carries a block's credentials
 without this process's environment ever holding them."""
 
 from __future__ import annotations

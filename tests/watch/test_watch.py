@@ -220,7 +220,7 @@ def test_rollback_command_under_traffic_then_status(home_of):
 
 FAULT = """
     def execute(self, requests):
-        # Planted by tests/test_watch.py: the serving code crashes on inputs longer than any
+        # Planted by tests/watch/test_watch.py: the serving code crashes on inputs longer than any
         # validated one, a regression only real traffic shows. Triton counts what an execute
         # that raises fails as failed requests of this version.
         for request in requests:

@@ -349,7 +349,7 @@ def test_watch_rolls_back_a_regression_on_docker_then_rollback_by_hand(
     MLflow says why. Then `hf2triton rollback --to 2` goes forward again by hand."""
     from hf2triton.spec import load_spec
     from tests.served import LONG, watched_under_traffic
-    from tests.test_watch import FAULT, _until
+    from tests.watch.test_watch import FAULT, _until
 
     if _live_version(docker_client) != "2":  # the blue/green test did not run before this one
         release.second = release.run("second", max_queue_delay_us=1000)

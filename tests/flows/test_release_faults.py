@@ -21,8 +21,8 @@ import pytest
 from hf2triton.util.net import free_port
 from hf2triton.util.workspace import disk_space, size_text
 from tests.conftest import ROOT, tiny_spec
+from tests.flows.test_faults import HF2TRITON, _cli, _error_line, _fresh_env, _mlflow_versions
 from tests.served import embed_remote, serving_versions, triton_client
-from tests.test_faults import HF2TRITON, _cli, _error_line, _fresh_env, _mlflow_versions
 
 RELEASE_TIMEOUT_S = 900
 
