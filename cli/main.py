@@ -12,6 +12,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 
 def _fail(message: str, code: int = 1) -> int:
@@ -237,24 +238,53 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    import faulthandler
-    import signal
-
-    from hf2triton.orchestration.prefect_api import set_process_defaults
-
-    # `kill -USR1 PID` prints where every thread of a release that seems stuck is, to stderr
-    # (docs/troubleshooting.md); the release goes on.
-    if hasattr(signal, "SIGUSR1"):
-        faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
-
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hf2triton", description="Release Hugging Face models to Triton Inference Server."
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    _release_commands(sub)
+    _tool_commands(sub)
+    return parser
+
+
+def _release_commands(sub: Any) -> None:
+    """Release, follow and roll back: what an ML engineer runs."""
     rel = sub.add_parser("release", help="run a release from a spec file, locally")
     rel.add_argument("spec", help="release spec YAML, e.g. releases/minilm-embedder.yaml")
     rel.set_defaults(func=_release)
+    st = sub.add_parser(
+        "status",
+        help="every release this home has run, as a table: champion, "
+        "candidate, what serves where, the watch's verdict; or one in full",
+    )
+    st.add_argument(
+        "release",
+        nargs="?",
+        help="one release: its spec YAML, its name in "
+        "releases/, or the name of a release this home has run",
+    )
+    st.add_argument("--json", action="store_true", help="the status objects, for scripts")
+    st.set_defaults(func=_status)
+    rb = sub.add_parser(
+        "rollback", help="serve the previous champion again (checked before the alias moves back)"
+    )
+    rb.add_argument("release", help="release spec YAML, or its name in releases/")
+    rb.add_argument(
+        "--to",
+        metavar="VERSION",
+        help="the version to serve (default: the one the champion replaced)",
+    )
+    rb.add_argument(
+        "--reason",
+        default="rolled back by hand (hf2triton rollback)",
+        help="why, recorded on the MLflow version rolled back from",
+    )
+    rb.set_defaults(func=_rollback)
+
+
+def _tool_commands(sub: Any) -> None:
+    """The server, the Prefect deployments, the schema, the store and the image: set-up."""
     srv = sub.add_parser("server", help="the local Triton server releases deploy to")
     srv.add_argument("action", choices=["status", "stop"])
     srv.set_defaults(func=_server)
@@ -297,35 +327,20 @@ def main(argv: list[str] | None = None) -> int:
         help="where to write them (default: ./image-context)",
     )
     img.set_defaults(func=_image)
-    st = sub.add_parser(
-        "status",
-        help="every release this home has run, as a table: champion, "
-        "candidate, what serves where, the watch's verdict; or one in full",
-    )
-    st.add_argument(
-        "release",
-        nargs="?",
-        help="one release: its spec YAML, its name in "
-        "releases/, or the name of a release this home has run",
-    )
-    st.add_argument("--json", action="store_true", help="the status objects, for scripts")
-    st.set_defaults(func=_status)
-    rb = sub.add_parser(
-        "rollback", help="serve the previous champion again (checked before the alias moves back)"
-    )
-    rb.add_argument("release", help="release spec YAML, or its name in releases/")
-    rb.add_argument(
-        "--to",
-        metavar="VERSION",
-        help="the version to serve (default: the one the champion replaced)",
-    )
-    rb.add_argument(
-        "--reason",
-        default="rolled back by hand (hf2triton rollback)",
-        help="why, recorded on the MLflow version rolled back from",
-    )
-    rb.set_defaults(func=_rollback)
-    args = parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import faulthandler
+    import signal
+
+    from hf2triton.orchestration.prefect_api import set_process_defaults
+
+    # `kill -USR1 PID` prints where every thread of a release that seems stuck is, to stderr
+    # (docs/troubleshooting.md); the release goes on.
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+
+    args = _parser().parse_args(argv)
     # The tokenizers thread pool warns (and can deadlock) once Prefect forks workers.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     set_process_defaults()  # before anything imports Prefect

@@ -1,6 +1,5 @@
 """Step `validate`: the accuracy gate (hf2triton.release.gate) on the candidates
-hf2triton.release.candidates
-names; the kind scores each against PyTorch as Triton will run it."""
+hf2triton.release.candidates names; the kind scores each against PyTorch as Triton will run it."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ from hf2triton.clients.mlflow import tracking_uri
 from hf2triton.kinds import Data, ModelKind
 from hf2triton.release.candidates import champion_to_face, gate_candidates, selection
 from hf2triton.release.export import ExportResult
-from hf2triton.release.gate import GateResult, run_gate
+from hf2triton.release.gate import GateResult, GateSettings, run_gate
 from hf2triton.runtimes import RuntimeChoices
 from hf2triton.spec import QuantizationSpec, ValidationSpec
 from hf2triton.util.runs import NO_PREFECT_CACHE, RETRY_TRANSIENT, note_reuse, step_logger
@@ -39,21 +38,24 @@ def validate(
 ) -> GateResult:
     """Gate the candidates; raises AccuracyGateError (with a report) when none passes."""
     cfg = kind.config_from_dict(exp["config"])
+    settings = GateSettings(
+        batch=deploy.max_batch_size,
+        max_batch_tokens=deploy.max_batch_tokens,
+        select=selection(quantization, runtimes),
+        max_drop=validation.max_drop,
+        judge_all=validation.judge_all,
+        not_offered=runtimes.not_offered,
+    )
     found = run_gate(
         kind,
-        model_dir,
-        exp["export_dir"],
         gate_candidates(variants, quantization, runtimes),
-        cfg,
-        data,
-        deploy.max_batch_size,
-        deploy.max_batch_tokens,
-        work,
-        selection(quantization, runtimes),
-        champion_to_face(kind, data, cfg, tracking_uri(), model_name),
-        validation.max_drop,
-        runtimes.not_offered,
-        validation.judge_all,
+        model_dir=model_dir,
+        export_dir=exp["export_dir"],
+        cfg=cfg,
+        data=data,
+        settings=settings,
+        work_root=work,
+        champion=champion_to_face(kind, data, cfg, tracking_uri(), model_name),
     )
     note_reuse("validate", found)
     step_logger().info(

@@ -13,6 +13,7 @@ from hf2triton.kinds import Data
 from hf2triton.kinds.embedding import EmbeddingConfig, resolve_embedding_config
 from hf2triton.kinds.embedding import EmbeddingThresholds as Thresholds
 from hf2triton.release.export import export_model
+from hf2triton.release.gate import GateSettings
 from hf2triton.release.gate import run_gate as gate
 from hf2triton.runtimes.quantizers import quantize_onnx
 from hf2triton.sources import fetch_model, parse_source
@@ -117,14 +118,13 @@ def run_gate(tiny_bert, exported, cfg, sentences_file, candidates, thresholds, w
     kind = embedding_kind(tiny_bert, sentences_file, thresholds, smoke)
     return gate(
         kind,
-        str(tiny_bert),
-        exported["export_dir"],
         candidates,
-        cfg,
-        kind.read_data(),
-        8,
-        0,
-        str(work),
+        model_dir=str(tiny_bert),
+        export_dir=exported["export_dir"],
+        cfg=cfg,
+        data=kind.read_data(),
+        settings=GateSettings(batch=8),
+        work_root=str(work),
     )
 
 

@@ -116,72 +116,102 @@ async def closed_loop(
             f"closed_loop needs clients >= 1 ({clients}), payloads "
             f"({len(payloads)}) and duration_s > 0 ({duration_s})"
         )
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    opened: list[float] = []  # the window's start, once open
-    closed: list[float] = []
-    result = LoadResult(clients=clients, seconds=0.0)
-    answered = [0]
-
-    def fail(at: float, exc: Exception) -> None:
-        inside = bool(opened) and not closed
-        if inside:
-            result.errors += 1
-        elif not opened:
-            result.warmup_errors += 1
-        if len(result.failures) < KEEP_FAILURES:
-            since = at - (opened[0] if opened else started)
-            result.failures.append(f"{since:.1f}s {type(exc).__name__}: {exc}"[:300])
-        if result.errors + result.warmup_errors > max_errors:
-            stop.set()
-
-    async def client(i: int) -> None:
-        k = i * STRIDE
-        while not stop.is_set():
-            payload = payloads[k % len(payloads)]
-            k += 1
-            t0 = loop.time()
-            try:
-                await asyncio.wait_for(call(payload), request_timeout_s)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - every failure is counted and one kept
-                fail(t0, exc)
-                await asyncio.sleep(ERROR_PAUSE_S)
-                continue
-            t1 = loop.time()
-            answered[0] += 1
-            if opened and not closed:
-                result.latencies_ms.append((t1 - t0) * 1000)
-                result.answered_at_s.append(t1 - opened[0])
-                if max_requests is not None and len(result.latencies_ms) >= max_requests:
-                    stop.set()
-
-    started = loop.time()
-    tasks = [asyncio.create_task(client(i)) for i in range(clients)]
+    run = _Run(
+        call,
+        payloads,
+        LoadResult(clients=clients, seconds=0.0),
+        max_requests,
+        request_timeout_s,
+        max_errors,
+    )
+    tasks = [asyncio.create_task(run.client(i)) for i in range(clients)]
     try:
         if warmup_s > 0:
-            await asyncio.sleep(warmup_s)
-            while (
-                answered[0] < clients and loop.time() - started < 5 * warmup_s and not stop.is_set()
-            ):
-                await asyncio.sleep(0.1)
+            await run.warm_up(clients, warmup_s)
         if window is not None:
             window.start()
-        opened.append(loop.time())
+        run.opened.append(run.loop.time())
         try:
-            await asyncio.wait_for(stop.wait(), duration_s)
+            await asyncio.wait_for(run.stop.wait(), duration_s)
         except TimeoutError:
             pass
-        closed.append(loop.time())
+        run.closed.append(run.loop.time())
         if window is not None:
             window.stop()
-        stop.set()
+        run.stop.set()
         # In-flight requests finish (bounded), so the server is idle for whatever runs next.
         await asyncio.wait(tasks, timeout=request_timeout_s)
     finally:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    result.seconds = closed[0] - opened[0]
-    return result
+    run.result.seconds = run.closed[0] - run.opened[0]
+    return run.result
+
+
+class _Run:
+    """The clients' shared state: when the measured window opened and closed, what was
+    answered inside it, and the failures."""
+
+    def __init__(
+        self,
+        call: Call,
+        payloads: Sequence[Any],
+        result: LoadResult,
+        max_requests: int | None,
+        request_timeout_s: float,
+        max_errors: int,
+    ):
+        self.call, self.payloads, self.result = call, payloads, result
+        self.max_requests, self.request_timeout_s = max_requests, request_timeout_s
+        self.max_errors = max_errors
+        self.loop = asyncio.get_running_loop()
+        self.stop = asyncio.Event()
+        self.opened: list[float] = []  # the window's start, once open
+        self.closed: list[float] = []
+        self.answered = 0
+        self.started = self.loop.time()
+
+    async def warm_up(self, clients: int, warmup_s: float) -> None:
+        """`warmup_s`, then until every client has had an answer (at most 5 x `warmup_s`)."""
+        await asyncio.sleep(warmup_s)
+        while (
+            self.answered < clients
+            and self.loop.time() - self.started < 5 * warmup_s
+            and not self.stop.is_set()
+        ):
+            await asyncio.sleep(0.1)
+
+    def fail(self, at: float, exc: Exception) -> None:
+        result = self.result
+        if self.opened and not self.closed:
+            result.errors += 1
+        elif not self.opened:
+            result.warmup_errors += 1
+        if len(result.failures) < KEEP_FAILURES:
+            since = at - (self.opened[0] if self.opened else self.started)
+            result.failures.append(f"{since:.1f}s {type(exc).__name__}: {exc}"[:300])
+        if result.errors + result.warmup_errors > self.max_errors:
+            self.stop.set()
+
+    async def client(self, i: int) -> None:
+        k = i * STRIDE
+        while not self.stop.is_set():
+            payload = self.payloads[k % len(self.payloads)]
+            k += 1
+            t0 = self.loop.time()
+            try:
+                await asyncio.wait_for(self.call(payload), self.request_timeout_s)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - every failure is counted and one kept
+                self.fail(t0, exc)
+                await asyncio.sleep(ERROR_PAUSE_S)
+                continue
+            t1 = self.loop.time()
+            self.answered += 1
+            if self.opened and not self.closed:
+                self.result.latencies_ms.append((t1 - t0) * 1000)
+                self.result.answered_at_s.append(t1 - self.opened[0])
+                if self.max_requests is not None and self.result.requests >= self.max_requests:
+                    self.stop.set()

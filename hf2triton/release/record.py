@@ -57,6 +57,25 @@ def release_key(src: dict[str, Any], repo: dict[str, Any]) -> str:
     return digest([src["content_hash"], repo["content_hash"]])
 
 
+def champion_tags(champion: dict[str, Any], model_name: str) -> dict[str, str]:
+    """The comparison with the serving champion, in the version's own record (none without
+    labelled data)."""
+    if not champion:
+        return {}
+    metric = champion["metric"]
+    value = champion.get("value")
+    tags = {
+        "validation.champion_version": str(champion.get("version") or "none"),
+        f"validation.champion.{metric}": f"{value:.6g}" if value is not None else "n/a",
+        f"validation.candidate.{metric}": f"{champion['candidate']:.6g}",
+        "validation.status": champion.get("status") or "passed",
+    }
+    if champion.get("floor") is not None:
+        tags["validation.baseline"] = f"models:/{model_name}/{champion['version']}"
+        tags["validation.threshold"] = f"{metric} >= {champion['floor']:.6g}"
+    return tags
+
+
 def release_record(
     spec: ReleaseSpec,
     src: dict[str, Any],
@@ -83,24 +102,7 @@ def release_record(
         **{f"sha256.{name}": sha for name, sha in src["files"].items()},
         **{f"sha256.triton.{name}": sha for name, sha in repo["files"].items() if tagged(name)},
     }
-    champion = val.get("champion") or {}
-    if champion:  # the comparison with the serving champion, in the version's own record
-        metric = champion["metric"]
-        lineage.update(
-            {
-                "validation.champion_version": str(champion.get("version") or "none"),
-                f"validation.champion.{metric}": f"{champion['value']:.6g}"
-                if champion.get("value") is not None
-                else "n/a",
-                f"validation.candidate.{metric}": f"{champion['candidate']:.6g}",
-                "validation.status": champion.get("status") or "passed",
-            }
-        )
-        if champion.get("floor") is not None:
-            lineage["validation.baseline"] = (
-                f"models:/{spec.registry.model_name}/{champion['version']}"
-            )
-            lineage["validation.threshold"] = f"{metric} >= {champion['floor']:.6g}"
+    lineage.update(champion_tags(val.get("champion") or {}, spec.registry.model_name))
     metrics = {
         **val["metrics"],
         **{f"{n}.{k}": v for n, m in val["candidates"].items() for k, v in m.items()},

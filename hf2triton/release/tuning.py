@@ -16,6 +16,7 @@ import asyncio
 import itertools
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -130,6 +131,118 @@ def choose(cells: list[dict[str, Any]], max_p99_ms: float | None) -> tuple[dict[
     return best, bool(capped)
 
 
+@dataclass(frozen=True)
+class _Search:
+    """One configuration search: what each cell's repository is built from, and how it is
+    driven."""
+
+    kind: ModelKind
+    model_name: str
+    candidate: str
+    export_dir: str
+    cfg: Any
+    info: dict[str, Any]
+    deploy: Any
+    warmup_items: list[Any]
+    requests: list[dict[str, np.ndarray]]
+    knobs: dict[str, Any]
+
+    def run(self, cells: list[dict[str, Any]], out: Path) -> list[dict[str, Any]]:
+        """Every cell measured on a private tritonserver on free loopback ports."""
+        repo = out / "server-repository"
+        repo.mkdir()
+        try:
+            with reserved_ports(3) as (http, grpc, metrics):
+                proc = triton_local.launch(
+                    repo, "127.0.0.1", http, grpc, metrics, out / "server.log"
+                )
+                admin = TritonAdmin(f"127.0.0.1:{http}")
+                try:
+                    admin.wait_live(
+                        self.deploy.ready_timeout_s,
+                        "configuration search: the private tritonserver did not start",
+                        proc,
+                    )
+                    return [
+                        self.measure_cell(
+                            admin,
+                            proc,
+                            f"{self.model_name}-tune-{i}",
+                            cell,
+                            grpc,
+                            repo,
+                            out / "builds",
+                        )
+                        for i, cell in enumerate(cells)
+                    ]
+                finally:
+                    admin.close()
+                    triton_local.terminate(proc)  # the server and its Python-backend stubs
+        finally:
+            shutil.rmtree(out / "builds", ignore_errors=True)
+            shutil.rmtree(repo, ignore_errors=True)
+
+    def measure_cell(
+        self,
+        admin: TritonAdmin,
+        proc: Any,
+        name: str,
+        cell: dict[str, Any],
+        grpc: int,
+        repo: Path,
+        builds: Path,
+    ) -> dict[str, Any]:
+        """One cell loaded into the running server, measured, and unloaded."""
+        built = build_repository(
+            self.kind,
+            name,
+            self.candidate,
+            self.export_dir,
+            self.cfg,
+            self.info,
+            {**self.knobs, **cell},
+            self.warmup_items,
+            str(builds),
+        )
+        shutil.copytree(Path(built["repository"]) / name, repo / name)
+        tuning = self.deploy.tuning
+        row = {"settings": cell, "name": describe(cell), "points": [], "score_rps": 0.0}
+        try:
+            admin.load(name)
+            wait_for(
+                lambda: admin.model_ready(name),
+                self.deploy.ready_timeout_s,
+                f"configuration search: {name} did not load",
+                proc,
+            )
+        except Hf2TritonError as exc:
+            if proc.poll() is not None:
+                raise
+            row["failed"] = " ".join(str(exc).split())[:300]  # never ships
+        else:
+            row["points"] = [
+                measure(
+                    f"127.0.0.1:{grpc}",
+                    name,
+                    self.requests,
+                    n,
+                    tuning.seconds,
+                    min(2.0, tuning.seconds),
+                )
+                for n in tuning.clients
+            ]
+            row["score_rps"] = float(np.mean([p["rps"] for p in row["points"]]))
+        admin.unload(name)
+        wait_for(
+            lambda: not admin.model_ready(name),
+            120,
+            f"configuration search: {name} did not unload",
+            proc,
+        )
+        shutil.rmtree(repo / name)
+        return row
+
+
 def tune_config(
     kind: ModelKind,
     model_name: str,
@@ -148,8 +261,19 @@ def tune_config(
     if not items:
         raise DeployError("configuration search: no validation item to send")
     cells = grid(tuning, deploy)
-    requests = kind.requests(items)
     knobs = {**{k: getattr(deploy, k) for k in BATCHING}, "runtime": runtime}
+    search = _Search(
+        kind,
+        model_name,
+        candidate,
+        export_dir,
+        cfg,
+        info,
+        deploy,
+        warmup_items,
+        kind.requests(items),
+        knobs,
+    )
     key = digest(
         [
             model_name,
@@ -166,86 +290,10 @@ def tune_config(
     )
 
     def build(out: Path) -> dict:
-        repo = out / "server-repository"
-        repo.mkdir()
-        try:
-            with reserved_ports(3) as (http, grpc, metrics):
-                proc = triton_local.launch(
-                    repo, "127.0.0.1", http, grpc, metrics, out / "server.log"
-                )
-                try:
-                    measured = measure_cells(proc, http, grpc, repo, out / "builds")
-                finally:
-                    triton_local.terminate(proc)  # the server and its Python-backend stubs
-        finally:
-            shutil.rmtree(out / "builds", ignore_errors=True)
-            shutil.rmtree(repo, ignore_errors=True)
+        measured = search.run(cells, out)
         best, cap_met = choose(measured, tuning.max_p99_ms)
         (out / "tuning.json").write_text(json.dumps(measured, indent=1) + "\n")
         return {"chosen": best["settings"], "cells": measured, "cap_met": cap_met}
-
-    def measure_cells(proc: Any, http: int, grpc: int, repo: Path, builds: Path) -> list[dict]:
-        """Each cell loaded into the running server in turn, measured, and unloaded."""
-        admin = TritonAdmin(f"127.0.0.1:{http}")
-        measured = []
-        try:
-            admin.wait_live(
-                deploy.ready_timeout_s,
-                "configuration search: the private tritonserver did not start",
-                proc,
-            )
-            for i, cell in enumerate(cells):
-                name = f"{model_name}-tune-{i}"
-                built = build_repository(
-                    kind,
-                    name,
-                    candidate,
-                    export_dir,
-                    cfg,
-                    info,
-                    {**knobs, **cell},
-                    warmup_items,
-                    str(builds),
-                )
-                shutil.copytree(Path(built["repository"]) / name, repo / name)
-                row = {"settings": cell, "name": describe(cell), "points": [], "score_rps": 0.0}
-                try:
-                    admin.load(name)
-                    wait_for(
-                        lambda: admin.model_ready(name),
-                        deploy.ready_timeout_s,
-                        f"configuration search: {name} did not load",
-                        proc,
-                    )
-                except Hf2TritonError as exc:
-                    if proc.poll() is not None:
-                        raise
-                    row["failed"] = " ".join(str(exc).split())[:300]  # never ships
-                else:
-                    row["points"] = [
-                        measure(
-                            f"127.0.0.1:{grpc}",
-                            name,
-                            requests,
-                            n,
-                            tuning.seconds,
-                            min(2.0, tuning.seconds),
-                        )
-                        for n in tuning.clients
-                    ]
-                    row["score_rps"] = float(np.mean([p["rps"] for p in row["points"]]))
-                admin.unload(name)
-                wait_for(
-                    lambda: not admin.model_ready(name),
-                    120,
-                    f"configuration search: {name} did not unload",
-                    proc,
-                )
-                shutil.rmtree(repo / name)
-                measured.append(row)
-        finally:
-            admin.close()
-        return measured
 
     done = cached_step(work_root, "tune", key, build)
     result = TuneResult(

@@ -471,14 +471,7 @@ def ensure_api(
     if state is not None:
         stop_group(state.pid)
     _api_file().unlink(missing_ok=True)
-    if key_hashes:  # hashes only, readable by this user only
-        tmp = keys_file.with_suffix(".tmp")
-        tmp.write_text("")
-        tmp.chmod(0o600)
-        tmp.write_text("".join(f"{h}\n" for h in key_hashes))
-        os.replace(tmp, keys_file)
-    else:
-        keys_file.unlink(missing_ok=True)
+    _write_keys(keys_file, key_hashes)
     env = serving_env()
     log_file = state_dir() / "openai.log"
     cmd = [
@@ -509,6 +502,27 @@ def ensure_api(
         )
     state = ApiState(proc.pid, host, port, server.grpc_url, code, len(key_hashes), str(log_file))
     atomic_write_text(_api_file(), json.dumps(asdict(state), indent=1))
+    _wait_api(proc, state, log_file, offset, timeout_s)
+    return state
+
+
+def _write_keys(keys_file: Path, key_hashes: list[str]) -> None:
+    """The API keys' hashes, readable by this user only (none: no file)."""
+    if not key_hashes:
+        keys_file.unlink(missing_ok=True)
+        return
+    tmp = keys_file.with_suffix(".tmp")
+    tmp.write_text("")
+    tmp.chmod(0o600)
+    tmp.write_text("".join(f"{h}\n" for h in key_hashes))
+    os.replace(tmp, keys_file)
+
+
+def _wait_api(
+    proc: subprocess.Popen, state: ApiState, log_file: Path, offset: int, timeout_s: float
+) -> None:
+    """Until the API started as `proc` is live; DeployError with its log's end otherwise."""
+    host, port = state.host, state.port
     deadline = time.monotonic() + timeout_s
     while not api_live(state):
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -528,7 +542,6 @@ def ensure_api(
                 f"false). Log {log_file}:\n{tail}"
             )
         time.sleep(0.2)
-    return state
 
 
 def stop_api() -> ApiState | None:

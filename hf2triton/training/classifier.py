@@ -130,7 +130,6 @@ def fine_tune(
     started = time.perf_counter()
 
     def build(out: Path) -> dict:
-        import torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         # transformers says the new head is "newly initialized" and should be trained: we are.
@@ -145,32 +144,7 @@ def fine_tune(
                 id2label=dict(enumerate(spec.labels)),
                 label2id={name: i for i, name in enumerate(spec.labels)},
             )
-            model.train()
-            optimizer = torch.optim.AdamW(model.parameters(), lr=spec.learning_rate)
-            rng = np.random.default_rng(spec.seed)
-            order: list[int] = []
-            losses, window = [], []
-            for step in range(spec.steps):
-                if len(order) < spec.batch_size:
-                    order += rng.permutation(len(texts)).tolist()
-                batch, order = order[: spec.batch_size], order[spec.batch_size :]
-                enc = tokenizer(
-                    [texts[i] for i in batch],
-                    padding=True,
-                    truncation=True,
-                    max_length=spec.max_length,
-                    return_tensors="pt",
-                )
-                loss = model(**enc, labels=torch.tensor([ids[i] for i in batch])).loss
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
-                window.append(loss.item())
-                if len(window) == 10 or step == spec.steps - 1:
-                    losses.append(round(float(np.mean(window)), 5))
-                    window = []
-                    if progress:
-                        progress(step + 1, losses[-1])
+            losses = _train(model, tokenizer, texts, ids, spec, progress)
             model.eval()
             train_acc = _accuracy(model, tokenizer, texts, ids, spec.max_length)
             eval_acc = _accuracy(model, tokenizer, *held, spec.max_length) if held else None
@@ -185,6 +159,47 @@ def fine_tune(
         seconds=round(time.perf_counter() - started, 1),
         reused=done.reused,
     )
+
+
+def _train(
+    model: Any,
+    tokenizer: Any,
+    texts: list[str],
+    ids: list[int],
+    spec: ClassifierTraining,
+    progress: Callable[[int, float], None] | None,
+) -> list[float]:
+    """AdamW over shuffled batches, seeded; the mean loss per 10 steps (and the last)."""
+    import torch
+
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.learning_rate)
+    rng = np.random.default_rng(spec.seed)
+    order: list[int] = []
+    losses: list[float] = []
+    window: list[float] = []
+    for step in range(spec.steps):
+        if len(order) < spec.batch_size:
+            order += rng.permutation(len(texts)).tolist()
+        batch, order = order[: spec.batch_size], order[spec.batch_size :]
+        enc = tokenizer(
+            [texts[i] for i in batch],
+            padding=True,
+            truncation=True,
+            max_length=spec.max_length,
+            return_tensors="pt",
+        )
+        loss = model(**enc, labels=torch.tensor([ids[i] for i in batch])).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        window.append(loss.item())
+        if len(window) == 10 or step == spec.steps - 1:
+            losses.append(round(float(np.mean(window)), 5))
+            window = []
+            if progress:
+                progress(step + 1, losses[-1])
+    return losses
 
 
 def log_trained(trained: TrainResult, spec: ClassifierTraining, tracking_uri: str) -> Registered:

@@ -119,8 +119,8 @@ def train_lm(
 ) -> LmTrainResult:
     """Train the model `spec` (a spec's `source.train`) describes; the same text and settings
     reuse the finished model (the same text and settings also give the same weights)."""
-    # Keyed by this trainer's own code (not the module's: the fine-tune beside it may change).
-    code = [inspect.getsource(f) for f in (train_lm, train_tokenizer, read_text)]
+    # Keyed by this trainer's own code (not the module's: other functions may change).
+    code = [inspect.getsource(f) for f in (train_lm, _build, _fit, train_tokenizer, read_text)]
     key = digest(
         [
             "train-lm",
@@ -132,99 +132,106 @@ def train_lm(
         ]
     )
     started = time.perf_counter()
-
-    def build(out: Path) -> dict:
-        import torch
-        from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
-
-        text = read_text(spec.text)
-        tokenizer = train_tokenizer(text, spec.vocab_size, spec.chat_template)
-        # Chapters (blank-line separated) are documents: end-of-text between them.
-        ids = []
-        for chapter in text.split("\n\n"):
-            ids += tokenizer(chapter.strip() + "\n")["input_ids"] + [tokenizer.eos_token_id]
-        data = torch.tensor(ids, dtype=torch.long)
-        if len(data) <= spec.context + 1:
-            raise SourceError(
-                f"source.train.text {spec.text} is {len(data)} tokens: shorter "
-                f"than source.train.context {spec.context}"
-            )
-
-        with deterministic(spec.seed, LM_THREADS):
-            config = LlamaConfig(
-                vocab_size=len(tokenizer),
-                hidden_size=spec.hidden,
-                intermediate_size=spec.hidden * 8 // 3 // 8 * 8,
-                num_hidden_layers=spec.layers,
-                num_attention_heads=spec.heads,
-                num_key_value_heads=spec.heads,
-                max_position_embeddings=spec.max_positions,
-                bos_token_id=tokenizer.eos_token_id,
-                eos_token_id=tokenizer.eos_token_id,
-                pad_token_id=tokenizer.pad_token_id,
-                tie_word_embeddings=True,
-                attn_implementation="eager",
-            )
-            model = LlamaForCausalLM(config)
-            model.train()
-            decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-            rest = [p for n, p in model.named_parameters() if p.dim() < 2]
-            optimizer = torch.optim.AdamW(
-                [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
-                lr=spec.learning_rate,
-                betas=(0.9, 0.95),
-            )
-            warmup = max(1, spec.steps // 20)
-
-            def rate(step: int) -> float:  # linear warm-up, then cosine to a tenth
-                if step < warmup:
-                    return (step + 1) / warmup
-                done = (step - warmup) / max(1, spec.steps - warmup)
-                return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * done))
-
-            schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, rate)
-            rng = np.random.default_rng(spec.seed)
-            losses: list[float] = []
-            window: list[float] = []
-
-            def record(step: int, loss: float) -> None:  # a mean per 10 steps, and the last
-                window.append(loss)
-                if len(window) == 10 or step == spec.steps - 1:
-                    losses.append(round(float(np.mean(window)), 4))
-                    window.clear()
-                    if progress:
-                        progress(step + 1, losses[-1])
-
-            for step in range(spec.steps):
-                starts = rng.integers(0, len(data) - spec.context, spec.batch_size)
-                batch = torch.stack([data[s : s + spec.context] for s in starts.tolist()])
-                loss = model(input_ids=batch, labels=batch).loss  # shifted inside the model
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                optimizer.step()
-                schedule.step()
-                record(step, loss.item())
-            model.eval()
-            model.generation_config = GenerationConfig(
-                bos_token_id=tokenizer.eos_token_id,
-                eos_token_id=tokenizer.eos_token_id,
-                pad_token_id=tokenizer.pad_token_id,
-                max_new_tokens=48,
-            )
-            model.save_pretrained(out)
-            # The chat template inside tokenizer_config.json, where every reader of a model
-            # directory looks (and the source's file hashes cover it), not a separate .jinja.
-            tokenizer.save_pretrained(out, save_jinja_files=False)
-        return {"losses": losses, "tokens": len(ids)}
-
-    done = cached_step(work_root, "train-lm", key, build)
+    done = cached_step(work_root, "train-lm", key, lambda out: _build(spec, out, progress))
     return LmTrainResult(
         model_dir=str(done.path),
         **done.result,
         seconds=round(time.perf_counter() - started, 1),
         reused=done.reused,
     )
+
+
+def _build(spec: LmTraining, out: Path, progress: Callable[[int, float], None] | None) -> dict:
+    """Tokenizer, model and training into `out`; the losses and the text's token count."""
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    text = read_text(spec.text)
+    tokenizer = train_tokenizer(text, spec.vocab_size, spec.chat_template)
+    # Chapters (blank-line separated) are documents: end-of-text between them.
+    ids = []
+    for chapter in text.split("\n\n"):
+        ids += tokenizer(chapter.strip() + "\n")["input_ids"] + [tokenizer.eos_token_id]
+    data = torch.tensor(ids, dtype=torch.long)
+    if len(data) <= spec.context + 1:
+        raise SourceError(
+            f"source.train.text {spec.text} is {len(data)} tokens: shorter "
+            f"than source.train.context {spec.context}"
+        )
+    with deterministic(spec.seed, LM_THREADS):
+        config = LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=spec.hidden,
+            intermediate_size=spec.hidden * 8 // 3 // 8 * 8,
+            num_hidden_layers=spec.layers,
+            num_attention_heads=spec.heads,
+            num_key_value_heads=spec.heads,
+            max_position_embeddings=spec.max_positions,
+            bos_token_id=tokenizer.eos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            tie_word_embeddings=True,
+            attn_implementation="eager",
+        )
+        model = LlamaForCausalLM(config)
+        losses = _fit(model, data, spec, progress)
+        model.generation_config = GenerationConfig(
+            bos_token_id=tokenizer.eos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            max_new_tokens=48,
+        )
+        model.save_pretrained(out)
+        # The chat template inside tokenizer_config.json, where every reader of a model
+        # directory looks (and the source's file hashes cover it), not a separate .jinja.
+        tokenizer.save_pretrained(out, save_jinja_files=False)
+    return {"losses": losses, "tokens": len(ids)}
+
+
+def _fit(
+    model: Any, data: Any, spec: LmTraining, progress: Callable[[int, float], None] | None
+) -> list[float]:
+    """AdamW with weight decay on the matrices, a linear warm-up then a cosine to a tenth, on
+    random windows of `data`; the mean loss per 10 steps (and the last)."""
+    import torch
+
+    model.train()
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    rest = [p for n, p in model.named_parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
+        lr=spec.learning_rate,
+        betas=(0.9, 0.95),
+    )
+    warmup = max(1, spec.steps // 20)
+
+    def rate(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        done = (step - warmup) / max(1, spec.steps - warmup)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * done))
+
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, rate)
+    rng = np.random.default_rng(spec.seed)
+    losses: list[float] = []
+    window: list[float] = []
+    for step in range(spec.steps):
+        starts = rng.integers(0, len(data) - spec.context, spec.batch_size)
+        batch = torch.stack([data[s : s + spec.context] for s in starts.tolist()])
+        loss = model(input_ids=batch, labels=batch).loss  # shifted inside the model
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        window.append(loss.item())
+        if len(window) == 10 or step == spec.steps - 1:
+            losses.append(round(float(np.mean(window)), 4))
+            window.clear()
+            if progress:
+                progress(step + 1, losses[-1])
+    model.eval()
+    return losses
 
 
 def generate(model_dir: str | Path, prompt: str, max_new_tokens: int = 40) -> str:

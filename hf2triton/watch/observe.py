@@ -112,6 +112,44 @@ def _probe(
     }
 
 
+def _read_point(
+    spec: Any, point: WatchPoint, champion: str | None, reference: Any, state: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """One endpoint's row (its metrics since the last look, and a probe of the champion) and
+    the scrape the next look starts from (None when its metrics could not be read)."""
+    try:
+        scrape = metrics.read(point["metrics"])
+    except Hf2TritonError as exc:
+        row = {
+            "endpoint": point["name"],
+            "version": champion,
+            "requests": 0,
+            "failed": 0,
+            "failure_rate": 0.0,
+            "p99_ms": None,
+            "probe_error": str(exc),
+        }
+        return row, None
+    last = state.get("scrapes", {}).get(point["name"])
+    before = (
+        metrics.Scrape(at=last["at"], counters={(m, v): c for m, v, c in last["counters"]})
+        if last
+        else None
+    )
+    row = {
+        "endpoint": point["name"],
+        **metrics.figures(before, scrape, spec.triton_model_name, champion or ""),
+    }
+    row.update(_probe(spec, point, champion, reference) if champion else {})
+    kept = {
+        "at": scrape.at,
+        "counters": [
+            [m, v, c] for (m, v), c in scrape.counters.items() if m == spec.triton_model_name
+        ],
+    }
+    return row, kept
+
+
 def look(spec: Any, points: list[WatchPoint] | None = None, probe: bool = True) -> Look:
     """Read, probe and judge what serves now; saves the state the next look and `hf2triton
     status` read."""
@@ -128,41 +166,11 @@ def look(spec: Any, points: list[WatchPoint] | None = None, probe: bool = True) 
     baseline = state.get("versions", {}).get(now["previous"] or "")
     rows, breaches, scrapes = [], [], {}
     for point in points:
-        try:
-            scrape = metrics.read(point["metrics"])
-        except Hf2TritonError as exc:
-            rows.append(
-                {
-                    "endpoint": point["name"],
-                    "version": champion,
-                    "requests": 0,
-                    "failed": 0,
-                    "failure_rate": 0.0,
-                    "p99_ms": None,
-                    "probe_error": str(exc),
-                }
-            )
-            breaches.extend(judge(rows[-1], budget, baseline))
-            continue
-        last = state.get("scrapes", {}).get(point["name"])
-        before = (
-            metrics.Scrape(at=last["at"], counters={(m, v): c for m, v, c in last["counters"]})
-            if last
-            else None
-        )
-        row = {
-            "endpoint": point["name"],
-            **metrics.figures(before, scrape, spec.triton_model_name, champion or ""),
-        }
-        row.update(_probe(spec, point, champion, reference) if champion else {})
+        row, scrape = _read_point(spec, point, champion, reference, state)
         rows.append(row)
         breaches.extend(judge(row, budget, baseline))
-        scrapes[point["name"]] = {
-            "at": scrape.at,
-            "counters": [
-                [m, v, c] for (m, v), c in scrape.counters.items() if m == spec.triton_model_name
-            ],
-        }
+        if scrape is not None:
+            scrapes[point["name"]] = scrape
     at = time.time()
     # A version a rollback put back is not rolled back further on its own: a person decides.
     in_window = bool(

@@ -1,0 +1,95 @@
+"""The gate's plan, settled before anything runs: what the release asks of it (`GateSettings`),
+what every candidate is measured on and against which limits (`Gate`), and PyTorch's answers
+(`Reference`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from hf2triton.kinds.base import Data, ModelKind
+
+
+@dataclass(frozen=True)
+class GateSettings:
+    """What a release asks of its gate, apart from the candidates and the data.
+
+    Example:
+        >>> GateSettings(batch=64, select="fastest", judge_all=True)
+    """
+
+    batch: int  # the largest dynamic batch Triton forms (deploy.max_batch_size)
+    max_batch_tokens: int = 0  # deploy.max_batch_tokens, as serving.json carries it
+    # "first": judged in order, the first that passes ships; "fastest": timed first, judged
+    # fastest first, and the first that passes (the fastest that does) ships.
+    select: Literal["first", "fastest"] = "first"
+    max_drop: float = 0.0  # validation.max_drop: how far below the champion's task metric
+    judge_all: bool = False  # judge every candidate's accuracy, for the report
+    # The runtimes and precisions this machine could not try, with why (for the report).
+    not_offered: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Gate:
+    """One release's gate, settled before anything runs: what every candidate is measured on,
+    batched how, against which limits, and how the winner is picked."""
+
+    kind: ModelKind
+    cfg: Any
+    data: Data  # the validation data as read (the smoke test's items come from it)
+    gate_data: Data  # what the gate measures (labelled items added by some kinds)
+    export_dir: str
+    batch: int  # the largest dynamic batch Triton forms (deploy.max_batch_size)
+    select: str  # "first" or "fastest" that passes
+    judge_all: bool  # judge every candidate's accuracy, not only until the one that ships
+    max_drop: float
+    limits: dict[str, Any]
+    smoke_limits: dict[str, Any]
+    smoke_index: list[int]
+    base: dict[str, Any]  # serving.json without file locations
+    quality: str | None  # the task metric compared with the champion, when the data has labels
+
+    @classmethod
+    def of(
+        cls, kind: ModelKind, cfg: Any, data: Data, export_dir: str, settings: GateSettings
+    ) -> Gate:
+        gate_data = kind.gate_data(data, cfg)
+        quality = (
+            kind.quality_metric if kind.quality_metric in kind.labelled_metrics(gate_data) else None
+        )
+        return cls(
+            kind,
+            cfg,
+            data,
+            gate_data,
+            export_dir,
+            settings.batch,
+            settings.select,
+            settings.judge_all,
+            settings.max_drop,
+            kind.limits(),
+            kind.smoke_limits(),
+            kind.smoke_indices(data),
+            kind.serving_json(cfg, export_dir, max_batch_tokens=settings.max_batch_tokens),
+            quality,
+        )
+
+
+@dataclass
+class Reference:
+    """PyTorch's answers the candidates are scored against, and the requests that ask for them:
+    the gate's items, and the smoke test's."""
+
+    outputs: Any
+    requests: list[dict[str, np.ndarray]]
+    smoke_data: Data
+    smoke_outputs: Any
+    smoke_requests: list[dict[str, np.ndarray]]
+
+
+def candidate_settings(base: dict[str, Any], runtime: dict[str, Any] | None) -> dict[str, Any]:
+    """serving.json (without file locations) of a candidate on `runtime`."""
+    return {**base, "runtime": runtime} if runtime else dict(base)
