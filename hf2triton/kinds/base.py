@@ -15,6 +15,7 @@ import json
 import math
 import shutil
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
@@ -187,9 +188,11 @@ def save_fast_tokenizer(model_dir: str, out: Path) -> None:
         )
 
 
-class ModelKind:
-    """One kind of model. Subclasses set the class attributes and implement the methods; the
-    registry `hf2triton.kinds.KINDS` names the subclass by its `task`."""
+class ModelKind(ABC):
+    """One kind of model, whatever its input. A kind derives from the base of its input modality
+    (hf2triton.kinds.modality: text encoder, text-to-text, vision, audio), sets the class
+    attributes and implements every abstract method; the registry `hf2triton.kinds.KINDS` names
+    it by its `task` and refuses, when its module is imported, a kind that lacks one."""
 
     name: ClassVar[str]  # "embedding"
     task: ClassVar[str]  # the spec's `task:` value, "feature-extraction"
@@ -208,13 +211,21 @@ class ModelKind:
     moved_keys: ClassVar[dict[str, str]] = {}
     # The task metric labelled data gives (accuracy, nDCG@10), compared with the champion's.
     quality_metric: ClassVar[str | None] = None
-    item_word: ClassVar[str] = "texts"
+    item_word: ClassVar[str] = "items"
+    modality: ClassVar[str]  # "text", "image", "audio": what one request carries
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        if "name" not in cls.__dict__:  # a base (a modality's), not a kind
+            return
         cls.section = cls.__dict__.get("section") or cls.name
         cls.onnx_task = cls.__dict__.get("onnx_task") or cls.task
         cls.thresholds_key = f"{cls.section}.thresholds"
+        if cls.__dict__.get("openai_route") and "openai_body" not in cls.__dict__:
+            raise TypeError(
+                f"{cls.__name__} serves {cls.openai_route} on the OpenAI-compatible "
+                "API: it must implement openai_body and openai_answer"
+            )
 
     def __init__(self, options: Any, validation: ValidationSettings):
         # Its own spec section (defaults filled in when the spec leaves it out), and where its
@@ -241,27 +252,31 @@ class ModelKind:
         return tuple(t.name for t in self.served.outputs)
 
     # -- the model and its data -----------------------------------------------------------
+    @abstractmethod
     def resolve(self, model_dir: str) -> Any:
         """The kind's config, 'auto' and unset values filled from the model's own files."""
         raise NotImplementedError
 
+    @abstractmethod
     def read_data(self) -> Data:
         raise NotImplementedError
 
     def calibration(self, data: Data) -> list[Any] | None:
-        """What post-training quantization calibrates on, as the serving core encodes it (texts,
-        or (text, text) pairs); None: the kind's graph is not calibrated (several files)."""
-        return [str(x) for x in data.items] if self.main_file == "model.onnx" else None
+        """What post-training quantization calibrates on, as the serving core encodes it;
+        None: the kind's graph is not calibrated."""
+        return None
 
     def export_inputs(self, data: Data) -> list[Any]:
         """What the export's check against PyTorch runs on: ordinary items and the longest."""
-        longest = sorted(data.items, key=lambda x: len(str(x)), reverse=True)[:4]
+        longest = sorted(data.items, key=self.item_size, reverse=True)[:4]
         return list({repr(x): x for x in [*data.items[:20], *longest]}.values())
 
+    @abstractmethod
     def prepare_export(self, model_dir: str, out: Path, cfg: Any) -> None:
-        """Write what serving needs beside the exported ONNX files: tokenizer.json."""
-        save_fast_tokenizer(model_dir, out)
+        """Write what serving needs beside the exported graph (a tokenizer, a preprocessor's
+        configuration)."""
 
+    @abstractmethod
     def check_export(
         self, model_dir: str, out: Path, cfg: Any, inputs: list[Any]
     ) -> dict[str, float]:
@@ -273,19 +288,10 @@ class ModelKind:
         """serving.json without its file names: the kind's own serving settings."""
         return cfg.to_dict()
 
+    @abstractmethod
     def version_files(self, candidate: str, export_dir: str) -> dict[str, Path]:
         """Files of a Triton version directory (name there -> source), besides model.py, the
-        serving core and serving.json: the candidate's graph and the export's tokenizer."""
-        graph = Path(candidate)
-        if graph.suffix == ".xml":  # OpenVINO IR: the graph and its weights
-            # (a stateful IR keeps its name: OpenVINO GenAI opens its directory by it)
-            name = graph.stem if graph.name == "openvino_model.xml" else "model"
-            return {
-                f"{name}.xml": graph,
-                f"{name}.bin": graph.with_suffix(".bin"),
-                "tokenizer.json": Path(export_dir) / "tokenizer.json",
-            }
-        return {"model.onnx": graph, "tokenizer.json": Path(export_dir) / "tokenizer.json"}
+        serving core and serving.json: the candidate's graph and what reads its input."""
 
     def serving_json(
         self,
@@ -318,12 +324,9 @@ class ModelKind:
         }
         return serving.load("", {**settings, **self.file_settings(files)})
 
+    @abstractmethod
     def file_settings(self, files: dict[str, str]) -> dict[str, Any]:
         """serving.json keys that locate the files (names of `version_files`, or paths)."""
-        return {
-            "onnx": files.get("model.xml") or files["model.onnx"],
-            "tokenizer": files["tokenizer.json"],
-        }
 
     def config_values(self, cfg: Any, reference: dict[str, Any]) -> dict[str, Any]:
         """Substitutions of the config.pbtxt template beyond batching."""
@@ -349,17 +352,22 @@ class ModelKind:
         """The API's answer `body` to `request` as the Triton answer `extract` reads."""
         raise NotImplementedError
 
+    @abstractmethod
     def requests(self, items: list[Any]) -> list[dict[str, np.ndarray]]:
-        """One Triton request (input arrays) per item: its text as the served class's first
-        input."""
-        first = self.served.inputs[0].name
-        return [{first: np.array([[str(t).encode("utf-8")]], dtype=np.object_)} for t in items]
+        """One Triton request (input arrays) per validation item."""
 
+    @abstractmethod
+    def item_size(self, item: Any) -> int:
+        """How long an item is (characters, bytes): the export checks and the smoke test send
+        items of every size, the longest included."""
+
+    @abstractmethod
     def extract(self, answers: list[dict[str, np.ndarray]]) -> Any:
         """The served answers in the form `score` compares with the reference."""
         raise NotImplementedError
 
     # -- the gate and the smoke test ----------------------------------------------------------
+    @abstractmethod
     def reference(self, model_dir: str, cfg: Any, data: Data) -> Any:
         """What the original PyTorch model says for every item (comparable with `extract`)."""
         raise NotImplementedError
@@ -377,16 +385,19 @@ class ModelKind:
         reference: what the serving champion (other weights, other sizes) is scored by."""
         return {}
 
+    @abstractmethod
     def config_from_dict(self, data: dict[str, Any]) -> Any:
         """The config back from its `to_dict()` (the smoke test reads it from a file)."""
         raise NotImplementedError
 
+    @abstractmethod
     def score(
         self, reference: Any, outputs: Any, data: Data, cfg: Any
     ) -> tuple[dict[str, float], dict]:
         """Metrics of `outputs` against `reference`, and details for the report."""
         raise NotImplementedError
 
+    @abstractmethod
     def limits(self) -> Limits:
         raise NotImplementedError
 
@@ -404,7 +415,7 @@ class ModelKind:
     def smoke_indices(self, data: Data) -> list[int]:
         """Which items the smoke test sends: spread over the length range."""
         n = self.validation.smoke_sentences
-        order = sorted(range(len(data.items)), key=lambda i: len(str(data.items[i])))
+        order = sorted(range(len(data.items)), key=lambda i: self.item_size(data.items[i]))
         if len(order) <= n:
             return order
         picks = np.linspace(0, len(order) - 1, n).round().astype(int)

@@ -16,7 +16,8 @@ from pydantic import Field, model_validator
 
 from hf2triton.errors import SpecError, UnsupportedModelError
 from hf2triton.kinds import KINDS
-from hf2triton.kinds.base import Data, Limits, ModelKind, model_max_length, read_lines
+from hf2triton.kinds.base import Data, Limits, model_max_length, read_lines
+from hf2triton.kinds.modality import TextEncoderKind
 from hf2triton.kinds.torch_reference import TorchReference, largest_difference
 from hf2triton.serving.classification import activate, label_names
 from hf2triton.util.specbase import MaxLength, Probability, SpecPath, Strict, unless
@@ -139,7 +140,7 @@ def predicted(probs: np.ndarray, activation: str) -> np.ndarray:
 
 
 @KINDS.register
-class ClassificationKind(ModelKind):
+class ClassificationKind(TextEncoderKind):
     name = "classification"
     task = "text-classification"
     Options = ClassificationSpec

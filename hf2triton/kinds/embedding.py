@@ -14,7 +14,8 @@ from pydantic import Field
 
 from hf2triton.errors import SpecError
 from hf2triton.kinds import KINDS
-from hf2triton.kinds.base import Data, Limits, ModelKind, model_max_length, read_json, read_lines
+from hf2triton.kinds.base import Data, Limits, model_max_length, read_json, read_lines
+from hf2triton.kinds.modality import TextEncoderKind
 from hf2triton.kinds.torch_reference import TorchReference, largest_difference, onnx_output
 from hf2triton.serving.embedding import pool
 from hf2triton.util.specbase import MaxLength, Probability, SpecPath, Strict
@@ -191,7 +192,7 @@ def embedding_metrics(
 
 
 @KINDS.register
-class EmbeddingKind(ModelKind):
+class EmbeddingKind(TextEncoderKind):
     name = "embedding"
     task = "feature-extraction"
     Options = EmbeddingSpec

@@ -20,8 +20,9 @@ from pydantic import Field
 
 from hf2triton.errors import SpecError, UnsupportedModelError
 from hf2triton.kinds import KINDS
-from hf2triton.kinds.base import Data, Limits, ModelKind, model_max_length, read_lines
+from hf2triton.kinds.base import Data, Limits, model_max_length, read_lines
 from hf2triton.kinds.classification import TorchClassifier, check_logits
+from hf2triton.kinds.modality import TextEncoderKind
 from hf2triton.serving.reranking import relevance
 from hf2triton.util.specbase import MaxLength, Probability, Strict
 
@@ -128,7 +129,7 @@ def ranking_metrics(
 
 
 @KINDS.register
-class RerankingKind(ModelKind):
+class RerankingKind(TextEncoderKind):
     name = "reranking"
     task = "text-ranking"
     Options = RerankingSpec

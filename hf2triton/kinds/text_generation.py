@@ -18,8 +18,9 @@ from pydantic import Field
 
 from hf2triton.errors import ExportError, SpecError, UnsupportedModelError
 from hf2triton.kinds import KINDS
-from hf2triton.kinds.base import Data, Limits, ModelKind, read_lines, save_fast_tokenizer
+from hf2triton.kinds.base import Data, Limits, read_lines, save_fast_tokenizer
 from hf2triton.kinds.generation_config import eos_and_pad, model_generation_config
+from hf2triton.kinds.modality import TextToTextKind
 from hf2triton.serving.decoding import DecodeSettings, stop_at
 from hf2triton.util.specbase import Strict
 
@@ -275,7 +276,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 @KINDS.register
-class TextGenerationKind(ModelKind):
+class TextGenerationKind(TextToTextKind):
     name = "text_generation"
     task = "text-generation"
     section = "text_generation"  # `generation` is translation's

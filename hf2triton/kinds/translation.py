@@ -16,8 +16,9 @@ from pydantic import Field, model_validator
 
 from hf2triton.errors import ExportError, SpecError
 from hf2triton.kinds import KINDS
-from hf2triton.kinds.base import Data, Limits, ModelKind, read_lines
+from hf2triton.kinds.base import Data, Limits, read_lines
 from hf2triton.kinds.generation_config import TranslationConfig, resolve_translation_config
+from hf2triton.kinds.modality import TextToTextKind
 from hf2triton.kinds.serving_tokenizer import check_tokenizer, write_serving_tokenizer
 from hf2triton.kinds.torch_reference import TorchTranslator, batched, strip_pad
 from hf2triton.serving.seq2seq import ONNX_FILES, Seq2SeqModel, Seq2SeqTokenizer
@@ -166,7 +167,7 @@ TOKENIZER_DIR = "serving-tokenizer"  # written by export, beside the ONNX files
 
 
 @KINDS.register
-class TranslationKind(ModelKind):
+class TranslationKind(TextToTextKind):
     name = "translation"
     task = "translation"
     section = "generation"

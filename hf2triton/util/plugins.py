@@ -28,6 +28,14 @@ class Registry(dict[str, Any]):
         self.key, self.default = key, default
 
     def register(self, cls: type) -> type:
+        """Register `cls` under its key (a decorator). A class that leaves an abstract method
+        of its base unimplemented is refused here, when its module is imported, not deep in a
+        release."""
+        missing = sorted(getattr(cls, "__abstractmethods__", ()))
+        if missing:
+            raise TypeError(
+                f"{cls.__name__} cannot be registered: it does not implement {', '.join(missing)}"
+            )
         name = self.key(cls)
         if self.get(name, cls) is not cls:
             raise ValueError(f"two plug-ins are named {name!r}: {self[name]} and {cls}")

@@ -1,0 +1,139 @@
+"""The bases of the model kinds by input modality, as optimum's exporters group their configs: a
+kind derives from the one its requests carry (text for an encoder or a text-to-text model, an
+image, an audio clip), which knows how an item becomes a Triton request, what the export writes
+beside the graph for serving to read its input, and which files a version directory holds. The
+kind itself adds what is its own: its section, reference, metrics and limits.
+
+Example (an image classifier, one module beside the others, registered like them):
+
+    @KINDS.register
+    class ImageClassificationKind(VisionKind):
+        name, task, serving_class = "image-classification", "image-classification", "Images"
+        def resolve(self, model_dir): ...      # and the other abstract methods of ModelKind
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from hf2triton.errors import ExportError
+from hf2triton.kinds.base import Data, ModelKind, save_fast_tokenizer
+
+
+def graph_files(candidate: str) -> dict[str, Path]:
+    """A candidate's graph as a version directory holds it: an ONNX file as model.onnx, an
+    OpenVINO IR as its .xml and .bin (a stateful IR keeps its name: OpenVINO GenAI opens its
+    directory by it)."""
+    graph = Path(candidate)
+    if graph.suffix == ".xml":
+        name = graph.stem if graph.name == "openvino_model.xml" else "model"
+        return {f"{name}.xml": graph, f"{name}.bin": graph.with_suffix(".bin")}
+    return {"model.onnx": graph}
+
+
+def graph_setting(files: dict[str, str]) -> str:
+    """serving.json's `onnx`: the graph file the runtime opens."""
+    return files.get("model.xml") or files["model.onnx"]
+
+
+class TextKind(ModelKind):
+    """Text in: each request carries its text (or texts) as BYTES, tokenized by the serving core
+    with the `tokenizers` library from the tokenizer.json the export writes beside the graph."""
+
+    modality: ClassVar[str] = "text"
+    item_word: ClassVar[str] = "texts"
+
+    def item_size(self, item: Any) -> int:
+        return len(str(item))
+
+    def requests(self, items: list[Any]) -> list[dict[str, np.ndarray]]:
+        """One request per item: its text as the served class's first input."""
+        first = self.served.inputs[0].name
+        return [{first: np.array([[str(t).encode("utf-8")]], dtype=np.object_)} for t in items]
+
+    def calibration(self, data: Data) -> list[Any] | None:
+        """The texts, as the serving core encodes them; None for a kind of several graph files
+        (calibrated file by file it would not be: they are not quantized that way)."""
+        return [str(x) for x in data.items] if self.main_file == "model.onnx" else None
+
+    def prepare_export(self, model_dir: str, out: Path, cfg: Any) -> None:
+        """tokenizer.json beside the exported graph."""
+        save_fast_tokenizer(model_dir, out)
+
+    def version_files(self, candidate: str, export_dir: str) -> dict[str, Path]:
+        return {**graph_files(candidate), "tokenizer.json": Path(export_dir) / "tokenizer.json"}
+
+    def file_settings(self, files: dict[str, str]) -> dict[str, Any]:
+        return {"onnx": graph_setting(files), "tokenizer": files["tokenizer.json"]}
+
+
+class TextEncoderKind(TextKind):
+    """An encoder read whole at once (BERT-like): one graph, one forward pass per batch; its
+    answer is a vector, labels or scores (embedding, classification, reranking)."""
+
+
+class TextToTextKind(TextKind):
+    """Text in, text out, generated token by token (translation, text generation): graphs
+    decoded in a loop, not calibrated whole."""
+
+
+# The Hugging Face file of a model's input processor (an image processor's resizing and
+# normalisation, an audio feature extractor's sampling rate and features).
+PREPROCESSOR_FILE = "preprocessor_config.json"
+
+
+class _ProcessedKind(ModelKind):
+    """Input that a preprocessor configuration turns into tensors: each request carries the
+    item's encoded bytes (an image file, an audio file) as BYTES; the export copies the model's
+    preprocessor_config.json beside the graph for the serving core to read."""
+
+    input_name: ClassVar[str]
+
+    def item_size(self, item: Any) -> int:
+        return len(item) if isinstance(item, bytes) else Path(item).stat().st_size
+
+    def requests(self, items: list[Any]) -> list[dict[str, np.ndarray]]:
+        """One request per item: the file's bytes (items are bytes or paths)."""
+        return [
+            {
+                self.input_name: np.array(
+                    [[x if isinstance(x, bytes) else Path(x).read_bytes()]], dtype=np.object_
+                )
+            }
+            for x in items
+        ]
+
+    def prepare_export(self, model_dir: str, out: Path, cfg: Any) -> None:
+        found = Path(model_dir) / PREPROCESSOR_FILE
+        if not found.is_file():
+            raise ExportError(
+                f"{model_dir} has no {PREPROCESSOR_FILE}, which serving needs to "
+                f"turn {self.item_word} into the model's input"
+            )
+        shutil.copyfile(found, out / PREPROCESSOR_FILE)
+
+    def version_files(self, candidate: str, export_dir: str) -> dict[str, Path]:
+        return {**graph_files(candidate), PREPROCESSOR_FILE: Path(export_dir) / PREPROCESSOR_FILE}
+
+    def file_settings(self, files: dict[str, str]) -> dict[str, Any]:
+        return {"onnx": graph_setting(files), "preprocessor": files[PREPROCESSOR_FILE]}
+
+
+class VisionKind(_ProcessedKind):
+    """An image in (encoded PNG, JPEG, ... as the IMAGE input)."""
+
+    modality: ClassVar[str] = "image"
+    item_word: ClassVar[str] = "images"
+    input_name: ClassVar[str] = "IMAGE"
+
+
+class AudioKind(_ProcessedKind):
+    """An audio clip in (encoded WAV, FLAC, ... as the AUDIO input)."""
+
+    modality: ClassVar[str] = "audio"
+    item_word: ClassVar[str] = "clips"
+    input_name: ClassVar[str] = "AUDIO"
