@@ -1,6 +1,7 @@
 """Steps `deploy`, `smoke` and `retire-previous`, for every target (hf2triton.targets): the new
-version serves beside the old one, the smoke test scores what it serves against PyTorch with the
-gate's own metrics (hf2triton.targets.smoke), and only after promotion does the old one go. Deploy,
+version serves beside the old one, the smoke test checks that it serves what the gate judged (the
+shipped candidate's own answers, recorded by the gate: hf2triton.targets.smoke), and only after
+promotion does the old one go. Deploy,
 smoke and promote run in one Prefect transaction: if anything after deploy fails, the rollback
 hook below puts the target back to what served before."""
 
@@ -79,7 +80,8 @@ def rollback(txn: Any) -> None:
 def smoke(
     target: DeployTarget, kind: ModelKind, deployment: Deployment, val: GateResult
 ) -> dict[str, float]:
-    """The deployed version against PyTorch on every endpoint, with the gate's metrics."""
+    """The deployed version on every endpoint against what the gate recorded the shipped
+    candidate answering the same requests."""
     endpoints: list[Endpoint] = deployment["endpoints"]
     figures = smoke_test(
         kind,
@@ -89,11 +91,12 @@ def smoke(
         target.spec.openai.client_key(),
     )
     step_logger().info(
-        "smoke: %d endpoint(s) serve what PyTorch says within the gate over "
-        "gRPC, HTTP%s (%s; gRPC p50 %.1f ms)",
+        "smoke: %d endpoint(s) serve what the gate judged (%s) over gRPC, HTTP%s (%s; gRPC "
+        "p50 %.1f ms)",
         len(endpoints),
+        val["chosen"],
         " and the OpenAI-compatible API" if "openai_p50_ms" in figures else "",
-        ", ".join(f"{k} {figures[k]:.4f}" for k in kind.smoke_limits() if k in figures),
+        ", ".join(f"{k} {figures[k]:.4f}" for k in kind.agreement_limits(0.0) if k in figures),
         figures.get("grpc_p50_ms", float("nan")),
     )
     return figures

@@ -3,6 +3,7 @@ MLflow server, and an hf2triton home per test so nothing leaks between tests."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -278,6 +279,29 @@ def spec_file(tmp_path):
         return write_spec(tmp_path / "spec.yaml", **overrides)
 
     return make
+
+
+@contextlib.contextmanager
+def graph_swapped_after_gate(graph: Path):
+    """Within the block, a release's repository is built from `graph` in place of the graph the
+    gate judged: a deployment that differs from what was judged (its files are consistently
+    hashed, so only the smoke test can tell), the fault the smoke test is there to catch.
+    `graph`: a model.onnx of the same inputs and outputs (another model's)."""
+    import tempfile
+
+    import hf2triton.tasks.repository as step
+
+    real = step.build_repository
+    held = Path(tempfile.mkdtemp(prefix="swapped-graph-")) / "model.onnx"
+    shutil.copyfile(graph, held)
+
+    def planted(kind, model_name, candidate, *args, **kwargs):
+        return real(kind, model_name, str(held), *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(step, "build_repository", planted)
+        yield
+    shutil.rmtree(held.parent, ignore_errors=True)
 
 
 def copy_model(src: Path, dst: Path) -> Path:

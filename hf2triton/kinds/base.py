@@ -24,6 +24,7 @@ import numpy as np
 
 from hf2triton import serving
 from hf2triton.errors import ExportError, SpecError
+from hf2triton.kinds.margin import Sample
 
 
 class ValidationSettings(Protocol):
@@ -398,14 +399,29 @@ class ModelKind(ABC):
         raise NotImplementedError
 
     @abstractmethod
+    def agreement_limits(self, tolerance: float) -> Limits:
+        """What two runs of one candidate on the same items must agree on (scored by `score`
+        with one run's outputs, `as_reference`, as the reference), `tolerance` being what the
+        served precision allows: what the smoke test holds the endpoint to against the outputs
+        the gate recorded."""
+
+    def as_reference(self, outputs: Any) -> Any:
+        """Served outputs (`extract`'s) in the form `score` takes as its reference."""
+        return outputs
+
+    def samples(self, reference: Any, outputs: Any, data: Data, cfg: Any) -> dict[str, Sample]:
+        """How each metric that averages over the items is re-computed from a resample of them,
+        for the gate's margin (hf2triton.kinds.margin); a metric without one (a worst case, a
+        statistic of the whole set) is judged as measured."""
+        return {}
+
+    @abstractmethod
     def limits(self) -> Limits:
         raise NotImplementedError
 
-    def smoke_limits(self) -> Limits:
-        return self.limits()
-
-    def example(self, details: dict[str, Any]) -> str:
-        """A worst case of a candidate's details, for the one-line error and the report."""
+    def example(self, details: dict[str, Any], against: str = "PyTorch") -> str:
+        """A worst case of a candidate's details, for the one-line error and the report;
+        `against`: what its answers were compared with (PyTorch's, or the judged ones)."""
         return ""
 
     def info(self, reference: Any) -> dict[str, Any]:

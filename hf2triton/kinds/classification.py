@@ -17,6 +17,7 @@ from pydantic import Field, model_validator
 from hf2triton.errors import SpecError, UnsupportedModelError
 from hf2triton.kinds import KINDS
 from hf2triton.kinds.base import Data, Limits, model_max_length, read_lines
+from hf2triton.kinds.margin import Sample
 from hf2triton.kinds.modality import TextEncoderKind
 from hf2triton.kinds.torch_reference import TorchReference, largest_difference
 from hf2triton.serving.classification import activate, label_names
@@ -254,6 +255,28 @@ class ClassificationKind(TextEncoderKind):
             ],
         }
 
+    def agreement_limits(self, tolerance: float) -> Limits:
+        return {"label_agreement": (">=", 1.0), "max_prob_diff": ("<=", tolerance)}
+
+    def as_reference(self, outputs: dict[str, Any]) -> np.ndarray:
+        return outputs["probs"]
+
+    def samples(
+        self, reference: Any, outputs: dict[str, Any], data: Data, cfg: ClassificationConfig
+    ) -> dict[str, Sample]:
+        reference = np.asarray(reference, dtype=np.float32)
+        agree = predicted(outputs["probs"], cfg.activation) == predicted(reference, cfg.activation)
+        found = {"label_agreement": Sample.mean(agree.astype(np.float64))}
+        if "gold" in data.extra:  # the labelled items are the last ones
+            gold = [cfg.labels[g] for g in data.extra["gold"]]
+            served = outputs["labels"][-len(gold) :]
+            correct = np.zeros(len(agree))
+            labelled = np.zeros(len(agree))
+            correct[-len(gold) :] = [s == g for s, g in zip(served, gold)]
+            labelled[-len(gold) :] = 1.0
+            found["accuracy"] = Sample.ratio(correct.tolist(), labelled.tolist())
+        return found
+
     def limits(self) -> Limits:
         t = self.options.thresholds
         out = {
@@ -264,14 +287,16 @@ class ClassificationKind(TextEncoderKind):
             out["accuracy"] = (">=", t.min_accuracy)
         return out
 
-    def example(self, details: dict[str, Any]) -> str:
+    def example(self, details: dict[str, Any], against: str = "PyTorch") -> str:
         if details.get("disagreements"):
-            return f"first label that differs: {details['disagreements'][0][:40]!r}"
+            return (
+                f"first label that differs from {against}'s: {details['disagreements'][0][:40]!r}"
+            )
         worst = (details.get("worst") or [None])[0]
-        return (
-            f"largest difference {worst['prob_diff']:.4f} on {worst['text'][:40]!r}"
-            if worst
-            else ""
+        if not worst:
+            return ""
+        return f"largest difference from {against}'s {worst['prob_diff']:.4f} on " + repr(
+            worst["text"][:40]
         )
 
     def from_json(self, reference: Any) -> np.ndarray:

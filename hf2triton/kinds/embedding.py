@@ -5,16 +5,18 @@ PyTorch's: minimum and mean cosine, and the Spearman correlation of all pairwise
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from hf2triton.errors import SpecError
 from hf2triton.kinds import KINDS
 from hf2triton.kinds.base import Data, Limits, model_max_length, read_json, read_lines
+from hf2triton.kinds.margin import Sample
 from hf2triton.kinds.modality import TextEncoderKind
 from hf2triton.kinds.torch_reference import TorchReference, largest_difference, onnx_output
 from hf2triton.serving.embedding import pool
@@ -57,8 +59,21 @@ class EmbeddingSpec(Strict):
     )
     smoke_min_cosine: Probability | None = Field(
         None,
-        description="the smoke test's gate on served embeddings; default: thresholds.min_cosine",
+        description="deprecated, ignored: the smoke test now compares the served embeddings "
+        "with the ones the gate recorded for the shipped candidate, within the served "
+        "precision's tolerance (docs/pipeline.md#the-smoke-test)",
     )
+
+    @field_validator("smoke_min_cosine")
+    @classmethod
+    def _no_longer_used(cls, v: float | None) -> float | None:
+        if v is not None:
+            logging.getLogger(__name__).warning(
+                "hf2triton: [DEPRECATED] embedding.smoke_min_cosine is ignored: the smoke test "
+                "compares the endpoint with what the gate judged, within the served precision's "
+                "tolerance; remove it"
+            )
+        return v
 
 
 @dataclass(frozen=True)
@@ -290,6 +305,14 @@ class EmbeddingKind(TextEncoderKind):
             "worst": [{"text": str(data.items[i])[:200], "cosine": float(cos[i])} for i in worst]
         }
 
+    def agreement_limits(self, tolerance: float) -> Limits:
+        return {"min_cosine": (">=", 1.0 - tolerance)}
+
+    def samples(
+        self, reference: np.ndarray, outputs: np.ndarray, data: Data, cfg: EmbeddingConfig
+    ) -> dict[str, Sample]:
+        return {"mean_cosine": Sample.mean(cosine_rows(np.asarray(reference, np.float32), outputs))}
+
     def limits(self) -> Limits:
         t = self.options.thresholds
         return {
@@ -298,16 +321,10 @@ class EmbeddingKind(TextEncoderKind):
             "spearman": (">=", t.spearman),
         }
 
-    def smoke_limits(self) -> Limits:
-        # Served embeddings are each compared with PyTorch's; on a handful of texts the Spearman
-        # of pairwise similarities says little, so the smoke test judges cosines.
-        gate = self.options.smoke_min_cosine or self.options.thresholds.min_cosine
-        return {"min_cosine": (">=", gate)}
-
-    def example(self, details: dict[str, Any]) -> str:
+    def example(self, details: dict[str, Any], against: str = "PyTorch") -> str:
         worst = (details.get("worst") or [None])[0]
         return (
-            f"worst sentence {worst['text'][:40]!r} at cosine {worst['cosine']:.4f}"
+            f"worst sentence {worst['text'][:40]!r} at cosine {worst['cosine']:.4f} to {against}'s"
             if worst
             else ""
         )

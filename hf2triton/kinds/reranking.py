@@ -22,6 +22,7 @@ from hf2triton.errors import SpecError, UnsupportedModelError
 from hf2triton.kinds import KINDS
 from hf2triton.kinds.base import Data, Limits, model_max_length, read_lines
 from hf2triton.kinds.classification import TorchClassifier, check_logits
+from hf2triton.kinds.margin import Sample
 from hf2triton.kinds.modality import TextEncoderKind
 from hf2triton.serving.reranking import relevance
 from hf2triton.util.specbase import MaxLength, Probability, Strict
@@ -212,6 +213,20 @@ class RerankingKind(TextEncoderKind):
             "worst": [{"text": data.items[i][0][:200], "spearman": rhos[i]} for i in worst]
         }
 
+    def agreement_limits(self, tolerance: float) -> Limits:
+        return {"top1_agreement": (">=", 1.0), "max_score_diff": ("<=", tolerance)}
+
+    def samples(
+        self,
+        reference: list[np.ndarray],
+        outputs: list[np.ndarray],
+        data: Data,
+        cfg: RerankingConfig,
+    ) -> dict[str, Sample]:
+        _, rhos = ranking_metrics(reference, outputs)
+        top1 = [float(np.argmax(r) == np.argmax(o)) for r, o in zip(reference, outputs)]
+        return {"mean_spearman": Sample.mean(rhos), "top1_agreement": Sample.mean(top1)}
+
     def limits(self) -> Limits:
         t = self.options.thresholds
         return {
@@ -220,10 +235,10 @@ class RerankingKind(TextEncoderKind):
             "top1_agreement": (">=", t.min_top1_agreement),
         }
 
-    def example(self, details: dict[str, Any]) -> str:
+    def example(self, details: dict[str, Any], against: str = "PyTorch") -> str:
         worst = (details.get("worst") or [None])[0]
         return (
-            f"worst query {worst['text'][:40]!r} at Spearman {worst['spearman']:.4f}"
+            f"worst query {worst['text'][:40]!r} at Spearman {worst['spearman']:.4f} to {against}'s"
             if worst
             else ""
         )

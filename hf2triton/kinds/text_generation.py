@@ -20,6 +20,7 @@ from hf2triton.errors import ExportError, SpecError, UnsupportedModelError
 from hf2triton.kinds import KINDS
 from hf2triton.kinds.base import Data, Limits, read_lines, save_fast_tokenizer
 from hf2triton.kinds.generation_config import eos_and_pad, model_generation_config
+from hf2triton.kinds.margin import Sample
 from hf2triton.kinds.modality import TextToTextKind
 from hf2triton.serving.decoding import DecodeSettings, stop_at
 from hf2triton.util.specbase import Strict
@@ -480,6 +481,33 @@ class TextGenerationKind(TextToTextKind):
             ][:10]
         }
 
+    def agreement_limits(self, tolerance: float) -> Limits:
+        return {"exact_match": (">=", 1.0)}  # greedy text is equal, or it is not what was judged
+
+    def samples(
+        self,
+        reference: list[dict[str, Any]],
+        outputs: list[dict[str, Any]],
+        data: Data,
+        cfg: TextGenerationConfig,
+    ) -> dict[str, Sample]:
+        matched = [common_prefix(o["ids"], r["ids"]) for o, r in zip(outputs, reference)]
+        total = [max(len(o["ids"]), len(r["ids"])) for o, r in zip(outputs, reference)]
+        stats = np.array(
+            [
+                [o["logprob"], r["logprob"], max(0, r["tokens"] - 1)]
+                for o, r in zip(outputs, reference)
+            ],
+            dtype=np.float64,
+        )
+        return {
+            "token_match": Sample.ratio(matched, total),
+            # exp(-sum(out) / tokens) / exp(-sum(ref) / tokens) - 1, as `score` computes it
+            "perplexity_increase": Sample(
+                stats, lambda s: math.exp((s[1] - s[0]) / (s[2] or 1.0)) - 1.0
+            ),
+        }
+
     def limits(self) -> Limits:
         t = self.options.thresholds
         return {
@@ -487,11 +515,11 @@ class TextGenerationKind(TextToTextKind):
             "perplexity_increase": ("<=", t.max_perplexity_increase),
         }
 
-    def example(self, details: dict[str, Any]) -> str:
+    def example(self, details: dict[str, Any], against: str = "PyTorch") -> str:
         first = (details.get("differ") or [None])[0]
         return (
             (
-                f"e.g. {first['text'][:40]!r} -> {first['candidate'][:40]!r}, PyTorch "
+                f"e.g. {first['text'][:40]!r} -> {first['candidate'][:40]!r}, {against} "
                 f"{first['pytorch'][:40]!r}"
             )
             if first

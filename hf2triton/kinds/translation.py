@@ -18,6 +18,7 @@ from hf2triton.errors import ExportError, SpecError
 from hf2triton.kinds import KINDS
 from hf2triton.kinds.base import Data, Limits, read_lines
 from hf2triton.kinds.generation_config import TranslationConfig, resolve_translation_config
+from hf2triton.kinds.margin import Sample
 from hf2triton.kinds.modality import TextToTextKind
 from hf2triton.kinds.serving_tokenizer import check_tokenizer, write_serving_tokenizer
 from hf2triton.kinds.torch_reference import TorchTranslator, batched, strip_pad
@@ -88,6 +89,31 @@ def bleu_chrf(hypotheses: list[str], references: list[str]) -> tuple[float, floa
     bleu = sacrebleu.corpus_bleu(hypotheses, [references]).score
     chrf = sacrebleu.corpus_chrf(hypotheses, [references]).score
     return float(bleu), float(chrf)
+
+
+def bleu_chrf_samples(hypotheses: list[str], references: list[str]) -> tuple[Sample, Sample]:
+    """Corpus BLEU and chrF as sums of each sentence's n-gram statistics (how sacrebleu scores
+    a corpus), for resampling: a resample of identical sentences scores 100, as bleu_chrf."""
+    from sacrebleu.metrics import BLEU, CHRF
+
+    bleu, chrf = BLEU(), CHRF()
+    same = np.array([[float(h == r)] for h, r in zip(hypotheses, references)])
+    counts = np.ones_like(same)
+    bleu_stats = np.asarray(bleu._extract_corpus_statistics(hypotheses, [references]), np.float64)
+    chrf_stats = np.asarray(chrf._extract_corpus_statistics(hypotheses, [references]), np.float64)
+
+    def scored(metric: Any, width: int) -> Any:
+        def reduce(s: np.ndarray) -> float:
+            if s[-2] == s[-1]:  # every resampled sentence is the reference itself
+                return 100.0
+            return float(metric._compute_score_from_stats(list(s[:width])).score)
+
+        return reduce
+
+    return (
+        Sample(np.hstack([bleu_stats, same, counts]), scored(bleu, bleu_stats.shape[1])),
+        Sample(np.hstack([chrf_stats, same, counts]), scored(chrf, chrf_stats.shape[1])),
+    )
 
 
 def serving_files(directory: str | Path) -> dict[str, str]:
@@ -278,6 +304,18 @@ class TranslationKind(TextToTextKind):
             ][:10]
         }
 
+    def agreement_limits(self, tolerance: float) -> Limits:
+        return {"exact_match": (">=", 1.0)}  # greedy text is equal, or it is not what was judged
+
+    def samples(
+        self, reference: list[str], outputs: list[str], data: Data, cfg: TranslationConfig
+    ) -> dict[str, Sample]:
+        found = dict(zip(("bleu", "chrf"), bleu_chrf_samples(outputs, list(reference))))
+        if "references" in data.extra:
+            gold = bleu_chrf_samples(outputs, data.extra["references"])
+            found.update(zip(("reference_bleu", "reference_chrf"), gold))
+        return found
+
     def limits(self) -> Limits:
         t = self.options.thresholds
         out = {"bleu": (">=", t.min_bleu), "chrf": (">=", t.min_chrf)}
@@ -287,11 +325,11 @@ class TranslationKind(TextToTextKind):
             out["reference_chrf"] = (">=", t.min_reference_chrf)
         return out
 
-    def example(self, details: dict[str, Any]) -> str:
+    def example(self, details: dict[str, Any], against: str = "PyTorch") -> str:
         first = (details.get("differ") or [None])[0]
         return (
             (
-                f"e.g. {first['text'][:40]!r} -> {first['candidate'][:40]!r}, PyTorch "
+                f"e.g. {first['text'][:40]!r} -> {first['candidate'][:40]!r}, {against} "
                 f"{first['pytorch'][:40]!r}"
             )
             if first

@@ -18,12 +18,14 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from hf2triton import serving
+from hf2triton.kinds import margin
 from hf2triton.kinds.base import Candidate, Data, ModelKind, take, to_json
 from hf2triton.release import judge, verdict
 from hf2triton.release.champion import Champion, champion_limit
 from hf2triton.release.judge import answer_in_batches, judge_candidates
 from hf2triton.release.plan import Gate, GateSettings, Reference, candidate_settings
 from hf2triton.release.verdict import new_report, write_report
+from hf2triton.targets import smoke
 from hf2triton.util.runs import step_logger
 from hf2triton.util.workspace import cached_step, digest, hash_files, sha256_file
 
@@ -191,7 +193,6 @@ def gate_key(
             digest(to_json(gate.gate_data.extra)),
             gate.base,
             gate.limits,
-            gate.smoke_limits,
             gate.smoke_index,
             gate.batch,
             gate.select,
@@ -208,6 +209,8 @@ def gate_key(
                     sys.modules[__name__],
                     judge,
                     verdict,
+                    margin,
+                    smoke,
                     sys.modules[type(kind).__module__],
                     sys.modules[ModelKind.__module__],
                 )

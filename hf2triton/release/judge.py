@@ -12,8 +12,10 @@ import numpy as np
 
 from hf2triton.errors import AccuracyGateError
 from hf2triton.kinds.base import Candidate, misses, timing_items, worst_of
+from hf2triton.kinds.margin import borderline
 from hf2triton.release.champion import mlflow_verdict
 from hf2triton.release.plan import Gate, Reference, candidate_settings
+from hf2triton.targets.smoke import groups
 from hf2triton.util.runs import step_logger
 
 
@@ -121,7 +123,6 @@ def refusal(cand: Candidate, exc: BaseException, t0: float) -> dict[str, Any]:
         "metrics": {},
         "misses": {"error": float("inf")},
         "error": why,
-        "smoke_metrics": {},
         "details": {},
         "worst": [],
         "champion_verdict": None,
@@ -138,51 +139,84 @@ def judge(
     same: set[str],
     t0: float,
 ) -> dict[str, Any]:
-    """The report entry of an opened candidate."""
+    """The report entry of an opened candidate: its metrics against PyTorch (the worst of one
+    request at a time and Triton's batches), each average's bound (a candidate that passes by a
+    hair is borderline, and misses), how far its own answers move with the batch, and what it
+    answers to the smoke test's requests (`recorded`, what the smoke test holds the endpoint
+    to)."""
     kind, cfg, limits, quality = gate.kind, gate.cfg, gate.limits, gate.quality
-    runs = []
+    runs, outputs = [], []
     for size in (1, gate.batch):
-        outputs = kind.extract(answer_in_batches(model, ref.requests, size))
-        runs.append(kind.score(ref.outputs, outputs, gate.gate_data, cfg))
-    metrics = worst_of([m for m, _ in runs], limits)
+        out = kind.extract(answer_in_batches(model, ref.requests, size))
+        metrics_run, details_run = kind.score(ref.outputs, out, gate.gate_data, cfg)
+        samples = kind.samples(ref.outputs, out, gate.gate_data, cfg)
+        runs.append((metrics_run, details_run, *borderline(metrics_run, samples, limits)))
+        outputs.append(out)
+    metrics = worst_of([r[0] for r in runs], limits)
     # The details (worst examples) of the batching that did worst.
     details = (
         max(runs, key=lambda r: sum(misses(r[0], limits).values()))[1]
         if any(misses(r[0], limits) for r in runs)
         else runs[-1][1]
     )
-    smoke_out = kind.extract(answer_in_batches(model, ref.smoke_requests, gate.batch))
-    smoke_metrics, _ = kind.score(ref.smoke_outputs, smoke_out, ref.smoke_data, cfg)
+    bounds = worst_of([r[2] for r in runs], limits) if runs[0][2] else {}
+    hairs = {b.metric: b for r in runs for b in r[3]}
     missed = misses(metrics, limits)
-    # The gate's own limits on the smoke test's requests (the smoke test applies its own,
-    # embedding.smoke_min_cosine, when the spec sets one).
-    served_limits = {k: limits[k] for k in gate.smoke_limits if k in limits}
-    missed.update({f"smoke.{k}": v for k, v in misses(smoke_metrics, served_limits).items()})
+    missed.update({f"margin.{m}": b.short for m, b in hairs.items() if m not in missed})
     verdict = None
     if floor and cand.name not in same:
         # MLflow's own model validation makes the call against the champion.
         verdict = mlflow_verdict(quality, metrics[quality], champ["value"], gate.max_drop)
         if verdict:
             missed[f"champion.{quality}"] = floor[quality][1] - metrics[quality]
+    # The same candidate alone and batched: 1.0 (or 0) where its answers do not move.
+    itself, _ = kind.score(kind.as_reference(outputs[0]), outputs[1], gate.gate_data, cfg)
     entry = {
         "name": cand.name,
         "runtime": cand.runtime,
         "gated_on": cand.gated_runtime,
         "metrics": metrics,
+        "bounds": bounds,
+        "borderline": {m: b.as_dict() for m, b in hairs.items()},
         "misses": missed,
-        "smoke_metrics": smoke_metrics,
+        "batch_invariance": {k: itself[k] for k in kind.agreement_limits(0.0) if k in itself},
         "details": details,
         "worst": details.get("worst", []),
         "champion_verdict": verdict,
+        "recorded": record_smoke(gate, model, ref),
     }
-    step_logger().info(
+    log = step_logger()
+    log.info(
         "validate: %s: %s -> %s (%.0f s)",
         cand.name,
         ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k in limits),
-        "misses the gate" if missed else "passes",
+        "borderline"
+        if hairs and missed.keys() <= {f"margin.{m}" for m in hairs}
+        else "misses the gate"
+        if missed
+        else "passes",
         time.perf_counter() - t0,
     )
+    for b in hairs.values():
+        log.info(
+            "validate: %s is borderline: %s; the next candidate is judged", cand.name, b.describe()
+        )
     return entry
+
+
+def record_smoke(gate: Gate, model: Any, ref: Reference) -> dict[str, Any]:
+    """What the candidate answers to the smoke test's requests as the smoke test sends them:
+    one at a time, and in the batches it merges (`smoke.groups`), in `score`'s reference
+    form."""
+    kind, recorded = gate.kind, {}
+    for size in (1, gate.batch):
+        answers: list[Any] = []
+        for group in groups(ref.smoke_requests, size):
+            answers.extend(
+                answer_in_batches(model, [ref.smoke_requests[i] for i in group], len(group))
+            )
+        recorded[str(size)] = kind.as_reference(kind.extract(answers))
+    return recorded
 
 
 def probe_speeds(
@@ -227,7 +261,6 @@ def not_judged(cand: Candidate, speed: dict[str, float], shipping: str) -> dict[
         "throughput": speed,
         "status": f"not judged: slower than {shipping}, which passes (set "
         "validation.judge_all: true to judge every candidate)",
-        "smoke_metrics": {},
         "details": {},
         "worst": [],
         "champion_verdict": None,

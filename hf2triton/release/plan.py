@@ -47,7 +47,6 @@ class Gate:
     judge_all: bool  # judge every candidate's accuracy, not only until the one that ships
     max_drop: float
     limits: dict[str, Any]
-    smoke_limits: dict[str, Any]
     smoke_index: list[int]
     base: dict[str, Any]  # serving.json without file locations
     quality: str | None  # the task metric compared with the champion, when the data has labels
@@ -71,7 +70,6 @@ class Gate:
             settings.judge_all,
             settings.max_drop,
             kind.limits(),
-            kind.smoke_limits(),
             kind.smoke_indices(data),
             kind.serving_json(cfg, export_dir, max_batch_tokens=settings.max_batch_tokens),
             quality,

@@ -9,6 +9,7 @@ from typing import Any
 
 from hf2triton.errors import AccuracyGateError
 from hf2triton.kinds.base import Candidate, ModelKind, describe_misses, to_json
+from hf2triton.kinds.margin import LEVEL, NARROW_TOLERANCE, Borderline, loosened, tolerance
 from hf2triton.release.plan import Gate, Reference
 from hf2triton.release.report import publish_gate_failure
 from hf2triton.util.cpu import cpu_features
@@ -23,7 +24,7 @@ def new_report(gate: Gate) -> dict[str, Any]:
         "cpu": cpu_features(),
         "thresholds": {k: v for k, (_, v) in gate.limits.items()},
         "limits": gate.limits,
-        "smoke_limits": gate.smoke_limits,
+        "margin": f"one-sided {LEVEL:.0%} bootstrap bound of every averaged metric",
         "config": to_json(gate.cfg.to_dict()),
         "batch": gate.batch,
         "candidates": [],
@@ -43,6 +44,7 @@ def write_report(
     reference.json in the step's directory, and the step's result; without one, the report
     beside it and AccuracyGateError (published to Prefect's UI in a flow run)."""
     kind, quality = gate.kind, gate.quality
+    recorded = {e["name"]: e.pop("recorded", None) for e in report["candidates"]}
     text = json.dumps(to_json(report), indent=1, ensure_ascii=False)
     if chosen is None:
         atomic_write_text(failed_report, text)
@@ -51,23 +53,9 @@ def write_report(
             publish_gate_failure(Path(work_root).name, kind, report, message)
         raise AccuracyGateError(message)
     atomic_write_text(out / "validation_report.json", text)
-    atomic_write_text(
-        out / "reference.json",
-        json.dumps(
-            to_json(
-                {
-                    "kind": kind.name,
-                    "config": gate.cfg.to_dict(),
-                    "items": ref.smoke_data.items,
-                    "reference": ref.smoke_outputs,
-                    "limits": gate.smoke_limits,
-                    "batch": gate.batch,
-                }
-            ),
-            ensure_ascii=False,
-        ),
-    )
     shipped = next(e for e in report["candidates"] if e["name"] == chosen.name)
+    smoke = smoke_reference(gate, ref, chosen, shipped, recorded[chosen.name], report)
+    atomic_write_text(out / "reference.json", json.dumps(to_json(smoke), ensure_ascii=False))
     return {
         "chosen": chosen.name,
         "onnx_path": chosen.onnx_path,
@@ -92,25 +80,77 @@ def write_report(
     }
 
 
+def smoke_reference(
+    gate: Gate,
+    ref: Reference,
+    chosen: Candidate,
+    shipped: dict[str, Any],
+    recorded: dict[str, Any],
+    report: dict[str, Any],
+) -> dict[str, Any]:
+    """reference.json: the smoke test's items and what the shipped candidate answered them in
+    the gate (one at a time and in the smoke test's batches), and the limits the endpoint is
+    held to against those answers: the agreement the served precision allows, no tighter than
+    the candidate's own answers alone and batched agreed in the gate. PyTorch's answers stay
+    beside them (for the report; the smoke test no longer scores against them)."""
+    kind = gate.kind
+    runtime = chosen.runtime or {}
+    slack = tolerance(runtime.get("precision"))
+    if chosen.gated_runtime != chosen.runtime:  # recorded on another runtime (CPU numerics)
+        slack = max(slack, NARROW_TOLERANCE)
+    limits = loosened(kind.agreement_limits(slack), shipped["batch_invariance"], slack)
+    return {
+        "kind": kind.name,
+        "config": gate.cfg.to_dict(),
+        "items": ref.smoke_data.items,
+        "reference": ref.smoke_outputs,
+        "candidate": chosen.name,
+        "recorded": recorded,
+        "limits": limits,
+        "batch": gate.batch,
+        "next": next_candidate(chosen.name, report),
+    }
+
+
+def next_candidate(chosen: str, report: dict[str, Any]) -> str:
+    """What to ship if the endpoint does not serve what the gate judged: the next candidate
+    that passed, and how to pin it; or how to find one."""
+    passed = [
+        e
+        for e in report["candidates"]
+        if e["name"] != chosen and e.get("judged", True) and not e["misses"]
+    ]
+    if passed:
+        runtime = passed[0].get("runtime") or {"name": "onnxruntime", "precision": "fp32"}
+        return (
+            f"The next candidate that passed the gate is {passed[0]['name']}: to ship it, pin "
+            f"runtime.candidates: [{{name: {runtime['name']}, precision: "
+            f"{runtime['precision']}}}] and run the release again"
+        )
+    unjudged = [e["name"] for e in report["candidates"] if e.get("judged") is False]
+    if unjudged:
+        return (
+            f"No other candidate was judged ({', '.join(unjudged)} were not: set "
+            "validation.judge_all: true to judge them all, then pin one with runtime.candidates)"
+        )
+    return "No other candidate passed the gate"
+
+
 def gate_message(kind: ModelKind, report: dict[str, Any], path: Path) -> str:
     limits = report["limits"]
-    smoke = limits
     parts = []
     for cand in report["candidates"]:
         if cand.get("error"):
             parts.append(f"{cand['name']}: refused, it raised {cand['error']}")
             continue
         own = {k: v for k, v in cand["misses"].items() if "." not in k}
-        served = {
-            k.removeprefix("smoke."): v for k, v in cand["misses"].items() if k.startswith("smoke.")
-        }
         text = describe_misses(cand["metrics"], limits, own)
-        if served:
-            text += (
-                ("; " if text else "")
-                + "as the smoke test will query it: "
-                + describe_misses(cand["smoke_metrics"], smoke, served)
-            )
+        hairs = [
+            Borderline(m, b["value"], b["bound"], b["limit"], b["op"]).describe()
+            for m, b in cand.get("borderline", {}).items()
+        ]
+        if hairs:
+            text += ("; " if text else "") + "borderline: " + "; ".join(hairs)
         if cand.get("champion_verdict"):
             champ = report["champion"]
             text += ("; " if text else "") + (

@@ -28,18 +28,31 @@ class Endpoint(TypedDict):
     openai: NotRequired[str]  # the OpenAI-compatible API's base URL beside it, if it runs one
 
 
-def batches(requests: list[dict[str, np.ndarray]], size: int) -> list[dict[str, np.ndarray]]:
-    """Consecutive requests merged into requests of up to `size` rows (requests whose inputs
-    have other shapes start a new one)."""
-    merged: list[list[dict[str, np.ndarray]]] = []
-    for request in requests:
+def groups(requests: list[dict[str, np.ndarray]], size: int) -> list[list[int]]:
+    """Which consecutive requests merge into one request of up to `size` rows (requests whose
+    inputs have other shapes start a new one): the smoke test's batches, and the gate's record
+    of them."""
+    merged: list[list[int]] = []
+    for i, request in enumerate(requests):
         shapes = {k: v.shape[1:] for k, v in request.items()}
         last = merged[-1] if merged else None
-        if last and len(last) < size and {k: v.shape[1:] for k, v in last[0].items()} == shapes:
-            last.append(request)
+        if (
+            last
+            and len(last) < size
+            and {k: v.shape[1:] for k, v in requests[last[0]].items()} == shapes
+        ):
+            last.append(i)
         else:
-            merged.append([request])
-    return [{k: np.concatenate([r[k] for r in group]) for k in group[0]} for group in merged]
+            merged.append([i])
+    return merged
+
+
+def batches(requests: list[dict[str, np.ndarray]], size: int) -> list[dict[str, np.ndarray]]:
+    """The requests of each of `groups` merged into one."""
+    return [
+        {k: np.concatenate([requests[i][k] for i in group]) for k in requests[group[0]]}
+        for group in groups(requests, size)
+    ]
 
 
 def split(answer: dict[str, np.ndarray], rows: list[int]) -> list[dict[str, np.ndarray]]:
@@ -81,6 +94,45 @@ def session_for(
     )
 
 
+def expected_answers(kind: ModelKind, reference: dict[str, Any], size: int) -> Any:
+    """What the endpoint must answer to the smoke requests sent `size` at a time: the shipped
+    candidate's own answers the gate recorded as the smoke test sends them (a reference.json of
+    a release before they were recorded: PyTorch's)."""
+    recorded = reference.get("recorded")
+    if not recorded:
+        return kind.from_json(reference["reference"])
+    return kind.from_json(recorded[str(size)] if str(size) in recorded else recorded["1"])
+
+
+def differs(
+    kind: ModelKind,
+    reference: dict[str, Any],
+    model: str,
+    endpoint: Endpoint,
+    way: str,
+    metrics: dict[str, float],
+    details: dict[str, Any],
+) -> SmokeTestError:
+    """The smoke failure of one way of asking: which input differed and how, from what, and
+    what to do."""
+    limits, judged = reference["limits"], reference.get("candidate")
+    missed = misses(metrics, limits)
+    against = "the judged answer" if judged else "PyTorch"
+    example = kind.example(details, against=against)
+    what = (
+        f"does not serve what the gate judged ({judged})"
+        if judged
+        else "serves answers that differ from PyTorch beyond the gate"
+    )
+    return SmokeTestError(
+        f"{model} version {endpoint['version']} on {endpoint['name']} ({way}) {what}: "
+        f"{describe_misses(metrics, limits, missed)}"
+        + (f"; {example}" if example else "")
+        + "; champion was not moved"
+        + (f". {reference['next']}" if reference.get("next") else "")
+    )
+
+
 def smoke_endpoint(
     kind: ModelKind,
     endpoint: Endpoint,
@@ -90,10 +142,10 @@ def smoke_endpoint(
 ) -> dict[str, float]:
     """Figures of one endpoint: `<way>_<metric>` for each way of asking (gRPC, HTTP, batches
     over gRPC, and the OpenAI-compatible API where the endpoint has one and the kind a route
-    there), and latencies."""
+    there), each scored against what the gate recorded the shipped candidate answering the same
+    requests asked the same way, and latencies."""
     cfg = kind.config_from_dict(reference["config"])
     data = Data(reference["items"])
-    expected = kind.from_json(reference["reference"])
     limits = reference["limits"]
     requests = kind.requests(data.items)
     figures: dict[str, float] = {"items": float(len(requests))}
@@ -111,17 +163,10 @@ def smoke_endpoint(
                     split(session(merged), [1] * rows) if size > 1 else [session(merged)]
                 )
             latency = session.latencies_ms
+        expected = expected_answers(kind, reference, size)
         metrics, details = kind.score(expected, kind.extract(answers), data, cfg)
-        missed = misses(metrics, limits)
-        if missed:
-            example = kind.example(details)
-            raise SmokeTestError(
-                f"{model} version {endpoint['version']} on {endpoint['name']} ({name}) serves "
-                f"answers that differ from PyTorch beyond the gate: "
-                f"{describe_misses(metrics, limits, missed)}"
-                + (f"; {example}" if example else "")
-                + "; champion was not moved"
-            )
+        if misses(metrics, limits):
+            raise differs(kind, reference, model, endpoint, name, metrics, details)
         scored.append(metrics)
         figures.update({f"{name}_{k}": v for k, v in metrics.items()})
         if size == 1:

@@ -58,15 +58,18 @@ def _complete(base: type[ModelKind]) -> dict[str, Any]:
         "config_from_dict": lambda self, data: data,
         "score": lambda self, reference, outputs, data, cfg: ({}, {}),
         "limits": lambda self: {},
+        "agreement_limits": lambda self, tolerance: {},
     }
 
 
 def test_a_kind_that_lacks_a_piece_is_refused_at_registration():
     pieces = _complete(TextEncoderKind)
-    del pieces["score"], pieces["limits"]
+    del pieces["score"], pieces["limits"], pieces["agreement_limits"]
     incomplete = type("HalfKind", (TextEncoderKind,), pieces)
     with pytest.raises(
-        TypeError, match="HalfKind cannot be registered: it does not implement limits, score"
+        TypeError,
+        match="HalfKind cannot be registered: it does not implement "
+        "agreement_limits, limits, score",
     ):
         Registry(lambda cls: cls.task, default="probe-task").register(incomplete)
     assert "probe-task" not in KINDS

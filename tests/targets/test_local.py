@@ -19,12 +19,17 @@ from hf2triton.kinds.embedding import TorchEmbedder, cosine_rows, resolve_embedd
 from hf2triton.spec import load_spec
 from hf2triton.targets.local import LocalTriton
 from hf2triton.util.workspace import hash_files
-from tests.conftest import graph_file, tiny_spec
+from tests.conftest import graph_file, graph_swapped_after_gate, tiny_spec
 from tests.served import serving_versions
 
 pytestmark = pytest.mark.e2e  # every test here starts a server or runs a release
 
 TEXTS = ["the quick brown fox", "thanks a lot"]
+# One candidate, the fp32 export on ONNX Runtime: the graph the gate judges is a model.onnx.
+FP32_ONLY = {
+    "runtime__candidates": [{"name": "onnxruntime", "precision": "fp32"}],
+    "quantization__method": "none",
+}
 
 
 @pytest.fixture(autouse=True)
@@ -72,16 +77,24 @@ def _spec(rel, tmp_path: Path, model_dir: Path, **overrides):
     return load_spec(tiny_spec(tmp_path / "next.yaml", model_dir, rel.ports, **overrides))
 
 
-def test_failed_smoke_test_rolls_back_and_old_version_keeps_serving(
-    tiny_release, other_tiny_bert, tmp_path
+def test_a_graph_swapped_after_the_gate_fails_the_smoke_test_and_rolls_back(
+    tiny_release, other_tiny_bert, exported, tmp_path
 ):
+    """The gate judges other_tiny_bert's fp32 graph; its repository is then built from tiny_bert's
+    graph instead (the files a deployment serves are not the ones judged). The smoke test, which
+    holds the endpoint to the answers the gate recorded, names the input that differed; nothing
+    is promoted and version 1 keeps serving."""
     rel = tiny_release
     assert _serving(rel) == ["1"]
     before = _embed(rel.http_url, rel.model)
-    # A gate of 1.0 cannot be met by a served model that is not bit-identical to PyTorch.
-    spec = _spec(rel, tmp_path, other_tiny_bert, embedding__smoke_min_cosine=1.0)
-    with pytest.raises(SmokeTestError, match="champion was not moved"):
-        release_model(spec)
+    spec = _spec(rel, tmp_path, other_tiny_bert, **FP32_ONLY)
+    with graph_swapped_after_gate(Path(exported["onnx_path"])):
+        with pytest.raises(SmokeTestError) as failed:
+            release_model(spec)
+    message = str(failed.value)
+    assert "does not serve what the gate judged (fp32)" in message, message
+    assert "min_cosine" in message and "worst sentence" in message, message
+    assert "to the judged answer's" in message and "champion was not moved" in message, message
     assert _serving(rel) == ["1"]
     assert not (rel.home / "triton" / "models" / rel.model / "2").exists()
     assert np.allclose(_embed(rel.http_url, rel.model), before, atol=1e-6)

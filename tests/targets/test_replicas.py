@@ -23,7 +23,7 @@ from hf2triton.errors import DeployError, SmokeTestError, SpecError
 from hf2triton.flows.release import release_model
 from hf2triton.spec import load_spec, parse_spec
 from hf2triton.targets import triton_local
-from tests.conftest import free_port, tiny_spec, wait_http
+from tests.conftest import free_port, graph_swapped_after_gate, tiny_spec, wait_http
 from tests.served import serving_versions
 
 pytestmark = pytest.mark.e2e  # every test here starts a server or runs a release
@@ -195,7 +195,7 @@ def test_spec_needs_replicas_for_the_replica_target():
 
 
 def test_rollout_to_three_replicas_where_one_fails_leaves_all_on_the_old_version(
-    replicas, tiny_bert, other_tiny_bert, monkeypatch
+    replicas, tiny_bert, other_tiny_bert, exported, monkeypatch
 ):
     tmp, reps, site = replicas
     monkeypatch.setenv("HF2TRITON_HOME", str(tmp / "home"))
@@ -228,12 +228,15 @@ def test_rollout_to_three_replicas_where_one_fails_leaves_all_on_the_old_version
     finally:
         (site / "tokenizers.py").unlink()
 
-    # Every replica loads it now, but the smoke test fails (a gate of 1.0 cannot be met by a
-    # served model that is not bit-identical to PyTorch): the rollback hook puts all three back.
-    with pytest.raises(SmokeTestError, match="replica 127.0.0.1:.*champion was not moved"):
-        release_model(
-            _spec(tmp, other_tiny_bert, reps, "second.yaml", embedding__smoke_min_cosine=1.0)
-        )
+    # Every replica loads it now, but it serves version 1's graph, not the one the gate judged:
+    # the smoke test fails and the rollback hook puts all three back.
+    fp32 = {
+        "runtime__candidates": [{"name": "onnxruntime", "precision": "fp32"}],
+        "quantization__method": "none",
+    }
+    with graph_swapped_after_gate(Path(exported["onnx_path"])):
+        with pytest.raises(SmokeTestError, match="replica 127.0.0.1:.*champion was not moved"):
+            release_model(_spec(tmp, other_tiny_bert, reps, "second.yaml", **fp32))
     for r, b in zip(reps, before):
         assert r.serving(model) == ["1"], r.http
         assert np.allclose(r.embed(model), b, atol=1e-6), r.http
