@@ -22,6 +22,13 @@ from hf2triton.kinds.base import Data, Limits, read_lines, save_fast_tokenizer
 from hf2triton.kinds.generation_config import eos_and_pad, model_generation_config
 from hf2triton.kinds.margin import Sample
 from hf2triton.kinds.modality import TextToTextKind
+from hf2triton.serving.causal import (
+    BATCHING,
+    BUSY_STREAMS,
+    MAX_ROWS,
+    STEP_TOKENS,
+    STREAM_INTERVAL_MS,
+)
 from hf2triton.serving.decoding import DecodeSettings, stop_at
 from hf2triton.util.specbase import Strict
 
@@ -84,17 +91,19 @@ class TextGenerationSpec(Strict):
         "and most: the model's max_position_embeddings",
     )
     batching: Literal["in-flight", "request"] = Field(
-        "in-flight",
+        BATCHING,
         description="'in-flight': requests join and leave the running batch "
         "between decode steps; 'request': a batch runs until all its requests finish",
     )
-    max_rows: int = Field(32, ge=1, le=1024, description="sequences decoded together at most")
-    step_tokens: int = Field(512, ge=1, description="prompt tokens that may join in one step")
+    max_rows: int = Field(MAX_ROWS, ge=1, le=1024, description="sequences decoded together at most")
+    step_tokens: int = Field(
+        STEP_TOKENS, ge=1, description="prompt tokens that may join in one step"
+    )
     stream_interval_ms: int = Field(
-        50,
+        STREAM_INTERVAL_MS,
         ge=0,
         le=1000,
-        description="with 8 or more streams running, a stream's new text "
+        description=f"with {BUSY_STREAMS} or more streams running, a stream's new text "
         "goes out at most this often, gathered into one response (the first piece at once, the "
         "last at the end): each response is a round trip through Triton's Python backend. "
         "Measured at 32 streams, served tokens/s as a share of OpenVINO GenAI's in-process "
@@ -127,7 +136,7 @@ class TextGenerationConfig:
     max_rows: int
     step_tokens: int
     gate_tokens: int = 32  # new tokens judged per prompt
-    stream_interval_ms: int = 50  # the least time between a busy stream's pieces
+    stream_interval_ms: int = STREAM_INTERVAL_MS  # the least time between a busy stream's pieces
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -14,14 +14,17 @@ import string
 import struct
 import sys
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 
 from hf2triton import serving
 from hf2triton.kinds.base import ModelKind, to_json
 from hf2triton.runtimes.devices import DEVICES
-from hf2triton.util.workspace import cached_step, digest, sha256_file, templates_dir
+from hf2triton.util.workspace import cached_step, digest, sha256_file, sha256_module, templates_dir
+
+if TYPE_CHECKING:
+    from hf2triton.serving.base import ServedModel
 
 # The deploy section's settings of how Triton batches and runs the model (serving knobs).
 BATCHING = (
@@ -76,7 +79,7 @@ def warmup(requests: list[dict[str, np.ndarray]], folder: Path) -> str:
     return "\n".join(blocks)
 
 
-def io_config(served: type, values: dict[str, Any]) -> str:
+def io_config(served: type[ServedModel], values: dict[str, Any]) -> str:
     """config.pbtxt's input and output blocks, from the served class's own declaration
     (`hf2triton.serving.base.Tensor`); named dims are the model's facts in `values`."""
 
@@ -141,8 +144,9 @@ def template_files(kind: ModelKind) -> dict[str, Path]:
     core (a few small modules: no list of which kind imports which to keep in step)."""
     root = Path(serving.__file__).parent
     files = {"model.py": templates_dir() / "model.py"}
-    for module in sorted(root.glob("*.py")):
-        files[f"{serving.PACKAGE_DIR}/{module.name}"] = module
+    # the serving core has subpackages (runtimes/): its whole tree
+    for module in sorted(root.rglob("*.py")):
+        files[f"{serving.PACKAGE_DIR}/{module.relative_to(root).as_posix()}"] = module
     return files
 
 
@@ -183,7 +187,7 @@ def build_repository(
             {k: serving_knobs.get(k) for k in BATCHING},
             to_json(warmup_items),
             [sha256_file(p) for p in templates],
-            sha256_file(sys.modules[__name__].__file__),
+            sha256_module(sys.modules[__name__]),
         ]
     )
 

@@ -4,7 +4,7 @@ deploy device it serves, which precisions `runtime.candidates: auto` tries, whic
 it reads, which graph variants it builds (and calibrates) for itself, and its label; the
 quantize step, the candidates, the devices and the repository ask this table, never a name.
 
-A new runtime is a module here (and its serving side in hf2triton/serving/runtimes.py),
+A new runtime is a module here (and its serving side in hf2triton/serving/runtimes/),
 registered where it is defined, and its name in the import line below.
 
 Example:

@@ -4,7 +4,7 @@ in-process on each candidate, so that what is validated is what serves.
 The package is copied into every Triton version directory (as `hf2triton_serving/`, beside the
 one shared `model.py`) and its files are hashed with the version. It imports numpy,
 tokenizers, sentencepiece, jinja2 (chat templates of text generation) and the libraries of the
-runtime it runs (onnxruntime, openvino: see runtimes.py) only, never torch, transformers or the
+runtime it runs (onnxruntime, openvino: see runtimes/) only, never torch, transformers or the
 rest of hf2triton, and works with numpy 1 (Triton's Python backend) and numpy 2 (the pipeline).
 
 A version directory's `serving.json` names the module and class that serve it
@@ -29,7 +29,7 @@ def openvino_telemetry_off() -> None:
     makes so. Run before openvino is imported: the serving core and hf2triton call it first."""
     import sys
 
-    sys.modules.setdefault("openvino_telemetry", None)
+    sys.modules.setdefault("openvino_telemetry", None)  # type: ignore[arg-type] # None: absent
 
 
 openvino_telemetry_off()

@@ -8,7 +8,7 @@ request that cannot be parsed is answered with its error message alone.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 
@@ -79,6 +79,18 @@ class ServedModel:
         for r, ks in mine.items():
             answers[r] = {t.name: np.stack([outputs[t.name][k] for k in ks]) for t in self.outputs}
         return answers
+
+
+@overload
+def column(arrays: dict[str, np.ndarray], name: str) -> np.ndarray: ...
+
+
+@overload
+def column(arrays: dict[str, np.ndarray], name: str, required: Literal[True]) -> np.ndarray: ...
+
+
+@overload
+def column(arrays: dict[str, np.ndarray], name: str, required: bool) -> np.ndarray | None: ...
 
 
 def column(arrays: dict[str, np.ndarray], name: str, required: bool = True) -> np.ndarray | None:

@@ -1,5 +1,5 @@
 """Decoder-only language models (GPT-2, Llama, Qwen2, ...) served with a KV cache and in-flight
-batching: the tokenizer (and chat template), the exported decoder on a runtime (runtimes.py),
+batching: the tokenizer (and chat template), the exported decoder on a runtime (runtimes/),
 and the engine whose background loop runs one decode step at a time for every running sequence,
 letting new requests join between steps and finished ones leave. Logits processing, sampling
 and stop strings are decoding.py's, shared with translation.
@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
@@ -27,6 +27,13 @@ from .text import plan_sub_batches
 # Padded prompt tokens one prefill run may hold (measured on a 14M-parameter Llama, 1 CPU
 # thread: joining prompts padded to the longest tripled the prefill time at 32 streams).
 PREFILL_GROUP_TOKENS = 64
+
+# The defaults of `text_generation`'s batching settings, written once: the spec's
+# (hf2triton.kinds.text_generation), and what a serving.json without them serves.
+MAX_ROWS = 32  # sequences decoded together at most
+STEP_TOKENS = 512  # prompt tokens that may join in one step
+BATCHING: Final = "in-flight"  # or "request": new sequences join only an empty batch
+STREAM_INTERVAL_MS = 50  # the least time between a busy stream's pieces (see BUSY_STREAMS)
 
 # --- tokenizer and chat template ----------------------------------------------------------------
 
@@ -211,8 +218,9 @@ class Streaming:
 
     tokenizer: ChatTokenizer
     eos: set[int]
+    running: Any  # what the loop runs now (a list of sequences, or of the engine's handles)
     stream_every: float = 0.0  # the least time between a stream's pieces now
-    stream_interval: float = 0.05  # ... when the loop is busy (seconds)
+    stream_interval: float = STREAM_INTERVAL_MS / 1000  # ... when the loop is busy (seconds)
     loop_name: str = "decode-loop"  # the thread that owns the engine, started by submit()
 
     def _init_loop(self) -> None:
@@ -309,8 +317,8 @@ class Engine(Streaming):
         tokenizer: ChatTokenizer,
         eos: list[int],
         processors: DecodeSettings,
-        max_rows: int = 32,
-        step_tokens: int = 512,
+        max_rows: int = MAX_ROWS,
+        step_tokens: int = STEP_TOKENS,
         request_level: bool = False,
     ):
         self.model, self.tokenizer, self.eos = model, tokenizer, set(eos)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -205,81 +205,152 @@ def beam(step: Step, hidden: np.ndarray, mask: np.ndarray, s: DecodeSettings) ->
     batch, beams = hidden.shape[0], s.num_beams
     hidden = np.repeat(hidden, beams, axis=0)
     mask = np.repeat(mask, beams, axis=0)
-    max_length = s.max_length
     eos = np.array(s.eos_token_ids, dtype=np.int64)
+    # Enough candidates that `beams` of them still run on when the best ones end at an eos.
     keep = max(2, 1 + len(eos)) * beams
-    top_mask = np.arange(keep) < beams
     fill = s.pad_token_id if s.pad_token_id is not None else int(eos[0])
-    cur = 1
-    running = np.full((batch, beams, max_length), fill, dtype=np.int64)
-    running[:, :, 0] = s.decoder_start_token_id
-    sequences = running.copy()
-    running_scores = np.zeros((batch, beams), dtype=np.float32)
-    running_scores[:, 1:] = -1e9
-    scores_done = np.full((batch, beams), -1e9, dtype=np.float32)
-    finished = np.zeros((batch, beams), dtype=bool)
-    improvable = np.ones((batch, 1), dtype=bool)
-    lengths_done = np.full((batch, beams), 1, dtype=np.int64)
-    running_len = np.full((batch, beams), 1, dtype=np.int64)
+    state = _Beams.start(batch, beams, s, fill)
     past = None
-    rows = np.arange(batch)[:, None]
+    cur = 1
     while True:
-        flat = running[:, :, :cur].reshape(batch * beams, cur)
+        flat = state.running[:, :, :cur].reshape(batch * beams, cur)
         logits, past = step(flat[:, -1:], hidden, mask, past)
-        logp = log_softmax(logits.astype(np.float32))
-        logp = process_scores(logp, flat, s)
-        vocab = logp.shape[-1]
-        acc = (logp.reshape(batch, beams, vocab) + running_scores[:, :, None]).reshape(
-            batch, beams * vocab
-        )
-        top = _topk(acc, keep)
-        top_scores = np.take_along_axis(acc, top, axis=1)
-        src_beam, token = top // vocab, top % vocab
-        cand = running[rows, src_beam].copy()  # [batch, keep, max_length]
-        cand[:, :, cur] = token
-        hits = np.isin(token, eos) | (cur + 1 >= max_length)
-        # running beams for the next step: the best that did not stop
-        alive = top_scores + hits.astype(np.float32) * np.float32(-1.0e9)
-        nxt = _topk(alive, beams)
-        running = np.take_along_axis(cand, nxt[:, :, None], axis=1)
-        running_scores = np.take_along_axis(alive, nxt, axis=1)
-        reorder = np.take_along_axis(src_beam, nxt, axis=1)  # [batch, beams]
-        # finished beams: merge the ones that stopped among the top `beams` candidates
-        just_done = hits & top_mask[None, :]
-        done_scores = (top_scores / np.float32((cur + 1 - 1) ** s.length_penalty)).astype(
-            np.float32
-        )
-        full = finished.all(axis=-1, keepdims=True) & (s.early_stopping is True)
-        done_scores += full.astype(np.float32) * np.float32(-1.0e9)
-        done_scores += (~improvable).astype(np.float32) * np.float32(-1.0e9)
-        done_scores += (~just_done).astype(np.float32) * np.float32(-1.0e9)
-        merged_seq = np.concatenate([sequences, cand], axis=1)
-        merged_scores = np.concatenate([scores_done, done_scores], axis=1)
-        merged_done = np.concatenate([finished, just_done], axis=1)
-        merged_len = np.concatenate([lengths_done, np.full_like(token, cur + 1)], axis=1)
-        best = _topk(merged_scores, beams)
-        sequences = np.take_along_axis(merged_seq, best[:, :, None], axis=1)
-        scores_done = np.take_along_axis(merged_scores, best, axis=1)
-        finished = np.take_along_axis(merged_done, best, axis=1)
-        lengths_done = np.take_along_axis(merged_len, best, axis=1)
-        running_len[:] = cur + 1
+        logp = process_scores(log_softmax(logits.astype(np.float32)), flat, s)
+        found = _candidates(state, logp, keep, eos, cur, s.max_length)
+        reorder = state.run_on(found)
+        state.merge_finished(found, cur, s)
         # the KV cache follows the beams that continue
         flat_idx = (reorder + np.arange(batch)[:, None] * beams).reshape(-1)
         past = {k: (v if ".encoder." in k else v[flat_idx]) for k, v in past.items()}
         cur += 1
+        state.update_improvable(cur, s)
+        if state.done(found.hits, s):
+            return state.best(fill)
+
+
+# Added to a score, takes its beam out of the running (transformers' -1e9).
+_OUT = np.float32(-1.0e9)
+
+
+class _Candidates(NamedTuple):
+    """One step's best `keep` continuations of each row's beams, [batch, keep] each."""
+
+    scores: np.ndarray  # summed log-probabilities
+    src_beam: np.ndarray  # the beam each continues
+    token: np.ndarray  # its new token
+    seqs: np.ndarray  # [batch, keep, max_length]: the beam with the token
+    hits: np.ndarray  # whether it ends there (an eos, or the length limit)
+
+
+def _candidates(
+    state: _Beams, logp: np.ndarray, keep: int, eos: np.ndarray, cur: int, max_length: int
+) -> _Candidates:
+    """The best `keep` continuations per row of the running beams, given each beam's next-token
+    log-probabilities `logp` [batch * beams, vocab] at position `cur`."""
+    batch, beams = state.running_scores.shape
+    vocab = logp.shape[-1]
+    acc = (logp.reshape(batch, beams, vocab) + state.running_scores[:, :, None]).reshape(
+        batch, beams * vocab
+    )
+    top = _topk(acc, keep)
+    scores = np.take_along_axis(acc, top, axis=1)
+    src_beam, token = top // vocab, top % vocab
+    seqs = state.running[np.arange(batch)[:, None], src_beam].copy()
+    seqs[:, :, cur] = token
+    hits = np.isin(token, eos) | (cur + 1 >= max_length)
+    return _Candidates(scores, src_beam, token, seqs, hits)
+
+
+@dataclass
+class _Beams:
+    """Beam search's state, `beams` per row of the batch: the running beams (tokens so far, summed
+    log-probabilities) and the best finished hypotheses yet (tokens, length-penalised scores,
+    lengths, and whether the slot holds one); `improvable` [batch, 1] says whether a running
+    beam of the row may still beat them."""
+
+    running: np.ndarray  # [batch, beams, max_length]
+    running_scores: np.ndarray  # [batch, beams]
+    sequences: np.ndarray  # [batch, beams, max_length]
+    scores_done: np.ndarray  # [batch, beams]
+    finished: np.ndarray  # [batch, beams]
+    lengths_done: np.ndarray  # [batch, beams]
+    improvable: np.ndarray  # [batch, 1]
+
+    @classmethod
+    def start(cls, batch: int, beams: int, s: DecodeSettings, fill: int) -> _Beams:
+        """Every beam the start token alone; all but the first out of the running, or the first
+        step would pick the same tokens once per beam."""
+        running = np.full((batch, beams, s.max_length), fill, dtype=np.int64)
+        running[:, :, 0] = s.decoder_start_token_id
+        running_scores = np.zeros((batch, beams), dtype=np.float32)
+        running_scores[:, 1:] = _OUT
+        return cls(
+            running=running,
+            running_scores=running_scores,
+            sequences=running.copy(),
+            scores_done=np.full((batch, beams), _OUT, dtype=np.float32),
+            finished=np.zeros((batch, beams), dtype=bool),
+            lengths_done=np.full((batch, beams), 1, dtype=np.int64),
+            improvable=np.ones((batch, 1), dtype=bool),
+        )
+
+    def run_on(self, found: _Candidates) -> np.ndarray:
+        """The best candidates that did not end become the running beams; the beam each came
+        from, [batch, beams] (the KV cache is reordered by it)."""
+        beams = self.running.shape[1]
+        alive = found.scores + found.hits.astype(np.float32) * _OUT
+        nxt = _topk(alive, beams)
+        self.running = np.take_along_axis(found.seqs, nxt[:, :, None], axis=1)
+        self.running_scores = np.take_along_axis(alive, nxt, axis=1)
+        return np.take_along_axis(found.src_beam, nxt, axis=1)
+
+    def merge_finished(self, found: _Candidates, cur: int, s: DecodeSettings) -> None:
+        """The candidates that ended among the top `beams` join the finished hypotheses, scored
+        with the length penalty; each row keeps its best `beams`. A row whose hypotheses are
+        all final (early_stopping true) or that can no longer improve takes none."""
+        beams = self.running.shape[1]
+        just_done = found.hits & (np.arange(found.hits.shape[1]) < beams)[None, :]
+        # The generated length: transformers' cur_len + 1 less the decoder prompt (one token).
+        done_scores = (found.scores / np.float32((cur + 1 - 1) ** s.length_penalty)).astype(
+            np.float32
+        )
+        full = self.finished.all(axis=-1, keepdims=True) & (s.early_stopping is True)
+        done_scores += full.astype(np.float32) * _OUT
+        done_scores += (~self.improvable).astype(np.float32) * _OUT
+        done_scores += (~just_done).astype(np.float32) * _OUT
+        merged_seq = np.concatenate([self.sequences, found.seqs], axis=1)
+        merged_scores = np.concatenate([self.scores_done, done_scores], axis=1)
+        merged_done = np.concatenate([self.finished, just_done], axis=1)
+        merged_len = np.concatenate([self.lengths_done, np.full_like(found.token, cur + 1)], axis=1)
+        best = _topk(merged_scores, beams)
+        self.sequences = np.take_along_axis(merged_seq, best[:, :, None], axis=1)
+        self.scores_done = np.take_along_axis(merged_scores, best, axis=1)
+        self.finished = np.take_along_axis(merged_done, best, axis=1)
+        self.lengths_done = np.take_along_axis(merged_len, best, axis=1)
+
+    def update_improvable(self, cur: int, s: DecodeSettings) -> None:
+        """Whether each row's best running beam, at the best length it may reach, could still
+        beat the row's worst finished hypothesis (once not, the row stays done)."""
         if s.early_stopping == "never" and s.length_penalty > 0.0:
-            best_len = max_length - 1
+            best_len = s.max_length - 1
         else:
             best_len = cur - 1
-        best_running = running_scores[:, :1] / np.float32(best_len**s.length_penalty)
-        worst_done = np.where(finished, scores_done.min(axis=1, keepdims=True), np.float32(-1.0e9))
-        improvable = improvable & (best_running > worst_done).any(axis=-1, keepdims=True)
-        open_beam = not (finished.all() and s.early_stopping is True)
-        if not (improvable.any() and open_beam and not hits.all()):
-            break
-    out = []
-    for b in range(batch):
-        out.append(sequences[b, 0, : int(lengths_done[b, 0])].tolist())
-    # transformers trims all rows to the longest output and pads the rest
-    width = max(len(x) for x in out)
-    return [x + [fill] * (width - len(x)) for x in out]
+        best_running = self.running_scores[:, :1] / np.float32(best_len**s.length_penalty)
+        worst_done = np.where(self.finished, self.scores_done.min(axis=1, keepdims=True), _OUT)
+        self.improvable = self.improvable & (best_running > worst_done).any(axis=-1, keepdims=True)
+
+    def done(self, hits: np.ndarray, s: DecodeSettings) -> bool:
+        """Whether the search ends: no row can improve, every hypothesis is final (early_stopping
+        true), or every candidate of this step ended."""
+        open_beam = not (self.finished.all() and s.early_stopping is True)
+        return not (self.improvable.any() and open_beam and not hits.all())
+
+    def best(self, fill: int) -> list[list[int]]:
+        """Each row's best finished hypothesis, padded with `fill` to the longest, as
+        transformers trims all rows to the longest output and pads the rest."""
+        out = [
+            self.sequences[b, 0, : int(self.lengths_done[b, 0])].tolist()
+            for b in range(self.sequences.shape[0])
+        ]
+        width = max(len(x) for x in out)
+        return [x + [fill] * (width - len(x)) for x in out]

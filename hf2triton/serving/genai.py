@@ -32,7 +32,8 @@ from .runtimes import GenAIModelFiles, RuntimeUnavailable
 
 
 class GenAIModel:
-    """A stateful IR OpenVINO GenAI serves, with its pinned properties (runtimes.py)."""
+    """A stateful IR OpenVINO GenAI serves, with its pinned properties
+    (runtimes/openvino_genai.py)."""
 
     def __init__(self, files: GenAIModelFiles):
         self.files = files

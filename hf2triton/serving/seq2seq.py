@@ -1,5 +1,5 @@
 """Encoder-decoder models the served translator runs: their tokenizer, and their encoder and
-decoder ONNX files opened by a runtime (runtimes.py) as the step function that decoding.py's
+decoder ONNX files opened by a runtime (runtimes/) as the step function that decoding.py's
 greedy and beam search (ported from transformers' `generate`) call.
 
 Part of the serving core (see the package's docstring): numpy, a runtime's library, and
@@ -134,7 +134,8 @@ class Seq2SeqTokenizer:
             for i in map(int, ids)
             if i not in self.skip_ids
         ]
-        out, pending = "", []
+        out = ""
+        pending: list[str] = []
         if self.style == "marian":
             for tok in tokens:
                 if tok in self.special_tokens:

@@ -66,7 +66,7 @@ def _pad_id(tokenizer: Any) -> int:
 
 
 class OnnxText:
-    """A tokenizer.json and an ONNX graph taking token ids, run by a runtime (runtimes.py;
+    """A tokenizer.json and an ONNX graph taking token ids, run by a runtime (runtimes/;
     default ONNX Runtime on CPU, fp32)."""
 
     def __init__(

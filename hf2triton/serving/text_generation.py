@@ -66,12 +66,13 @@ class Generator(ServedModel):
             self.tokenizer,
             [int(e) for e in settings["eos_token_ids"]],
             DecodeSettings.from_dict(settings["processors"]),
-            max_rows=int(settings.get("max_rows", 32)),
-            step_tokens=int(settings.get("step_tokens", 512)),
-            request_level=settings.get("batching", "in-flight") == "request",
+            max_rows=int(settings.get("max_rows", causal.MAX_ROWS)),
+            step_tokens=int(settings.get("step_tokens", causal.STEP_TOKENS)),
+            request_level=settings.get("batching", causal.BATCHING) == "request",
             max_context=self.max_context,
         )
-        self.engine.stream_interval = float(settings.get("stream_interval_ms", 50)) / 1000
+        interval = settings.get("stream_interval_ms", causal.STREAM_INTERVAL_MS)
+        self.engine.stream_interval = float(interval) / 1000
 
     @classmethod
     def from_directory(cls, directory: str, settings: dict[str, Any]) -> Generator:

@@ -47,8 +47,11 @@ def test_a_version_directory_is_what_the_gate_ran(tiny_bert, exported, cfg, tmp_
         str(tmp_path),
     )
     version = Path(built["repository"]) / "tiny" / "1"
-    core = {p.name for p in Path(serving.__file__).parent.glob("*.py")}
-    assert {p.name for p in (version / serving.PACKAGE_DIR).glob("*.py")} == core
+    root = Path(serving.__file__).parent
+    core = {p.relative_to(root).as_posix() for p in root.rglob("*.py")}
+    shipped = version / serving.PACKAGE_DIR
+    assert {p.relative_to(shipped).as_posix() for p in shipped.rglob("*.py")} == core
+    assert "runtimes/openvino.py" in core  # a subpackage too
     assert {"model.py", "model.onnx", "tokenizer.json", serving.SERVING_FILE} <= {
         p.name for p in version.iterdir()
     }

@@ -1,4 +1,4 @@
-"""Serving runtimes (hf2triton/serving/runtimes.py) through the serving core, for every kind:
+"""Serving runtimes (hf2triton/serving/runtimes/) through the serving core, for every kind:
 OpenVINO on CPU answers as ONNX Runtime does, its precision is pinned and read back, bad settings
 and a runtime that cannot run here fail with clear errors, and a real tritonserver runs the
 runtime its serving.json names. Tiny real models (tests/tiny_models.py) exported as the release
@@ -511,7 +511,10 @@ def test_triton_serves_the_runtime_serving_json_names(exported, tmp_path, monkey
         # The gate's runtime is what serving.json names.
         path = repo / name / "1" / serving.SERVING_FILE
         assert json.loads(path.read_text())["runtime"] == runtime
-        assert (repo / name / "1" / "hf2triton_serving" / "runtimes.py").is_file()
+        # The serving core's runtimes are a package: every module of it is in the version.
+        shipped = repo / name / "1" / serving.PACKAGE_DIR / "runtimes"
+        core = Path(serving.__file__).parent / "runtimes"
+        assert {p.name for p in shipped.glob("*.py")} == {p.name for p in core.glob("*.py")}
     ports = [free_port() for _ in range(3)]
     proc = triton_local.launch(repo, "127.0.0.1", *ports, tmp_path / "server.log")
     url = f"127.0.0.1:{ports[0]}"

@@ -1,0 +1,88 @@
+"""OpenVINO GenAI's ContinuousBatchingPipeline for text generation: the runtime opens the
+stateful IR's directory with every numerics setting pinned; genai.py's engine drives it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from .base import Runtime, RuntimeSettings, RuntimeUnavailable, register
+from .openvino import OV_PRECISIONS, OpenVino
+
+GENAI_KV = ("", "f32", "bf16", "u8")  # "": the inference precision's own
+
+
+@register
+class OpenVinoGenAI(Runtime):
+    """OpenVINO GenAI's ContinuousBatchingPipeline on the CPU, for text generation: a stateful
+    OpenVINO IR (openvino_model.xml, exported by optimum-intel) whose paged KV cache stays inside
+    the runtime between steps. Every setting that changes numerics is pinned: the inference
+    precision, the KV cache's (`kv_cache`; "" is the inference precision's own, "u8" quantizes
+    it) and no dynamic quantization of activations. `cache_gb` 0 lets the cache grow as
+    sequences need it (a fixed size too small for what runs makes OpenVINO GenAI drop every
+    running request). `split_prompts` false (the default) prefills a joining prompt whole in a
+    step of its own, before decoding goes on (measured at 32 streams: time to first token p50
+    64 ms against 87-95 ms when prompts are split over steps fused with decoding, tokens/s
+    within 4%). The engine that drives it is hf2triton_serving/genai.py's."""
+
+    name = "openvino-genai"
+    devices = ("cpu",)
+    precisions = ("fp32", "bf16")
+    options = {"threads": 0, "kv_cache": "", "cache_gb": 0, "split_prompts": False}
+    at_least = {**Runtime.at_least, "cache_gb": 0}
+    flags = ("split_prompts",)
+    choices = {"kv_cache": GENAI_KV}
+
+    @classmethod
+    def offered(cls, device):
+        import openvino_genai  # noqa: F401 - not installed: not offered
+
+        found = OpenVino.offered(device)
+        return {**found, "precisions": [p for p in found["precisions"] if p in cls.precisions]}
+
+    @classmethod
+    def properties(cls, settings: RuntimeSettings) -> dict[str, str]:
+        """The pipeline's properties: precisions pinned, never the library's defaults."""
+        precision = OV_PRECISIONS[settings.precision]
+        kv = settings.options["kv_cache"] or precision
+        if precision == "bf16" and kv == "f32":
+            raise RuntimeUnavailable(
+                f"runtime {cls.name}: bf16 inference needs a bf16 or u8 "
+                "KV cache, not f32: set kv_cache to bf16 or u8"
+            )
+        props = {
+            "INFERENCE_PRECISION_HINT": precision,
+            "KV_CACHE_PRECISION": kv,
+            "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0",
+        }
+        if settings.options["threads"]:
+            props["INFERENCE_NUM_THREADS"] = str(settings.options["threads"])
+        return props
+
+    @classmethod
+    def open(cls, path, settings, shapes=None):
+        cls.require_offered(settings)
+        if os.path.basename(path) != "openvino_model.xml":
+            raise RuntimeUnavailable(
+                f"runtime {cls.name} serves a stateful OpenVINO IR "
+                f"(openvino_model.xml), not {os.path.basename(path)}"
+            )
+        return GenAIModelFiles(os.path.dirname(path) or ".", settings, cls.properties(settings))
+
+
+@dataclass(frozen=True)
+class GenAIModelFiles:
+    """An OpenVINO GenAI model as the runtime opened it: its directory and pinned properties.
+    The engine (hf2triton_serving/genai.py) builds the pipeline with the batching it serves."""
+
+    directory: str
+    settings: RuntimeSettings
+    properties: dict[str, str]
+
+    @property
+    def in_use(self) -> str:
+        return (
+            f"OpenVINO GenAI CPU {self.properties['INFERENCE_PRECISION_HINT']} "
+            f"(KV cache {self.properties['KV_CACHE_PRECISION']})"
+        )
