@@ -80,7 +80,7 @@ class Generation(Request):
     @field_validator(*NOT_SERVED)
     @classmethod
     def _not_served(cls, v: Any, info: ValidationInfo) -> Any:
-        served, why = NOT_SERVED[info.field_name]
+        served, why = NOT_SERVED[str(info.field_name)]
         if v != served and v:
             raise ValueError(why)
         return v

@@ -156,7 +156,7 @@ class Triton:
         if kind is None:
             return None
         labels = cfg.get("parameters", {}).get("labels", {}).get("string_value")
-        dims = next(
+        dims: list[Any] = next(
             (t.get("dims", []) for t in cfg.get("output", []) if t["name"] == "EMBEDDING"), []
         )
         width = int(dims[-1]) if dims and int(dims[-1]) > 0 else None

@@ -1,0 +1,61 @@
+"""Bodies in and out of the routes that read their own JSON (TEI's shapes), and the answers'
+JSON, numpy arrays included."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TypeVar
+
+import numpy as np
+from fastapi import Request
+from fastapi.responses import Response
+from pydantic import BaseModel
+
+from .errors import bad_request
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class Json(Response):
+    """JSON with numpy arrays written directly (orjson), NaN refused upstream."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        import orjson
+
+        return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+async def read_json(request: Request) -> dict[str, Any]:
+    try:
+        raw = json.loads(await request.body())
+    except ValueError:
+        raise bad_request("The body is not valid JSON") from None
+    if not isinstance(raw, dict):
+        raise bad_request("The body must be a JSON object")
+    return raw
+
+
+def parse(schema: type[M], raw: dict[str, Any]) -> M:
+    """`raw` as `schema`, or a 400 naming the first field it fails on."""
+    from pydantic import ValidationError
+
+    try:
+        return schema.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = [str(p) for p in first.get("loc", ())]
+        raise bad_request(
+            f"{'.'.join(loc) or 'request'}: {str(first.get('msg')).removeprefix('Value error, ')}",
+            param=loc[0] if loc else None,
+        ) from None
+
+
+def text_array(text: str) -> np.ndarray:
+    return np.array([[text.encode("utf-8")]], dtype=np.object_)
+
+
+def texts_array(texts: list[str]) -> np.ndarray:
+    """One text per row: a batch for a model's TEXT input."""
+    return np.array([[t.encode("utf-8")] for t in texts], dtype=np.object_)

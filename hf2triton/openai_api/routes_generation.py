@@ -1,0 +1,208 @@
+"""/v1/chat/completions and /v1/completions: a text generator's answer over Triton's decoupled
+stream, whole or as server-sent events (OpenAI's chunks, then `data: [DONE]`)."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, Request
+from fastapi.responses import Response, StreamingResponse
+
+from .bodies import Json, text_array
+from .errors import ApiError, bad_request
+from .schemas import ChatRequest, CompletionRequest, Generation
+from .state import timed, triton_of
+from .triton import Model
+
+router = APIRouter()
+
+
+@router.post("/v1/chat/completions")
+async def chat(body: ChatRequest, request: Request) -> Response:
+    request.state.model = body.model
+    model = await triton_of(request).model(body.model, ("text_generation",), "/v1/chat/completions")
+    try:
+        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+    except ValueError as exc:
+        raise bad_request(str(exc), param="messages") from None
+    arrays = {"messages": text_array(json.dumps(messages, ensure_ascii=False)), **sampling(body)}
+    return await generate(request, model, body, arrays, chat=True)
+
+
+@router.post("/v1/completions")
+async def completions(body: CompletionRequest, request: Request) -> Response:
+    request.state.model = body.model
+    model = await triton_of(request).model(body.model, ("text_generation",), "/v1/completions")
+    arrays = {"text_input": text_array(str(body.prompt)), **sampling(body)}
+    return await generate(request, model, body, arrays, chat=False)
+
+
+async def generate(
+    request: Request, model: Model, body: Generation, arrays: dict[str, np.ndarray], chat: bool
+) -> Response:
+    prompt_param = "messages" if chat else "prompt"
+    ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+    created = int(time.time())
+    arrays["stream"] = np.array([[bool(body.stream)]], dtype=bool)
+    if body.prompt_logprob:
+        if body.stream:
+            raise bad_request(
+                "prompt_logprob is answered without stream only", param="prompt_logprob"
+            )
+        arrays["return_prompt_logprob"] = np.array([[True]], dtype=bool)
+    responses = triton_of(request).stream(model, arrays, prompt_param)
+    # The first answer before anything is sent: a refused request is a plain 400.
+    first = await timed(request, responses.__anext__())
+    if not body.stream:
+        answer = first
+        while not answer["final"]:
+            answer = await timed(request, responses.__anext__())
+        text = first_text(answer)
+        ids = [int(i) for i in answer["output_ids"].reshape(-1) if i >= 0]
+        choice: dict[str, Any] = {
+            "index": 0,
+            "finish_reason": finish(answer),
+            "logprobs": None,
+            **({"message": {"role": "assistant", "content": text}} if chat else {"text": text}),
+        }
+        if body.return_token_ids:
+            choice["token_ids"] = ids
+        if body.prompt_logprob:
+            choice["prompt_logprob"] = float(answer["prompt_logprob"].reshape(-1)[0])
+        return Json(
+            {
+                "id": ident,
+                "object": "chat.completion" if chat else "text_completion",
+                "created": created,
+                "model": model.name,
+                "choices": [choice],
+                "usage": usage_of(answer, len(ids)),
+            }
+        )
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    return StreamingResponse(
+        events(
+            ident,
+            created,
+            model,
+            chat,
+            first,
+            responses,
+            include_usage,
+            bool(body.return_token_ids),
+        ),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache"},
+    )
+
+
+async def events(
+    ident: str,
+    created: int,
+    model: Model,
+    chat: bool,
+    first: dict,
+    responses: AsyncIterator[dict],
+    include_usage: bool,
+    token_ids: bool,
+) -> AsyncIterator[bytes]:
+    """The stream's server-sent events: a chat's role first, each piece of text as it comes,
+    the usage when asked, and `[DONE]`; a failure midway is sent as an error event."""
+    obj = "chat.completion.chunk" if chat else "text_completion"
+
+    def chunk(choices: list, usage: dict | None = None) -> bytes:
+        body: dict[str, Any] = {
+            "id": ident,
+            "object": obj,
+            "created": created,
+            "model": model.name,
+            "choices": choices,
+        }
+        if include_usage:
+            body["usage"] = usage
+        return b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n"
+
+    def piece(text: str, reason: str | None, ids: list[int]) -> dict:
+        out = (
+            {"index": 0, "delta": {"content": text} if text else {}}
+            if chat
+            else {"index": 0, "text": text}
+        )
+        out.update({"finish_reason": reason, "logprobs": None})
+        if token_ids:
+            out["token_ids"] = ids
+        return out
+
+    if chat:  # the role first, as OpenAI's streams start
+        role = {"role": "assistant", "content": ""}
+        yield chunk([{"index": 0, "delta": role, "finish_reason": None, "logprobs": None}])
+    generated = 0
+    answer = first
+    try:
+        while True:
+            text = first_text(answer)
+            found = answer.get("output_ids")
+            ids = [int(i) for i in found.reshape(-1) if i >= 0] if found is not None else []
+            generated += len(ids)
+            reason = finish(answer) if answer["final"] else None
+            if text or reason:
+                yield chunk([piece(text, reason, ids)])
+            if answer["final"]:
+                break
+            answer = await responses.__anext__()
+        if include_usage:
+            yield chunk([], usage_of(answer, generated))
+    except ApiError as exc:
+        yield b"data: " + json.dumps(exc.body()).encode() + b"\n\n"
+    yield b"data: [DONE]\n\n"
+
+
+def sampling(body: Generation) -> dict[str, np.ndarray]:
+    """The served model's optional inputs for what the request sets (the rest: its defaults)."""
+    arrays: dict[str, np.ndarray] = {}
+    if body.tokens is not None:
+        arrays["max_tokens"] = np.array([[body.tokens]], np.int32)
+    for name in ("temperature", "top_p", "repetition_penalty"):
+        value = getattr(body, name)
+        if value is not None:
+            arrays[name] = np.array([[value]], np.float32)
+    if body.top_k is not None:
+        arrays["top_k"] = np.array([[body.top_k]], np.int32)
+    if body.seed is not None:
+        arrays["seed"] = np.array([[body.seed]], np.uint64)
+    stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    if stops:
+        arrays["stop_words"] = np.array([[s.encode("utf-8") for s in stops]], dtype=np.object_)
+    return arrays
+
+
+def first_text(answer: dict[str, Any]) -> str:
+    text = answer.get("text_output")
+    if text is None or not text.size:
+        return ""
+    raw = text.reshape(-1)[0]
+    return raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
+
+
+def finish(answer: dict[str, Any]) -> str:
+    reason = answer.get("finish_reason")
+    if reason is None or not reason.size:
+        return "stop"
+    value = reason.reshape(-1)[0]
+    value = value.decode() if isinstance(value, bytes) else str(value)
+    return {"cancelled": "stop"}.get(value, value)
+
+
+def usage_of(answer: dict[str, Any], generated: int) -> dict[str, int]:
+    prompt = answer.get("prompt_tokens")
+    prompt_tokens = int(prompt.reshape(-1)[0]) if prompt is not None and prompt.size else 0
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": generated,
+        "total_tokens": prompt_tokens + generated,
+    }
