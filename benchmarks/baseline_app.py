@@ -12,8 +12,13 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    from hf2triton.kinds.embedding import TorchEmbedder
+    from hf2triton.serving.embedding import Embedder
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -28,11 +33,13 @@ def build_app(backend: str, model_dir: str, onnx_path: str | None, endpoint: str
     from hf2triton.kinds.embedding import TorchEmbedder, resolve_embedding_config
 
     cfg = resolve_embedding_config(model_dir)
+    embedder: TorchEmbedder | Embedder
     if backend == "torch":
         embedder = TorchEmbedder(model_dir, cfg)
     else:
         from hf2triton.serving.embedding import Embedder
 
+        assert onnx_path is not None, "--backend onnx needs --onnx"
         embedder = Embedder(onnx_path, str(Path(model_dir) / "tokenizer.json"), cfg.to_dict())
     embedder.embed(["warm up"])
 
@@ -46,7 +53,7 @@ def build_app(backend: str, model_dir: str, onnx_path: str | None, endpoint: str
     else:
         # A plain `def` endpoint: FastAPI runs it in its thread pool, requests overlap.
         @app.post("/embed")
-        def embed(req: Req) -> dict:  # noqa: F811
+        def embed_in_thread(req: Req) -> dict:
             return {"embedding": embedder.embed([req.text])[0].tolist()}
 
     @app.get("/health")

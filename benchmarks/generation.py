@@ -398,7 +398,7 @@ def main() -> None:
     ir_dir = next(
         (home / "work" / "bench-genai" / "openvino-ir").glob("*/openvino_model.xml")
     ).parent
-    ways = {
+    ways: dict[str, Served | InProcess | Torch] = {
         "genai (served)": Served(url, "bench-genai", home),
         "today (served)": Served(url, "bench-today", home),
         "genai in-process (limit)": InProcess(str(ir_dir), tok, rows),

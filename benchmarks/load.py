@@ -202,7 +202,7 @@ class TritonGrpc:
         output: str = "EMBEDDING",
         inputs: Callable[[str], dict[str, np.ndarray]] = text_inputs,
     ):
-        self.grpc = GrpcCall(url, model, version, outputs=[output])
+        self.grpc = GrpcCall(url, model, version, outputs=(output,))
         self.output, self.inputs = output, inputs
 
     async def __call__(self, text: str) -> np.ndarray:

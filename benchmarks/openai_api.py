@@ -62,7 +62,8 @@ class OpenAISdk:
             base_url=base_url,
             api_key="unused",
             max_retries=0,
-            http_client=httpx.AsyncClient(
+            # openai takes an httpx client as well as an httpx2 one; its types name httpx2 only.
+            http_client=httpx.AsyncClient(  # type: ignore[arg-type]
                 limits=httpx.Limits(max_connections=CLIENTS * 2), timeout=60
             ),
         )

@@ -20,6 +20,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -38,7 +39,7 @@ BASELINE = "onnxruntime fp32"
 ONE_THREAD = "onnxruntime fp32, 1 thread"  # on a busy machine fewer threads can win
 OV = {"name": "openvino", "device": "cpu"}
 # name -> serving.json runtime
-SETTINGS = {
+SETTINGS: dict[str, dict[str, Any]] = {
     BASELINE: {"name": "onnxruntime", "device": "cpu", "precision": "fp32"},
     ONE_THREAD: {"name": "onnxruntime", "device": "cpu", "precision": "fp32", "threads": 1},
     "openvino f32, LATENCY, 1 stream": {**OV, "precision": "fp32"},

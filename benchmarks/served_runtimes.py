@@ -28,6 +28,7 @@ import json
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import yaml
@@ -45,7 +46,7 @@ ORT_FP32 = [{"name": "onnxruntime", "precision": "fp32"}]
 CLIENTS = 64
 
 
-def spec_file(path: Path, name: str, ports: dict[str, int], runtimes: list | None) -> Path:
+def spec_file(path: Path, name: str, ports: dict[str, Any], runtimes: list | None) -> Path:
     spec = yaml.safe_load((ROOT / "releases" / "minilm-embedder.yaml").read_text())
     spec["name"] = spec["registry"]["model_name"] = name
     spec["validation"]["sentences"] = str(ROOT / "releases" / spec["validation"]["sentences"])

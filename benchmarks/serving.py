@@ -161,7 +161,7 @@ def save_record(prefix: str, record: dict, lines: list[str]) -> Path:
     return dest / f"{prefix}-{stamp}.json"
 
 
-def write_spec(path: Path, base: Path, ports: dict[str, int], **deploy: Any) -> Path:
+def write_spec(path: Path, base: Path, ports: dict[str, Any], **deploy: Any) -> Path:
     spec = yaml.safe_load(base.read_text())
     spec["validation"]["sentences"] = str(base.parent / spec["validation"]["sentences"])
     spec["deploy"].update(ports, **deploy)
@@ -283,10 +283,13 @@ def served_points(
     return out
 
 
-def at(rows: list[dict], clients: int, protocol: str = "grpc") -> dict | None:
-    return next(
+def at(rows: list[dict], clients: int, protocol: str = "grpc") -> dict:
+    """The row measured at `clients` clients over `protocol` (a run measures every level)."""
+    found = next(
         (r for r in rows if r["clients"] == clients and r.get("protocol", "grpc") == protocol), None
     )
+    assert found is not None, f"no figures at {clients} clients over {protocol}"
+    return found
 
 
 def paired(

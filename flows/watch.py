@@ -7,7 +7,7 @@ hf2triton/watch/'s."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from prefect import flow
 from prefect.deployments import run_deployment
@@ -18,6 +18,9 @@ from hf2triton.spec import ReleaseSpec, parse_spec
 from hf2triton.tasks.watch import breach, look
 from hf2triton.util.runs import step_logger
 from hf2triton.watch import observe, rollback, status
+
+if TYPE_CHECKING:
+    from prefect.client.schemas.objects import FlowRun
 
 
 @flow(name="watch-release", log_prints=False, validate_parameters=False)
@@ -64,8 +67,15 @@ def after_release(spec: ReleaseSpec) -> dict[str, Any]:
     try:
         name = deployment_tagged("watch-release", release_tag(spec.name))
         if name is not None:
-            run = run_deployment(
-                name, parameters={"duration_s": spec.watch.window_s}, timeout=0, as_subflow=False
+            # Prefect's run_deployment answers a coroutine only inside an event loop, not here.
+            run = cast(
+                "FlowRun",
+                run_deployment(
+                    name,
+                    parameters={"duration_s": spec.watch.window_s},
+                    timeout=0,
+                    as_subflow=False,
+                ),
             )
             log.info(
                 "watch: started %s (flow run %s) for %.0f s", name, run.id, spec.watch.window_s

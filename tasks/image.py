@@ -22,6 +22,7 @@ from hf2triton.image.release import image_labels, image_plan, image_summary
 from hf2triton.release.record import Record
 from hf2triton.release.repository import RepositoryResult
 from hf2triton.spec import ReleaseSpec
+from hf2triton.tasks.register import RegisterResult
 from hf2triton.util.runs import NO_PREFECT_CACHE, RETRY_TRANSIENT, step_logger
 
 
@@ -54,14 +55,14 @@ def push_image(target: ImageTarget, spec: ReleaseSpec) -> PushResult:
 
 
 @task(name="record-image", **RETRY_TRANSIENT, **NO_PREFECT_CACHE)
-def record_image(reg: dict[str, Any], built: ImageBuildResult, pushed: PushResult) -> None:
+def record_image(reg: RegisterResult, built: ImageBuildResult, pushed: PushResult) -> None:
     Registry(reg["tracking_uri"]).tag_version(
         reg["model_name"], reg["version"], image_tags(built, pushed)
     )
 
 
 def release_image(
-    spec: ReleaseSpec, repo: RepositoryResult, reg: dict[str, Any], record: Record
+    spec: ReleaseSpec, repo: RepositoryResult, reg: RegisterResult, record: Record
 ) -> dict[str, Any]:
     """Build, push and record the image, or say plainly why it is skipped."""
     logger = step_logger()

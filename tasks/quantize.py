@@ -9,9 +9,9 @@ from typing import Any
 from prefect import task
 
 from hf2triton.kinds import ModelKind
-from hf2triton.release.export import ExportResult
 from hf2triton.runtimes import RuntimeChoices, Variant, VariantContext, build_variants
 from hf2triton.spec import QuantizationSpec
+from hf2triton.tasks.export import Exported
 from hf2triton.util.runs import NO_PREFECT_CACHE, note_reuse, step_logger
 
 
@@ -19,7 +19,7 @@ from hf2triton.util.runs import NO_PREFECT_CACHE, note_reuse, step_logger
 def quantize(
     kind: ModelKind,
     model_dir: str,
-    exp: ExportResult,
+    exp: Exported,
     spec: QuantizationSpec,
     runtimes: RuntimeChoices,
     calibration: list[Any] | None,

@@ -9,11 +9,11 @@ from typing import Any
 from prefect import task
 
 from hf2triton.kinds import Data, ModelKind
-from hf2triton.release.export import ExportResult
 from hf2triton.release.gate import GateResult
 from hf2triton.release.repository import BATCHING, RepositoryResult, build_repository
 from hf2triton.release.traffic import warmup_items
 from hf2triton.release.tuning import TuneResult
+from hf2triton.tasks.export import Exported
 from hf2triton.util.runs import NO_PREFECT_CACHE, note_reuse
 
 
@@ -22,7 +22,7 @@ def repository(
     kind: ModelKind,
     model_name: str,
     val: GateResult,
-    exp: ExportResult,
+    exp: Exported,
     data: Data,
     deploy: Any,
     tuned: TuneResult | None,

@@ -9,10 +9,10 @@ from typing import Any
 from prefect import task
 
 from hf2triton.kinds import Data, ModelKind
-from hf2triton.release.export import ExportResult
 from hf2triton.release.gate import GateResult
 from hf2triton.release.traffic import search_items, warmup_items
 from hf2triton.release.tuning import TuneResult, describe, tune_config
+from hf2triton.tasks.export import Exported
 from hf2triton.util.runs import NO_PREFECT_CACHE, step_logger
 
 
@@ -21,7 +21,7 @@ def tune(
     kind: ModelKind,
     model_name: str,
     val: GateResult,
-    exp: ExportResult,
+    exp: Exported,
     data: Data,
     deploy: Any,
     work: str,

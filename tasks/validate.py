@@ -10,10 +10,10 @@ from prefect import task
 from hf2triton.clients.mlflow import tracking_uri
 from hf2triton.kinds import Data, ModelKind
 from hf2triton.release.candidates import champion_to_face, gate_candidates, selection
-from hf2triton.release.export import ExportResult
 from hf2triton.release.gate import GateResult, GateSettings, run_gate
-from hf2triton.runtimes import RuntimeChoices
+from hf2triton.runtimes import RuntimeChoices, Variant
 from hf2triton.spec import QuantizationSpec, ValidationSpec
+from hf2triton.tasks.export import Exported
 from hf2triton.util.runs import NO_PREFECT_CACHE, RETRY_TRANSIENT, note_reuse, step_logger
 
 
@@ -26,8 +26,8 @@ from hf2triton.util.runs import NO_PREFECT_CACHE, RETRY_TRANSIENT, note_reuse, s
 def validate(
     kind: ModelKind,
     model_dir: str,
-    exp: ExportResult,
-    variants: list[dict[str, Any]],
+    exp: Exported,
+    variants: list[Variant],
     data: Data,
     quantization: QuantizationSpec,
     deploy: Any,

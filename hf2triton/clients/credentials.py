@@ -21,7 +21,7 @@ import hashlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypedDict, TypeVar
+from typing import Any, ClassVar, TypedDict, TypeVar, cast
 
 from prefect.blocks.core import Block
 from pydantic import SecretStr
@@ -224,7 +224,8 @@ def resolve(
     incomplete."""
     if block_name:
         try:
-            return kind.load(block_name)
+            # Prefect's load answers a coroutine only inside an event loop; this is sync code.
+            return cast(Credentials, kind.load(block_name))
         except ValueError:
             key = kind.KIND.spec_key
             raise kind.KIND.error(

@@ -250,7 +250,7 @@ def build(
 
     api = client.api
     api.timeout = timeout_s
-    image_id, lines = None, []
+    image_id, lines = None, list[str]()
     try:
         # network_mode none: the RUN steps get no network at all, so the build is offline by
         # construction, not by luck.

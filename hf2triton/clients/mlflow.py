@@ -18,9 +18,9 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 from hf2triton import errors
 from hf2triton.clients.credentials import MlflowCredentials, child_environment
@@ -49,8 +49,8 @@ def tracking_uri() -> str:
     return f"sqlite:///{db}"
 
 
-def _chain(exc: BaseException):
-    seen = set()
+def _chain(exc: BaseException | None) -> Iterator[BaseException]:
+    seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         yield exc
@@ -128,6 +128,17 @@ def _artifact_files(dest: str, src: str) -> dict[str, int]:
     parent = Path(dest).parent.as_posix()
     rel = src_path.name if parent == "." else f"{parent}/{src_path.name}"
     return {rel: src_path.stat().st_size}
+
+
+class RegisteredRelease(TypedDict):
+    """A release's model version in the registry (`Registry.register_release`)."""
+
+    tracking_uri: str
+    model_name: str
+    version: str
+    run_id: str
+    experiment_id: str
+    reused: bool  # registered by an earlier run with the same release key
 
 
 class Registry:
@@ -270,8 +281,8 @@ class Registry:
         )
 
     def register_release(
-        self, name: str, experiment: str, record: dict[str, Any]
-    ) -> dict[str, Any]:
+        self, name: str, experiment: str, record: Mapping[str, Any]
+    ) -> RegisteredRelease:
         """The release's model version, alias `candidate` on it: the one already registered
         with the same release key (`reused`), else a new run and version carrying the whole
         record.
@@ -296,17 +307,17 @@ class Registry:
             )
             version, reused = str(mv.version), False
         self.set_alias(name, "candidate", version)
-        return {
-            "tracking_uri": self.uri,
-            "model_name": name,
-            "version": version,
-            "run_id": run_id,
-            "experiment_id": exp_id,
-            "reused": reused,
-        }
+        return RegisteredRelease(
+            tracking_uri=self.uri,
+            model_name=name,
+            version=version,
+            run_id=run_id,
+            experiment_id=exp_id,
+            reused=reused,
+        )
 
     def settle_attempts(
-        self, name: str, experiment: str, record: dict[str, Any]
+        self, name: str, experiment: str, record: Mapping[str, Any]
     ) -> tuple[Any | None, bool]:
         """What earlier attempts at this release left, made whole or removed: returns (the
         complete version with the release key or None, whether it was finished just now).
@@ -356,6 +367,7 @@ class Registry:
                     ", ".join(deleted),
                 )
             if finished:
+                assert found is not None  # finished: the version found was finished just now
                 log.info(
                     "register: finished %s version %s, which an interrupted attempt left "
                     "with its whole record",
@@ -364,7 +376,7 @@ class Registry:
                 )
         return found, finished
 
-    def _missing(self, mv: Any, run: Any, record: dict[str, Any]) -> list[str]:
+    def _missing(self, mv: Any, run: Any, record: Mapping[str, Any]) -> list[str]:
         """What of the release record `run` and its version `mv` lack (empty: all there)."""
         if mv.status != "READY" or run.info.lifecycle_stage != "active":
             return [f"version status {mv.status}, run {run.info.lifecycle_stage}"]
@@ -380,9 +392,9 @@ class Registry:
                     missing.append(f"artifact {rel}")
         return missing
 
-    def _artifact_sizes(self, run_id: str, path: str) -> dict[str, int]:
-        """Every artifact file of the run below `path`, with its size."""
-        sizes: dict[str, int] = {}
+    def _artifact_sizes(self, run_id: str, path: str) -> dict[str, int | None]:
+        """Every artifact file of the run below `path`, with its size (None: not known)."""
+        sizes: dict[str, int | None] = {}
         for info in self.call(
             "list the run's artifacts", self.client.list_artifacts, run_id, path or None
         ):

@@ -4,6 +4,7 @@ and the summary the release prints."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, TypedDict
 
 from hf2triton.errors import DockerUnavailableError
@@ -42,7 +43,7 @@ def image_plan(spec: Any, version: str, release_key: str, logger: Any) -> ImageP
     return ImagePlan(target=None, skipped=why_not, say=True)
 
 
-def image_labels(spec: Any, model_name: str, record: dict[str, Any]) -> dict[str, str]:
+def image_labels(spec: Any, model_name: str, record: Mapping[str, Any]) -> dict[str, str]:
     """The image's labels: the release and its lineage."""
     lineage = record["lineage"]
     return {

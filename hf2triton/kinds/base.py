@@ -18,13 +18,16 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 
 from hf2triton import serving
 from hf2triton.errors import ExportError, SpecError
 from hf2triton.kinds.margin import Sample
+
+if TYPE_CHECKING:
+    from hf2triton.serving.base import ServedModel
 
 
 class ValidationSettings(Protocol):
@@ -240,7 +243,7 @@ class ModelKind(ABC):
         return self.name, self.serving_class
 
     @property
-    def served(self) -> type:
+    def served(self) -> type[ServedModel]:
         """Its serving class, which declares the Triton inputs and outputs."""
         import importlib
 

@@ -14,7 +14,7 @@ run, so the validate step stays a cache of its inputs.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,7 +40,7 @@ class Sample:
         return cls(np.stack([v, np.ones_like(v)], axis=1), lambda s: float(s[0] / s[1]))
 
     @classmethod
-    def ratio(cls, numerators: list[float], denominators: list[float]) -> Sample:
+    def ratio(cls, numerators: Sequence[float], denominators: Sequence[float]) -> Sample:
         """sum(numerators) / sum(denominators) over the items (a ratio of sums)."""
         stats = np.stack(
             [np.asarray(numerators, np.float64), np.asarray(denominators, np.float64)], axis=1

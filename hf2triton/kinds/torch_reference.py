@@ -50,7 +50,9 @@ class TorchReference:
             out = self.model(**{k: torch.from_numpy(v) for k, v in enc.items()})
         return getattr(out, name).float().numpy()
 
-    def outputs(self, rows: list[Any], name: str, batch_size: int = 32) -> list[np.ndarray]:
+    def outputs(
+        self, rows: list[Any], name: str, batch_size: int = 32
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
         """`name` for every batch of rows (with the batch's attention mask)."""
         parts = []
         for chunk in batched(rows, batch_size):

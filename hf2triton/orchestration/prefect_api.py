@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+from typing import cast
 
 from hf2triton.errors import EnvironmentSetupError
 from hf2triton.util.net import free_port
@@ -219,6 +220,7 @@ def ensure_dead_run_automation() -> dict[str, str]:
 
     A failure here is logged and the run goes on: the slot's lease still frees it, later."""
     from prefect.client.orchestration import get_client
+    from prefect.events.schemas.automations import EventTrigger
     from prefect.logging import get_logger
     from prefect.settings import get_current_settings
 
@@ -237,7 +239,8 @@ def ensure_dead_run_automation() -> dict[str, str]:
             if not found:
                 return {"dead_run_automation": str(client.create_automation(wanted))}
             current = found[0]
-            if current.trigger.within < wanted.trigger.within:
+            # The automation of this name is the one made here: its trigger an EventTrigger.
+            if cast(EventTrigger, current.trigger).within < wanted.trigger.within:
                 client.update_automation(
                     current.id, wanted.model_copy(update={"enabled": current.enabled})
                 )

@@ -21,7 +21,7 @@ from hf2triton.util.workspace import cached_step, digest, hash_files, home
 class Champion(TypedDict):
     model: str  # MLflow registered model
     version: str
-    run_id: str
+    run_id: str | None  # None: a version registered without a run (not by a release)
     version_dir: str  # its served version directory (downloaded once)
     files: dict[str, str]  # sha256 of each of its served files
     settings: dict[str, Any]  # its serving.json
@@ -45,6 +45,8 @@ def find_champion(model: str, tracking_uri: str) -> Champion | None:
     version = str(mv.version)
 
     def download(out: Path) -> dict:
+        # A release's versions come from its run; the served files are that run's artifacts.
+        assert mv.run_id is not None, f"{model} version {version} has no run"
         run = registry.run(mv.run_id)
         local = registry.call(
             "download the champion's served files",

@@ -14,7 +14,7 @@ from typing import Any, TypedDict
 from hf2triton.errors import ExportError, UnsupportedModelError
 from hf2triton.kinds.base import Data, ModelKind, to_json
 from hf2triton.util import quiet
-from hf2triton.util.workspace import SpaceEstimate, cached_step, digest, sha256_file
+from hf2triton.util.workspace import SpaceEstimate, cached_step, digest, sha256_module
 
 
 class ExportResult(TypedDict):
@@ -115,10 +115,7 @@ def export_model(
             atol,
             to_json(cfg.to_dict()),
             to_json(inputs),
-            [
-                sha256_file(m.__file__)
-                for m in (sys.modules[__name__], sys.modules[type(kind).__module__])
-            ],
+            [sha256_module(m) for m in (sys.modules[__name__], sys.modules[type(kind).__module__])],
         ]
     )
     started = time.perf_counter()

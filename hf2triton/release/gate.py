@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 from hf2triton import serving
 from hf2triton.kinds import margin
@@ -27,7 +27,7 @@ from hf2triton.release.plan import Gate, GateSettings, Reference, candidate_sett
 from hf2triton.release.verdict import new_report, write_report
 from hf2triton.targets import smoke
 from hf2triton.util.runs import step_logger
-from hf2triton.util.workspace import cached_step, digest, hash_files, sha256_file
+from hf2triton.util.workspace import cached_step, digest, hash_files, sha256_file, sha256_module
 
 SERVING_DIR = Path(serving.__file__).parent
 
@@ -78,7 +78,9 @@ def score_champion(
         champion["version_dir"], {"module": module, "class": cls, **champion["settings"]}
     )
     outputs = kind.extract(answer_in_batches(model, requests, batch))
-    return kind.labelled_scores(outputs, data, cfg)[kind.quality_metric]
+    metric = kind.quality_metric
+    assert metric is not None  # a champion is scored on the kind's task metric only
+    return kind.labelled_scores(outputs, data, cfg)[metric]
 
 
 def run_gate(
@@ -146,12 +148,16 @@ def run_gate(
         return write_report(gate, report, chosen, ref, out, failed_report, work_root)
 
     done = cached_step(work_root, "validate", key, build)
-    return GateResult(
-        **done.result,
-        report_path=str(done.path / "validation_report.json"),
-        reference_path=str(done.path / "reference.json"),
-        seconds=round(time.perf_counter() - started, 3),
-        reused=done.reused,
+    # The step's JSON result holds the keys write_report returned, the rest are added here.
+    return cast(
+        GateResult,
+        {
+            **done.result,
+            "report_path": str(done.path / "validation_report.json"),
+            "reference_path": str(done.path / "reference.json"),
+            "seconds": round(time.perf_counter() - started, 3),
+            "reused": done.reused,
+        },
     )
 
 
@@ -204,7 +210,7 @@ def gate_key(
             if champion and gate.quality and not same
             else None,
             [
-                sha256_file(m.__file__)
+                sha256_module(m)
                 for m in (
                     sys.modules[__name__],
                     judge,

@@ -44,7 +44,8 @@ def judge_candidates(
     fastest first with select "fastest"), stopping at the first that passes unless the gate
     judges all; the candidate that ships, or None."""
     log = step_logger()
-    order, speeds = candidates, {}
+    order: list[Candidate] = candidates
+    speeds: dict[str, dict[str, float]] = {}
     if gate.select == "fastest":
         speeds, refused = probe_speeds(gate, candidates)
         report["candidates"] += refused
@@ -165,6 +166,7 @@ def judge(
     missed.update({f"margin.{m}": b.short for m, b in hairs.items() if m not in missed})
     verdict = None
     if floor and cand.name not in same:
+        assert quality is not None  # a floor is only set for the task metric (face_champion)
         # MLflow's own model validation makes the call against the champion.
         verdict = mlflow_verdict(quality, metrics[quality], champ["value"], gate.max_drop)
         if verdict:

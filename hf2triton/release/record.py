@@ -5,6 +5,7 @@ params MLflow keeps, and the summary the CLI prints and the report shows.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, TypedDict
 
@@ -53,7 +54,7 @@ def library_versions() -> dict[str, str]:
     return found
 
 
-def release_key(src: dict[str, Any], repo: dict[str, Any]) -> str:
+def release_key(src: Mapping[str, Any], repo: Mapping[str, Any]) -> str:
     return digest([src["content_hash"], repo["content_hash"]])
 
 
@@ -78,12 +79,12 @@ def champion_tags(champion: dict[str, Any], model_name: str) -> dict[str, str]:
 
 def release_record(
     spec: ReleaseSpec,
-    src: dict[str, Any],
-    exp: dict[str, Any],
-    variants: list[dict[str, Any]],
-    val: dict[str, Any],
-    tuned: dict[str, Any] | None,
-    repo: dict[str, Any],
+    src: Mapping[str, Any],
+    exp: Mapping[str, Any],
+    variants: Sequence[Mapping[str, Any]],
+    val: Mapping[str, Any],
+    tuned: Mapping[str, Any] | None,
+    repo: Mapping[str, Any],
 ) -> Record:
     """What `register` writes to MLflow for this release."""
     # The export is the last variant; the first is the spec's own (when it is not the export).
@@ -156,7 +157,7 @@ def release_record(
     )
 
 
-def reused_steps(**steps: dict[str, Any]) -> list[str]:
+def reused_steps(**steps: Mapping[str, Any]) -> list[str]:
     """The steps (by their task names) that found their finished output of an earlier run."""
     names = {"exp": "export", "repository": "build-repository"}
     return [names.get(step, step) for step, result in steps.items() if result.get("reused")]
@@ -164,9 +165,9 @@ def reused_steps(**steps: dict[str, Any]) -> list[str]:
 
 def summary(
     spec: ReleaseSpec,
-    src: dict[str, Any],
-    val: dict[str, Any],
-    reg: dict[str, Any],
+    src: Mapping[str, Any],
+    val: Mapping[str, Any],
+    reg: Mapping[str, Any],
     image: dict[str, Any],
     target_summary: dict[str, Any],
     smoke: dict[str, float],

@@ -8,7 +8,7 @@ new kind gets its report without code of its own.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 
@@ -16,6 +16,9 @@ from hf2triton.kinds.base import ModelKind
 from hf2triton.runtimes import label
 from hf2triton.util.cpu import describe as describe_cpu
 from hf2triton.util.workspace import redact_uri
+
+if TYPE_CHECKING:
+    from hf2triton.training.classifier import Registered, TrainResult
 
 
 def artifact_key(name: str, suffix: str) -> str:
@@ -135,7 +138,7 @@ def release_markdown(kind: ModelKind, summary: dict[str, Any], report: dict[str,
         f"`{image['reference']}`" if image.get("reference") else image.get("skipped", "not built")
     )
     src, ml, endpoint = summary["source"], summary["mlflow"], summary["endpoint"]
-    cpu = report.get("cpu") or {}
+    cpu = report.get("cpu")
     timing = f"measured on {describe_cpu(cpu)}" if cpu else "not measured"
     if summary.get("container") or summary.get("kubernetes"):
         timing += " (the release machine: the serving target runs elsewhere, re-time it there)"
@@ -199,7 +202,7 @@ def publish_release_report(
     return markdown
 
 
-def publish_training(spec: Any, registered: dict[str, Any], trained: dict[str, Any]) -> None:
+def publish_training(spec: Any, registered: Registered, trained: TrainResult) -> None:
     """A training run in the UI: its loss curve, a report, and links to MLflow."""
     key = spec.name
     create_table_artifact(

@@ -206,7 +206,12 @@ class _Search:
         )
         shutil.copytree(Path(built["repository"]) / name, repo / name)
         tuning = self.deploy.tuning
-        row = {"settings": cell, "name": describe(cell), "points": [], "score_rps": 0.0}
+        row: dict[str, Any] = {
+            "settings": cell,
+            "name": describe(cell),
+            "points": [],
+            "score_rps": 0.0,
+        }
         try:
             admin.load(name)
             wait_for(

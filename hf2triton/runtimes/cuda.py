@@ -6,6 +6,7 @@ provider at the same precision (hf2triton.runtimes.devices)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 
 from hf2triton.runtimes import RUNTIMES
 from hf2triton.runtimes.base import (
@@ -24,7 +25,7 @@ from hf2triton.util.workspace import sha256_file
 class OnnxRuntimeCuda(RuntimePlugin):
     name = "onnxruntime-cuda"
     device = "gpu"
-    auto = ("fp32", "fp16")
+    auto: ClassVar[tuple[str, ...]] = ("fp32", "fp16")
     reads = {"fp32": frozenset({PLAIN}), "fp16": frozenset({FP16})}
 
     @classmethod

@@ -5,6 +5,8 @@ ORT-optimised fp32 graphs (single-file models)."""
 
 from __future__ import annotations
 
+from functools import partial
+
 from hf2triton.runtimes import RUNTIMES
 from hf2triton.runtimes.base import FP16, ORT_ONLY, PLAIN, Recipe, RuntimePlugin, VariantContext
 from hf2triton.runtimes.quantizers import (
@@ -31,7 +33,7 @@ class OnnxRuntimeCpu(RuntimePlugin):
         own = [spec] if spec.method != "none" or spec.fuse else []
         specs = [*own, *(search_grid(spec) if spec.search and ctx.single_file else [])]
         found = [
-            Recipe(method_name(s), ORT_ONLY, lambda s=s: quantize_onnx(ctx.onnx_path, s, ctx.work))
+            Recipe(method_name(s), ORT_ONLY, partial(quantize_onnx, ctx.onnx_path, s, ctx.work))
             for s in specs
         ]
         if spec.search and ctx.single_file:
@@ -39,7 +41,7 @@ class OnnxRuntimeCpu(RuntimePlugin):
                 Recipe(
                     f"fp32/ort-{level}",
                     ORT_ONLY,
-                    lambda lv=level: optimize_fp32(ctx.onnx_path, lv, ctx.work),
+                    partial(optimize_fp32, ctx.onnx_path, level, ctx.work),
                 )
                 for level in OPTIMIZATION_LEVELS
             ]

@@ -35,7 +35,8 @@ class OpenVinoCpu(RuntimePlugin):
     def recipes(cls, ctx: VariantContext) -> list[Recipe]:
         # Its int8 graph is calibrated on what the kind feeds one graph (texts, pairs); a kind
         # of several graphs (seq2seq) or none to calibrate on gets the plain graph only.
-        if ctx.quantization.method == "none" or not ctx.calibration or not ctx.single_file:
+        calibration = ctx.calibration
+        if ctx.quantization.method == "none" or not calibration or not ctx.single_file:
             return []
         tokenizer = str(Path(ctx.export_dir) / "tokenizer.json")
         return [
@@ -43,7 +44,7 @@ class OpenVinoCpu(RuntimePlugin):
                 "openvino-int8",
                 OPENVINO_IR,
                 lambda: openvino_int8(
-                    ctx.onnx_path, tokenizer, ctx.max_length or 512, ctx.calibration, ctx.work
+                    ctx.onnx_path, tokenizer, ctx.max_length or 512, calibration, ctx.work
                 ),
             )
         ]

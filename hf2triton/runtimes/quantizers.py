@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
@@ -118,7 +119,7 @@ def _copy(src: Path, target: Path, spec: QuantizationSpec) -> None:
 
 
 # quantization.method -> how one ONNX file becomes its quantized file.
-METHODS = {
+METHODS: dict[str, Callable[[Path, Path, QuantizationSpec], None]] = {
     "dynamic-int8": _dynamic_int8,
     "int8-blockwise": partial(_blockwise, 8),
     "int4-blockwise": partial(_blockwise, 4),

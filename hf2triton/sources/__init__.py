@@ -11,7 +11,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import Field, TypeAdapter
 
@@ -22,13 +22,17 @@ SOURCES = plugins.Registry(lambda cls: cls.name, default="path")
 from hf2triton.sources import hub, local, mlflow, train  # noqa: E402,F401,I001
 
 # The `source:` section: one variant per registered source, each with only its own keys.
-SourceSpec = Annotated[
-    SOURCES.keyed_union(),
-    Field(
-        description="where the model comes from: exactly one of repo_id (with revision), "
-        "path, package, mlflow or train"
-    ),
-]
+if TYPE_CHECKING:
+    # Statically: any registered source (the variants are known at run time only).
+    SourceSpec = Source
+else:
+    SourceSpec = Annotated[
+        SOURCES.keyed_union(),
+        Field(
+            description="where the model comes from: exactly one of repo_id (with revision), "
+            "path, package, mlflow or train"
+        ),
+    ]
 
 
 def parse_source(data: dict[str, Any]) -> Source:

@@ -8,6 +8,7 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 from hf2triton.errors import SpecError
 from hf2triton.sources import SOURCES
@@ -31,11 +32,11 @@ def _branch(part: Any) -> bool:
     return isinstance(part, str) and "[" in part
 
 
-def _relevant(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _relevant(errors: list[ErrorDetails]) -> list[ErrorDetails]:
     """A list given for `'auto' | [...]` whose items are wrong fails both branches; the
     literal's complaint ("should be 'auto'") says nothing the items' errors do not."""
 
-    def key(e: dict[str, Any]) -> tuple:
+    def key(e: ErrorDetails) -> tuple:
         return tuple(p for p in e["loc"] if not _branch(p))
 
     inner = [key(e) for e in errors if e["type"] != "literal_error"]
@@ -50,8 +51,9 @@ def _relevant(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
-def _describe(err: dict[str, Any]) -> str:
-    loc, variant, tagged = [], None, -1
+def _describe(err: ErrorDetails) -> str:
+    loc: list[int | str] = []
+    variant, tagged = None, -1
     for part in (p for p in err["loc"] if not _branch(p)):
         # A union puts the chosen variant's name into the location: name it once, by its key.
         # (Once per section: a source's own key may share its variant's name, `mlflow`.)

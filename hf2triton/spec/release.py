@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 import logging
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 from pydantic import Field, create_model, field_validator, model_validator
 
@@ -26,8 +26,12 @@ from hf2triton.util.specbase import Name, SpecPath, Strict, first_line, unless
 
 log = logging.getLogger(__name__)
 
-# The spec's `task:` values: one per registered model kind.
-Task = Literal[tuple(KINDS)]  # type: ignore[valid-type]
+# The spec's `task:` values: one per registered model kind (known at run time only: to a
+# static checker, a string).
+if TYPE_CHECKING:
+    Task = str
+else:
+    Task = Literal[tuple(KINDS)]
 
 
 class ExportSpec(Strict):
@@ -252,7 +256,9 @@ class _Release(Strict):
         return self.name
 
 
-ReleaseSpec = create_model(
+# The kinds' sections as **field definitions: mypy would match them against create_model's own
+# keyword arguments too (__config__, __base__, ...); pydantic's plugin knows the class itself.
+ReleaseSpec = create_model(  # type: ignore[call-overload]
     "ReleaseSpec",
     __base__=_Release,
     __module__=__name__,
@@ -267,10 +273,11 @@ ReleaseSpec = create_model(
 def _pop(data: dict[str, Any], dotted: str) -> tuple[bool, Any]:
     """Take `dotted` ("a.b") out of nested mappings; (found, value)."""
     *parents, last = dotted.split(".")
+    node: Any = data
     for key in parents:
-        data = data.get(key) if isinstance(data, dict) else None
-    if isinstance(data, dict) and last in data:
-        return True, data.pop(last)
+        node = node.get(key) if isinstance(node, dict) else None
+    if isinstance(node, dict) and last in node:
+        return True, node.pop(last)
     return False, None
 
 
@@ -314,6 +321,17 @@ class TrainingSpec(Strict):
         )
 
 
+SpecT = TypeVar("SpecT", bound=Strict)
+
+
+@overload
+def parse_spec(
+    data: Any, base_dir: str | Path | None = None, origin: str = "spec"
+) -> ReleaseSpec: ...
+@overload
+def parse_spec(
+    data: Any, base_dir: str | Path | None = None, origin: str = "spec", *, model: type[SpecT]
+) -> SpecT: ...
 def parse_spec(
     data: Any,
     base_dir: str | Path | None = None,
@@ -325,6 +343,10 @@ def parse_spec(
     return specfile.parse_spec(data, model, base_dir, origin)
 
 
+@overload
+def load_spec(path: str | Path) -> ReleaseSpec: ...
+@overload
+def load_spec(path: str | Path, model: type[SpecT]) -> SpecT: ...
 def load_spec(path: str | Path, model: type[Strict] = ReleaseSpec) -> Any:
     """Read and validate a release (or training) spec YAML file."""
     return specfile.load_spec(path, model)

@@ -10,7 +10,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import Field, TypeAdapter
 
@@ -22,13 +22,17 @@ STORES = plugins.Registry(lambda cls: plugins.tag_of(cls, "kind"), default="loca
 from hf2triton.stores import local, s3  # noqa: E402,F401,I001
 
 # The `deploy.model_store` section: one variant per registered store, each with its own keys.
-ModelStoreSpec = Annotated[
-    STORES.union("kind"),
-    Field(
-        description="where the served repository lives: the local server's directory, or "
-        "an S3-compatible bucket Triton loads from"
-    ),
-]
+if TYPE_CHECKING:
+    # Statically: any registered store (the variants are known at run time only).
+    ModelStoreSpec = ModelStore
+else:
+    ModelStoreSpec = Annotated[
+        STORES.union("kind"),
+        Field(
+            description="where the served repository lives: the local server's directory, or "
+            "an S3-compatible bucket Triton loads from"
+        ),
+    ]
 
 
 def parse_store(data: dict[str, Any]) -> ModelStore:

@@ -18,6 +18,7 @@ import time
 from typing import Any, ClassVar, Literal
 
 from hf2triton.clients import docker as engine_client
+from hf2triton.clients.credentials import DockerAuth
 from hf2triton.clients.triton import TritonAdmin
 from hf2triton.errors import DeployError, Hf2TritonError
 from hf2triton.image import ImageSpec, registry_auth
@@ -184,7 +185,7 @@ class DockerContainers(DeployTarget):
                 return self._deployment(
                     old, urls, model_name, version, reference, None, 0.0, reused=True
                 )
-            if old is not None:
+            if previous is not None:  # an old container serves (described above)
                 self._check_candidate(
                     client, reference, cand_name, model_name, version, previous, check
                 )
@@ -243,6 +244,7 @@ class DockerContainers(DeployTarget):
             )
             put_back = ""
             if old is not None:
+                assert previous is not None  # described whenever an old container serves
                 old.rename(live_name)
                 old.start()
                 put_back = f"; container {live_name} (version {previous['version']}) was put back"
@@ -382,6 +384,7 @@ class DockerContainers(DeployTarget):
                 f"engine ({'it keeps version ' + held if held else 'none is kept'}): release "
                 f"version {version} again instead"
             )
+        assert kept is not None  # it holds the version asked for
         reference = kept.labels[LABEL_IMAGE]
         try:
             recover(client, live_name, prev_name)
@@ -433,5 +436,5 @@ def _ready(http_url: str, model: str, version: str) -> Any:
     return ready
 
 
-def _registry_auth(image: Any, registry: str) -> dict[str, str] | None:
+def _registry_auth(image: Any, registry: str) -> DockerAuth | None:
     return registry_auth(image or ImageSpec(), registry)

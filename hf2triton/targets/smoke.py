@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from typing import Any, NotRequired, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 import numpy as np
 
@@ -18,6 +18,9 @@ from hf2triton.clients.openai import OpenAIInference
 from hf2triton.clients.triton import inference
 from hf2triton.errors import SmokeTestError
 from hf2triton.kinds.base import Data, ModelKind, describe_misses, misses, worst_of
+
+# How the smoke test asks an endpoint: Triton's gRPC or HTTP, or the OpenAI-compatible API.
+Protocol = Literal["grpc", "http", "openai"]
 
 
 class Endpoint(TypedDict):
@@ -70,7 +73,7 @@ def session_for(
     endpoint: Endpoint,
     model: str,
     way: str,
-    protocol: str,
+    protocol: Protocol,
     api_key: str | None,
 ) -> Any:
     """A session that asks one way: Triton over gRPC or HTTP, or the OpenAI-compatible API
@@ -150,13 +153,17 @@ def smoke_endpoint(
     requests = kind.requests(data.items)
     figures: dict[str, float] = {"items": float(len(requests))}
     scored: list[dict[str, float]] = []
-    ways = [("grpc", "grpc", 1), ("http", "http", 1), ("batch", "grpc", reference["batch"])]
+    ways: list[tuple[str, Protocol, int]] = [
+        ("grpc", "grpc", 1),
+        ("http", "http", 1),
+        ("batch", "grpc", reference["batch"]),
+    ]
     if endpoint.get("openai") and kind.openai_route:
         ways.append(("openai", "openai", 1))
     for name, protocol, size in ways:
         with session_for(kind, cfg, endpoint, model, name, protocol, api_key) as session:
             session.wait_ready()
-            answers = []
+            answers: list[dict[str, np.ndarray]] = []
             for merged in batches(requests, size):
                 rows = len(next(iter(merged.values())))
                 answers.extend(

@@ -299,6 +299,7 @@ def _wait_live(
         if failed and wait_until(lambda: is_live(state), STARTUP_GRACE_S):
             return
         if failed:
+            assert proc is not None  # a startup error is only read of a server started here
             terminate(proc)
             _state_file().unlink(missing_ok=True)
             raise DeployError(

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from importlib.metadata import version as package_version
 from pathlib import Path
-from typing import Any, Protocol, TypedDict
+from typing import Any, Protocol, TypedDict, cast
 
 import numpy as np
 
@@ -153,11 +153,15 @@ def fine_tune(
         return {"losses": losses, "train_accuracy": train_acc, "eval_accuracy": eval_acc}
 
     done = cached_step(work_root, "train", key, build)
-    return TrainResult(
-        model_dir=str(done.path),
-        **done.result,
-        seconds=round(time.perf_counter() - started, 1),
-        reused=done.reused,
+    # The step's JSON result holds the keys build returned, the rest are added here.
+    return cast(
+        TrainResult,
+        {
+            "model_dir": str(done.path),
+            **done.result,
+            "seconds": round(time.perf_counter() - started, 1),
+            "reused": done.reused,
+        },
     )
 
 

@@ -10,7 +10,7 @@ import math
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol, TypedDict
+from typing import Any, Protocol, TypedDict, cast
 
 import numpy as np
 
@@ -25,20 +25,33 @@ PLAIN_CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] | trim
 
 
 class LmTraining(Protocol):
-    """What the trainer reads of a spec's `source.train` (hf2triton.sources.train)."""
+    """What the trainer reads of a spec's `source.train` (hf2triton.sources.train): read-only,
+    as the spec's frozen sections are."""
 
-    text: str
-    vocab_size: int
-    layers: int
-    hidden: int
-    heads: int
-    context: int
-    max_positions: int
-    steps: int
-    batch_size: int
-    learning_rate: float
-    seed: int
-    chat_template: str
+    @property
+    def text(self) -> str: ...
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def layers(self) -> int: ...
+    @property
+    def hidden(self) -> int: ...
+    @property
+    def heads(self) -> int: ...
+    @property
+    def context(self) -> int: ...
+    @property
+    def max_positions(self) -> int: ...
+    @property
+    def steps(self) -> int: ...
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def learning_rate(self) -> float: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def chat_template(self) -> str: ...
 
 
 class LmTrainResult(TypedDict):
@@ -133,11 +146,15 @@ def train_lm(
     )
     started = time.perf_counter()
     done = cached_step(work_root, "train-lm", key, lambda out: _build(spec, out, progress))
-    return LmTrainResult(
-        model_dir=str(done.path),
-        **done.result,
-        seconds=round(time.perf_counter() - started, 1),
-        reused=done.reused,
+    # The step's JSON result holds the keys _build returned, the rest are added here.
+    return cast(
+        LmTrainResult,
+        {
+            "model_dir": str(done.path),
+            **done.result,
+            "seconds": round(time.perf_counter() - started, 1),
+            "reused": done.reused,
+        },
     )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import platform
 from pathlib import Path
+from typing import TypedDict
 
 # /proc/cpuinfo flag -> what it means for the variants
 FEATURES = {
@@ -21,7 +22,15 @@ FEATURES = {
 }
 
 
-def cpu_features() -> dict[str, object]:
+class CpuFeatures(TypedDict):
+    model: str  # /proc/cpuinfo's model name (else the platform's processor or machine)
+    cores: int
+    machine: str  # "x86_64", "aarch64"
+    flags: list[str]  # the FEATURES flags it has
+    int8_dot_products: bool
+
+
+def cpu_features() -> CpuFeatures:
     """Model name, core count and the FEATURES flags this CPU has."""
     flags: set[str] = set()
     model = platform.processor() or platform.machine()
@@ -44,6 +53,6 @@ def cpu_features() -> dict[str, object]:
     }
 
 
-def describe(features: dict[str, object]) -> str:
+def describe(features: CpuFeatures) -> str:
     names = [FEATURES[f].split(" (")[0] for f in features["flags"]] or ["no AVX2"]
     return f"{features['model']}, {features['cores']} cores, {', '.join(names)}"

@@ -6,9 +6,11 @@ modules in one line. A registry also makes the spec section that chooses one of 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Any, Union, get_args
+from typing import Annotated, Any, TypeVar, Union, get_args
 
 from pydantic import BeforeValidator, Discriminator, Tag
+
+C = TypeVar("C", bound=type)
 
 
 class Registry(dict[str, Any]):
@@ -23,11 +25,11 @@ class Registry(dict[str, Any]):
         'EmbeddingKind'
     """
 
-    def __init__(self, key: Callable[[type], str], default: str):
+    def __init__(self, key: Callable[[Any], str], default: str):
         super().__init__()
         self.key, self.default = key, default
 
-    def register(self, cls: type) -> type:
+    def register(self, cls: C) -> C:
         """Register `cls` under its key (a decorator). A class that leaves an abstract method
         of its base unimplemented is refused here, when its module is imported, not deep in a
         release."""
@@ -88,8 +90,11 @@ class Registry(dict[str, Any]):
             return {k: v for k, v in value.items() if v is not None or k not in keys.values()}
 
         variants = tuple(Annotated[cls, Tag(name)] for name, cls in self.items())
-        union = Union[variants]  # noqa: UP007 - a tuple of variants built at run time
-        return Annotated[union, Discriminator(chosen), BeforeValidator(exactly_one)]
+        return Annotated[
+            Union[variants],  # noqa: UP007 - a tuple of variants built at run time
+            Discriminator(chosen),
+            BeforeValidator(exactly_one),
+        ]
 
 
 def tag_of(section: Any, tag: str) -> str:

@@ -4,6 +4,7 @@ result cache (reuse is by content), and the logger of the run a step runs in."""
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from prefect.cache_policies import NO_CACHE
@@ -61,7 +62,7 @@ RETRY_TRANSIENT: dict[str, Any] = {
 NO_PREFECT_CACHE: dict[str, Any] = {"cache_policy": NO_CACHE, "persist_result": False}
 
 
-def note_reuse(step: str, result: dict[str, Any]) -> None:
+def note_reuse(step: str, result: Mapping[str, Any]) -> None:
     """Say in the log when a step found its finished output of an earlier run (same inputs)."""
     if result.get("reused"):
         step_logger().info("%s: reused the finished output of an earlier run (same inputs)", step)

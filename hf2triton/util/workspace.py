@@ -13,6 +13,7 @@ import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any, NamedTuple
 
 from hf2triton.errors import ArtifactError, DiskFullError, EnvironmentSetupError
@@ -106,6 +107,12 @@ def sha256_file(path: str | Path) -> str:
     return h.hexdigest()
 
 
+def sha256_module(module: ModuleType) -> str:
+    """sha256 of a module's source file (every module of this package has one)."""
+    assert module.__file__ is not None, f"{module.__name__} has no source file"
+    return sha256_file(module.__file__)
+
+
 def hash_files(root: str | Path, names: Iterable[str] | None = None) -> dict[str, str]:
     """sha256 of each file below `root` (or of the named ones), keyed by relative POSIX path."""
     root = Path(root)
@@ -128,9 +135,9 @@ def digest(obj: Any) -> str:
     ).hexdigest()
 
 
-def source_digest(*modules: Any) -> str:
+def source_digest(*modules: ModuleType) -> str:
     """Hash of the source files of the given modules, so a code change invalidates reuse."""
-    return digest([sha256_file(m.__file__) for m in modules])
+    return digest([sha256_module(m) for m in modules])
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -318,5 +325,7 @@ def redact_uri(uri: str) -> str:
 
     parts = urlsplit(uri)
     if parts.username or parts.password:
-        parts = parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else ""))
+        parts = parts._replace(
+            netloc=(parts.hostname or "") + (f":{parts.port}" if parts.port else "")
+        )
     return urlunsplit(parts)

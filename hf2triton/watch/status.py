@@ -38,7 +38,7 @@ def remembered() -> list[dict[str, Any]]:
 
 def status(spec: Any) -> dict[str, Any]:
     versions = reg.versions(Registry(), spec.registry.model_name)
-    serving = {}
+    serving: dict[str, list[str] | str] = {}  # its versions, or why it did not say
     for point in target_for(spec, work_dir(spec.name)).watch_points():
         try:
             with TritonAdmin(point["http"], timeout_s=10) as admin:
