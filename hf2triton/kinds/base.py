@@ -365,6 +365,11 @@ class ModelKind(ABC):
         """How long an item is (characters, bytes): the export checks and the smoke test send
         items of every size, the longest included."""
 
+    def judging_requests(self, items: list[Any], reference: Any) -> list[dict[str, np.ndarray]]:
+        """The gate's requests of its items, once PyTorch's reference is known (a kind may ask
+        the candidate to score PyTorch's own answers too); by default `requests`."""
+        return self.requests(items)
+
     @abstractmethod
     def extract(self, answers: list[dict[str, np.ndarray]]) -> Any:
         """The served answers in the form `score` compares with the reference."""

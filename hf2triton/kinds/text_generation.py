@@ -38,21 +38,32 @@ PROBE_TOKENS = 48
 
 
 class TextGenerationThresholds(Strict):
-    """Limits on a candidate's greedy continuations and perplexity against PyTorch's (fp32
-    exports must match PyTorch exactly: the export step refuses one that does not)."""
+    """Limits on a candidate against PyTorch, the way the field judges a quantized or narrower
+    LM: teacher-forced, on PyTorch's own greedy continuation of each gate prompt (is the
+    candidate's next token PyTorch's, at each place?) and the perplexity of prompt and
+    continuation; the free-running text is measured too, and judged only when a limit is set
+    (a random or tiny model's greedy text parts under any change of precision, a trained one's
+    rarely). fp32 exports must match PyTorch exactly: the export step refuses one that does not."""
 
-    min_token_match: float = Field(
-        0.9,
+    min_next_token_agreement: float = Field(
+        0.95,
         ge=0.0,
         le=1.0,
-        description="share of PyTorch's greedy tokens the candidate "
-        "generates at the same place before its continuation first differs",
+        description="share of the places in PyTorch's greedy continuations where the "
+        "candidate, fed the same tokens before (teacher-forced), predicts PyTorch's next token",
     )
     max_perplexity_increase: float = Field(
         0.05,
         ge=0.0,
-        description="relative increase of the perplexity of the validation "
-        "prompts over PyTorch's (0.05: 5% higher)",
+        description="relative increase of the perplexity of the validation prompts and "
+        "PyTorch's continuations of them over PyTorch's (0.05: 5% higher)",
+    )
+    min_token_match: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description="share of PyTorch's greedy tokens the candidate generates free-running at "
+        "the same place before its continuation first differs; none: reported, not judged",
     )
 
 
@@ -257,12 +268,22 @@ class TorchGenerator:
                 top_p=None,
                 temperature=None,
             )
-            logits = self.model(input_ids=ids).logits[0].float()
         generated = out[0, ids.shape[1] :].tolist()
         generated, text = self.cut(generated)
-        logp = torch.log_softmax(logits[:-1].double(), dim=-1)
-        logprob = float(logp[torch.arange(ids.shape[1] - 1), ids[0, 1:]].sum())
-        return {"ids": generated, "text": text, "logprob": logprob, "tokens": int(ids.shape[1])}
+        whole = torch.tensor([ids[0].tolist() + generated])
+        with torch.inference_mode():
+            logits = self.model(input_ids=whole).logits[0].double()
+        logp = torch.log_softmax(logits[:-1], dim=-1)
+        each = logp[torch.arange(whole.shape[1] - 1), whole[0, 1:]]
+        prompt = int(ids.shape[1])
+        return {
+            "ids": generated,
+            "text": text,
+            "logprob": float(each[: prompt - 1].sum()),
+            "tokens": prompt,
+            # teacher-forced log-probability of its own continuation
+            "cont_logprob": float(each[prompt - 1 :].sum()),
+        }
 
     def cut(self, generated: list[int]) -> tuple[list[int], str]:
         """The served rule for stop strings: generation stops at the token that completes one,
@@ -274,6 +295,35 @@ class TorchGenerator:
             if cut >= 0:
                 return generated[:n], text[:cut]
         return generated, self.tokenizer.decode(generated, skip_special_tokens=True)
+
+
+def teacher_forced(reference: list[dict[str, Any]]) -> bool:
+    """Whether `reference` is PyTorch's (its continuations scored, the candidate asked to score
+    them too), not another run of the candidate."""
+    return bool(reference) and all("cont_logprob" in r for r in reference)
+
+
+def likelihoods(reference: list[dict[str, Any]], outputs: list[dict[str, Any]]) -> np.ndarray:
+    """Per item: the candidate's and PyTorch's log-likelihood of what both scored, and how many
+    tokens that is: the prompt's (after its first), and with PyTorch as the reference, PyTorch's
+    continuation teacher-forced too."""
+    both = teacher_forced(reference)
+    return np.array(
+        [
+            [
+                o["logprob"] + (o.get("score_logprob", 0.0) if both else 0.0),
+                r["logprob"] + (r["cont_logprob"] if both else 0.0),
+                max(0, r["tokens"] - 1) + (len(r["ids"]) if both else 0),
+            ]
+            for o, r in zip(outputs, reference)
+        ],
+        dtype=np.float64,
+    ).reshape(-1, 3)
+
+
+def perplexity_increase(sums: np.ndarray) -> float:
+    """exp(-candidate / tokens) / exp(-PyTorch / tokens) - 1 from summed `likelihoods`."""
+    return math.exp((sums[1] - sums[0]) / (sums[2] or 1.0)) - 1.0
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -385,6 +435,16 @@ class TextGenerationKind(TextToTextKind):
             for t in items
         ]
 
+    def judging_requests(
+        self, items: list[Any], reference: list[dict[str, Any]]
+    ) -> list[dict[str, np.ndarray]]:
+        """The gate's requests: each also asks for PyTorch's continuation scored teacher-forced
+        (score_ids), besides the candidate's own greedy continuation."""
+        return [
+            {**request, "score_ids": np.array([r["ids"] or [-1]], np.int32)}
+            for request, r in zip(self.requests(items), reference)
+        ]
+
     def speed(self, model: Any, items: list[Any], batch: int) -> dict[str, float]:
         """Generated tokens per second of `batch` prompts of every length served together,
         greedy, PROBE_TOKENS each (a short probe: the candidates are ranked, not measured)."""
@@ -419,6 +479,12 @@ class TextGenerationKind(TextToTextKind):
                         "text": raw.decode("utf-8") if isinstance(raw, bytes) else str(raw),
                         "logprob": float(a["prompt_logprob"][r, 0]),
                         "tokens": int(a["prompt_tokens"][r, 0]),
+                        "score_logprob": float(a["score_logprob"][r, 0])
+                        if "score_logprob" in a
+                        else 0.0,
+                        "score_matches": int(a["score_matches"][r, 0])
+                        if "score_matches" in a
+                        else 0,
                     }
                 )
         return out
@@ -469,15 +535,17 @@ class TextGenerationKind(TextToTextKind):
         matched = sum(common_prefix(o["ids"], r["ids"]) for o, r in zip(outputs, reference))
         total = sum(max(len(o["ids"]), len(r["ids"])) for o, r in zip(outputs, reference))
         same = [o["ids"] == r["ids"] for o, r in zip(outputs, reference)]
-        tokens = sum(max(0, r["tokens"] - 1) for r in reference) or 1
-        ppl_ref = math.exp(-sum(r["logprob"] for r in reference) / tokens)
-        ppl = math.exp(-sum(o["logprob"] for o in outputs) / tokens)
         metrics = {
             "token_match": matched / total if total else 1.0,
             "exact_match": sum(same) / max(1, len(same)),
-            "perplexity": ppl,
-            "perplexity_increase": ppl / ppl_ref - 1.0,
         }
+        stats = likelihoods(reference, outputs)
+        metrics["perplexity"] = math.exp(-stats[:, 0].sum() / (stats[:, 2].sum() or 1.0))
+        metrics["perplexity_increase"] = perplexity_increase(stats.sum(axis=0))
+        if teacher_forced(reference):  # against PyTorch: its continuations were scored
+            scored = sum(len(r["ids"]) for r in reference)
+            agreed = sum(o["score_matches"] for o in outputs)
+            metrics["next_token_agreement"] = agreed / scored if scored else 1.0
         return metrics, {
             "differ": [
                 {
@@ -502,27 +570,25 @@ class TextGenerationKind(TextToTextKind):
     ) -> dict[str, Sample]:
         matched = [common_prefix(o["ids"], r["ids"]) for o, r in zip(outputs, reference)]
         total = [max(len(o["ids"]), len(r["ids"])) for o, r in zip(outputs, reference)]
-        stats = np.array(
-            [
-                [o["logprob"], r["logprob"], max(0, r["tokens"] - 1)]
-                for o, r in zip(outputs, reference)
-            ],
-            dtype=np.float64,
-        )
-        return {
+        found = {
             "token_match": Sample.ratio(matched, total),
-            # exp(-sum(out) / tokens) / exp(-sum(ref) / tokens) - 1, as `score` computes it
-            "perplexity_increase": Sample(
-                stats, lambda s: math.exp((s[1] - s[0]) / (s[2] or 1.0)) - 1.0
-            ),
+            "perplexity_increase": Sample(likelihoods(reference, outputs), perplexity_increase),
         }
+        if teacher_forced(reference):
+            found["next_token_agreement"] = Sample.ratio(
+                [o["score_matches"] for o in outputs], [len(r["ids"]) for r in reference]
+            )
+        return found
 
     def limits(self) -> Limits:
         t = self.options.thresholds
-        return {
-            "token_match": (">=", t.min_token_match),
+        out: Limits = {
+            "next_token_agreement": (">=", t.min_next_token_agreement),
             "perplexity_increase": ("<=", t.max_perplexity_increase),
         }
+        if t.min_token_match is not None:
+            out["token_match"] = (">=", t.min_token_match)
+        return out
 
     def example(self, details: dict[str, Any], against: str = "PyTorch") -> str:
         first = (details.get("differ") or [None])[0]

@@ -233,7 +233,7 @@ def pytorch_reference(gate: Gate, model_dir: str) -> Reference:
     smoke_data = Data(take(gate.data.items, gate.smoke_index))
     return Reference(
         outputs=outputs,
-        requests=kind.requests(gate.gate_data.items),
+        requests=kind.judging_requests(gate.gate_data.items, outputs),
         smoke_data=smoke_data,
         smoke_outputs=take(outputs, gate.smoke_index),
         smoke_requests=kind.requests(smoke_data.items),

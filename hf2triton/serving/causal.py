@@ -192,6 +192,11 @@ class Sequence:
     stream: bool = False
     gone: Callable[[], bool] = lambda: False
     want_logprob: bool = False
+    # Ids to score teacher-forced after the prompt (the gate sends PyTorch's continuation):
+    # their log-probability and how many are the model's own next token at their place.
+    score: list[int] = field(default_factory=list)
+    score_logprob: float = 0.0
+    score_matches: int = 0
     generated: list[int] = field(default_factory=list)
     text: str = ""  # what was sent so far (or, for a failed sequence, why)
     sent_chars: int = 0
@@ -389,6 +394,17 @@ class Engine(Streaming):
         for r, s in enumerate(joining):
             if s.want_logprob:
                 s.prompt_logprob = prompt_logprob(logits[r], ids[r], mask[r])
+            if s.score:  # a forward pass of its own over the prompt and the scored ids
+                whole = s.prompt + s.score
+                scored, _ = self.model.forward(
+                    np.array([whole], np.int64),
+                    np.ones((1, len(whole)), np.int64),
+                    np.arange(len(whole), dtype=np.int64)[None],
+                    self.model.empty_past(1),
+                )
+                s.score_logprob, s.score_matches = score_continuation(
+                    scored[0], whole, len(s.prompt)
+                )
         self._join(joining, present, mask)
         self._advance(joining, logits[:, -1, :])
 
@@ -443,6 +459,20 @@ class Engine(Streaming):
         start = int(np.argmax(mask.any(axis=0)))  # columns no remaining row attends to go
         self.mask = mask[:, start:]
         self.past = {n: v[keep, :, start:] for n, v in self.past.items()}
+
+
+def score_continuation(logits: np.ndarray, ids: list[int], start: int) -> tuple[float, int]:
+    """Of the tokens `ids[start:]`, teacher-forced: the sum of their log-probabilities, and how
+    many are the argmax of the logits before them (`logits` [len(ids), vocab] of `ids`)."""
+    if start >= len(ids) or start < 1:
+        return 0.0, 0
+    rows = logits[start - 1 : len(ids) - 1].astype(np.float64)
+    want = np.asarray(ids[start:])
+    logp = log_softmax(rows)
+    return (
+        float(logp[np.arange(len(want)), want].sum()),
+        int((rows.argmax(axis=-1) == want).sum()),
+    )
 
 
 def prompt_logprob(logits: np.ndarray, ids: np.ndarray, mask: np.ndarray) -> float:

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from .causal import ChatTokenizer, Sequence, Streaming
+from .causal import ChatTokenizer, Sequence, Streaming, score_continuation
 from .decoding import DecodeSettings
 from .runtimes import GenAIModelFiles, RuntimeUnavailable
 
@@ -105,6 +105,13 @@ class PromptScorer:
     def __call__(self, ids: list[int]) -> float:
         if len(ids) < 2:
             return 0.0
+        logits = self.logits(ids)[:-1].astype(np.float64)
+        top = logits.max(axis=-1, keepdims=True)
+        lse = np.log(np.exp(logits - top).sum(axis=-1)) + top[:, 0]
+        return float((logits[np.arange(len(ids) - 1), ids[1:]] - lse).sum())
+
+    def logits(self, ids: list[int]) -> np.ndarray:
+        """The logits [len(ids), vocab] of one forward pass over `ids`."""
         feeds = {
             "input_ids": np.asarray([ids], np.int64),
             "attention_mask": np.ones((1, len(ids)), np.int64),
@@ -113,11 +120,9 @@ class PromptScorer:
         }
         self.request.reset_state()  # the KV cache lives in the request's state
         self.request.infer(feeds)
-        logits = self.request.get_tensor("logits").data[0, :-1].astype(np.float64)
+        logits = np.array(self.request.get_tensor("logits").data[0])
         self.request.reset_state()
-        top = logits.max(axis=-1, keepdims=True)
-        lse = np.log(np.exp(logits - top).sum(axis=-1)) + top[:, 0]
-        return float((logits[np.arange(len(ids) - 1), ids[1:]] - lse).sum())
+        return logits
 
 
 class GenAIEngine(Streaming):
@@ -180,9 +185,15 @@ class GenAIEngine(Streaming):
                 self._finish(seq, "cancelled")
                 continue
             try:
-                if seq.want_logprob:
+                if seq.want_logprob or seq.score:
                     self.scorer = self.scorer or PromptScorer(self.model.files)
+                if seq.want_logprob:
                     seq.prompt_logprob = self.scorer(seq.prompt)
+                if seq.score:
+                    whole = seq.prompt + seq.score
+                    seq.score_logprob, seq.score_matches = score_continuation(
+                        self.scorer.logits(whole), whole, len(seq.prompt)
+                    )
                 handle = self.pipe.add_request(
                     next(self.ids), self.ovg_tensor(seq.prompt), self._config(seq)
                 )

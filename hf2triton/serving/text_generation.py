@@ -40,6 +40,9 @@ class Generator(ServedModel):
         Tensor("seed", "UINT64", optional=True),
         Tensor("stop_words", "STRING", dims=(-1,), optional=True),
         Tensor("return_prompt_logprob", "BOOL", optional=True),
+        # Ids to score teacher-forced after the prompt (-1 pads a shorter row): the gate sends
+        # PyTorch's greedy continuation and reads how many are the model's own next token.
+        Tensor("score_ids", "INT32", dims=(-1,), optional=True),
     )
     outputs = (
         Tensor("text_output", "STRING"),
@@ -47,6 +50,8 @@ class Generator(ServedModel):
         Tensor("finish_reason", "STRING"),
         Tensor("prompt_logprob", "FP32"),
         Tensor("prompt_tokens", "INT32"),
+        Tensor("score_logprob", "FP32"),
+        Tensor("score_matches", "INT32"),
     )
 
     def __init__(self, directory: str, settings: dict[str, Any]):
@@ -130,6 +135,7 @@ class Generator(ServedModel):
                 "return_prompt_logprob",
             )
         }
+        scores = score_rows(arrays, n)
         rows = []
         for i, (text, special) in enumerate(prompts):
             values = {k: v[i] for k, v in columns.items()}
@@ -137,7 +143,7 @@ class Generator(ServedModel):
             ids = self.tokenizer.encode(text, special)
             if not ids:
                 raise ValueError("the prompt is empty: send some text")
-            if len(ids) + sampling.max_new_tokens > self.max_context:
+            if len(ids) + max(sampling.max_new_tokens, len(scores[i])) > self.max_context:
                 raise ValueError(
                     f"the prompt is {len(ids)} tokens and max_tokens "
                     f"{sampling.max_new_tokens}: {len(ids) + sampling.max_new_tokens} is over "
@@ -150,6 +156,7 @@ class Generator(ServedModel):
                     "sampling": sampling,
                     "stream": bool(stream and stream[0]),
                     "logprob": bool(values["return_prompt_logprob"]),
+                    "score": scores[i],
                 }
             )
         return rows
@@ -213,6 +220,7 @@ class Generator(ServedModel):
             stream=stream,
             gone=gone,
             want_logprob=row["logprob"],
+            score=row["score"],
         )
 
     # Triton's decoupled way in
@@ -247,6 +255,16 @@ class Generator(ServedModel):
             self.engine.submit(seqs)
 
 
+def score_rows(arrays: dict[str, np.ndarray], rows: int) -> list[list[int]]:
+    """Each row's ids to score (none when the request leaves score_ids out)."""
+    arr = column(arrays, "score_ids", required=False)
+    if arr is None:
+        return [[] for _ in range(rows)]
+    if len(arr) != rows:
+        raise ValueError(f"score_ids needs one row per prompt: {rows}, got {len(arr)}")
+    return [[int(i) for i in row if i >= 0] for row in arr]
+
+
 def _collect(done: threading.Semaphore):
     def emit(text: str, ids: list[int], last: bool, seq: causal.Sequence) -> None:
         seq.text = text if seq.finish == "error" else seq.text + text
@@ -268,6 +286,8 @@ def outputs(seqs: list[causal.Sequence]) -> dict[str, np.ndarray]:
         "finish_reason": np.array([[str(s.finish).encode()] for s in seqs], dtype=np.object_),
         "prompt_logprob": np.array([[s.prompt_logprob] for s in seqs], np.float32),
         "prompt_tokens": np.array([[len(s.prompt)] for s in seqs], np.int32),
+        "score_logprob": np.array([[s.score_logprob] for s in seqs], np.float32),
+        "score_matches": np.array([[s.score_matches] for s in seqs], np.int32),
     }
 
 

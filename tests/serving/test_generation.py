@@ -391,12 +391,13 @@ def test_int8_and_int4_blockwise_candidates_are_scored_by_the_gate_metrics(expor
         )
         model = _load(exported["settings"], onnx=variant["onnx_path"])
         try:
-            outputs = kind.extract(model.answer(kind.requests(PROMPTS)))
+            outputs = kind.extract(model.answer(kind.judging_requests(PROMPTS, reference)))
         finally:
             model.close()
         scores[method], _ = kind.score(reference, outputs, data, cfg)
     print(scores)
     assert scores["none"]["token_match"] == 1.0
+    assert scores["none"]["next_token_agreement"] == 1.0  # teacher-forced on PyTorch's ids
     assert abs(scores["none"]["perplexity_increase"]) < 1e-5
     # Fewer bits, further from PyTorch: each figure is measured, none is a copy of fp32's.
     assert (
@@ -405,6 +406,7 @@ def test_int8_and_int4_blockwise_candidates_are_scored_by_the_gate_metrics(expor
         > 0.0
     )
     assert scores["int4-blockwise"]["token_match"] < 1.0
+    assert scores["int4-blockwise"]["next_token_agreement"] < 1.0
 
 
 def test_a_stream_with_clean_up_spaces_holds_back_what_a_later_token_rewrites():
@@ -464,13 +466,14 @@ def test_openvino_genai_compressed_candidates_are_scored_by_the_gate_metrics(gen
     ):
         model = _load(genai_exported["settings"], onnx=variant["onnx_path"])
         try:
-            outputs = kind.extract(model.answer(kind.requests(PROMPTS)))
+            outputs = kind.extract(model.answer(kind.judging_requests(PROMPTS, reference)))
         finally:
             model.close()
         scores[name], _ = kind.score(reference, outputs, data, cfg)
         scores[name]["bytes"] = variant["size_bytes"]
     print(scores)
     assert scores["f32"]["token_match"] == 1.0
+    assert scores["f32"]["next_token_agreement"] == 1.0
     assert abs(scores["f32"]["perplexity_increase"]) < 1e-4
     # (On a model this small the embeddings, int8 in both, weigh most: int4 is not smaller.)
     assert max(scores["int4"]["bytes"], scores["int8"]["bytes"]) < scores["f32"]["bytes"]
