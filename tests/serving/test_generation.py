@@ -478,3 +478,37 @@ def test_openvino_genai_compressed_candidates_are_scored_by_the_gate_metrics(gen
     # (On a model this small the embeddings, int8 in both, weigh most: int4 is not smaller.)
     assert max(scores["int4"]["bytes"], scores["int8"]["bytes"]) < scores["f32"]["bytes"]
     assert abs(scores["int4"]["perplexity_increase"]) > abs(scores["int8"]["perplexity_increase"])
+
+
+@pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize("streams", [32, 64])
+def test_prompts_up_to_the_context_never_fail_a_scheduler_step(genai_exported, streams, split):
+    """OpenVINO GenAI's scheduler refuses a step whose sequence is longer than its batched-token
+    budget. Prompts of every length up to the model's whole context (less the tokens asked
+    for), `streams` of them at once on as many rows: every one is answered, none is refused,
+    whatever the prompts' mix, prompts split over steps or not."""
+    settings = genai_exported["settings"]
+    context, new = int(settings["max_context"]), 4
+    runtime = {**settings["runtime"], "split_prompts": split}
+    model = _load(settings, runtime=runtime, max_rows=streams, step_tokens=64)
+    try:
+        words = " ".join(PROMPTS).split()
+        lengths = np.linspace(1, context - new, streams).round().astype(int)
+        prompts = []
+        for want in lengths.tolist():
+            text, n = "", 0
+            while n < want:
+                text = (text + " " + words[len(text) % len(words)]).strip()
+                n = len(model.tokenizer.encode(text))
+            while n > want:  # back to at most `want` tokens
+                text = text.rsplit(" ", 1)[0]
+                n = len(model.tokenizer.encode(text))
+            prompts.append(text)
+        assert max(len(model.tokenizer.encode(p)) for p in prompts) > context - 2 * new
+        answers = model.answer([_request(p, max_tokens=new) for p in prompts])
+    finally:
+        model.close()
+    refused = [a for a in answers if isinstance(a, str)]
+    assert not refused, refused[:2]
+    reasons = {a["finish_reason"][0, 0].decode() for a in answers}
+    assert reasons <= {"length", "stop"}, reasons
