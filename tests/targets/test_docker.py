@@ -487,14 +487,15 @@ def test_a_failing_new_image_leaves_the_old_container_serving(
     deploy = DockerDeploy(target="docker", host="127.0.0.1", ready_timeout_s=120, **release.ports)
     kind = kind_for(load_spec(release.tmp / "first.yaml"))
     expected = SmokeTestError if case == "smoke-fails" else DeployError
+    target = DockerContainers(deploy, MODEL)
     with pytest.raises(expected, match=f"{LIVE} \\(version {version}\\) keeps serving"):
-        DockerContainers(deploy, MODEL).deploy(
+        target.deploy(
             "",
             MODEL,
             version,
             {},
             {"reference": reference},
-            _check(kind, MODEL, _reference(release)),
+            _check(target, kind, MODEL, _reference(release)),
         )
     assert _live(docker_client).id == live_before
     names = {c.name for c in docker_client.containers.list(all=True, filters={"name": PREFIX})}
