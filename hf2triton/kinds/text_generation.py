@@ -30,6 +30,7 @@ from hf2triton.serving.causal import (
     STREAM_INTERVAL_MS,
 )
 from hf2triton.serving.decoding import DecodeSettings, stop_at
+from hf2triton.serving.genai import TOKENIZER_IRS
 from hf2triton.util.specbase import Strict
 
 # New tokens per prompt of the gate's speed probe: enough decode steps that an engine's cost per
@@ -415,6 +416,16 @@ class TextGenerationKind(TextToTextKind):
 
     def settings(self, cfg: TextGenerationConfig, export_dir: str) -> dict[str, Any]:
         return cfg.to_dict()
+
+    def version_files(self, candidate: str, export_dir: str) -> dict[str, Path]:
+        """Besides the graph and tokenizer.json, a stateful IR's tokenizer as OpenVINO IRs where
+        the export made them (OpenVINO GenAI's structured output reads its vocabulary there)."""
+        files = super().version_files(candidate, export_dir)
+        graph = Path(candidate)
+        for name in TOKENIZER_IRS:
+            if graph.suffix == ".xml" and (graph.parent / name).is_file():
+                files[name] = graph.parent / name
+        return files
 
     def file_settings(self, files: dict[str, str]) -> dict[str, Any]:
         graph = next(

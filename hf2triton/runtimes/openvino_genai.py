@@ -21,6 +21,7 @@ from hf2triton.runtimes.base import (
     VariantContext,
     build_variant,
 )
+from hf2triton.serving.genai import TOKENIZER_IRS
 from hf2triton.util.workspace import hash_files, sha256_file
 
 IR = "openvino_model.xml"
@@ -80,7 +81,7 @@ def stateful_ir(ctx: VariantContext) -> Variant:
                 local_files_only=True,
                 library_name="transformers",
             )
-        return {}
+        return {"tokenizer_ir": tokenizer_ir(src, out)}
 
     return build_variant(
         ctx.work,
@@ -92,6 +93,26 @@ def stateful_ir(ctx: VariantContext) -> Variant:
         IR,
         src / "config.json",
     )
+
+
+def tokenizer_ir(src: Path, out: Path) -> str:
+    """The model's tokenizer converted to OpenVINO IRs in `out` (openvino_tokenizers); "" when
+    it converted, else why not (the release then refuses constrained requests, saying so)."""
+    try:
+        import openvino as ov
+        from openvino_tokenizers import convert_tokenizer
+        from transformers import AutoTokenizer
+
+        tokenizer, detokenizer = convert_tokenizer(
+            AutoTokenizer.from_pretrained(str(src)), with_detokenizer=True
+        )
+        ov.save_model(tokenizer, str(out / "openvino_tokenizer.xml"))
+        ov.save_model(detokenizer, str(out / "openvino_detokenizer.xml"))
+        return ""
+    except Exception as exc:  # noqa: BLE001 - structured output is then not offered, the rest is
+        for name in TOKENIZER_IRS:
+            (out / name).unlink(missing_ok=True)
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
 
 
 def compressed(ctx: VariantContext, mode: str, group_size: int) -> Variant:

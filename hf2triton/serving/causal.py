@@ -55,6 +55,7 @@ class ChatTokenizer:
         self.clean_up = bool(plan.get("clean_up_tokenization_spaces", False))
         self.special = dict(plan.get("special_tokens") or {})
         self.template = None
+        self.source: str | None = plan.get("chat_template")
         if plan.get("chat_template"):
             from jinja2.exceptions import TemplateError
             from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -73,8 +74,21 @@ class ChatTokenizer:
         text = self.fast.decode(ids, skip_special_tokens=True)
         return clean_up_tokenization(text) if self.clean_up else text
 
-    def render(self, messages: Any) -> str:
-        """The prompt of a chat: `messages` a list of {"role", "content"} objects."""
+    @property
+    def tool_style(self) -> str:
+        """How the chat template renders tools and the model calls them: "hermes" (Qwen2,
+        Hermes: the tools listed in the system turn, each call a JSON object in <tool_call>
+        tags), "json" (another template that renders `tools`: a call is a JSON object with
+        name and arguments), or "" (the template takes no tools)."""
+        source = self.source or ""
+        if "tools" not in source:
+            return ""
+        return "hermes" if "<tool_call>" in source else "json"
+
+    def render(self, messages: Any, tools: list[Any] | None = None) -> str:
+        """The prompt of a chat: `messages` a list of {"role", "content"} objects (an assistant
+        turn may carry `tool_calls` instead of content, a `tool` turn answers one), `tools` the
+        functions the model may call, rendered by the template."""
         if self.template is None:
             raise ValueError("this model has no chat template: send text_input, not messages")
         if not (
@@ -83,19 +97,22 @@ class ChatTokenizer:
             and all(
                 isinstance(m, dict)
                 and isinstance(m.get("role"), str)
-                and isinstance(m.get("content"), str)
+                and (isinstance(m.get("content"), str) or m.get("tool_calls"))
                 for m in messages
             )
         ):
             raise ValueError(
                 'messages must be a JSON list of {"role": ..., "content": ...} '
-                "objects with string values"
+                "objects with string values (or an assistant's tool_calls)"
             )
+        if tools and not self.tool_style:
+            raise ValueError("this model's chat template does not render tools: send no tools")
         from jinja2.exceptions import TemplateError
 
+        extra = {"tools": tools} if tools else {}
         try:
             return self.template.render(
-                messages=messages, add_generation_prompt=True, **self.special
+                messages=messages, add_generation_prompt=True, **self.special, **extra
             )
         except TemplateError as exc:
             raise ValueError(f"the model's chat template refused these messages: {exc}") from None
@@ -192,6 +209,7 @@ class Sequence:
     stream: bool = False
     gone: Callable[[], bool] = lambda: False
     want_logprob: bool = False
+    grammar: str = ""  # what the text must follow (structured.py's EBNF); "" none
     # Ids to score teacher-forced after the prompt (the gate sends PyTorch's continuation):
     # their log-probability and how many are the model's own next token at their place.
     score: list[int] = field(default_factory=list)
@@ -224,6 +242,12 @@ class Streaming:
     tokenizer: ChatTokenizer
     eos: set[int]
     running: Any  # what the loop runs now (a list of sequences, or of the engine's handles)
+    # Why this engine cannot constrain generation to a grammar ("": it can).
+    unconstrained: str = (
+        "the serving core's own engine (runtimes onnxruntime, openvino, onnxruntime-cuda) does "
+        "not constrain generation: serve the model on runtime openvino-genai for response_format "
+        "and tool_choice required"
+    )
     stream_every: float = 0.0  # the least time between a stream's pieces now
     stream_interval: float = STREAM_INTERVAL_MS / 1000  # ... when the loop is busy (seconds)
     loop_name: str = "decode-loop"  # the thread that owns the engine, started by submit()

@@ -22,6 +22,7 @@ Part of the serving core: numpy, openvino and openvino_genai only.
 from __future__ import annotations
 
 import itertools
+import os
 from typing import Any
 
 import numpy as np
@@ -29,6 +30,15 @@ import numpy as np
 from .causal import ChatTokenizer, Sequence, Streaming, score_continuation
 from .decoding import DecodeSettings
 from .runtimes import GenAIModelFiles, RuntimeUnavailable
+
+# OpenVINO GenAI's structured output (XGrammar) reads the vocabulary from the tokenizer as an
+# OpenVINO IR beside the model: without it, a constrained request cannot be served.
+TOKENIZER_IRS = (
+    "openvino_tokenizer.xml",
+    "openvino_tokenizer.bin",
+    "openvino_detokenizer.xml",
+    "openvino_detokenizer.bin",
+)
 
 
 class GenAIModel:
@@ -150,6 +160,16 @@ class GenAIEngine(Streaming):
         self._init_loop()
         self.running: dict[int, Running] = {}
         self.scorer: PromptScorer | None = None
+        # Structured output needs the tokenizer's vocabulary as an OpenVINO IR beside the model.
+        found = os.path.isfile(os.path.join(model.files.directory, TOKENIZER_IRS[0]))
+        self.unconstrained = (
+            ""
+            if found
+            else (
+                f"this release has no {TOKENIZER_IRS[0]} beside its model (the export could not "
+                "convert its tokenizer), which OpenVINO GenAI's structured output needs"
+            )
+        )
 
     # the loop ---------------------------------------------------------------------------------
     def close(self) -> None:
@@ -250,6 +270,10 @@ class GenAIEngine(Streaming):
         cfg.set_eos_token_id(eos[0])
         cfg.stop_token_ids = set(eos)
         cfg.repetition_penalty = float(p.repetition_penalty)
+        if seq.grammar:
+            constraint = self.ovg.StructuredOutputConfig()
+            constraint.grammar = seq.grammar
+            cfg.structured_output_config = constraint
         if self.processors.min_length:
             cfg.min_new_tokens = max(0, self.processors.min_length - len(seq.prompt))
         if p.temperature > 0:

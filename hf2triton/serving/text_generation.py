@@ -21,6 +21,7 @@ from .base import ServedModel, Tensor, column, texts, value_column
 from .decoding import DecodeSettings
 from .genai import GenAIModel
 from .runtimes import GenAIModelFiles
+from .structured import SchemaError, schema_grammar
 
 # How often a running request asks Triton whether its client left (seconds).
 CANCEL_CHECK_S = 0.5
@@ -43,6 +44,13 @@ class Generator(ServedModel):
         # Ids to score teacher-forced after the prompt (-1 pads a shorter row): the gate sends
         # PyTorch's greedy continuation and reads how many are the model's own next token.
         Tensor("score_ids", "INT32", dims=(-1,), optional=True),
+        # Structured output: a JSON Schema every answer must validate against (the decoding is
+        # constrained to it, structured.py), one per request.
+        Tensor("json_schema", "STRING", optional=True),
+        # Tool calling: the functions (OpenAI's `tools`, JSON) the chat template renders with
+        # `messages`, and text the answer starts with (the API's forced call) after the prompt.
+        Tensor("tools", "STRING", optional=True),
+        Tensor("assistant_prefix", "STRING", optional=True),
     )
     outputs = (
         Tensor("text_output", "STRING"),
@@ -100,13 +108,7 @@ class Generator(ServedModel):
             arr = column(arrays, "text_input")
             prompts = [(row[0], True) for row in texts(arr, "text_input")]
         elif "messages" in arrays:
-            prompts = []
-            for row in texts(column(arrays, "messages"), "messages"):
-                try:
-                    chat = json.loads(row[0])
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"messages is not JSON: {exc}") from None
-                prompts.append((self.tokenizer.render(chat), False))
+            prompts = self.chats(arrays)
         else:
             raise ValueError("the request has neither text_input nor messages: send one")
         n = len(prompts)
@@ -136,6 +138,7 @@ class Generator(ServedModel):
             )
         }
         scores = score_rows(arrays, n)
+        grammar = self.grammar(arrays, n)
         rows = []
         for i, (text, special) in enumerate(prompts):
             values = {k: v[i] for k, v in columns.items()}
@@ -157,9 +160,48 @@ class Generator(ServedModel):
                     "stream": bool(stream and stream[0]),
                     "logprob": bool(values["return_prompt_logprob"]),
                     "score": scores[i],
+                    "grammar": grammar,
                 }
             )
         return rows
+
+    def chats(self, arrays: dict[str, np.ndarray]) -> list[tuple[str, bool]]:
+        """The prompts of `messages` rows, rendered by the chat template with `tools`, each
+        followed by `assistant_prefix`."""
+        tools = None
+        if "tools" in arrays:
+            try:
+                tools = json.loads(texts(column(arrays, "tools"), "tools")[0][0])
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"tools is not JSON: {exc}") from None
+            if not isinstance(tools, list):
+                raise ValueError("tools must be a JSON list of functions")
+        prefix = (
+            texts(column(arrays, "assistant_prefix"), "assistant_prefix")[0][0]
+            if "assistant_prefix" in arrays
+            else ""
+        )
+        prompts = []
+        for row in texts(column(arrays, "messages"), "messages"):
+            try:
+                chat = json.loads(row[0])
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"messages is not JSON: {exc}") from None
+            prompts.append((self.tokenizer.render(chat, tools) + prefix, False))
+        return prompts
+
+    def grammar(self, arrays: dict[str, np.ndarray], rows: int) -> str:
+        """The grammar of the request's json_schema ("" without one); ValueError naming the
+        schema part it cannot enforce, or why this engine cannot constrain."""
+        if "json_schema" not in arrays:
+            return ""
+        if self.engine.unconstrained:
+            raise ValueError(self.engine.unconstrained)
+        schema = texts(column(arrays, "json_schema"), "json_schema")[0][0]
+        try:
+            return schema_grammar(schema)
+        except SchemaError as exc:
+            raise ValueError(f"json_schema {exc}") from None
 
     def sampling(self, v: dict[str, Any], stop: tuple[str, ...] | None) -> causal.Sampling:
         changes: dict[str, Any] = {}
@@ -221,6 +263,7 @@ class Generator(ServedModel):
             gone=gone,
             want_logprob=row["logprob"],
             score=row["score"],
+            grammar=row["grammar"],
         )
 
     # Triton's decoupled way in

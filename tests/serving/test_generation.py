@@ -8,6 +8,7 @@ Runtime, NNCF weight compression for OpenVINO GenAI) are scored, each its own fi
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -512,3 +513,106 @@ def test_prompts_up_to_the_context_never_fail_a_scheduler_step(genai_exported, s
     assert not refused, refused[:2]
     reasons = {a["finish_reason"][0, 0].decode() for a in answers}
     assert reasons <= {"length", "stop"}, reasons
+
+
+SCHEMAS = {
+    "object": {
+        "type": "object",
+        "properties": {
+            "answer": {"enum": ["yes", "no", "maybe"]},
+            "confidence": {"type": "integer"},
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 6}, "maxItems": 3},
+            "note": {"type": ["string", "null"], "maxLength": 10},
+        },
+        "required": ["answer", "confidence", "tags"],
+        "additionalProperties": False,
+    },
+    "refs": {
+        "$defs": {
+            "Point": {
+                "type": "object",
+                "properties": {"x": {"type": "number"}, "y": {"type": "number"}},
+                "required": ["x", "y"],
+            }
+        },
+        "type": "object",
+        "properties": {
+            "points": {
+                "type": "array",
+                "items": {"$ref": "#/$defs/Point"},
+                "minItems": 1,
+                "maxItems": 2,
+            },
+            "closed": {"type": "boolean"},
+        },
+        "required": ["points"],
+    },
+    "optional-only": {
+        "type": "object",
+        "properties": {"a": {"type": "boolean"}, "b": {"const": 7}},
+    },
+    "anyof": {"anyOf": [{"type": "integer"}, {"enum": ["none"]}]},
+}
+
+
+@pytest.mark.parametrize("name", list(SCHEMAS))
+def test_json_schema_constrains_a_random_model_to_valid_json(genai_exported, name):
+    """A random tiny model, told nothing, writes JSON that validates against the request's
+    schema when the decoding is constrained to it: every prompt, compact, within max_tokens."""
+    import jsonschema
+
+    model = _load(genai_exported["settings"])
+    try:
+        schema = SCHEMAS[name]
+        requests = []
+        for p in ("hello", "the answer", "tell me", "now", "json please", "why"):
+            r = _request(p, max_tokens=110)
+            r["json_schema"] = np.array([[json.dumps(schema).encode()]], dtype=object)
+            requests.append(r)
+        answers = model.answer(requests)
+    finally:
+        model.close()
+    assert not [a for a in answers if isinstance(a, str)], answers
+    for a in answers:
+        assert a["finish_reason"][0, 0].decode() == "stop", _text(a)
+        jsonschema.validate(json.loads(_text(a)), schema)
+
+
+@pytest.mark.parametrize(
+    "schema, part",
+    [
+        (
+            {"type": "object", "properties": {"s": {"type": "string", "pattern": "^a"}}},
+            "$.properties.s.pattern",
+        ),
+        (
+            {"type": "object", "properties": {"n": {"type": "integer", "minimum": 3}}},
+            "$.properties.n.minimum",
+        ),
+        ({"type": "object", "properties": {"p": {"$ref": "#/$defs/Nope"}}}, "$.properties.p.$ref"),
+        ({"type": "object", "required": ["x"], "properties": {}}, "$.required"),
+        ({"type": "strin"}, "$.type"),
+    ],
+)
+def test_a_schema_the_grammar_cannot_enforce_is_refused_naming_its_part(
+    genai_exported, schema, part
+):
+    model = _load(genai_exported["settings"])
+    try:
+        r = _request(PROMPTS[0])
+        r["json_schema"] = np.array([[json.dumps(schema).encode()]], dtype=object)
+        (answer,) = model.answer([r])
+    finally:
+        model.close()
+    assert isinstance(answer, str) and f"json_schema {part}:" in answer, answer
+
+
+def test_the_serving_cores_own_engine_refuses_a_schema_naming_the_runtime(exported):
+    model = _load(exported["settings"])
+    try:
+        r = _request(PROMPTS[0])
+        r["json_schema"] = np.array([[b'{"type": "object"}']], dtype=object)
+        (answer,) = model.answer([r])
+    finally:
+        model.close()
+    assert isinstance(answer, str) and "serve the model on runtime openvino-genai" in answer
