@@ -325,10 +325,25 @@ def rerank_pairs() -> list[tuple[str, str]]:
 
 
 # A chat template of the usual shape (role headers, the generation prompt at the end), so the
-# served chat path renders what transformers' apply_chat_template renders.
+# served chat path renders what transformers' apply_chat_template renders; with tools, Qwen2's
+# (Hermes) way: the functions in the system turn, each call a JSON object in <tool_call> tags,
+# a tool's answer in <tool_response> tags.
 TINY_CHAT_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
-    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    "{% if tools %}<|im_start|>system\n"
+    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}\n\n{% endif %}"
+    "# Tools\n<tools>\n{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}</tools>\n"
+    "For each function call, return a JSON object with the function name and arguments "
+    "within <tool_call></tool_call> tags.<|im_end|>\n{% endif %}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' and tools %}"
+    "{% elif message['role'] == 'tool' %}<|im_start|>user\n<tool_response>\n"
+    "{{ message['content'] }}\n</tool_response><|im_end|>\n"
+    "{% elif message.get('tool_calls') %}<|im_start|>assistant\n"
+    "{% for call in message['tool_calls'] %}<tool_call>\n"
+    '{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}'
+    "\n</tool_call>{% endfor %}<|im_end|>\n"
+    "{% else %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
 

@@ -365,6 +365,12 @@ class ModelKind(ABC):
         """How long an item is (characters, bytes): the export checks and the smoke test send
         items of every size, the longest included."""
 
+    def served_checks(self, model: Any, data: Data) -> tuple[dict[str, Any], dict[str, float]]:
+        """What a candidate must also do as served, beyond matching PyTorch (a text generator's
+        constrained decoding): the figures for the report, and the checks it fails (name ->
+        how far off)."""
+        return {}, {}
+
     def judging_requests(self, items: list[Any], reference: Any) -> list[dict[str, np.ndarray]]:
         """The gate's requests of its items, once PyTorch's reference is known (a kind may ask
         the candidate to score PyTorch's own answers too); by default `requests`."""

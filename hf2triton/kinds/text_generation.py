@@ -7,6 +7,7 @@ perplexity each candidate gives the prompts themselves with PyTorch's.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import asdict, dataclass
@@ -28,10 +29,25 @@ from hf2triton.serving.causal import (
     MAX_ROWS,
     STEP_TOKENS,
     STREAM_INTERVAL_MS,
+    tool_style,
 )
 from hf2triton.serving.decoding import DecodeSettings, stop_at
 from hf2triton.serving.genai import TOKENIZER_IRS
 from hf2triton.util.specbase import Strict
+
+# The gate's check of constrained decoding: a bounded schema (each answer ends well within its
+# tokens), on this many validation prompts.
+STRUCTURED_TEST_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "answer": {"enum": ["yes", "no", "unsure"]},
+        "score": {"enum": [1, 2, 3, 4, 5]},
+        "checked": {"type": "boolean"},
+    },
+    "required": ["answer", "score", "checked"],
+    "additionalProperties": False,
+}
+STRUCTURED_PROMPTS = 4
 
 # New tokens per prompt of the gate's speed probe: enough decode steps that an engine's cost per
 # step (where the engines differ most), not its start-up, decides the ranking.
@@ -417,6 +433,11 @@ class TextGenerationKind(TextToTextKind):
     def settings(self, cfg: TextGenerationConfig, export_dir: str) -> dict[str, Any]:
         return cfg.to_dict()
 
+    def config_parameters(self, cfg: TextGenerationConfig) -> dict[str, str]:
+        """How the chat template calls tools (the OpenAI-compatible API reads it to serve
+        `tools`, or refuse them)."""
+        return {"chat_tools": tool_style(cfg.tokenizer["chat_template"])}
+
     def version_files(self, candidate: str, export_dir: str) -> dict[str, Path]:
         """Besides the graph and tokenizer.json, a stateful IR's tokenizer as OpenVINO IRs where
         the export made them (OpenVINO GenAI's structured output reads its vocabulary there)."""
@@ -445,6 +466,38 @@ class TextGenerationKind(TextToTextKind):
             }
             for t in items
         ]
+
+    def served_checks(self, model: Any, data: Data) -> tuple[dict[str, Any], dict[str, float]]:
+        """Constrained decoding on the served path: a few validation prompts answered as JSON
+        of a test schema, every answer valid (a tokenizer the grammar cannot handle would not
+        be); an engine that does not constrain is reported, its requests refused when served."""
+        import jsonschema
+
+        why = getattr(getattr(model, "engine", None), "unconstrained", "")
+        if why:
+            return {"structured_output": f"not offered: {why}"}, {}
+        prompts = [str(p) for p in data.items[:STRUCTURED_PROMPTS]]
+        schema = json.dumps(STRUCTURED_TEST_SCHEMA).encode()
+        requests = [
+            {
+                "text_input": np.array([[p.encode("utf-8")]], dtype=np.object_),
+                "max_tokens": np.full((1, 1), 64, np.int32),
+                "temperature": np.zeros((1, 1), np.float32),
+                "json_schema": np.array([[schema]], dtype=np.object_),
+            }
+            for p in prompts
+        ]
+        valid = 0
+        for answer in model.answer(requests):
+            try:
+                raw = answer["text_output"][0, 0]
+                text = raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
+                jsonschema.validate(json.loads(text), STRUCTURED_TEST_SCHEMA)
+                valid += 1
+            except (TypeError, KeyError, ValueError, jsonschema.ValidationError):
+                continue
+        found = {"structured_output": f"{valid}/{len(prompts)} valid against the test schema"}
+        return found, ({} if valid == len(prompts) else {"structured_output": len(prompts) - valid})
 
     def judging_requests(
         self, items: list[Any], reference: list[dict[str, Any]]

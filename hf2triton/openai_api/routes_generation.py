@@ -17,7 +17,10 @@ from .bodies import Json, text_array
 from .errors import ApiError, bad_request
 from .schemas import ChatRequest, CompletionRequest, Generation
 from .state import timed, triton_of
+from .tools import ToolMode, plan, read_calls, template_messages
 from .triton import Model
+
+NO_TOOLS = ToolMode()
 
 router = APIRouter()
 
@@ -27,11 +30,24 @@ async def chat(body: ChatRequest, request: Request) -> Response:
     request.state.model = body.model
     model = await triton_of(request).model(body.model, ("text_generation",), "/v1/chat/completions")
     try:
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        messages = template_messages(body.messages)
     except ValueError as exc:
         raise bad_request(str(exc), param="messages") from None
     arrays = {"messages": text_array(json.dumps(messages, ensure_ascii=False)), **sampling(body)}
-    return await generate(request, model, body, arrays, chat=True)
+    mode, schema, prefix = plan(body, model.chat_tools, model.name)
+    if mode.style:
+        tools = [t.model_dump(exclude_none=True) for t in body.tools or []]
+        arrays["tools"] = text_array(json.dumps(tools, ensure_ascii=False))
+    if prefix:
+        arrays["assistant_prefix"] = text_array(prefix)
+    if schema is not None:
+        arrays["json_schema"] = text_array(json.dumps(schema, ensure_ascii=False))
+    try:
+        return await generate(request, model, body, arrays, chat=True, mode=mode)
+    except ApiError as exc:
+        if mode.forced and exc.param == "response_format":  # the forced call's schema
+            exc.param = "tool_choice"
+        raise
 
 
 @router.post("/v1/completions")
@@ -39,11 +55,19 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     request.state.model = body.model
     model = await triton_of(request).model(body.model, ("text_generation",), "/v1/completions")
     arrays = {"text_input": text_array(str(body.prompt)), **sampling(body)}
+    schema = body.response_format.schema() if body.response_format else None
+    if schema is not None:
+        arrays["json_schema"] = text_array(json.dumps(schema, ensure_ascii=False))
     return await generate(request, model, body, arrays, chat=False)
 
 
 async def generate(
-    request: Request, model: Model, body: Generation, arrays: dict[str, np.ndarray], chat: bool
+    request: Request,
+    model: Model,
+    body: Generation,
+    arrays: dict[str, np.ndarray],
+    chat: bool,
+    mode: ToolMode = NO_TOOLS,
 ) -> Response:
     prompt_param = "messages" if chat else "prompt"
     ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
@@ -64,11 +88,15 @@ async def generate(
             answer = await timed(request, responses.__anext__())
         text = first_text(answer)
         ids = [int(i) for i in answer["output_ids"].reshape(-1) if i >= 0]
+        reason, content, calls = answered(text, finish(answer), mode)
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = calls
         choice: dict[str, Any] = {
             "index": 0,
-            "finish_reason": finish(answer),
+            "finish_reason": reason,
             "logprobs": None,
-            **({"message": {"role": "assistant", "content": text}} if chat else {"text": text}),
+            **({"message": message} if chat else {"text": text}),
         }
         if body.return_token_ids:
             choice["token_ids"] = ids
@@ -95,6 +123,7 @@ async def generate(
             responses,
             include_usage,
             bool(body.return_token_ids),
+            mode,
         ),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache"},
@@ -110,9 +139,12 @@ async def events(
     responses: AsyncIterator[dict],
     include_usage: bool,
     token_ids: bool,
+    mode: ToolMode = NO_TOOLS,
 ) -> AsyncIterator[bytes]:
     """The stream's server-sent events: a chat's role first, each piece of text as it comes,
-    the usage when asked, and `[DONE]`; a failure midway is sent as an error event."""
+    the usage when asked, and `[DONE]`; a failure midway is sent as an error event. With tools
+    the answer is read whole first (a call is known once its JSON ends), then sent as OpenAI
+    streams it: its content, then each call (id, name, arguments), then the finish reason."""
     obj = "chat.completion.chunk" if chat else "text_completion"
 
     def chunk(choices: list, usage: dict | None = None) -> bytes:
@@ -143,6 +175,7 @@ async def events(
         yield chunk([{"index": 0, "delta": role, "finish_reason": None, "logprobs": None}])
     generated = 0
     answer = first
+    held: list[str] = []
     try:
         while True:
             text = first_text(answer)
@@ -150,7 +183,12 @@ async def events(
             ids = [int(i) for i in found.reshape(-1) if i >= 0] if found is not None else []
             generated += len(ids)
             reason = finish(answer) if answer["final"] else None
-            if text or reason:
+            if mode.style:
+                held.append(text)
+                if reason:
+                    for event in tool_events("".join(held), reason, mode):
+                        yield chunk([event])
+            elif text or reason:
                 yield chunk([piece(text, reason, ids)])
             if answer["final"]:
                 break
@@ -160,6 +198,36 @@ async def events(
     except ApiError as exc:
         yield b"data: " + json.dumps(exc.body()).encode() + b"\n\n"
     yield b"data: [DONE]\n\n"
+
+
+def answered(text: str, reason: str, mode: ToolMode) -> tuple[str, str | None, list[dict]]:
+    """The finish reason, content and tool calls of an answer (a call cut short by max_tokens
+    is no call: its text comes back, with finish_reason length)."""
+    if not mode.style or reason == "length":
+        return reason, text, []
+    content, calls = read_calls(text, mode)
+    return ("tool_calls" if calls else reason), content, calls
+
+
+def tool_events(text: str, reason: str, mode: ToolMode) -> list[dict]:
+    """The stream's choices of a whole answer with tools: its content, each call, the reason."""
+    reason, content, calls = answered(text, reason, mode)
+    out = []
+    if content:
+        out.append(
+            {"index": 0, "delta": {"content": content}, "finish_reason": None, "logprobs": None}
+        )
+    for i, call in enumerate(calls):
+        out.append(
+            {
+                "index": 0,
+                "delta": {"tool_calls": [{"index": i, **call}]},
+                "finish_reason": None,
+                "logprobs": None,
+            }
+        )
+    out.append({"index": 0, "delta": {}, "finish_reason": reason, "logprobs": None})
+    return out
 
 
 def sampling(body: Generation) -> dict[str, np.ndarray]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 MAX_INPUTS = 2048  # texts in one embeddings request, as OpenAI's API allows
@@ -54,6 +54,85 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")
+    schema_: dict[str, Any] = Field(alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's response_format: text, any JSON object, or JSON that validates against a schema
+    (the decoding is constrained to it, strict or not)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @field_validator("json_schema")
+    @classmethod
+    def _given(cls, v: Any, info: ValidationInfo) -> Any:
+        if info.data.get("type") != "json_schema" and v is not None:
+            raise ValueError("json_schema goes with type json_schema")
+        return v
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("type json_schema needs json_schema: {name, schema, strict}")
+        return self
+
+    def schema(self) -> dict[str, Any] | None:
+        """The JSON Schema the answer must validate against (None: free text)."""
+        if self.type == "json_object":
+            return {"type": "object"}
+        if self.type == "json_schema":
+            if self.json_schema is None:
+                raise ValueError("type json_schema needs json_schema: {name, schema}")
+            return self.json_schema.schema_
+        return None
+
+
+class Function(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    strict: bool | None = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _an_object(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if v.get("type", "object") != "object":
+            raise ValueError("a function's parameters are a JSON Schema of type object")
+        return v
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["function"]
+    function: Function
+
+
+class NamedTool(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["function"]
+    function: dict[str, str]
+
+    @field_validator("function")
+    @classmethod
+    def _named(cls, v: dict[str, str]) -> dict[str, str]:
+        if not isinstance(v.get("name"), str) or not v["name"]:
+            raise ValueError('name the function: {"type": "function", "function": {"name": ...}}')
+        return v
+
+
 class Generation(Request):
     """What chat completions and completions share."""
 
@@ -75,6 +154,7 @@ class Generation(Request):
     # log-probability under the model (the sum over its tokens; what hf2triton's gate scores).
     return_token_ids: bool = False
     prompt_logprob: bool = False
+    response_format: ResponseFormat | None = None
 
     # What is not served is refused by the field it is asked in (the error's `param`).
     @field_validator(*NOT_SERVED)
@@ -100,8 +180,11 @@ class Generation(Request):
 class Message(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    role: str
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
 
     def text(self) -> str:
         """The message's text; parts other than text are not served."""
@@ -122,6 +205,28 @@ class Message(BaseModel):
 
 class ChatRequest(Generation):
     messages: list[Message] = Field(min_length=1)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedTool | None = None
+    parallel_tool_calls: bool = True
+
+    @field_validator("tools")
+    @classmethod
+    def _distinct(cls, v: list[Tool] | None) -> list[Tool] | None:
+        names = [t.function.name for t in v or []]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"two tools are named {twice[0]!r}")
+        return v or None
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _known(cls, v: Any, info: ValidationInfo) -> Any:
+        tools = info.data.get("tools") or []
+        if isinstance(v, NamedTool) and v.function["name"] not in [t.function.name for t in tools]:
+            raise ValueError(f"names {v.function['name']!r}, which tools does not define")
+        if v in ("required",) and not tools:
+            raise ValueError("required needs tools")
+        return v
 
 
 class CompletionRequest(Generation):

@@ -44,6 +44,8 @@ class Model:
     created: int  # when the API first saw this version (seconds)
     labels: tuple[str, ...] = ()  # a classifier's label names, in score order
     width: int | None = None  # an embedder's embedding size, as its config declares it
+    # How a text generator's chat template calls tools ("hermes", "json"; "": it takes none).
+    chat_tools: str = ""
 
 
 def kind_of(inputs: set[str], outputs: set[str]) -> str | None:
@@ -169,6 +171,7 @@ class Triton:
             created=int(time.time()),
             labels=tuple(json.loads(labels or "[]")),
             width=width,
+            chat_tools=cfg.get("parameters", {}).get("chat_tools", {}).get("string_value", ""),
         )
         self.known[(name, version)] = model
         return model

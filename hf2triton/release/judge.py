@@ -164,6 +164,8 @@ def judge(
     hairs = {b.metric: b for r in runs for b in r[3]}
     missed = misses(metrics, limits)
     missed.update({f"margin.{m}": b.short for m, b in hairs.items() if m not in missed})
+    checks, failed = kind.served_checks(model, gate.gate_data)
+    missed.update(failed)
     verdict = None
     if floor and cand.name not in same:
         assert quality is not None  # a floor is only set for the task metric (face_champion)
@@ -181,6 +183,7 @@ def judge(
         "bounds": bounds,
         "borderline": {m: b.as_dict() for m, b in hairs.items()},
         "misses": missed,
+        "served_checks": checks,
         "batch_invariance": {k: itself[k] for k in kind.agreement_limits(0.0) if k in itself},
         "details": details,
         "worst": details.get("worst", []),
@@ -199,6 +202,8 @@ def judge(
         else "passes",
         time.perf_counter() - t0,
     )
+    for what, figure in checks.items():
+        log.info("validate: %s: %s %s", cand.name, what.replace("_", " "), figure)
     for b in hairs.values():
         log.info(
             "validate: %s is borderline: %s; the next candidate is judged", cand.name, b.describe()

@@ -143,8 +143,11 @@ def gate_message(kind: ModelKind, report: dict[str, Any], path: Path) -> str:
         if cand.get("error"):
             parts.append(f"{cand['name']}: refused, it raised {cand['error']}")
             continue
-        own = {k: v for k, v in cand["misses"].items() if "." not in k}
+        own = {k: v for k, v in cand["misses"].items() if "." not in k and k in limits}
         text = describe_misses(cand["metrics"], limits, own)
+        for name, figure in cand.get("served_checks", {}).items():
+            if name in cand["misses"]:
+                text += ("; " if text else "") + f"{name.replace('_', ' ')}: {figure}"
         hairs = [
             Borderline(m, b["value"], b["bound"], b["limit"], b["op"]).describe()
             for m, b in cand.get("borderline", {}).items()

@@ -38,6 +38,33 @@ STREAM_INTERVAL_MS = 50  # the least time between a busy stream's pieces (see BU
 # --- tokenizer and chat template ----------------------------------------------------------------
 
 
+def tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    """The `tojson` filter chat templates are written for (transformers'), not jinja's own
+    (which escapes <, > and & for HTML)."""
+    import json
+
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def tool_style(template: str | None) -> str:
+    """How a chat template renders tools and the model calls them: "hermes" (Qwen2, Hermes: the
+    tools listed in the system turn, each call a JSON object in <tool_call> tags), "json"
+    (another template that renders `tools`: a call is a JSON object with its name and
+    arguments), or "" (the template takes no tools)."""
+    source = template or ""
+    if "tools" not in source:
+        return ""
+    return "hermes" if "<tool_call>" in source else "json"
+
+
 class ChatTokenizer:
     """Prompts to ids and generated ids to text, as transformers' fast tokenizer does (special
     tokens added to a plain prompt, none to a rendered chat, skipped when decoding), and
@@ -65,6 +92,7 @@ class ChatTokenizer:
 
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
             env.globals["raise_exception"] = raise_exception
+            env.filters["tojson"] = tojson  # transformers' own, not jinja's HTML-safe one
             self.template = env.from_string(plan["chat_template"])
 
     def encode(self, text: str, special: bool = True) -> list[int]:
@@ -76,14 +104,7 @@ class ChatTokenizer:
 
     @property
     def tool_style(self) -> str:
-        """How the chat template renders tools and the model calls them: "hermes" (Qwen2,
-        Hermes: the tools listed in the system turn, each call a JSON object in <tool_call>
-        tags), "json" (another template that renders `tools`: a call is a JSON object with
-        name and arguments), or "" (the template takes no tools)."""
-        source = self.source or ""
-        if "tools" not in source:
-            return ""
-        return "hermes" if "<tool_call>" in source else "json"
+        return tool_style(self.source)
 
     def render(self, messages: Any, tools: list[Any] | None = None) -> str:
         """The prompt of a chat: `messages` a list of {"role", "content"} objects (an assistant

@@ -196,7 +196,7 @@ class Generator(ServedModel):
         if "json_schema" not in arrays:
             return ""
         if self.engine.unconstrained:
-            raise ValueError(self.engine.unconstrained)
+            raise ValueError(f"json_schema cannot be served: {self.engine.unconstrained}")
         schema = texts(column(arrays, "json_schema"), "json_schema")[0][0]
         try:
             return schema_grammar(schema)

@@ -14,6 +14,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pytest
@@ -527,3 +528,287 @@ def test_bad_chat_requests_get_openai_errors_naming_the_field(released, body, pa
         model=rel["name"], max_tokens=2, messages=[{"role": "user", "content": "hi"}]
     )
     assert ok.choices[0].finish_reason in ("length", "stop")
+
+
+# -- agents: structured output and tools (OpenVINO GenAI constrains; the gate checked it) -----
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "the weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"enum": ["Oslo", "Lima", "Perth"]},
+                "unit": {"enum": ["celsius", "fahrenheit"]},
+                "days": {"enum": [1, 2, 3]},
+            },
+            "required": ["city", "unit", "days"],
+            "additionalProperties": False,
+        },
+    },
+}
+CLOCK = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"enum": ["UTC", "CET"]}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+def test_the_gate_checked_constrained_decoding_on_the_shipped_candidate(released):
+    report = json.loads(
+        max(
+            (released["llama"]["home"] / "work" / released["llama"]["name"]).rglob(
+                "validation_report.json"
+            ),
+            key=lambda p: p.stat().st_mtime,
+        ).read_text()
+    )
+    shipped = next(c for c in report["candidates"] if c["name"] == report["chosen"])
+    assert shipped["served_checks"]["structured_output"].startswith("4/4 valid")
+
+
+def test_the_sdks_parse_gets_a_pydantic_object_from_a_random_model(released):
+    """client.chat.completions.parse with a pydantic model: the SDK sends a strict json_schema,
+    the decoding is constrained to it, and even a random model's answer parses."""
+
+    from pydantic import BaseModel
+
+    class Verdict(BaseModel):
+        answer: Literal["yes", "no"]
+        score: int
+        checked: bool
+        tags: list[Literal["a", "b"]]
+
+    rel = released["llama"]
+    for prompt in PROMPTS[:3]:
+        done = _sdk(rel).chat.completions.parse(
+            model=rel["name"],
+            messages=[{"role": "user", "content": prompt}],
+            response_format=Verdict,
+            max_tokens=120,
+            temperature=0,
+        )
+        assert done.choices[0].finish_reason == "stop"
+        assert isinstance(done.choices[0].message.parsed, Verdict)
+
+
+def test_a_streamed_json_object_answer_parses(released):
+    rel = released["llama"]
+    chunks = list(
+        _sdk(rel).chat.completions.create(
+            model=rel["name"],
+            messages=[{"role": "user", "content": "reply in json"}],
+            response_format={
+                "type": "json_schema",
+                "json_schema": {
+                    "name": "flag",
+                    "strict": True,
+                    "schema": {
+                        "type": "object",
+                        "properties": {"on": {"type": "boolean"}},
+                        "required": ["on"],
+                        "additionalProperties": False,
+                    },
+                },
+            },
+            max_tokens=40,
+            temperature=0,
+            stream=True,
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) >= 2  # streamed
+    assert isinstance(json.loads(text)["on"], bool)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_tool_choice_required_returns_a_valid_call(released, stream):
+    import jsonschema
+
+    rel = released["llama"]
+    kwargs = {
+        "model": rel["name"],
+        "messages": [{"role": "user", "content": "weather in oslo?"}],
+        "tools": [WEATHER, CLOCK],
+        "tool_choice": "required",
+        "max_tokens": 100,
+        "temperature": 0,
+    }
+    if stream:
+        chunks = list(_sdk(rel).chat.completions.create(stream=True, **kwargs))
+        deltas = [c.choices[0].delta for c in chunks if c.choices]
+        calls = [tc for d in deltas for tc in (d.tool_calls or [])]
+        reason = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+        name, arguments, ident = calls[0].function.name, calls[0].function.arguments, calls[0].id
+    else:
+        done = _sdk(rel).chat.completions.create(**kwargs)
+        reason = done.choices[0].finish_reason
+        assert done.choices[0].message.tool_calls, done.choices[0]
+        call = done.choices[0].message.tool_calls[0]
+        name, arguments, ident = call.function.name, call.function.arguments, call.id
+    assert reason == "tool_calls" and ident.startswith("call_")
+    tool = next(t for t in (WEATHER, CLOCK) if t["function"]["name"] == name)
+    jsonschema.validate(json.loads(arguments), tool["function"]["parameters"])
+
+
+def test_a_named_function_is_the_one_called(released):
+    rel = released["llama"]
+    done = _sdk(rel).chat.completions.create(
+        model=rel["name"],
+        messages=[{"role": "user", "content": "what time is it"}],
+        tools=[WEATHER, CLOCK],
+        tool_choice={"type": "function", "function": {"name": "get_time"}},
+        max_tokens=100,
+        temperature=0,
+    )
+    assert done.choices[0].message.tool_calls, done.choices[0]
+    call = done.choices[0].message.tool_calls[0]
+    assert call.function.name == "get_time"
+    assert json.loads(call.function.arguments)["zone"] in ("UTC", "CET")
+
+
+def test_tool_choice_auto_answers_in_openais_shape(released):
+    """A random model may call a tool or not on its own: either way the answer is OpenAI's
+    shape, and a call it makes names a tool with JSON arguments."""
+    rel = released["llama"]
+    done = _sdk(rel).chat.completions.create(
+        model=rel["name"],
+        messages=[{"role": "user", "content": "weather?"}],
+        tools=[WEATHER],
+        tool_choice="auto",
+        max_tokens=30,
+        temperature=0,
+    )
+    message = done.choices[0].message
+    if message.tool_calls:
+        assert done.choices[0].finish_reason == "tool_calls"
+        assert message.tool_calls[0].function.name == "get_weather"
+        json.loads(message.tool_calls[0].function.arguments)
+    else:
+        assert isinstance(message.content, str)
+
+
+def test_a_langchain_tool_calling_agent_loop_runs_against_the_release(released):
+    """LangChain's tool-calling loop: the model (bound to the tool, required) calls it, the tool
+    runs, its answer goes back as a tool message (rendered by the chat template), and the model
+    writes its final answer."""
+    from langchain_core.messages import HumanMessage, ToolMessage
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    @tool
+    def get_time(zone: Literal["UTC", "CET"]) -> str:
+        """The time in a zone (UTC or CET)."""
+        return f"12:00 {zone}"
+
+    rel = released["llama"]
+    llm = ChatOpenAI(
+        model=rel["name"],
+        base_url=rel["summary"]["endpoint"]["openai"],
+        api_key="unused",
+        temperature=0,
+        max_tokens=120,
+    )
+    history: list = [HumanMessage("what time is it in UTC?")]
+    first = llm.bind_tools([get_time], tool_choice="required").invoke(history)
+    assert first.tool_calls and first.tool_calls[0]["name"] == "get_time"
+    history.append(first)
+    for call in first.tool_calls:
+        history.append(ToolMessage(get_time.invoke(call["args"]), tool_call_id=call["id"]))
+    final = llm.bind_tools([get_time], tool_choice="none").invoke(history)
+    assert isinstance(final.content, str) and not final.tool_calls
+
+
+@pytest.mark.parametrize(
+    "body, param, says",
+    [
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {
+                        "name": "x",
+                        "schema": {
+                            "type": "object",
+                            "properties": {"s": {"type": "string", "pattern": "^a"}},
+                        },
+                    },
+                }
+            },
+            "response_format",
+            "$.properties.s.pattern",
+        ),
+        ({"response_format": {"type": "json_schema"}}, "response_format", "needs json_schema"),
+        ({"response_format": {"type": "xml"}}, "response_format", "json_schema"),
+        ({"tools": [{"type": "function", "function": {"parameters": {}}}]}, "tools", "name"),
+        (
+            {
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {"name": "f", "parameters": {"type": "string"}},
+                    }
+                ]
+            },
+            "tools",
+            "type object",
+        ),
+        (
+            {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            "tool_choice",
+            "which tools does not define",
+        ),
+        ({"tool_choice": "required"}, "tool_choice", "required needs tools"),
+        (
+            {"tools": [WEATHER], "response_format": {"type": "json_object"}},
+            "response_format",
+            "tool_choice none",
+        ),
+    ],
+)
+def test_bad_schemas_and_tools_are_400s_naming_the_field(released, body, param, says):
+    rel = released["llama"]
+    url = rel["summary"]["endpoint"]["openai"] + "/chat/completions"
+    request = {"model": rel["name"], "messages": [{"role": "user", "content": "hi"}], **body}
+    req = urllib.request.Request(
+        url, data=json.dumps(request).encode(), headers={"Content-Type": "application/json"}
+    )
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        urllib.request.urlopen(req, timeout=60)
+    error = json.loads(exc.value.read())["error"]
+    assert exc.value.code == 400 and error["param"] == param and says in error["message"], error
+
+
+def test_the_serving_cores_own_engine_refuses_constraints_naming_the_runtime(released):
+    """The GPT-2 on ONNX Runtime (the serving core's own engine) cannot constrain decoding: a
+    response_format or a forced call is a 400 naming the runtime, never served unconstrained."""
+    import openai
+
+    rel = released["gpt2"]
+    with pytest.raises(openai.BadRequestError) as exc:
+        _sdk(rel).chat.completions.create(
+            model=rel["name"],
+            messages=[{"role": "user", "content": "hi"}],
+            response_format={"type": "json_object"},
+            max_tokens=8,
+        )
+    assert exc.value.body["param"] == "response_format"
+    assert "runtime openvino-genai" in exc.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as exc:
+        _sdk(rel).chat.completions.create(
+            model=rel["name"],
+            messages=[{"role": "user", "content": "hi"}],
+            tools=[WEATHER],
+            tool_choice="required",
+            max_tokens=8,
+        )
+    assert exc.value.body["param"] == "tool_choice"
