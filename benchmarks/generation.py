@@ -217,6 +217,7 @@ class InProcess:
 
         cfg = serving.read_settings(str(version_dir))
         files = runtimes.open_model(str(version_dir / cfg["onnx"]), runtimes.settings_of(cfg))
+        assert isinstance(files, runtimes.GenAIModelFiles), "not an OpenVINO GenAI release"
         self.pipe = genai.GenAIModel(files).pipeline(
             int(cfg["max_rows"]), int(cfg["step_tokens"]), int(cfg["max_context"])
         )
@@ -228,7 +229,8 @@ class InProcess:
         import openvino as ov
         import openvino_genai as ovg
 
-        todo, live, records = list(prompts)[::-1], {}, []
+        todo, records = list(prompts)[::-1], []
+        live: dict[int, tuple[Any, float, list[float]]] = {}
         ids = iter(range(1, 1 << 30))
         started = time.perf_counter()
         while todo or live:

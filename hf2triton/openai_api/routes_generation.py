@@ -55,7 +55,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     request.state.model = body.model
     model = await triton_of(request).model(body.model, ("text_generation",), "/v1/completions")
     arrays = {"text_input": text_array(str(body.prompt)), **sampling(body)}
-    schema = body.response_format.schema() if body.response_format else None
+    schema = body.response_format.constraint() if body.response_format else None
     if schema is not None:
         arrays["json_schema"] = text_array(json.dumps(schema, ensure_ascii=False))
     return await generate(request, model, body, arrays, chat=False)

@@ -85,7 +85,7 @@ class ResponseFormat(BaseModel):
             raise ValueError("type json_schema needs json_schema: {name, schema, strict}")
         return self
 
-    def schema(self) -> dict[str, Any] | None:
+    def constraint(self) -> dict[str, Any] | None:
         """The JSON Schema the answer must validate against (None: free text)."""
         if self.type == "json_object":
             return {"type": "object"}

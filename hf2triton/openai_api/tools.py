@@ -69,7 +69,7 @@ def plan(body: ChatRequest, style: str, model: str) -> tuple[ToolMode, dict[str,
     """The request's tool mode, the schema its answer is constrained to (None: free), and the
     text the answer starts with."""
     choice = body.tool_choice or ("auto" if body.tools else "none")
-    schema = body.response_format.schema() if body.response_format else None
+    schema = body.response_format.constraint() if body.response_format else None
     if not body.tools or choice == "none":
         return ToolMode(), schema, ""
     if not style:

@@ -206,14 +206,14 @@ class GenAIEngine(Streaming):
                 continue
             try:
                 if seq.want_logprob or seq.score:
-                    self.scorer = self.scorer or PromptScorer(self.model.files)
-                if seq.want_logprob:
-                    seq.prompt_logprob = self.scorer(seq.prompt)
-                if seq.score:
-                    whole = seq.prompt + seq.score
-                    seq.score_logprob, seq.score_matches = score_continuation(
-                        self.scorer.logits(whole), whole, len(seq.prompt)
-                    )
+                    self.scorer = scorer = self.scorer or PromptScorer(self.model.files)
+                    if seq.want_logprob:
+                        seq.prompt_logprob = scorer(seq.prompt)
+                    if seq.score:
+                        whole = seq.prompt + seq.score
+                        seq.score_logprob, seq.score_matches = score_continuation(
+                            scorer.logits(whole), whole, len(seq.prompt)
+                        )
                 handle = self.pipe.add_request(
                     next(self.ids), self.ovg_tensor(seq.prompt), self._config(seq)
                 )
