@@ -378,18 +378,24 @@ class LlamaServer:
 
 
 def release(
-    model_dir: Path, name: str, home: Path, ports: dict, max_new: int, rows: int, candidates: Any
+    model_dir: Path,
+    name: str,
+    home: Path,
+    ports: dict,
+    max_new: int,
+    rows: int,
+    candidates: Any,
+    **generation: Any,
 ) -> dict:
     """Release `model_dir` as `name` on OpenVINO GenAI (`candidates`: the runtime's own auto
     list, or one precision), in a child process (its own Prefect, MLflow and the local Triton
     it leaves running)."""
     import yaml
+    from tokenizers import Tokenizer
 
-    from hf2triton.serving.causal import ChatTokenizer  # noqa: F401 - the served tokenizer
     from tests.conftest import write_spec
 
     prompts = home.parent / "prompts.txt"
-    from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     prompts.write_text("\n".join(traffic(tok, 24, seed=1)) + "\n")
@@ -408,6 +414,7 @@ def release(
             "max_context": 512,
             "max_rows": rows,
             "gate_tokens": 16,
+            **generation,
         },
         runtime__candidates=candidates,
         quantization__method="none",

@@ -28,6 +28,7 @@ class TextGenerationConfig:
     batching: str
     max_rows: int
     step_tokens: int
+    prefix_caching: bool = False  # OpenVINO GenAI reuses the KV cache of a shared prefix
     gate_tokens: int = 32  # new tokens judged per prompt
     stream_interval_ms: int = STREAM_INTERVAL_MS  # the least time between a busy stream's pieces
 

@@ -45,9 +45,10 @@ class GenAIModel:
     """A stateful IR OpenVINO GenAI serves, with its pinned properties
     (runtimes/openvino_genai.py)."""
 
-    def __init__(self, files: GenAIModelFiles):
+    def __init__(self, files: GenAIModelFiles, prefix_caching: bool = False):
         self.files = files
         self.in_use = files.in_use
+        self.prefix_caching = prefix_caching
 
     def pipeline(self, max_rows: int, step_tokens: int, max_context: int) -> Any:
         import openvino_genai as ovg
@@ -65,7 +66,7 @@ class GenAIModel:
         scheduler.max_num_batched_tokens = (
             step_tokens if options["split_prompts"] else max(step_tokens, max_context, max_rows)
         )
-        scheduler.enable_prefix_caching = False
+        scheduler.enable_prefix_caching = self.prefix_caching
         return ovg.ContinuousBatchingPipeline(
             self.files.directory, scheduler, "CPU", dict(self.files.properties)
         )

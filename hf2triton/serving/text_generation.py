@@ -66,7 +66,7 @@ class Generator(ServedModel):
         self.tokenizer, opened = causal.load_serving(directory, settings)
         # What serves the model: OpenVINO GenAI's pipeline, or the exported decoder's session.
         model = (
-            GenAIModel(opened)
+            GenAIModel(opened, prefix_caching=bool(settings.get("prefix_caching", False)))
             if isinstance(opened, GenAIModelFiles)
             else causal.CausalLM(settings["onnx"], session=opened)
         )
