@@ -198,6 +198,11 @@ def mlflow_server(tmp_path_factory) -> str:
     yield from run_mlflow_server(tmp_path_factory.mktemp("mlflow-server"))
 
 
+# What every test's `mlflow server` runs with: its job runner (a pool of huey consumer processes,
+# polling) is nothing the registry needs, and without it the server starts in about half the time.
+MLFLOW_SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+
+
 def run_mlflow_server(root: Path):
     """Start `mlflow server` with its store under `root`; yields its URI, stops it after."""
     port = free_port()
@@ -216,7 +221,13 @@ def run_mlflow_server(root: Path):
         "1",
     ]
     log = open(root / "server.log", "wb")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **MLFLOW_SERVER_ENV},
+        start_new_session=True,
+    )
     try:
         wait_http(f"http://127.0.0.1:{port}/health", timeout=120, proc=proc)
         yield f"http://127.0.0.1:{port}"

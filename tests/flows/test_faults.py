@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from hf2triton.util.workspace import DONE_FILE
-from tests.conftest import ROOT, free_port, run_cli, tiny_spec, wait_http
+from tests.conftest import MLFLOW_SERVER_ENV, ROOT, free_port, run_cli, tiny_spec, wait_http
 
 HF2TRITON = str(Path(sys.executable).parent / "hf2triton")
 
@@ -232,6 +232,7 @@ def test_mlflow_down_at_registration_then_rerun_registers_once(tiny_bert, tmp_pa
             ],
             stdout=open(tmp_path / "mlflow.log", "wb"),
             stderr=subprocess.STDOUT,
+            env={**os.environ, **MLFLOW_SERVER_ENV},
             start_new_session=True,
         )
         try:

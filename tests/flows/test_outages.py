@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from hf2triton.util.net import free_port
-from tests.conftest import ROOT, tiny_spec, wait_http
+from tests.conftest import MLFLOW_SERVER_ENV, ROOT, tiny_spec, wait_http
 from tests.flows.test_faults import HF2TRITON, _cli, _error_line, _fresh_env
 
 pytestmark = pytest.mark.e2e  # every test here starts a server or runs a release
@@ -50,8 +50,7 @@ class MlflowServer:
             "--workers",
             "1",
         ]
-        # Its job runner (a pool of processes) is nothing the registry needs.
-        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+        env = {**os.environ, **MLFLOW_SERVER_ENV}
         with open(self.root / "server.log", "ab") as log:
             self.proc = subprocess.Popen(
                 cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True

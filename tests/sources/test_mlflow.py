@@ -16,7 +16,7 @@ import pytest
 from hf2triton.clients.credentials import MlflowCredentials
 from hf2triton.errors import SourceError, SpecError
 from hf2triton.sources.mlflow import MlflowSource, MlflowSourceSpec
-from tests.conftest import free_port, wait_http
+from tests.conftest import MLFLOW_SERVER_ENV, free_port, wait_http
 
 pytestmark = pytest.mark.e2e  # every test here starts a server or runs a release
 
@@ -42,6 +42,7 @@ def auth_registry(tmp_path_factory, tiny_bert):
     port = free_port()
     env = {
         **os.environ,
+        **MLFLOW_SERVER_ENV,
         "MLFLOW_AUTH_CONFIG_PATH": str(tmp / "basic_auth.ini"),
         "MLFLOW_FLASK_SERVER_SECRET_KEY": "test-only-csrf-key",
     }

@@ -24,7 +24,7 @@ import pytest
 
 from hf2triton.targets import triton_local
 from hf2triton.targets.local import LocalTriton
-from tests.conftest import free_port, graph_file, tiny_spec, wait_http
+from tests.conftest import MLFLOW_SERVER_ENV, free_port, graph_file, tiny_spec, wait_http
 
 pytestmark = pytest.mark.e2e  # every test here starts a server or runs a release
 
@@ -182,6 +182,7 @@ def mlflow_on_postgres(postgres, s3_server, tmp_path_factory):
     ]
     env = {
         **os.environ,
+        **MLFLOW_SERVER_ENV,
         "MLFLOW_S3_ENDPOINT_URL": endpoint,
         "AWS_ACCESS_KEY_ID": S3_KEY,
         "AWS_SECRET_ACCESS_KEY": S3_SECRET,
