@@ -812,3 +812,66 @@ def test_the_serving_cores_own_engine_refuses_constraints_naming_the_runtime(rel
             max_tokens=8,
         )
     assert exc.value.body["param"] == "tool_choice"
+
+
+@pytest.fixture(scope="module")
+def kjv(released, tmp_path_factory):
+    """The embedded language model (trained here from the shipped King James text, a tiny
+    shape as tests/training/test_lm.py trains it), released on OpenVINO GenAI beside the others
+    on the same Triton."""
+    from hf2triton.sources.train import TrainSourceSpec
+    from hf2triton.training.lm import train_lm
+    from tests.conftest import ROOT
+
+    tmp = tmp_path_factory.mktemp("kjv")
+    settings = {
+        "text": str(ROOT / "releases" / "data" / "kjv-pentateuch.txt"),
+        "vocab_size": 512,
+        "layers": 1,
+        "hidden": 64,
+        "heads": 2,
+        "context": 32,
+        "max_positions": 256,
+        "steps": 40,
+        "batch_size": 8,
+        "learning_rate": 0.01,
+        "seed": 3,
+    }
+    trained = train_lm(TrainSourceSpec(**settings), tmp / "trained")
+    return _release(
+        tmp, Path(trained["model_dir"]), "tiny-kjv", released["llama"]["ports"], [GENAI], "none"
+    )
+
+
+def test_the_embedded_model_answers_a_pydantic_schema_and_refuses_tools(kjv):
+    """On the KJV model (a plain-text template: the messages' text, one per line): parse with a
+    pydantic model gets a valid object; tools are a 400 naming them, since its template cannot
+    show them to the model."""
+    from typing import Literal as Lit
+
+    import openai
+    from pydantic import BaseModel
+
+    class Book(BaseModel):
+        book: Lit["Genesis", "Exodus", "Leviticus", "Numbers", "Deuteronomy"]
+        chapter: int
+        holy: bool
+
+    done = _sdk(kjv).chat.completions.parse(
+        model=kjv["name"],
+        messages=[{"role": "user", "content": "In the beginning"}],
+        response_format=Book,
+        max_tokens=60,
+        temperature=0,
+    )
+    assert done.choices[0].finish_reason == "stop"
+    assert isinstance(done.choices[0].message.parsed, Book)
+    with pytest.raises(openai.BadRequestError) as exc:
+        _sdk(kjv).chat.completions.create(
+            model=kjv["name"],
+            messages=[{"role": "user", "content": "hi"}],
+            tools=[WEATHER],
+            max_tokens=8,
+        )
+    assert exc.value.body["param"] == "tools"
+    assert "does not render tools" in exc.value.body["message"]
