@@ -367,7 +367,9 @@ class LlamaServer:
         import aiohttp
 
         async with aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=900)
+            # llama-server closes a connection after a stream: no reuse
+            connector=aiohttp.TCPConnector(limit=0, force_close=True),
+            timeout=aiohttp.ClientTimeout(total=900),
         ) as session:
 
             async def one(prompt: str) -> list[float]:
