@@ -2,6 +2,7 @@
 serving core beside it (hf2triton_serving/, the code the release's gate ran on this version's
 files) reads the requests and answers them, as serving.json says."""
 
+import json
 import os
 import sys
 
@@ -22,7 +23,9 @@ class TritonPythonModel:
             if args.get("model_instance_kind") == "GPU"
             else None
         )
-        self.model = hf2triton_serving.load(version_dir, gpu=gpu)
+        # Its CPU threads share the host's cores with the model's other instances.
+        instances = hf2triton_serving.instances_in(json.loads(args.get("model_config", "{}")))
+        self.model = hf2triton_serving.load(version_dir, gpu=gpu, instances=instances)
 
     def execute(self, requests):
         return self.serving.triton_execute(self.model, requests, pb_utils)

@@ -76,13 +76,56 @@ def read_settings(directory: str) -> dict[str, Any]:
         return json.load(f)
 
 
-def load(directory: str, settings: dict[str, Any] | None = None, gpu: int | None = None) -> Any:
-    """The served model of a version directory (or of any directory laid out like one); `gpu`:
-    the GPU Triton placed this instance on (a KIND_GPU instance group), for a GPU runtime."""
-    settings = settings if settings is not None else read_settings(directory)
+def instances_in(model_config: dict[str, Any]) -> int:
+    """How many instances of a model Triton runs on this host: over its config's instance
+    groups, `count` on each GPU listed (Triton lists every GPU of a KIND_GPU group it placed)."""
+    groups = model_config.get("instance_group") or [{}]
+    return max(1, sum(int(g.get("count", 1)) * max(1, len(g.get("gpus") or [])) for g in groups))
+
+
+def share_threads(instances: int) -> int:
+    """A GPU instance's CPU threads: this host's cores shared among the model's instances (at
+    least one each). ONNX Runtime's default is a pool of one thread per core in every session,
+    which N instances multiply N-fold, taking the cores their tokenizing needs."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores // max(1, instances))
+
+
+def placed(settings: dict[str, Any], gpu: int | None, instances: int = 1) -> dict[str, Any]:
+    """serving.json as one instance runs it: a GPU runtime on the GPU Triton placed the instance
+    on, its CPU threads (0 in the version: the host's cores shared among the model's
+    `instances` there, hf2triton.serving.share_threads).
+
+    Example:
+        >>> cuda = {"name": "onnxruntime-cuda", "device": "cuda", "threads": 2}
+        >>> placed({"runtime": cuda}, gpu=1, instances=4)["runtime"]
+        {'name': 'onnxruntime-cuda', 'device': 'cuda', 'threads': 2, 'device_id': 1}
+    """
     runtime = settings.get("runtime")
-    if gpu is not None and isinstance(runtime, dict) and runtime.get("device") == "cuda":
-        settings = {**settings, "runtime": {**runtime, "device_id": gpu}}
+    if gpu is None or not isinstance(runtime, dict) or runtime.get("device") != "cuda":
+        return settings
+    threads = int(runtime.get("threads") or settings.get("intra_op_threads") or 0)
+    return {
+        **settings,
+        "runtime": {**runtime, "device_id": gpu, "threads": threads or share_threads(instances)},
+    }
+
+
+def load(
+    directory: str,
+    settings: dict[str, Any] | None = None,
+    gpu: int | None = None,
+    instances: int = 1,
+) -> Any:
+    """The served model of a version directory (or of any directory laid out like one); `gpu`:
+    the GPU Triton placed this instance on (a KIND_GPU instance group), for a GPU runtime, and
+    `instances` how many instances of the model run on this host."""
+    settings = placed(
+        settings if settings is not None else read_settings(directory), gpu, instances
+    )
     module = importlib.import_module(f".{settings['module']}", __name__)
     return getattr(module, settings["class"]).from_directory(directory, settings)
 

@@ -51,6 +51,86 @@ def test_a_gpu_release_renders_gpu_instances_on_the_gpus_named(tmp_path):
     assert "kind: KIND_GPU\n  }" in every  # no gpus list: every GPU of the server
 
 
+def test_a_gpu_release_defaults_to_several_instances_per_gpu(tmp_path):
+    """One Python-backend instance left an H100 13-15 % busy; four served 3x. What the spec
+    gives still rules, and a CPU release keeps one instance."""
+    gpu = _config(tmp_path, device="gpu", instance_count=None)
+    assert "count: 4\n    kind: KIND_GPU" in gpu
+    assert "count: 2\n    kind: KIND_GPU" in _config(tmp_path, device="gpu", instance_count=2)
+    assert "count: 1\n    kind: KIND_CPU" in _config(tmp_path, instance_count=None)
+
+
+def _spec(tmp_path, **deploy):
+    import yaml
+
+    path = write_spec(tmp_path / "s.yaml", **{f"deploy__{k}": v for k, v in deploy.items()})
+    return parse_spec(yaml.safe_load(path.read_text()), base_dir=ROOT / "releases")
+
+
+def test_the_configuration_search_tries_instances_per_gpu_at_gpu_client_counts(tmp_path):
+    from hf2triton.release.tuning import grid
+
+    gpu = _spec(tmp_path, device="gpu", instance_count=None, tuning={"search": True})
+    assert gpu.deploy.tuning.execution == [(1, 0), (2, 0), (4, 0), (8, 0)]
+    assert gpu.deploy.tuning.clients == [64, 128]
+    cells = grid(gpu.deploy.tuning, gpu.deploy)
+    assert cells[0]["instance_count"] == 4  # the deploy section's own first
+    assert sorted({c["instance_count"] for c in cells}) == [1, 2, 4, 8]
+    cpu = _spec(tmp_path, tuning={"search": True})
+    assert cpu.deploy.tuning.execution == [(1, 0), (2, 1)] and cpu.deploy.tuning.clients == [16, 64]
+    listed = _spec(tmp_path, device="gpu", tuning={"execution": [[3, 2]], "clients": [8]})
+    assert listed.deploy.tuning.execution == [(3, 2)] and listed.deploy.tuning.clients == [8]
+
+
+@pytest.mark.skipif(not NO_GPU, reason="this machine has a GPU: it can measure there")
+def test_a_configuration_search_on_a_gpu_this_machine_lacks_stops_before_any_work(tmp_path):
+    from hf2triton.errors import EnvironmentSetupError
+    from hf2triton.runtimes.devices import check_gate_device
+
+    spec = _spec(
+        tmp_path,
+        device="gpu",
+        gpu_gate="cpu-numerics",
+        instance_count=None,
+        tuning={"search": True},
+    )
+    with pytest.raises(EnvironmentSetupError, match="deploy.tuning.search measures") as err:
+        check_gate_device(spec.deploy)
+    assert "deploy.tuning.search: false here (then deploy.instance_count, 4, ships)" in str(
+        err.value
+    )
+    check_gate_device(_spec(tmp_path, device="gpu", gpu_gate="cpu-numerics").deploy)  # no search
+
+
+def test_gpu_instances_share_the_hosts_cores_unless_the_version_sets_threads(monkeypatch):
+    """ONNX Runtime's default is a pool of one thread per core in every session: N instances on a
+    GPU would start N pools. Each gets the host's cores divided among the model's instances on
+    this host (Triton lists every GPU of a KIND_GPU group in the config it hands model.py)."""
+    import os
+
+    from hf2triton import serving
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    config = {"instance_group": [{"count": 4, "kind": "KIND_GPU", "gpus": [0, 1]}]}
+    assert serving.instances_in(config) == 8
+    assert serving.instances_in({"instance_group": [{"count": 3, "kind": "KIND_CPU"}]}) == 3
+    assert serving.instances_in({}) == 1
+    cuda = {"name": "onnxruntime-cuda", "device": "cuda", "precision": "fp16", "device_id": 0}
+    version = {"module": "embedding", "intra_op_threads": 0, "runtime": cuda}
+    assert serving.placed(version, gpu=1, instances=8)["runtime"] == {
+        **cuda,
+        "device_id": 1,
+        "threads": 2,
+    }
+    assert serving.placed(version, gpu=0, instances=64)["runtime"]["threads"] == 1
+    pinned = {**version, "runtime": {**cuda, "threads": 6}}
+    assert serving.placed(pinned, gpu=0, instances=8)["runtime"]["threads"] == 6
+    # A CPU instance, or a CPU runtime, runs as the version says.
+    assert serving.placed(version, gpu=None, instances=8) is version
+    cpu = {**version, "runtime": {"name": "onnxruntime", "device": "cpu", "precision": "fp32"}}
+    assert serving.placed(cpu, gpu=0, instances=8) is cpu
+
+
 def test_gpus_without_a_gpu_device_are_refused(tmp_path):
     with pytest.raises(SpecError, match=r"deploy.gpus \[0\] needs deploy.device: gpu"):
         _config(tmp_path, gpus=[0])
