@@ -23,6 +23,8 @@ from hf2triton.util.workspace import cached_step, digest, source_digest
 PLAIN = "onnx"  # the export as it is: a float ONNX graph every ONNX-reading runtime runs
 ORT_ONLY = "onnx-ort"  # ONNX Runtime's own operators or quantization (int8, MatMulNBits, fused)
 FP16 = "onnx-fp16"  # half-precision ONNX with fp32 inputs and outputs
+# The same with ONNX Runtime's fused operators (Attention, SkipLayerNormalization, ...)
+FP16_ORT = "onnx-fp16-ort"
 OPENVINO_IR = "openvino-ir"  # OpenVINO IR: model.xml and model.bin
 STATEFUL_IR = "openvino-stateful-ir"  # a decoder's OpenVINO IR with its KV cache as state
 

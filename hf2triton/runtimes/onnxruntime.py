@@ -8,7 +8,15 @@ from __future__ import annotations
 from functools import partial
 
 from hf2triton.runtimes import RUNTIMES
-from hf2triton.runtimes.base import FP16, ORT_ONLY, PLAIN, Recipe, RuntimePlugin, VariantContext
+from hf2triton.runtimes.base import (
+    FP16,
+    FP16_ORT,
+    ORT_ONLY,
+    PLAIN,
+    Recipe,
+    RuntimePlugin,
+    VariantContext,
+)
 from hf2triton.runtimes.quantizers import (
     OPTIMIZATION_LEVELS,
     method_name,
@@ -23,8 +31,9 @@ class OnnxRuntimeCpu(RuntimePlugin):
     name = "onnxruntime"
     device = "cpu"
     auto = ("fp32",)
-    # fp16: the GPU graph's numerics checked on the CPU (deploy.gpu_gate: cpu-numerics).
-    reads = {"fp32": frozenset({PLAIN, ORT_ONLY}), "fp16": frozenset({FP16})}
+    # fp16: the GPU graphs' numerics checked on the CPU (deploy.gpu_gate: cpu-numerics); its
+    # fused operators run there too, through casts where a kernel has no fp16 version.
+    reads = {"fp32": frozenset({PLAIN, ORT_ONLY}), "fp16": frozenset({FP16, FP16_ORT})}
 
     @classmethod
     def recipes(cls, ctx: VariantContext) -> list[Recipe]:

@@ -150,19 +150,37 @@ def test_a_precision_the_cpu_lacks_is_left_out_and_said(monkeypatch):
 
 
 def test_a_gpu_release_gated_on_cpu_numerics_runs_the_gpu_graph_on_the_cpu():
+    """The GPU's graphs in the CUDA runtime's order (fused fp16, plain fp16, fp32), each gated
+    on ONNX Runtime's CPU provider at its precision, and the first that passes ships: timed on
+    the CPU they would rank as the CPU runs them, not the GPU."""
     from hf2triton.runtimes import runtime_choices
 
     spec = _spec(deploy__device="gpu", deploy__gpu_gate="cpu-numerics")
     runtimes = runtime_choices(spec.deploy, spec.runtime, kind_for(spec))
-    variants = [{"method": "fp16", "onnx_path": "/x/fp16.onnx", "graph": "onnx-fp16"}, EXPORT]
+    variants = [
+        {"method": "fp16/fused", "onnx_path": "/x/fused.onnx", "graph": "onnx-fp16-ort"},
+        {"method": "fp16", "onnx_path": "/x/fp16.onnx", "graph": "onnx-fp16"},
+        EXPORT,
+    ]
     found = gate_candidates(variants, QuantizationSpec(), runtimes)
     assert [(c.name, c.runtime["name"], c.runtime["precision"]) for c in found] == [
-        ("fp32 on onnxruntime-cuda fp32", "onnxruntime-cuda", "fp32"),
+        ("fp16/fused on onnxruntime-cuda fp16", "onnxruntime-cuda", "fp16"),
         ("fp16 on onnxruntime-cuda fp16", "onnxruntime-cuda", "fp16"),
+        ("fp32 on onnxruntime-cuda fp32", "onnxruntime-cuda", "fp32"),
     ]
     assert [c.gate_runtime for c in found] == [
-        {"name": "onnxruntime", "device": "cpu", "precision": "fp32"},
         {"name": "onnxruntime", "device": "cpu", "precision": "fp16"},
+        {"name": "onnxruntime", "device": "cpu", "precision": "fp16"},
+        {"name": "onnxruntime", "device": "cpu", "precision": "fp32"},
+    ]
+    assert selection(spec.quantization, runtimes) == "first"
+    # TensorRT reads the plain fp16 graph only: it has no kernels for the fused operators.
+    trt = runtime_choices(
+        spec.deploy,
+        _spec(runtime__candidates=[{"name": "onnxruntime-tensorrt", "precision": "fp16"}]).runtime,
+    )
+    assert [c.name for c in gate_candidates(variants, QuantizationSpec(), trt)] == [
+        "fp16 on onnxruntime-tensorrt fp16"
     ]
 
 

@@ -568,6 +568,81 @@ def test_the_fp16_graph_of_a_gpu_release_passes_a_cpu_numerics_check(exported, t
     assert cosine_rows(full, got).min() > 0.999
 
 
+def test_the_fused_fp16_graph_of_a_gpu_release_is_fused_and_passes_a_cpu_numerics_check(
+    exported, tmp_path
+):
+    """The GPU's fast graph: ONNX Runtime's transformer optimizer fuses the embeddings, each
+    layer's attention, LayerNorms (with their residual Adds) and GELUs into its own kernels
+    (heads and hidden size read from config.json), then the graph goes to fp16 with fp32 inputs
+    and outputs. ONNX Runtime's CPU provider runs those kernels too (through casts where a kernel
+    has no fp16 version): the gate's CPU numerics check. Its GPU speed is not measured here."""
+    import collections
+
+    import onnx
+
+    from hf2triton.runtimes.cuda import fused_fp16_graph
+
+    kind, cfg, onnx_path, export_dir = exported("embedding")
+    fused = fused_fp16_graph(onnx_path, export_dir, str(tmp_path / "work"))
+    assert fused["method"] == "fp16/fused" and fused["graph"] == "onnx-fp16-ort"
+    assert fused["size_bytes"] < fused["fp32_bytes"]
+    graph = onnx.load(fused["onnx_path"]).graph
+    ops = collections.Counter(n.op_type for n in graph.node)
+    layers = 2  # tests/tiny_models.py build_tiny_bert
+    assert ops["EmbedLayerNormalization"] == 1
+    assert ops["Attention"] == layers and ops["BiasGelu"] == layers
+    assert ops["SkipLayerNormalization"] == 2 * layers
+    # Nothing left of the decomposed attention, LayerNorm or GELU.
+    assert not {"Softmax", "ReduceMean", "Pow", "Erf", "Sqrt", "Div"} & set(ops)
+    assert any(
+        t.data_type == onnx.TensorProto.FLOAT16 for t in graph.initializer
+    )  # weights in fp16
+    kept = {v.name: v.type.tensor_type.elem_type for v in [*graph.input, *graph.output]}
+    assert onnx.TensorProto.FLOAT16 not in kept.values()  # the serving core feeds and reads fp32
+    assert kept["last_hidden_state"] == onnx.TensorProto.FLOAT
+    settings = {
+        **kind.serving_json(cfg, export_dir, max_batch_tokens=256),
+        "runtime": {"name": "onnxruntime", "device": "cpu", "precision": "fp16"},
+    }
+    got = kind.open_candidate(fused["onnx_path"], export_dir, settings).embed(TEXTS)
+    full = load(exported, "embedding", ORT_FP32).embed(TEXTS)
+    assert np.isfinite(got).all()
+    assert cosine_rows(full, got).min() > 0.999
+
+
+@pytest.mark.parametrize(
+    "change, why",
+    [
+        ({"model_type": "llama"}, "has no fusions for model_type 'llama'"),
+        ({"num_attention_heads": None}, "gives no usable attention shape (heads missing"),
+        ({"num_attention_heads": 3}, "gives no usable attention shape (heads 3, hidden size 32"),
+    ],
+)
+def test_an_architecture_the_optimizer_cannot_fuse_is_refused_with_why(
+    exported, tmp_path, change, why
+):
+    """The fused variant of a model the optimizer does not know is a refused candidate (the
+    gate names why), not a failed release: the other GPU graphs are still tried."""
+    import json
+
+    from hf2triton.runtimes import RUNTIMES
+    from hf2triton.runtimes.base import VariantContext
+
+    kind, cfg, onnx_path, export_dir = exported("embedding")
+    model_dir = tmp_path / "model"
+    shutil.copytree(export_dir, model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    config.update(change)
+    (model_dir / "config.json").write_text(json.dumps({k: v for k, v in config.items() if v}))
+    ctx = VariantContext(
+        onnx_path, export_dir, str(model_dir), kind, None, None, None, str(tmp_path / "work")
+    )
+    built = {r.method: r.make() for r in RUNTIMES.load("onnxruntime-cuda").recipes(ctx)}
+    assert list(built) == ["fp16/fused", "fp16"]
+    assert why in built["fp16/fused"]["error"] and not built["fp16/fused"]["onnx_path"]
+    assert "error" not in built["fp16"] and Path(built["fp16"]["onnx_path"]).is_file()
+
+
 @pytest.mark.parametrize("first", ["hf2triton", "serving"])
 def test_openvino_and_nncf_send_no_telemetry(first):
     """Importing openvino sends a usage event and NNCF one per call, each from a process forked
