@@ -121,11 +121,8 @@ class OpenAISpec(Strict):
         return keys[0] if keys else None
 
 
-# Measured in-process on all-MiniLM-L6-v2 (2-core EPYC, AVX-512), dynamic batches of 64 texts of
-# every length: 467 texts/s in sub-batches of at most 512 tokens, 470 at 256, 437 at 1024, 315 at
-# 2048, about 50 padded as one batch; texts of the median length: 917, 901, 775, 775. Small
-# sub-batches keep the matrices in cache. benchmarks/serving.py reports the served figures.
-DEFAULT_MAX_BATCH_TOKENS = 512
+# The CPU's token budget of a sub-batch (measured: hf2triton.runtimes.devices).
+DEFAULT_MAX_BATCH_TOKENS = DEVICES.load(DEVICES.default).default_max_batch_tokens
 
 
 class DeploySection(Strict):
@@ -173,7 +170,7 @@ class DeploySection(Strict):
         le=1_000_000,
         description="token budget of one ONNX run: the served model sorts a dynamic batch by "
         "length and runs it in sub-batches of at most this many padded tokens (rows x longest); "
-        "0: one padded run per dynamic batch",
+        "0: one padded run per dynamic batch; default: 512 on cpu, 8192 on gpu",
     )
     device: Literal[tuple(DEVICES)] = Field(  # type: ignore[valid-type]
         "cpu",
@@ -206,13 +203,18 @@ class DeploySection(Strict):
     @classmethod
     def _device_defaults(cls, data: Any) -> Any:
         """What the spec leaves out is the device's default (hf2triton.runtimes.devices): the
-        instances per GPU, and the pairs the configuration search tries."""
+        instances (per GPU), the token budget of a sub-batch, and the instances, threads and
+        clients the configuration search tries."""
         device = (
             DEVICES.get(data.get("device") or DEVICES.default) if isinstance(data, dict) else None
         )
         if device is None:  # not a mapping, or a device the field itself refuses
             return data
-        data = {"instance_count": device.default_instances, **data}
+        data = {
+            "instance_count": device.default_instances,
+            "max_batch_tokens": device.default_max_batch_tokens,
+            **data,
+        }
         tuning = data.get("tuning", {})
         if isinstance(tuning, dict):
             data["tuning"] = {

@@ -56,6 +56,10 @@ def test_a_gpu_release_defaults_to_several_instances_per_gpu(tmp_path):
     gives still rules, and a CPU release keeps one instance."""
     gpu = _config(tmp_path, device="gpu", instance_count=None)
     assert "count: 4\n    kind: KIND_GPU" in gpu
+    # Sub-batches of a dynamic batch sized for the GPU: 64 texts of up to 128 tokens in one run.
+    assert _spec(tmp_path, device="gpu").deploy.max_batch_tokens == 8192
+    assert _spec(tmp_path).deploy.max_batch_tokens == 512
+    assert _spec(tmp_path, device="gpu", max_batch_tokens=256).deploy.max_batch_tokens == 256
     assert "count: 2\n    kind: KIND_GPU" in _config(tmp_path, device="gpu", instance_count=2)
     assert "count: 1\n    kind: KIND_CPU" in _config(tmp_path, instance_count=None)
 
