@@ -83,7 +83,7 @@ async def run(url: str, model: str, traffic: list, streams: int, max_new: int) -
                             stamps.append(time.perf_counter())
             return list(np.linspace(stamps[0], stamps[-1], max(used, 1))) if stamps else []
 
-        return await closed_loop(one, traffic, streams)  # type: ignore[arg-type]
+        return await closed_loop(one, traffic, streams)
 
 
 def main() -> None:
@@ -99,7 +99,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="prefix-bench-"))
     model_dir = build_qwen2(work / "qwen2-25m", vocab_size=1500, max_positions=2048)
     home = work / "home"
-    ports = {
+    ports: dict[str, Any] = {
         "http_port": free_port(),
         "grpc_port": free_port(),
         "metrics_port": free_port(),
@@ -151,9 +151,9 @@ def main() -> None:
         "|---|---|---|---|---|",
     ]
     for way, per in results.items():
-        for c, r in per.items():
+        for level, r in per.items():
             lines.append(
-                f"| {way} | {c} | {r['tokens_per_s']} | {r['ttft_p50_ms']} | {r['ttft_p99_ms']} |"
+                f"| {way} | {level} | {r['tokens_per_s']} | {r['ttft_p50_ms']} | {r['ttft_p99_ms']} |"
             )
     (out / f"prefix-caching-{stamp}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
