@@ -110,8 +110,10 @@ def run_gate(
         for c in candidates
     ]
     # The step's result names the shipped files by path: a candidate rebuilt elsewhere with the
-    # same bytes must not reuse a result that points at the old place.
-    paths = [c.onnx_path for c in candidates]
+    # same bytes must not reuse a result that points at the old place. Paths inside the work root
+    # count relative to it: a work directory copied or moved whole (another home) keeps its
+    # finished gate.
+    paths = [in_work(c.onnx_path, work_root) for c in candidates]
     log = step_logger()
     same = champion_serves(gate, champion, digests)
     if same and champion:
@@ -145,7 +147,8 @@ def run_gate(
         floor = face_champion(gate, champion, same, len(candidates), ref, report)
         chosen = judge_candidates(gate, candidates, ref, report, floor, same)
         report["chosen"] = chosen.name if chosen else None
-        return write_report(gate, report, chosen, ref, out, failed_report, work_root)
+        result = write_report(gate, report, chosen, ref, out, failed_report, work_root)
+        return {**result, "onnx_path": in_work(result["onnx_path"], work_root)}
 
     done = cached_step(work_root, "validate", key, build)
     # The step's JSON result holds the keys write_report returned, the rest are added here.
@@ -153,12 +156,22 @@ def run_gate(
         GateResult,
         {
             **done.result,
+            "onnx_path": str(Path(work_root) / done.result["onnx_path"]),
             "report_path": str(done.path / "validation_report.json"),
             "reference_path": str(done.path / "reference.json"),
             "seconds": round(time.perf_counter() - started, 3),
             "reused": done.reused,
         },
     )
+
+
+def in_work(path: str, work_root: str) -> str:
+    """`path` relative to the work root when it lies there (a step's output), else as given
+    (Path joins either back onto the work root)."""
+    try:
+        return Path(path).relative_to(work_root).as_posix()
+    except ValueError:
+        return path
 
 
 def champion_serves(gate: Gate, champion: Champion | None, digests: list[tuple]) -> set[str]:

@@ -6,6 +6,8 @@ still judged."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +24,7 @@ from tests.tiny_bert_steps import (
     SENTENCES,
     Thresholds,
     compare_with_torch,
+    do_export,
     run_gate,
 )
 
@@ -59,6 +62,58 @@ def test_fp32_passes_a_lenient_gate_and_writes_its_evidence(
     again = run_gate(tiny_bert, exported, cfg, sentences_file, [fp32], LENIENT, work)
     assert again["reused"] is True
     assert again["chosen"] == "fp32"
+
+
+def test_a_work_directory_copied_elsewhere_reuses_its_gate_naming_the_copys_files(
+    tiny_bert, cfg, sentences_file, tmp_path
+):
+    """The validate step names the candidates' files relative to the work root (in its key and
+    its result): a work directory copied whole (into another hf2triton home) reuses its finished
+    gate, whose result points at the copy's files; the same bytes elsewhere are gated anew."""
+    first = tmp_path / "home-a" / "work"
+    exported = do_export(tiny_bert, first)
+    one = run_gate(
+        tiny_bert,
+        exported,
+        cfg,
+        sentences_file,
+        [Candidate(name="fp32", onnx_path=exported["onnx_path"])],
+        LENIENT,
+        first,
+    )
+    assert not one["reused"] and one["onnx_path"] == exported["onnx_path"]
+
+    copy = tmp_path / "home-b" / "work"
+    shutil.copytree(first, copy, copy_function=os.link)
+    moved = do_export(tiny_bert, copy)
+    assert moved["reused"]
+    assert moved["onnx_path"] == str(copy / Path(exported["onnx_path"]).relative_to(first))
+    two = run_gate(
+        tiny_bert,
+        moved,
+        cfg,
+        sentences_file,
+        [Candidate(name="fp32", onnx_path=moved["onnx_path"])],
+        LENIENT,
+        copy,
+    )
+    assert two["reused"] and two["onnx_path"] == moved["onnx_path"]
+    assert Path(two["reference_path"]).parent.parent == copy / "validate"
+    assert two["metrics"] == one["metrics"]
+
+    elsewhere = tmp_path / "elsewhere" / "model.onnx"
+    elsewhere.parent.mkdir()
+    shutil.copyfile(moved["onnx_path"], elsewhere)
+    three = run_gate(
+        tiny_bert,
+        moved,
+        cfg,
+        sentences_file,
+        [Candidate(name="fp32", onnx_path=str(elsewhere))],
+        LENIENT,
+        copy,
+    )
+    assert not three["reused"] and three["onnx_path"] == str(elsewhere)
 
 
 def test_impossible_thresholds_stop_the_release_with_figures(
