@@ -254,7 +254,6 @@ def test_a_marian_translator_releases_on_the_fastest_candidate_and_serves_pytorc
     assert same >= len(texts) * 0.8 and len(set(want)) > len(texts) // 2
 
 
-@pytest.mark.e2e
 class _Lines(logging.Handler):
     """The messages a logger tree emits (Prefect's handlers may hold a stream another test's
     capture replaced, so its console output is not read here)."""
@@ -267,6 +266,7 @@ class _Lines(logging.Handler):
         self.lines.append(record.getMessage())
 
 
+@pytest.mark.e2e
 def test_a_first_candidate_that_passes_by_a_hair_is_not_shipped_the_next_one_is(
     tmp_path, monkeypatch
 ):
