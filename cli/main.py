@@ -1,7 +1,8 @@
 """The `hf2triton` command: `release SPEC.yaml` runs the release flow locally (no Prefect server
-needed); `server status|stop` manage the local Triton server the releases deploy to; `schema`
-prints the spec's JSON Schema; `image render SPEC` writes the spec's serving image Dockerfile
-without building it.
+needed); `render SPEC.yaml --output DIR` runs it up to the Triton repository and writes that and
+the image build context, registering and deploying nothing; `server status|stop` manage the
+local Triton server the releases deploy to; `schema` prints the spec's JSON Schema; `image render
+SPEC` writes the spec's serving image Dockerfile without building it.
 """
 
 from __future__ import annotations
@@ -21,13 +22,35 @@ def _fail(message: str, code: int = 1) -> int:
 
 
 def _release(args: argparse.Namespace) -> int:
+    from hf2triton.flows.release import release_model
+
+    return _run_flow(args.spec, release_model)
+
+
+def _render(args: argparse.Namespace) -> int:
+    """`render` (docs/deploy-targets.md#render-only): the release's steps up to its Triton
+    repository, written with the image build context to --output; nothing registered or
+    deployed."""
+    from hf2triton.flows.render import render_release
+
+    def run(spec: Any) -> dict[str, Any]:
+        found = render_release(spec, args.output)
+        # Every file's sha256 is in render.json; the line says where and what.
+        return {k: v for k, v in found.items() if k not in ("files", "image_context")}
+
+    return _run_flow(args.spec, run)
+
+
+def _run_flow(spec_path: str, run: Any) -> int:
+    """Check the spec, its data and the gate's device up front, then run `run(spec)` locally;
+    its result is stdout's one JSON line."""
     from hf2triton.errors import Hf2TritonError, SpecError
     from hf2triton.orchestration.prefect_api import prepare_local_run
     from hf2triton.runtimes.devices import check_gate_device
     from hf2triton.spec import kind_for, load_spec
 
     try:
-        spec = load_spec(args.spec)
+        spec = load_spec(spec_path)
         kind_for(spec).read_data()  # unusable validation data fails up front
     except SpecError as exc:
         return _fail(str(exc), 2)
@@ -39,12 +62,11 @@ def _release(args: argparse.Namespace) -> int:
         prepare_local_run()
     except Hf2TritonError as exc:
         return _fail(f"[{exc.code}] {exc}", exc.exit_code)
-    return _run_release(spec)
+    return _run_release(spec, run)
 
 
-def _run_release(spec) -> int:
+def _run_release(spec, run: Any) -> int:
     from hf2triton.errors import Hf2TritonError
-    from hf2triton.flows.release import release_model
     from hf2triton.orchestration.prefect_api import stop_temporary_api
 
     try:
@@ -52,7 +74,7 @@ def _run_release(spec) -> int:
             # stdout carries exactly one JSON line; libraries that print (MLflow's "View run
             # at") go to stderr with the progress.
             with contextlib.redirect_stdout(sys.stderr):
-                summary = release_model(spec)
+                summary = run(spec)
         finally:
             stop_temporary_api()  # now, not at exit: the last line printed is ours
     except Hf2TritonError as exc:
@@ -253,6 +275,20 @@ def _release_commands(sub: Any) -> None:
     rel = sub.add_parser("release", help="run a release from a spec file, locally")
     rel.add_argument("spec", help="release spec YAML, e.g. releases/minilm-embedder.yaml")
     rel.set_defaults(func=_release)
+    ren = sub.add_parser(
+        "render",
+        help="the release's steps up to its Triton model repository (gate included), written "
+        "with the serving image's build context to a folder: nothing registered or deployed",
+    )
+    ren.add_argument("spec", help="release spec YAML (any deploy.device and target)")
+    ren.add_argument(
+        "--output",
+        metavar="DIR",
+        required=True,
+        help="where to write model_repository/, the image build context and render.json (a "
+        "new or empty folder, or an earlier render, which is replaced)",
+    )
+    ren.set_defaults(func=_render)
     st = sub.add_parser(
         "status",
         help="every release this home has run, as a table: champion, "

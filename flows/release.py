@@ -6,7 +6,7 @@ docker, kserve) are chosen once from the spec; the steps live in `tasks/`, the w
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from prefect import flow
 from prefect.transactions import transaction
@@ -32,25 +32,20 @@ from hf2triton.util.workspace import work_dir
 from hf2triton.watch.status import remember
 
 
-@flow(name="release-model", log_prints=False, validate_parameters=False)
-def release_model(spec: ReleaseSpec | dict[str, Any]) -> dict[str, Any]:
-    """Release one model as `spec` describes; returns the release summary. A second run of the
-    same release waits for this one (hf2triton.orchestration.locks), then reuses its finished
-    steps."""
-    spec = parse_spec(spec)
-    with release_lock(spec.name):  # held for the whole release, the watch after it included
-        return _release(spec)
+class Built(NamedTuple):
+    """What the steps up to the Triton repository return."""
+
+    src: Any
+    exp: Any
+    variants: Any
+    val: Any
+    tuned: Any
+    repo: Any
 
 
-def _release(spec: ReleaseSpec) -> dict[str, Any]:
-    """The chain itself, run while the release's lock is held."""
-    work = work_dir(spec.name)
-    kind, target = kind_for(spec), target_for(spec, work)
-    data = kind.read_data()  # bad validation data fails before any work
-    check_gate_device(spec.deploy)  # so does a GPU release where the gate cannot use a GPU
-    runtimes = runtime_choices(spec.deploy, spec.runtime, kind)  # what this machine can try
-    remember(spec)  # `hf2triton status` lists every release of this home
-
+def build_repository(spec: ReleaseSpec, kind: Any, data: Any, runtimes: Any, work: str) -> Built:
+    """fetch, export, quantize, validate (the gate), tune, build-repository: the steps
+    `release-model` and `render-release` (hf2triton render) share."""
     src = fetch(spec.source)
     exp = export(kind, src, spec.export, data, work)
     variants = quantize(
@@ -71,6 +66,29 @@ def _release(spec: ReleaseSpec) -> dict[str, Any]:
     )
     tuned = tune(kind, spec.triton_model_name, val, exp, data, spec.deploy, work)
     repo = repository(kind, spec.triton_model_name, val, exp, data, spec.deploy, tuned, work)
+    return Built(src, exp, variants, val, tuned, repo)
+
+
+@flow(name="release-model", log_prints=False, validate_parameters=False)
+def release_model(spec: ReleaseSpec | dict[str, Any]) -> dict[str, Any]:
+    """Release one model as `spec` describes; returns the release summary. A second run of the
+    same release waits for this one (hf2triton.orchestration.locks), then reuses its finished
+    steps."""
+    spec = parse_spec(spec)
+    with release_lock(spec.name):  # held for the whole release, the watch after it included
+        return _release(spec)
+
+
+def _release(spec: ReleaseSpec) -> dict[str, Any]:
+    """The chain itself, run while the release's lock is held."""
+    work = work_dir(spec.name)
+    kind, target = kind_for(spec), target_for(spec, work)
+    data = kind.read_data()  # bad validation data fails before any work
+    check_gate_device(spec.deploy)  # so does a GPU release where the gate cannot use a GPU
+    runtimes = runtime_choices(spec.deploy, spec.runtime, kind)  # what this machine can try
+    remember(spec)  # `hf2triton status` lists every release of this home
+
+    src, exp, variants, val, tuned, repo = build_repository(spec, kind, data, runtimes, work)
     record = release_record(spec, src, exp, variants, val, tuned, repo)
     reg = register(spec.registry, record)
     image = release_image(spec, repo, reg, record)

@@ -1,0 +1,39 @@
+"""The `render-release` flow: the release chain up to and including the Triton repository (the
+same steps as `release-model`: build_repository in flows/release.py), then the repository and
+the serving image's build context written to a folder; no MLflow registration, no image build,
+no deploy (`hf2triton render`, hf2triton.release.render)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow
+
+from hf2triton.flows.release import build_repository
+from hf2triton.orchestration.locks import release_lock
+from hf2triton.runtimes import runtime_choices
+from hf2triton.runtimes.devices import check_gate_device
+from hf2triton.spec import ReleaseSpec, kind_for, parse_spec
+from hf2triton.tasks.render import write_output
+from hf2triton.util.workspace import work_dir
+
+
+@flow(name="render-release", log_prints=False, validate_parameters=False)
+def render_release(spec: ReleaseSpec | dict[str, Any], output: str) -> dict[str, Any]:
+    """Render what releasing `spec` would serve into `output`; returns what render.json holds.
+    Its steps are the release's own (a release of the same spec after it reuses them), so it
+    holds the release's lock while it runs."""
+    spec = parse_spec(spec)
+    with release_lock(spec.name):
+        return _render(spec, output)
+
+
+def _render(spec: ReleaseSpec, output: str) -> dict[str, Any]:
+    work = work_dir(spec.name)
+    kind = kind_for(spec)
+    data = kind.read_data()  # bad validation data fails before any work
+    check_gate_device(spec.deploy)  # a GPU release gates on CPU numerics here, or stops
+    runtimes = runtime_choices(spec.deploy, spec.runtime, kind)
+
+    src, _, _, val, tuned, repo = build_repository(spec, kind, data, runtimes, work)
+    return dict(write_output(spec, src, val, tuned, repo, output))
