@@ -77,10 +77,59 @@ SERVER_FIXTURES = {
 }
 
 
+# ---- running in parallel (pytest-xdist: `-n 2 --dist loadscope`, in pyproject.toml) -----------
+# The scheduler's scopes are this suite's groups: a module's tests run on one worker, in order, so
+# its module-scoped fixtures (a release, a server) start once; modules that share something of
+# the machine's that exists once are one group: the Docker engine on the default socket with its
+# registry and base image (docker_env). (xdist's own `loadgroup` cannot be used: with pytest 9 the
+# group it appends to each node id is lost.)
+SHARED_GROUPS = {"tests/image/test_image.py": "docker", "tests/targets/test_docker.py": "docker"}
+# The longest groups first (seconds on a 2-core machine, measured): a long one left for the end
+# would run alone while the other worker idles. The rest follow in their collection order.
+LONGEST_FIRST = (
+    "docker",  # 410
+    "tests/flows/test_train.py",  # 300
+    "tests/flows/test_outages.py",  # 270
+    "tests/flows/test_faults.py",  # 230
+    "tests/flows/test_release.py",  # 150
+    "tests/targets/test_replicas.py",  # 130
+    "tests/flows/test_release_faults.py",  # 130
+    "tests/watch/test_watch.py",  # 130
+    "tests/cli/test_first_run.py",  # 115
+    "tests/stores/test_s3.py",  # 110
+    "tests/targets/test_local.py",  # 95
+    "tests/orchestration/test_prefect.py",  # 95
+    "tests/test_packaging.py",  # 75
+    "tests/test_lint.py",  # 60 (mypy)
+)
+
+
+def group_of(nodeid: str) -> str:
+    """The group a test runs in: its module's, or the shared group its module is in."""
+    module = nodeid.split("::", 1)[0]
+    return SHARED_GROUPS.get(module, module)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadscope":
+        return None  # another --dist asked for: xdist's own
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    config.option.loadscopereorder = False  # in the collection's order: the longest first
+    return GroupScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.e2e)
+    rank = {group: i for i, group in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(group_of(item.nodeid), len(rank)))  # stable
 
 
 def pytest_sessionstart(session):
