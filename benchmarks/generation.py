@@ -105,6 +105,33 @@ async def closed_loop(one: Any, prompts: list[str], streams: int) -> dict[str, A
     return figures(records, time.perf_counter() - started)
 
 
+async def chat_stream_stamps(
+    session: Any, url: str, model: str, messages: Any, max_new: int
+) -> list[float]:
+    """One streamed `/v1/chat/completions` request: a time for each generated token. The chunks
+    carry text, not tokens: the usage's count is spread over the chunks' times."""
+    body = {
+        "model": model,
+        "messages": messages,
+        "max_tokens": max_new,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    stamps: list[float] = []
+    used = 0
+    async with session.post(url, json=body) as r:
+        if r.status != 200:
+            raise RuntimeError(await r.text())
+        async for line in r.content:
+            if not line.startswith(b"data: {"):
+                continue
+            event = json.loads(line[6:])
+            used = (event.get("usage") or {}).get("completion_tokens", used)
+            if event.get("choices") and event["choices"][0]["delta"].get("content"):
+                stamps.append(time.perf_counter())
+    return list(np.linspace(stamps[0], stamps[-1], max(used, 1))) if stamps else []
+
+
 class Served:
     """The release through Triton (HTTP generate_stream, a gRPC stream) or the API beside it."""
 
@@ -141,27 +168,8 @@ class Served:
 
     async def _openai(self, session: Any, prompt: str) -> list[float]:
         url = f"http://127.0.0.1:{self.ports['openai']['port']}/v1/chat/completions"
-        body = {
-            "model": self.model,
-            "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": self.max_new,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
-        stamps: list[float] = []
-        used = 0
-        async with session.post(url, json=body) as r:
-            if r.status != 200:
-                raise RuntimeError(await r.text())
-            async for line in r.content:
-                if not line.startswith(b"data: {"):
-                    continue
-                event = json.loads(line[6:])
-                used = (event.get("usage") or {}).get("completion_tokens", used)
-                if event.get("choices") and event["choices"][0]["delta"].get("content"):
-                    stamps.append(time.perf_counter())
-        # The chunks carry text, not tokens: the usage's count spread over the chunks' times.
-        return list(np.linspace(stamps[0], stamps[-1], max(used, 1))) if stamps else []
+        messages = [{"role": "user", "content": prompt}]
+        return await chat_stream_stamps(session, url, self.model, messages, self.max_new)
 
     async def _grpc(self, prompts: list[str], streams: int) -> dict[str, Any]:
         import tritonclient.grpc as grpcclient

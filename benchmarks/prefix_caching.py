@@ -25,14 +25,13 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from generation import ROOT, closed_loop, release  # noqa: E402
+from generation import ROOT, chat_stream_stamps, closed_loop, release  # noqa: E402
 
 
 def passage(words: list[str], rng: np.random.Generator, n: int) -> str:
@@ -63,25 +62,7 @@ async def run(url: str, model: str, traffic: list, streams: int, max_new: int) -
     ) as session:
 
         async def one(messages: Any) -> list[float]:
-            body = {
-                "model": model,
-                "messages": messages,
-                "max_tokens": max_new,
-                "stream": True,
-                "stream_options": {"include_usage": True},
-            }
-            stamps: list[float] = []
-            used = 0
-            async with session.post(url, json=body) as r:
-                if r.status != 200:
-                    raise RuntimeError(await r.text())
-                async for line in r.content:
-                    if line.startswith(b"data: {"):
-                        event = json.loads(line[6:])
-                        used = (event.get("usage") or {}).get("completion_tokens", used)
-                        if event.get("choices") and event["choices"][0]["delta"].get("content"):
-                            stamps.append(time.perf_counter())
-            return list(np.linspace(stamps[0], stamps[-1], max(used, 1))) if stamps else []
+            return await chat_stream_stamps(session, url, model, messages, max_new)
 
         return await closed_loop(one, traffic, streams)
 

@@ -289,14 +289,19 @@ def run_mlflow_server(root: Path):
         log.close()
 
 
-@pytest.fixture()
-def deploy_ports() -> dict:
+def new_ports() -> dict:
+    """Free ports for a release's deploy section: Triton's three and the OpenAI API's."""
     return {
         "http_port": free_port(),
         "grpc_port": free_port(),
         "metrics_port": free_port(),
         "openai": {"port": free_port()},
     }
+
+
+@pytest.fixture()
+def deploy_ports() -> dict:
+    return new_ports()
 
 
 def graph_file(version_dir: Path) -> str:

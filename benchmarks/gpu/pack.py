@@ -39,6 +39,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+from hf2triton.util.workspace import sha256_file  # noqa: E402
 
 CACHE = ROOT / ".cache" / "gpu-kit"
 DEFAULT_SPEC = ROOT / "releases" / "minilm-embedder.yaml"
@@ -65,14 +66,6 @@ STARTED = time.monotonic()
 
 def log(msg: str) -> None:
     print(f"pack: {time.monotonic() - STARTED:6.1f}s {msg}", file=sys.stderr, flush=True)
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 @contextmanager

@@ -18,22 +18,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hf2triton.util.net import free_port
 from hf2triton.util.workspace import disk_space, size_text
-from tests.conftest import ROOT, tiny_spec
+from tests.conftest import ROOT, new_ports, tiny_spec
 from tests.flows.test_faults import HF2TRITON, _cli, _error_line, _fresh_env, _mlflow_versions
 from tests.served import embed_remote, serving_versions, triton_client
 
 RELEASE_TIMEOUT_S = 900
-
-
-def _ports() -> dict:
-    return {
-        "http_port": free_port(),
-        "grpc_port": free_port(),
-        "metrics_port": free_port(),
-        "openai": {"port": free_port()},
-    }
 
 
 def _start(spec: Path, env: dict, log: Path) -> subprocess.Popen:
@@ -145,7 +135,7 @@ def test_two_runs_of_a_release_at_once_take_turns_and_register_one_version(
     spec = tiny_spec(
         tmp_path / "spec.yaml",
         tiny_bert,
-        _ports(),
+        new_ports(),
         name="tiny-twice",
         registry__model_name="tiny-twice",
     )
@@ -323,7 +313,7 @@ def test_home_on_a_disk_that_fills_during_export_fails_in_one_line_and_the_old_v
     _mount_tmpfs(home, TMPFS_MIB)
     env = _fresh_env(home)
     try:
-        ports = _ports()
+        ports = new_ports()
         spec = tiny_spec(
             tmp_path / "spec.yaml",
             tiny_bert,

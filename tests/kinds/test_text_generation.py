@@ -490,6 +490,19 @@ def test_langchain_chat_openai_talks_to_the_release(released):
     assert answer.content == want.choices[0].message.content
 
 
+def _assert_400(rel: dict, body: dict, param: str, says: str) -> None:
+    """A chat request with `body` added is a 400 whose error names `param` and says `says`."""
+    url = rel["summary"]["endpoint"]["openai"] + "/chat/completions"
+    request = {"model": rel["name"], "messages": [{"role": "user", "content": "hi"}], **body}
+    req = urllib.request.Request(
+        url, data=json.dumps(request).encode(), headers={"Content-Type": "application/json"}
+    )
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        urllib.request.urlopen(req, timeout=60)
+    error = json.loads(exc.value.read())["error"]
+    assert exc.value.code == 400 and error["param"] == param and says in error["message"], error
+
+
 @pytest.mark.parametrize(
     "body, param, says",
     [
@@ -514,15 +527,7 @@ def test_langchain_chat_openai_talks_to_the_release(released):
 )
 def test_bad_chat_requests_get_openai_errors_naming_the_field(released, body, param, says):
     rel = released["gpt2"] if "context length" in says else released["llama"]
-    url = rel["summary"]["endpoint"]["openai"] + "/chat/completions"
-    request = {"model": rel["name"], "messages": [{"role": "user", "content": "hi"}], **body}
-    req = urllib.request.Request(
-        url, data=json.dumps(request).encode(), headers={"Content-Type": "application/json"}
-    )
-    with pytest.raises(urllib.error.HTTPError) as exc:
-        urllib.request.urlopen(req, timeout=60)
-    error = json.loads(exc.value.read())["error"]
-    assert exc.value.code == 400 and error["param"] == param and says in error["message"], error
+    _assert_400(rel, body, param, says)
     # ... and the API keeps serving
     ok = _sdk(rel).chat.completions.create(
         model=rel["name"], max_tokens=2, messages=[{"role": "user", "content": "hi"}]
@@ -777,15 +782,7 @@ def test_a_langchain_tool_calling_agent_loop_runs_against_the_release(released):
 )
 def test_bad_schemas_and_tools_are_400s_naming_the_field(released, body, param, says):
     rel = released["llama"]
-    url = rel["summary"]["endpoint"]["openai"] + "/chat/completions"
-    request = {"model": rel["name"], "messages": [{"role": "user", "content": "hi"}], **body}
-    req = urllib.request.Request(
-        url, data=json.dumps(request).encode(), headers={"Content-Type": "application/json"}
-    )
-    with pytest.raises(urllib.error.HTTPError) as exc:
-        urllib.request.urlopen(req, timeout=60)
-    error = json.loads(exc.value.read())["error"]
-    assert exc.value.code == 400 and error["param"] == param and says in error["message"], error
+    _assert_400(rel, body, param, says)
 
 
 def test_the_serving_cores_own_engine_refuses_constraints_naming_the_runtime(released):

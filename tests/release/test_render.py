@@ -16,20 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import free_port, run_cli, tiny_spec
+from tests.conftest import free_port, new_ports, run_cli, tiny_spec
 
 pytestmark = pytest.mark.e2e  # each runs a release's steps; one starts tritonserver
 
 HF2TRITON = str(Path(sys.executable).parent / "hf2triton")
-
-
-def _ports() -> dict:
-    return {
-        "http_port": free_port(),
-        "grpc_port": free_port(),
-        "metrics_port": free_port(),
-        "openai": {"port": free_port()},
-    }
 
 
 def _render(spec: Path, out: Path, home: Path):
@@ -62,7 +53,7 @@ def test_a_gpu_spec_renders_its_gpu_repository_on_this_cpu_host(tmp_path, tiny_b
     spec = tiny_spec(
         tmp_path / "gpu.yaml",
         tiny_bert,
-        _ports(),
+        new_ports(),
         name="tiny-gpu",
         registry__model_name="tiny-gpu",
         deploy__device="gpu",
@@ -116,7 +107,7 @@ def test_a_cpu_spec_renders_with_its_configuration_search_and_serves(tmp_path, t
     spec = tiny_spec(
         tmp_path / "cpu.yaml",
         tiny_bert,
-        _ports(),
+        new_ports(),
         name="tiny-cpu",
         registry__model_name="tiny-cpu",
         deploy__tuning={
