@@ -24,7 +24,7 @@ pytestmark = pytest.mark.e2e  # every test here starts a server or runs a releas
 
 HF2TRITON = str(Path(sys.executable).parent / "hf2triton")
 # Short looks; latency is not judged here (a shared 2-core machine's p99 is noise): the p99
-# budget's arithmetic is test_budgets_judge_each_figure's, its PromQL promtool's.
+# budget's arithmetic is tests/watch/test_observe.py's, its PromQL promtool's.
 WATCH = {
     "watch__interval_s": 1.0,
     "watch__min_requests": 5,
@@ -32,41 +32,6 @@ WATCH = {
     "watch__max_failure_rate": 0.05,
     "watch__p99_slack_ms": 600_000,
 }
-
-
-def test_budgets_judge_each_figure():
-    from hf2triton.spec.watch import WatchSpec
-    from hf2triton.watch.observe import judge, p99_limit
-
-    budget = WatchSpec(
-        max_failure_rate=0.01,
-        max_p99_ms=100,
-        max_p99_vs_previous=2,
-        p99_slack_ms=5,
-        min_requests=20,
-        smoke_floors={"grpc_min_cosine": 0.99},
-    )
-    row = {
-        "endpoint": "e",
-        "version": "2",
-        "requests": 100,
-        "failed": 0,
-        "failure_rate": 0.0,
-        "p99_ms": 30.0,
-        "grpc_min_cosine": 0.995,
-    }
-    assert judge(row, budget, {"p99_ms": 20.0}) == []
-    assert p99_limit(budget, {"p99_ms": 20.0}) == 40.0  # twice the previous champion's
-    assert p99_limit(budget, {"p99_ms": 1.0}) == 6.0  # never closer to it than the slack
-    assert p99_limit(budget, None) == 100  # unknown: the absolute budget alone
-    slow = judge({**row, "p99_ms": 45.0}, budget, {"p99_ms": 20.0})
-    assert len(slow) == 1 and "p99 45.0 ms over the budget 40.0 ms" in slow[0]
-    failing = judge({**row, "failed": 5, "failure_rate": 0.05}, budget, None)
-    assert len(failing) == 1 and "failure rate 5.00% (5 of 100 requests)" in failing[0]
-    few = {**row, "requests": 10, "failed": 5, "failure_rate": 0.5, "p99_ms": 900.0}
-    assert judge(few, budget, None) == []  # too few requests to judge rate or latency
-    assert "below the floor 0.99" in judge({**row, "grpc_min_cosine": 0.95}, budget, None)[0]
-    assert "smoke probe failed" in judge({**row, "probe_error": "refused"}, budget, None)[0]
 
 
 def _until(done, what: str, timeout_s: float = 180) -> None:
