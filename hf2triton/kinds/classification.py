@@ -15,12 +15,11 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from hf2triton.errors import SpecError, UnsupportedModelError
-from hf2triton.kinds import KINDS
-from hf2triton.kinds.base import Data, Limits, model_max_length, read_lines
+from hf2triton.kinds.base import KINDS, Data, Limits, model_max_length, read_lines
 from hf2triton.kinds.margin import Sample
 from hf2triton.kinds.modality import TextEncoderKind
 from hf2triton.kinds.torch_reference import TorchReference, largest_difference
-from hf2triton.serving.classification import activate, label_names
+from hf2triton.serving.classification import Classifier, activate, label_names
 from hf2triton.util.specbase import MaxLength, Probability, SpecPath, Strict, unless
 
 
@@ -141,11 +140,11 @@ def predicted(probs: np.ndarray, activation: str) -> np.ndarray:
 
 
 @KINDS.register
-class ClassificationKind(TextEncoderKind):
+class ClassificationKind(TextEncoderKind[ClassificationConfig]):
     name = "classification"
     task = "text-classification"
     Options = ClassificationSpec
-    serving_class = "Classifier"
+    serving_class = Classifier
     quality_metric = "accuracy"
 
     def resolve(self, model_dir: str) -> ClassificationConfig:

@@ -14,12 +14,11 @@ import numpy as np
 from pydantic import Field, field_validator
 
 from hf2triton.errors import SpecError
-from hf2triton.kinds import KINDS
-from hf2triton.kinds.base import Data, Limits, model_max_length, read_json, read_lines
+from hf2triton.kinds.base import KINDS, Data, Limits, model_max_length, read_json, read_lines
 from hf2triton.kinds.margin import Sample
 from hf2triton.kinds.modality import TextEncoderKind
 from hf2triton.kinds.torch_reference import TorchReference, largest_difference, onnx_output
-from hf2triton.serving.embedding import pool
+from hf2triton.serving.embedding import Embedder, pool
 from hf2triton.util.specbase import MaxLength, Probability, SpecPath, Strict
 
 
@@ -207,11 +206,11 @@ def embedding_metrics(
 
 
 @KINDS.register
-class EmbeddingKind(TextEncoderKind):
+class EmbeddingKind(TextEncoderKind[EmbeddingConfig]):
     name = "embedding"
     task = "feature-extraction"
     Options = EmbeddingSpec
-    serving_class = "Embedder"
+    serving_class = Embedder
     # Keys of releases before 0.2, read for one more release (hf2triton.spec says so).
     moved_keys = {
         "validation.thresholds": "embedding.thresholds",
@@ -284,7 +283,7 @@ class EmbeddingKind(TextEncoderKind):
         return {"input": [t.decode("utf-8") for t in request["TEXT"][:, 0]]}
 
     def openai_answer(
-        self, body: dict[str, Any], request: dict[str, np.ndarray], cfg: Any
+        self, body: dict[str, Any], request: dict[str, np.ndarray], cfg: EmbeddingConfig
     ) -> dict[str, np.ndarray]:
         rows = sorted(body["data"], key=lambda d: d["index"])
         return {"EMBEDDING": np.array([d["embedding"] for d in rows], np.float32)}

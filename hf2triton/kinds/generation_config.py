@@ -6,11 +6,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field, model_validator
 
 from hf2triton.errors import SpecError, UnsupportedModelError
-from hf2triton.kinds.base import model_max_length
+from hf2triton.kinds.data import model_max_length
 from hf2triton.serving.seq2seq import DecodeSettings
+from hf2triton.util.specbase import MaxLength, SpecPath, Strict, unless
 
 # GenerationConfig fields the served decoder implements (hf2triton.serving.decoding.process_scores).
 # Any other field that changes greedy or beam search is refused when it differs from its default.
@@ -36,6 +39,61 @@ UNSUPPORTED = (
     "forced_decoder_ids",
     "token_healing",
 )
+
+
+Bleu = Annotated[float, Field(ge=0.0, le=100.0)]
+
+
+class GenerationThresholds(Strict):
+    """sacrebleu scores (0-100) of the candidate's translations."""
+
+    min_bleu: Bleu = Field(90.0, description="BLEU against the fp32 PyTorch translations")
+    min_chrf: Bleu = Field(95.0, description="chrF against the fp32 PyTorch translations")
+    min_reference_bleu: Bleu | None = Field(
+        None, description="BLEU against `references`; needs `references`"
+    )
+    min_reference_chrf: Bleu | None = Field(
+        None, description="chrF against `references`; needs `references`"
+    )
+
+
+class GenerationSpec(Strict):
+    """`task: translation`: how the served model generates (the defaults of every request)."""
+
+    source_lang: str | None = Field(
+        None, description="source language code for multilingual tokenizers (M2M100: 'en')"
+    )
+    target_lang: str | None = Field(
+        None,
+        description="target language code; M2M100-style models force it as the first "
+        "generated token (forced BOS). Required when the model translates into many languages",
+    )
+    max_new_tokens: int | None = Field(
+        None, ge=1, le=4096, description="default: the model's generation_config max_length - 1"
+    )
+    num_beams: int | None = Field(
+        None, ge=1, le=16, description="default: the model's generation_config (1: greedy)"
+    )
+    max_input_length: MaxLength = Field(
+        None, description="source truncation length; default: the model's"
+    )
+    thresholds: GenerationThresholds = GenerationThresholds()
+    references: SpecPath | None = Field(
+        None,
+        description="UTF-8 file of reference translations, one per line of "
+        "validation.sentences: BLEU and chrF against them are measured and reported",
+    )
+
+    @model_validator(mode="after")
+    def _reference_gates_need_references(self) -> GenerationSpec:
+        t = self.thresholds
+        wanted = t.min_reference_bleu is not None or t.min_reference_chrf is not None
+        return unless(
+            wanted and self.references is None,
+            self,
+            "thresholds.min_reference_bleu/min_reference_chrf need reference "
+            "translations: give generation.references",
+        )
 
 
 @dataclass(frozen=True)
@@ -124,7 +182,7 @@ def _language_ids(tok) -> dict[str, int]:
     return {}
 
 
-def resolve_translation_config(model_dir: str | Path, spec: Any) -> TranslationConfig:
+def resolve_translation_config(model_dir: str | Path, spec: GenerationSpec) -> TranslationConfig:
     """Decoding settings from the model's generation config, overridden by the spec's
     `generation:` section; refuses settings the served decoder does not implement."""
     from transformers import AutoConfig
@@ -139,56 +197,26 @@ def resolve_translation_config(model_dir: str | Path, spec: Any) -> TranslationC
     gen = model_generation_config(model_dir, config, "translations")
     tok = load_tokenizer(model_dir, spec.source_lang)
     langs = _language_ids(tok)
-    forced_bos = gen.forced_bos_token_id
-    if spec.target_lang is not None:
-        if spec.target_lang not in langs:
-            raise SpecError(
-                f"generation.target_lang {spec.target_lang!r} is not a target language of this "
-                f"model's tokenizer ({type(tok).__name__}): "
-                + (f"use one of {sorted(langs)[:12]}..." if langs else "remove the key")
-            )
-        forced_bos = langs[spec.target_lang]
-    elif langs and forced_bos is None:
-        raise SpecError(
-            f"generation.target_lang is required: {model_dir.name} translates into "
-            f"{len(langs)} languages (e.g. {', '.join(sorted(langs)[:6])})"
-        )
-    eos_ids, pad = eos_and_pad(gen, config)
+    bos = forced_bos(spec.target_lang, langs, gen, tok, model_dir.name)
     start = gen.decoder_start_token_id
     if start is None:
         start = config.decoder_start_token_id
     if start is None:
         raise UnsupportedModelError(f"{model_dir}: no decoder_start_token_id in its config")
-    positions = (
-        getattr(config, "max_target_positions", None)
-        or getattr(config, "max_position_embeddings", None)
-        or 1024
-    )
-    # A few positions stay free: M2M100 and BART offset theirs by 2, and the start token is one.
-    limit = max(1, min(int(positions) - 3, 4096))
+    limit = decoder_positions(config)
     max_new = spec.max_new_tokens or min(limit, max(1, int(gen.max_length or 20) - 1))
     if max_new > limit:
         raise SpecError(
             f"generation.max_new_tokens {max_new} is more than this model's decoder can "
             f"position ({limit}); lower it"
         )
-    forced_eos = gen.forced_eos_token_id
-    if forced_eos is not None and not isinstance(forced_eos, list):
-        forced_eos = [forced_eos]
-    settings = DecodeSettings(
-        decoder_start_token_id=int(start),
-        eos_token_ids=eos_ids,
-        pad_token_id=pad,
-        max_new_tokens=int(max_new),
+    settings = decode_settings(
+        gen,
+        config,
+        start=int(start),
+        bos=bos,
+        max_new=int(max_new),
         num_beams=int(spec.num_beams or gen.num_beams or 1),
-        forced_bos_token_id=None if forced_bos is None else int(forced_bos),
-        forced_eos_token_id=forced_eos,
-        min_length=int(gen.min_length or 0),
-        no_repeat_ngram_size=int(gen.no_repeat_ngram_size or 0),
-        repetition_penalty=float(gen.repetition_penalty or 1.0),
-        bad_words_ids=[list(map(int, b)) for b in (gen.bad_words_ids or [])],
-        length_penalty=float(gen.length_penalty if gen.length_penalty is not None else 1.0),
-        early_stopping=gen.early_stopping,
     )
     max_input = spec.max_input_length or model_max_length(model_dir)
     return TranslationConfig(
@@ -198,4 +226,64 @@ def resolve_translation_config(model_dir: str | Path, spec: Any) -> TranslationC
         max_input_length=int(max_input),
         max_new_tokens_limit=limit,
         decode=settings.to_dict(),
+    )
+
+
+def forced_bos(
+    target_lang: str | None, langs: dict[str, int], gen: Any, tok: Any, model: str
+) -> int | None:
+    """The token every translation starts with: the spec's target language's, else the model's
+    own forced BOS; SpecError for a language the tokenizer lacks, or none chosen where the model
+    translates into many."""
+    if target_lang is not None:
+        if target_lang not in langs:
+            raise SpecError(
+                f"generation.target_lang {target_lang!r} is not a target language of this "
+                f"model's tokenizer ({type(tok).__name__}): "
+                + (f"use one of {sorted(langs)[:12]}..." if langs else "remove the key")
+            )
+        return langs[target_lang]
+    if langs and gen.forced_bos_token_id is None:
+        raise SpecError(
+            f"generation.target_lang is required: {model} translates into "
+            f"{len(langs)} languages (e.g. {', '.join(sorted(langs)[:6])})"
+        )
+    return gen.forced_bos_token_id
+
+
+def decoder_positions(config: Any) -> int:
+    """The most new tokens the decoder can position. A few positions stay free: M2M100 and
+    BART offset theirs by 2, and the start token is one."""
+    positions = (
+        getattr(config, "max_target_positions", None)
+        or getattr(config, "max_position_embeddings", None)
+        or 1024
+    )
+    return max(1, min(int(positions) - 3, 4096))
+
+
+def decode_settings(
+    gen: Any, config: Any, *, start: int, bos: int | None, max_new: int, num_beams: int
+) -> DecodeSettings:
+    """The served decoder's settings: the model's generation config (its logits processors, its
+    forced EOS), each translation started with `start` then `bos` and at most `max_new` tokens
+    long, searched with `num_beams` beams."""
+    eos_ids, pad = eos_and_pad(gen, config)
+    forced_eos = gen.forced_eos_token_id
+    if forced_eos is not None and not isinstance(forced_eos, list):
+        forced_eos = [forced_eos]
+    return DecodeSettings(
+        decoder_start_token_id=start,
+        eos_token_ids=eos_ids,
+        pad_token_id=pad,
+        max_new_tokens=max_new,
+        num_beams=num_beams,
+        forced_bos_token_id=None if bos is None else int(bos),
+        forced_eos_token_id=forced_eos,
+        min_length=int(gen.min_length or 0),
+        no_repeat_ngram_size=int(gen.no_repeat_ngram_size or 0),
+        repetition_penalty=float(gen.repetition_penalty or 1.0),
+        bad_words_ids=[list(map(int, b)) for b in (gen.bad_words_ids or [])],
+        length_penalty=float(gen.length_penalty if gen.length_penalty is not None else 1.0),
+        early_stopping=gen.early_stopping,
     )

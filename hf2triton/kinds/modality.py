@@ -2,13 +2,14 @@
 kind derives from the one its requests carry (text for an encoder or a text-to-text model, an
 image, an audio clip), which knows how an item becomes a Triton request, what the export writes
 beside the graph for serving to read its input, and which files a version directory holds. The
-kind itself adds what is its own: its section, reference, metrics and limits.
+kind itself adds what is its own: its section, config, reference, metrics and limits.
 
 Example (an image classifier, one module beside the others, registered like them):
 
     @KINDS.register
-    class ImageClassificationKind(VisionKind):
-        name, task, serving_class = "image-classification", "image-classification", "Images"
+    class ImageClassificationKind(VisionKind[ImageClassificationConfig]):
+        name, task = "image-classification", "image-classification"
+        serving_class = Images                 # hf2triton.serving.image_classification
         def resolve(self, model_dir): ...      # and the other abstract methods of ModelKind
 """
 
@@ -22,6 +23,7 @@ import numpy as np
 
 from hf2triton.errors import ExportError
 from hf2triton.kinds.base import Data, ModelKind, save_fast_tokenizer
+from hf2triton.kinds.roles import C
 
 
 def graph_files(candidate: str) -> dict[str, Path]:
@@ -40,7 +42,7 @@ def graph_setting(files: dict[str, str]) -> str:
     return files.get("model.xml") or files["model.onnx"]
 
 
-class TextKind(ModelKind):
+class TextKind(ModelKind[C]):
     """Text in: each request carries its text (or texts) as BYTES, tokenized by the serving core
     with the `tokenizers` library from the tokenizer.json the export writes beside the graph."""
 
@@ -60,7 +62,7 @@ class TextKind(ModelKind):
         (calibrated file by file it would not be: they are not quantized that way)."""
         return [str(x) for x in data.items] if self.main_file == "model.onnx" else None
 
-    def prepare_export(self, model_dir: str, out: Path, cfg: Any) -> None:
+    def prepare_export(self, model_dir: str, out: Path, cfg: C) -> None:
         """tokenizer.json beside the exported graph."""
         save_fast_tokenizer(model_dir, out)
 
@@ -71,12 +73,12 @@ class TextKind(ModelKind):
         return {"onnx": graph_setting(files), "tokenizer": files["tokenizer.json"]}
 
 
-class TextEncoderKind(TextKind):
+class TextEncoderKind(TextKind[C]):
     """An encoder read whole at once (BERT-like): one graph, one forward pass per batch; its
     answer is a vector, labels or scores (embedding, classification, reranking)."""
 
 
-class TextToTextKind(TextKind):
+class TextToTextKind(TextKind[C]):
     """Text in, text out, generated token by token (translation, text generation): graphs
     decoded in a loop, not calibrated whole."""
 
@@ -86,7 +88,7 @@ class TextToTextKind(TextKind):
 PREPROCESSOR_FILE = "preprocessor_config.json"
 
 
-class _ProcessedKind(ModelKind):
+class _ProcessedKind(ModelKind[C]):
     """Input that a preprocessor configuration turns into tensors: each request carries the
     item's encoded bytes (an image file, an audio file) as BYTES; the export copies the model's
     preprocessor_config.json beside the graph for the serving core to read."""
@@ -107,7 +109,7 @@ class _ProcessedKind(ModelKind):
             for x in items
         ]
 
-    def prepare_export(self, model_dir: str, out: Path, cfg: Any) -> None:
+    def prepare_export(self, model_dir: str, out: Path, cfg: C) -> None:
         found = Path(model_dir) / PREPROCESSOR_FILE
         if not found.is_file():
             raise ExportError(
@@ -123,7 +125,7 @@ class _ProcessedKind(ModelKind):
         return {"onnx": graph_setting(files), "preprocessor": files[PREPROCESSOR_FILE]}
 
 
-class VisionKind(_ProcessedKind):
+class VisionKind(_ProcessedKind[C]):
     """An image in (encoded PNG, JPEG, ... as the IMAGE input)."""
 
     modality: ClassVar[str] = "image"
@@ -131,7 +133,7 @@ class VisionKind(_ProcessedKind):
     input_name: ClassVar[str] = "IMAGE"
 
 
-class AudioKind(_ProcessedKind):
+class AudioKind(_ProcessedKind[C]):
     """An audio clip in (encoded WAV, FLAC, ... as the AUDIO input)."""
 
     modality: ClassVar[str] = "audio"

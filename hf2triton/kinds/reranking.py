@@ -19,12 +19,11 @@ import numpy as np
 from pydantic import Field
 
 from hf2triton.errors import SpecError, UnsupportedModelError
-from hf2triton.kinds import KINDS
-from hf2triton.kinds.base import Data, Limits, model_max_length, read_lines
+from hf2triton.kinds.base import KINDS, Data, Limits, model_max_length, read_lines
 from hf2triton.kinds.classification import TorchClassifier, check_logits
 from hf2triton.kinds.margin import Sample
 from hf2triton.kinds.modality import TextEncoderKind
-from hf2triton.serving.reranking import relevance
+from hf2triton.serving.reranking import Reranker, relevance
 from hf2triton.util.specbase import MaxLength, Probability, Strict
 
 
@@ -130,12 +129,12 @@ def ranking_metrics(
 
 
 @KINDS.register
-class RerankingKind(TextEncoderKind):
+class RerankingKind(TextEncoderKind[RerankingConfig]):
     name = "reranking"
     task = "text-ranking"
     Options = RerankingSpec
     onnx_task = "text-classification"  # a cross-encoder is a sequence classifier of pairs
-    serving_class = "Reranker"
+    serving_class = Reranker
     item_word = "queries"
 
     def resolve(self, model_dir: str) -> RerankingConfig:
@@ -179,7 +178,7 @@ class RerankingKind(TextEncoderKind):
         }
 
     def openai_answer(
-        self, body: dict[str, Any], request: dict[str, np.ndarray], cfg: Any
+        self, body: dict[str, Any], request: dict[str, np.ndarray], cfg: RerankingConfig
     ) -> dict[str, np.ndarray]:
         scores = np.full((1, request["PASSAGES"].shape[1]), np.nan, np.float32)
         for r in body["results"]:

@@ -17,8 +17,7 @@ import numpy as np
 from pydantic import Field
 
 from hf2triton.errors import ExportError, SpecError, UnsupportedModelError
-from hf2triton.kinds import KINDS
-from hf2triton.kinds.base import Data, Limits, read_lines, save_fast_tokenizer
+from hf2triton.kinds.base import KINDS, Data, Limits, read_lines, save_fast_tokenizer
 from hf2triton.kinds.generation_config import eos_and_pad, model_generation_config
 from hf2triton.kinds.lm_reference import (
     TextGenerationConfig,
@@ -40,6 +39,7 @@ from hf2triton.serving.causal import (
 )
 from hf2triton.serving.decoding import DecodeSettings
 from hf2triton.serving.genai import TOKENIZER_IRS
+from hf2triton.serving.text_generation import Generator
 from hf2triton.util.specbase import Strict
 
 # The gate's check of constrained decoding: a bounded schema (each answer ends well within its
@@ -166,6 +166,9 @@ class TextGenerationSpec(Strict):
 def resolve_text_generation(
     model_dir: str | Path, spec: TextGenerationSpec
 ) -> TextGenerationConfig:
+    """The served generator's config: the model's generation config (refused where the served
+    decoder would differ from PyTorch's), its context, its tokenizer's chat template, and the
+    spec's defaults and batching."""
     from transformers import AutoConfig, AutoTokenizer
 
     config = AutoConfig.from_pretrained(str(model_dir))
@@ -183,23 +186,7 @@ def resolve_text_generation(
         also_refused=("forced_bos_token_id", "forced_eos_token_id"),
     )
     eos_ids, pad = eos_and_pad(gen, config)
-    positions = int(getattr(config, "max_position_embeddings", 0) or 2048)
-    context = spec.max_context or positions
-    if context > positions:
-        raise SpecError(
-            f"text_generation.max_context {context} is more than this model can "
-            f"position ({positions}); lower it"
-        )
-    max_new = spec.max_new_tokens or int(gen.max_new_tokens or 64)
-    if max_new >= context:
-        raise SpecError(
-            f"text_generation.max_new_tokens {max_new} leaves no room for a prompt "
-            f"in the model's context ({context}); lower it"
-        )
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
-    template = tok.chat_template if spec.chat_template == "model" else None
-    if isinstance(template, dict):
-        template = template.get("default")
+    context, max_new = context_and_new_tokens(spec, config, gen)
     repetition = spec.repetition_penalty or float(gen.repetition_penalty or 1.0)
     processors = DecodeSettings(
         decoder_start_token_id=pad,
@@ -224,16 +211,8 @@ def resolve_text_generation(
         eos_token_ids=eos_ids,
         pad_token_id=pad,
         processors=processors.to_dict(),
-        max_context=int(context),
-        tokenizer={
-            "clean_up_tokenization_spaces": bool(
-                getattr(tok, "clean_up_tokenization_spaces", False)
-            ),
-            "chat_template": template,
-            "special_tokens": {
-                k: v for k, v in tok.special_tokens_map.items() if isinstance(v, str)
-            },
-        },
+        max_context=context,
+        tokenizer=tokenizer_plan(AutoTokenizer.from_pretrained(str(model_dir)), spec),
         batching=spec.batching,
         max_rows=spec.max_rows,
         step_tokens=spec.step_tokens,
@@ -243,18 +222,50 @@ def resolve_text_generation(
     )
 
 
+def context_and_new_tokens(spec: TextGenerationSpec, config: Any, gen: Any) -> tuple[int, int]:
+    """The tokens a request may reach (prompt and generated) and the new tokens it gets by
+    default: the spec's, within what the model can position, with room left for a prompt."""
+    positions = int(getattr(config, "max_position_embeddings", 0) or 2048)
+    context = spec.max_context or positions
+    if context > positions:
+        raise SpecError(
+            f"text_generation.max_context {context} is more than this model can "
+            f"position ({positions}); lower it"
+        )
+    max_new = spec.max_new_tokens or int(gen.max_new_tokens or 64)
+    if max_new >= context:
+        raise SpecError(
+            f"text_generation.max_new_tokens {max_new} leaves no room for a prompt "
+            f"in the model's context ({context}); lower it"
+        )
+    return int(context), max_new
+
+
+def tokenizer_plan(tok: Any, spec: TextGenerationSpec) -> dict[str, Any]:
+    """What the serving tokenizer takes of transformers': its clean-up of spaces, its chat
+    template (unless the spec turns chats off) and its special tokens."""
+    template = tok.chat_template if spec.chat_template == "model" else None
+    if isinstance(template, dict):
+        template = template.get("default")
+    return {
+        "clean_up_tokenization_spaces": bool(getattr(tok, "clean_up_tokenization_spaces", False)),
+        "chat_template": template,
+        "special_tokens": {k: v for k, v in tok.special_tokens_map.items() if isinstance(v, str)},
+    }
+
+
 # PyTorch's reference and the scores, in a module of their own.
 __all__ = ["TextGenerationKind", "TorchGenerator", "resolve_text_generation"]
 
 
 @KINDS.register
-class TextGenerationKind(TextToTextKind):
+class TextGenerationKind(TextToTextKind[TextGenerationConfig]):
     name = "text_generation"
     task = "text-generation"
     section = "text_generation"  # `generation` is translation's
     Options = TextGenerationSpec
     onnx_task = "text-generation-with-past"  # one model.onnx, past key values in and out
-    serving_class = "Generator"
+    serving_class = Generator
     tunable = False  # streams are another kind of traffic than the search's
     item_word = "prompts"
 
@@ -464,7 +475,7 @@ class TextGenerationKind(TextToTextKind):
         return body
 
     def openai_answer(
-        self, body: dict[str, Any], request: dict[str, np.ndarray], cfg: Any
+        self, body: dict[str, Any], request: dict[str, np.ndarray], cfg: TextGenerationConfig
     ) -> dict[str, np.ndarray]:
         choice = body["choices"][0]
         return {

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from hf2triton.kinds.generation_config import load_tokenizer
+from hf2triton.kinds.generation_config import TranslationConfig, load_tokenizer
 
 
 def batched(items: list[Any], size: int):
@@ -100,7 +100,7 @@ def largest_difference(
 class TorchTranslator:
     """The original PyTorch model and `generate`: the reference."""
 
-    def __init__(self, model_dir: str | Path, cfg: Any):
+    def __init__(self, model_dir: str | Path, cfg: TranslationConfig):
         import torch
         from transformers import AutoModelForSeq2SeqLM
 

@@ -9,75 +9,23 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import numpy as np
-from pydantic import Field, model_validator
 
 from hf2triton.errors import ExportError, SpecError
-from hf2triton.kinds import KINDS
-from hf2triton.kinds.base import Data, Limits, read_lines
-from hf2triton.kinds.generation_config import TranslationConfig, resolve_translation_config
+from hf2triton.kinds.base import KINDS, Data, Limits, read_lines
+from hf2triton.kinds.generation_config import (
+    GenerationSpec,
+    TranslationConfig,
+    resolve_translation_config,
+)
 from hf2triton.kinds.margin import Sample
 from hf2triton.kinds.modality import TextToTextKind
 from hf2triton.kinds.serving_tokenizer import check_tokenizer, write_serving_tokenizer
 from hf2triton.kinds.torch_reference import TorchTranslator, batched, strip_pad
 from hf2triton.serving.seq2seq import ONNX_FILES, Seq2SeqModel, Seq2SeqTokenizer
-from hf2triton.util.specbase import MaxLength, SpecPath, Strict, unless
-
-Bleu = Annotated[float, Field(ge=0.0, le=100.0)]
-
-
-class GenerationThresholds(Strict):
-    """sacrebleu scores (0-100) of the candidate's translations."""
-
-    min_bleu: Bleu = Field(90.0, description="BLEU against the fp32 PyTorch translations")
-    min_chrf: Bleu = Field(95.0, description="chrF against the fp32 PyTorch translations")
-    min_reference_bleu: Bleu | None = Field(
-        None, description="BLEU against `references`; needs `references`"
-    )
-    min_reference_chrf: Bleu | None = Field(
-        None, description="chrF against `references`; needs `references`"
-    )
-
-
-class GenerationSpec(Strict):
-    """`task: translation`: how the served model generates (the defaults of every request)."""
-
-    source_lang: str | None = Field(
-        None, description="source language code for multilingual tokenizers (M2M100: 'en')"
-    )
-    target_lang: str | None = Field(
-        None,
-        description="target language code; M2M100-style models force it as the first "
-        "generated token (forced BOS). Required when the model translates into many languages",
-    )
-    max_new_tokens: int | None = Field(
-        None, ge=1, le=4096, description="default: the model's generation_config max_length - 1"
-    )
-    num_beams: int | None = Field(
-        None, ge=1, le=16, description="default: the model's generation_config (1: greedy)"
-    )
-    max_input_length: MaxLength = Field(
-        None, description="source truncation length; default: the model's"
-    )
-    thresholds: GenerationThresholds = GenerationThresholds()
-    references: SpecPath | None = Field(
-        None,
-        description="UTF-8 file of reference translations, one per line of "
-        "validation.sentences: BLEU and chrF against them are measured and reported",
-    )
-
-    @model_validator(mode="after")
-    def _reference_gates_need_references(self) -> GenerationSpec:
-        t = self.thresholds
-        wanted = t.min_reference_bleu is not None or t.min_reference_chrf is not None
-        return unless(
-            wanted and self.references is None,
-            self,
-            "thresholds.min_reference_bleu/min_reference_chrf need reference "
-            "translations: give generation.references",
-        )
+from hf2triton.serving.translation import Translator
 
 
 def bleu_chrf(hypotheses: list[str], references: list[str]) -> tuple[float, float]:
@@ -193,13 +141,13 @@ TOKENIZER_DIR = "serving-tokenizer"  # written by export, beside the ONNX files
 
 
 @KINDS.register
-class TranslationKind(TextToTextKind):
+class TranslationKind(TextToTextKind[TranslationConfig]):
     name = "translation"
     task = "translation"
     section = "generation"
     Options = GenerationSpec
     onnx_task = "text2text-generation-with-past"  # encoder, decoder and decoder-with-past
-    serving_class = "Translator"
+    serving_class = Translator
     main_file = ONNX_FILES["encoder"]
     tunable = False  # generation load is another kind of traffic; not searched
     item_word = "sentences"

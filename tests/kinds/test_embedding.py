@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from hf2triton.kinds.embedding import EmbeddingConfig, resolve_embedding_config
+from hf2triton.spec import load_spec
 
 
 def _st_dir(tmp_path: Path, cls: bool, normalize: bool, max_seq: int | None) -> Path:
@@ -71,3 +72,12 @@ def test_explicit_settings_override_the_model(minilm_dir):
     assert resolve_embedding_config(
         minilm_dir, pooling="cls", normalize=False, max_length=128
     ) == EmbeddingConfig("cls", False, 128)
+
+
+def test_the_seed_embedding_specs_are_valid():
+    releases = Path(__file__).resolve().parents[2] / "releases"
+    for name in ("multilingual-e5-large.yaml", "biolinkbert-large.yaml"):
+        spec = load_spec(releases / name)
+        assert spec.source.repo_id and spec.source.revision
+        assert spec.task == "feature-extraction"
+    assert load_spec(releases / "biolinkbert-large.yaml").embedding.pooling == "mean"

@@ -23,6 +23,8 @@ from hf2triton.kinds.modality import (
     TextToTextKind,
     VisionKind,
 )
+from hf2triton.serving.base import ServedModel
+from hf2triton.serving.embedding import Embedder
 from hf2triton.util.plugins import Registry
 
 
@@ -48,7 +50,7 @@ def _complete(base: type[ModelKind]) -> dict[str, Any]:
     return {
         "name": "probe",
         "task": "probe-task",
-        "serving_class": "Probe",
+        "serving_class": ServedModel,
         "Options": dict,
         "resolve": lambda self, model_dir: {},
         "read_data": lambda self: Data([]),
@@ -122,6 +124,6 @@ def test_an_audio_kind_carries_the_clip_and_text_kinds_their_text():
     text = type(
         "TextProbeKind",
         (TextKind,),
-        {**_complete(TextKind), "serving_class": "Embedder", "name": "embedding"},
+        {**_complete(TextKind), "serving_class": Embedder, "name": "embedding"},
     )(None, None)
     assert text.requests(["héllo"])[0]["TEXT"][0, 0] == "héllo".encode()

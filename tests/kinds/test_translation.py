@@ -1,7 +1,7 @@
-"""text-classification and translation releases end to end on tiny random-weight models (a BERT
-classifier and an M2M100 translator built once per module): real export, quantization, gate,
-MLflow (SQLite), and a real Triton server on free ports. The served labels must equal PyTorch's,
-and the served greedy translation of every validation sentence must equal PyTorch `generate`."""
+"""Translation releases end to end on tiny random-weight models (an M2M100 and a Marian
+translator built once per module): real export, quantization, gate, MLflow (SQLite), and a real
+Triton server on free ports. The served greedy translation of every validation sentence must
+equal PyTorch `generate`."""
 
 from __future__ import annotations
 
@@ -18,53 +18,16 @@ from tritonclient.utils import InferenceServerException
 from hf2triton.errors import SpecError
 from hf2triton.kinds.translation import GenerationSpec
 from hf2triton.spec import load_spec, parse_spec
-from tests.conftest import free_port, tiny_spec
-from tests.tiny_models import (
-    SEQ2SEQ_CORPUS,
-    build_tiny_classifier,
-    build_tiny_m2m100,
-    build_tiny_marian,
-)
+from tests.kinds.kind_release import ODD, release, report_path
+from tests.tiny_models import SEQ2SEQ_CORPUS, build_tiny_m2m100, build_tiny_marian
 
-ODD = [
-    "a",
-    "ok",
-    "prices rose 12.5% to $43,210 on tuesday!",
-    "ÄÖÜ ß straße 😀",
-    "word " * 90,
-]  # the last is cut at the model's 64 positions
-
-
-def _release(tmp, model_dir: Path, name: str, task: str, ports=None, **overrides):
-    from hf2triton.flows.release import release_model
-
-    ports = ports or {
-        "http_port": free_port(),
-        "grpc_port": free_port(),
-        "metrics_port": free_port(),
-        "openai": {"port": free_port()},
-    }
-    spec_path = tiny_spec(
-        tmp / f"{name}.yaml",
-        model_dir,
-        ports,
-        name=name,
-        task=task,
-        embedding=None,
-        registry__model_name=name,
-        source__model_id=f"fixtures/{name}",
-        **overrides,
-    )
-    sentences = tmp / f"{name}-sentences.txt"
-    sentences.write_text("\n".join(dict.fromkeys(SEQ2SEQ_CORPUS + ODD)) + "\n", encoding="utf-8")
-    import yaml
-
-    data = yaml.safe_load(spec_path.read_text())
-    data["validation"]["sentences"] = str(sentences)
-    data["validation"]["smoke_sentences"] = 12
-    spec_path.write_text(yaml.safe_dump(data, sort_keys=False))
-    spec = load_spec(spec_path)
-    return spec, ports, release_model(spec)
+SPEC_BASE = {
+    "name": "x",
+    "source": {"path": "/m"},
+    "validation": {"sentences": "s.txt"},
+    "registry": {"model_name": "x"},
+}
+RELEASES = Path(__file__).resolve().parents[2] / "releases"
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +40,7 @@ def translation_release(tmp_path_factory):
         mp.setenv("HF2TRITON_HOME", str(tmp / "home"))
         mp.delenv("MLFLOW_TRACKING_URI", raising=False)
         try:
-            spec, ports, summary = _release(
+            spec, ports, summary = release(
                 tmp,
                 model_dir,
                 "tiny-translator",
@@ -113,45 +76,7 @@ def marian_release(tmp_path_factory):
         mp.setenv("HF2TRITON_HOME", str(tmp / "home"))
         mp.delenv("MLFLOW_TRACKING_URI", raising=False)
         try:
-            spec, ports, summary = _release(tmp, model_dir, "tiny-marian", "translation")
-            yield {
-                "spec": spec,
-                "ports": ports,
-                "summary": summary,
-                "model_dir": model_dir,
-                "home": tmp / "home",
-            }
-        finally:
-            triton_local.stop_server()
-
-
-@pytest.fixture(scope="module")
-def classification_release(tmp_path_factory):
-    from hf2triton.targets import triton_local
-
-    tmp = tmp_path_factory.mktemp("classification-release")
-    model_dir = build_tiny_classifier(tmp / "tiny-classifier")
-    labelled = tmp / "labelled.tsv"
-    labelled.write_text(
-        "the team won the match after extra time\tpositive\n"
-        "the server returned an error when the disk was full\tnegative\n"
-        "new york is a large city\tneutral\n",
-        encoding="utf-8",
-    )
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HF2TRITON_HOME", str(tmp / "home"))
-        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
-        try:
-            spec, ports, summary = _release(
-                tmp,
-                model_dir,
-                "tiny-classifier",
-                "text-classification",
-                classification={
-                    "labelled": str(labelled),
-                    "thresholds": {"min_label_agreement": 1.0, "max_prob_diff": 0.001},
-                },
-            )
+            spec, ports, summary = release(tmp, model_dir, "tiny-marian", "translation")
             yield {
                 "spec": spec,
                 "ports": ports,
@@ -212,7 +137,7 @@ def test_translation_release_serves_pytorch_greedy_output_for_every_sentence(tra
     assert one_by_one == want
     assert _translate(url, "tiny-translator", texts[:8], NUM_BEAMS=1) == want[:8]
     assert len(set(want)) > len(texts) // 2  # the fixture's output depends on its input
-    report = json.loads(Path(_report_path(rel)).read_text())
+    report = json.loads(Path(report_path(rel)).read_text())
     print(
         "translation gate:",
         json.dumps({c["name"]: c["metrics"] for c in report["candidates"]}),
@@ -222,17 +147,12 @@ def test_translation_release_serves_pytorch_greedy_output_for_every_sentence(tra
     assert summary["metrics"]["smoke_bleu"] == 100.0  # served = PyTorch, as the gate demanded
 
 
-def _report_path(rel) -> str:
-    found = sorted((rel["home"] / "work").rglob("validation_report.json"))
-    return str(found[-1])
-
-
 @pytest.mark.e2e
 def test_a_marian_translator_releases_on_the_fastest_candidate_and_serves_pytorch_output(
     marian_release,
 ):
     rel = marian_release
-    report = json.loads(Path(_report_path(rel)).read_text())
+    report = json.loads(Path(report_path(rel)).read_text())
     names = [c["name"] for c in report["candidates"]]
     assert "fp32 on openvino fp32" in names  # the candidate that crashed the release before
     by_name = {c["name"]: c for c in report["candidates"]}
@@ -284,7 +204,7 @@ def test_a_first_candidate_that_passes_by_a_hair_is_not_shipped_the_next_one_is(
     said = _Lines()  # what the second release logs, read below
     try:
         # First with no limit to meet: int8 ships, and the gate measures its chrF.
-        _, ports, first = _release(
+        _, ports, first = release(
             tmp_path,
             model_dir,
             "marian-hair",
@@ -298,7 +218,7 @@ def test_a_first_candidate_that_passes_by_a_hair_is_not_shipped_the_next_one_is(
         limit = round(int8["chrf"] - 0.3, 3)
         for name in ("prefect.task_runs", "hf2triton"):
             logging.getLogger(name).addHandler(said)
-        _, _, second = _release(
+        _, _, second = release(
             tmp_path,
             model_dir,
             "marian-hair",
@@ -376,92 +296,21 @@ def test_translation_concurrent_requests_are_answered_like_single_ones(translati
     assert [got[i] for i in range(len(texts))] == want
 
 
-def test_classification_release_serves_pytorch_labels(classification_release):
-    rel = classification_release
-    from hf2triton.kinds.classification import TorchClassifier, resolve_classification_config
-    from hf2triton.serving.classification import activate
-
-    texts = list(dict.fromkeys(SEQ2SEQ_CORPUS + ODD))
-    cfg = resolve_classification_config(rel["model_dir"])
-    probs = activate(
-        TorchClassifier(rel["model_dir"], cfg.max_length).all_logits(texts), cfg.activation
-    )
-    want = [cfg.labels[i] for i in probs.argmax(axis=1)]
-    assert len(set(want)) > 1
-    client = grpcclient.InferenceServerClient(url=f"127.0.0.1:{rel['ports']['grpc_port']}")
-    data = np.array([[t.encode()] for t in texts], dtype=np.object_)
-    labels, scores = [], []
-    for i in range(0, len(texts), 8):  # max_batch_size of the fixture spec
-        x = grpcclient.InferInput("TEXT", [len(data[i : i + 8]), 1], "BYTES")
-        x.set_data_from_numpy(data[i : i + 8])
-        res = client.infer("tiny-classifier", [x])
-        labels += [r[0].decode() for r in res.as_numpy("LABEL")]
-        scores.append(res.as_numpy("SCORES"))
-    assert labels == want
-    assert np.abs(np.concatenate(scores) - probs).max() < 1e-3
-    summary = rel["summary"]
-    assert summary["metrics"]["label_agreement"] == 1.0
-    assert "accuracy" in summary["metrics"]
-    print("classification gate:", json.dumps(summary["metrics"]), "ships", summary["variant"])
-    # text-embeddings-inference's /predict beside it: every label with its score, best first
-    import urllib.request
-
-    api = summary["endpoint"]["openai"].removesuffix("/v1")
-    req = urllib.request.Request(
-        f"{api}/predict",
-        data=json.dumps({"inputs": texts[:5], "model": "tiny-classifier"}).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=60) as r:
-        answer = json.loads(r.read())
-    for row, labelled in enumerate(answer):
-        assert [item["label"] for item in labelled][0] == want[row]
-        assert sorted(item["label"] for item in labelled) == sorted(cfg.labels)
-        for item in labelled:
-            assert abs(item["score"] - probs[row, cfg.labels.index(item["label"])]) < 1e-3
-
-
-def test_task_sections_are_checked():
-    base = {
-        "name": "x",
-        "source": {"path": "/m"},
-        "validation": {"sentences": "s.txt"},
-        "registry": {"model_name": "x"},
-    }
+def test_the_generation_section_is_checked():
+    base = SPEC_BASE
     assert parse_spec({**base, "task": "translation"}).task_section == GenerationSpec()
     with pytest.raises(SpecError, match="does not read the section"):
         parse_spec({**base, "task": "translation", "classification": {}})
-    with pytest.raises(SpecError, match="does not read the section"):
-        parse_spec({**base, "task": "text-classification", "embedding": {"pooling": "cls"}})
-    with pytest.raises(SpecError, match="needs gold labels"):
-        parse_spec(
-            {
-                **base,
-                "task": "text-classification",
-                "classification": {"thresholds": {"min_accuracy": 0.9}},
-            }
-        )
     with pytest.raises(SpecError, match="unknown key 'generation.beams'"):
         parse_spec({**base, "task": "translation", "generation": {"beams": 4}})
     with pytest.raises(SpecError, match="generation.num_beams"):
         parse_spec({**base, "task": "translation", "generation": {"num_beams": 0}})
 
 
-def test_seed_release_specs_are_valid():
-    root = Path(__file__).resolve().parents[2] / "releases"
-    tasks = {}
-    for name in (
-        "m2m100-en-sw.yaml",
-        "twitter-roberta-sentiment.yaml",
-        "multilingual-e5-large.yaml",
-        "biolinkbert-large.yaml",
-    ):
-        spec = load_spec(root / name)
-        assert spec.source.repo_id and spec.source.revision
-        tasks[name] = spec.task
-    assert tasks["m2m100-en-sw.yaml"] == "translation"
-    assert tasks["twitter-roberta-sentiment.yaml"] == "text-classification"
-    assert load_spec(root / "biolinkbert-large.yaml").embedding.pooling == "mean"
+def test_the_seed_translation_spec_is_valid():
+    spec = load_spec(RELEASES / "m2m100-en-sw.yaml")
+    assert spec.source.repo_id and spec.source.revision
+    assert spec.task == "translation"
 
 
 def test_a_file_that_does_not_survive_quantization_ships_fp32(
