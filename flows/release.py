@@ -6,14 +6,15 @@ docker, kserve) are chosen once from the spec; the steps live in `tasks/`, the w
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
 from prefect import flow
 from prefect.transactions import transaction
 
 from hf2triton.flows.watch import after_release
 from hf2triton.orchestration.locks import release_lock
-from hf2triton.release.record import release_record, reused_steps, summary
+from hf2triton.release.record import release_record, summary
+from hf2triton.release.results import Built, ReleaseContext, Served
 from hf2triton.runtimes import runtime_choices
 from hf2triton.runtimes.devices import check_gate_device
 from hf2triton.spec import ReleaseSpec, kind_for, parse_spec, target_for
@@ -32,41 +33,28 @@ from hf2triton.util.workspace import work_dir
 from hf2triton.watch.status import remember
 
 
-class Built(NamedTuple):
-    """What the steps up to the Triton repository return."""
-
-    src: Any
-    exp: Any
-    variants: Any
-    val: Any
-    tuned: Any
-    repo: Any
-
-
-def build_repository(spec: ReleaseSpec, kind: Any, data: Any, runtimes: Any, work: str) -> Built:
+def build_repository(spec: ReleaseSpec, ctx: ReleaseContext) -> Built:
     """fetch, export, quantize, validate (the gate), tune, build-repository: the steps
     `release-model` and `render-release` (hf2triton render) share."""
     src = fetch(spec.source)
-    exp = export(kind, src, spec.export, data, work)
-    variants = quantize(
-        kind, src["model_dir"], exp, spec.quantization, runtimes, kind.calibration(data), work
-    )
-    val = validate(
-        kind,
-        src["model_dir"],
-        exp,
-        variants,
-        data,
-        spec.quantization,
-        spec.deploy,
-        runtimes,
-        work,
-        spec.validation,
-        spec.registry.model_name,
-    )
-    tuned = tune(kind, spec.triton_model_name, val, exp, data, spec.deploy, work)
-    repo = repository(kind, spec.triton_model_name, val, exp, data, spec.deploy, tuned, work)
+    exp = export(ctx, src, spec.export)
+    variants = quantize(ctx, src, exp, spec.quantization)
+    val = validate(ctx, src, exp, variants, spec)
+    tuned = tune(ctx, exp, val, spec.deploy, spec.triton_model_name)
+    repo = repository(ctx, exp, val, spec.deploy, tuned, spec.triton_model_name)
     return Built(src, exp, variants, val, tuned, repo)
+
+
+def release_context(spec: ReleaseSpec) -> ReleaseContext:
+    """What the flow settles once, before any step: the kind, its validation data (bad data
+    fails before any work), the runtimes this machine can try (a GPU release where the gate
+    cannot use a GPU stops here too) and the work directory."""
+    kind = kind_for(spec)
+    data = kind.read_data()
+    check_gate_device(spec.deploy)
+    return ReleaseContext(
+        kind, data, runtime_choices(spec.deploy, spec.runtime, kind), work_dir(spec.name)
+    )
 
 
 @flow(name="release-model", log_prints=False, validate_parameters=False)
@@ -81,38 +69,24 @@ def release_model(spec: ReleaseSpec | dict[str, Any]) -> dict[str, Any]:
 
 def _release(spec: ReleaseSpec) -> dict[str, Any]:
     """The chain itself, run while the release's lock is held."""
-    work = work_dir(spec.name)
-    kind, target = kind_for(spec), target_for(spec, work)
-    data = kind.read_data()  # bad validation data fails before any work
-    check_gate_device(spec.deploy)  # so does a GPU release where the gate cannot use a GPU
-    runtimes = runtime_choices(spec.deploy, spec.runtime, kind)  # what this machine can try
+    ctx = release_context(spec)
+    target = target_for(spec, ctx.work)
     remember(spec)  # `hf2triton status` lists every release of this home
 
-    src, exp, variants, val, tuned, repo = build_repository(spec, kind, data, runtimes, work)
-    record = release_record(spec, src, exp, variants, val, tuned, repo)
+    built = build_repository(spec, ctx)
+    record = release_record(spec, built)
     reg = register(spec.registry, record)
-    image = release_image(spec, repo, reg, record)
+    image = release_image(spec, built.repo, reg, record)
     # The watch's Prometheus rules and dashboard, before anything serves the version: a failure
     # here fails the release while the old version still serves, never after its promotion.
     monitoring(spec, target, reg)
     with transaction():  # a failure in here rolls the target back; the old version serves on
-        dep = deploy(target, kind, repo, reg["version"], image, val)
-        figures = smoke(target, kind, dep, val)
+        dep = deploy(target, ctx.kind, built.repo, reg["version"], image, built.val)
+        figures = smoke(target, ctx.kind, dep, built.val)
         dep = promote(target, dep, reg, figures)
     retire(target, dep)
 
-    result = summary(
-        spec,
-        src,
-        val,
-        reg,
-        image,
-        target.summary(dep),
-        figures,
-        reused_steps(
-            exp=exp, quantize=variants[0], validate=val, repository=repo, register=reg, deploy=dep
-        ),
-    )
-    report(kind, result, val, reg["experiment_id"])
+    result = summary(spec, built, Served(reg, image, dep, target.summary(dep), figures))
+    report(ctx.kind, result, built.val, reg["experiment_id"])
     result["watch"] = after_release(spec)  # its first minutes watched (docs/watch.md)
     return result

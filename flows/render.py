@@ -9,13 +9,10 @@ from typing import Any
 
 from prefect import flow
 
-from hf2triton.flows.release import build_repository
+from hf2triton.flows.release import build_repository, release_context
 from hf2triton.orchestration.locks import release_lock
-from hf2triton.runtimes import runtime_choices
-from hf2triton.runtimes.devices import check_gate_device
-from hf2triton.spec import ReleaseSpec, kind_for, parse_spec
+from hf2triton.spec import ReleaseSpec, parse_spec
 from hf2triton.tasks.render import write_output
-from hf2triton.util.workspace import work_dir
 
 
 @flow(name="render-release", log_prints=False, validate_parameters=False)
@@ -29,11 +26,5 @@ def render_release(spec: ReleaseSpec | dict[str, Any], output: str) -> dict[str,
 
 
 def _render(spec: ReleaseSpec, output: str) -> dict[str, Any]:
-    work = work_dir(spec.name)
-    kind = kind_for(spec)
-    data = kind.read_data()  # bad validation data fails before any work
-    check_gate_device(spec.deploy)  # a GPU release gates on CPU numerics here, or stops
-    runtimes = runtime_choices(spec.deploy, spec.runtime, kind)
-
-    src, _, _, val, tuned, repo = build_repository(spec, kind, data, runtimes, work)
-    return dict(write_output(spec, src, val, tuned, repo, output))
+    built = build_repository(spec, release_context(spec))
+    return dict(write_output(spec, built, output))

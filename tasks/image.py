@@ -39,9 +39,7 @@ def build_image(
     labels: dict[str, str],
     timeout_s: float,
 ) -> ImageBuildResult:
-    return build_serving_image(
-        repo["repository"], repo["model_name"], version, repo["files"], target, labels, timeout_s
-    )
+    return build_serving_image(repo, version, target, labels, timeout_s)
 
 
 @task(

@@ -4,39 +4,33 @@ for OpenVINO; fp16 for a GPU), then the export itself."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from prefect import task
 
-from hf2triton.kinds import ModelKind
-from hf2triton.runtimes import RuntimeChoices, Variant, VariantContext, build_variants
+from hf2triton.release.results import Exported, ReleaseContext
+from hf2triton.runtimes import Variant, VariantContext, build_variants
+from hf2triton.sources import FetchResult
 from hf2triton.spec import QuantizationSpec
-from hf2triton.tasks.export import Exported
 from hf2triton.util.runs import NO_PREFECT_CACHE, note_reuse, step_logger
 
 
 @task(name="quantize", task_run_name="quantize {spec.method}", **NO_PREFECT_CACHE)
 def quantize(
-    kind: ModelKind,
-    model_dir: str,
-    exp: Exported,
-    spec: QuantizationSpec,
-    runtimes: RuntimeChoices,
-    calibration: list[Any] | None,
-    work: str,
+    ctx: ReleaseContext, src: FetchResult, exp: Exported, spec: QuantizationSpec
 ) -> list[Variant]:
     """The variants to gate; one whose build fails is kept with why (the gate refuses it)."""
-    ctx = VariantContext(
-        onnx_path=exp["onnx_path"],
-        export_dir=exp["export_dir"],
-        model_dir=model_dir,
-        kind=kind,
-        quantization=spec,
-        calibration=calibration,
-        max_length=exp["config"].get("max_length"),
-        work=work,
+    variants = build_variants(
+        VariantContext(
+            onnx_path=exp["onnx_path"],
+            export_dir=exp["export_dir"],
+            model_dir=src["model_dir"],
+            kind=ctx.kind,
+            quantization=spec,
+            calibration=ctx.kind.calibration(ctx.data),
+            max_length=exp["config"].get("max_length"),
+            work=ctx.work,
+        ),
+        ctx.runtimes,
     )
-    variants = build_variants(ctx, runtimes)
     log = step_logger()
     for v in variants:
         if v.get("error"):

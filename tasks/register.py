@@ -5,25 +5,17 @@ test the new version becomes what clients reach and `champion` moves to it
 
 from __future__ import annotations
 
-from typing import TypedDict
-
 from prefect import task
 
 from hf2triton.clients.mlflow import Registry
 from hf2triton.release.record import Record
+from hf2triton.release.results import RegisterResult
 from hf2triton.spec import RegistrySpec
 from hf2triton.targets import Deployment, DeployTarget
 from hf2triton.util.runs import NO_PREFECT_CACHE, RETRY_TRANSIENT, step_logger
 from hf2triton.watch.registry import promote as record_promotion
 
-
-class RegisterResult(TypedDict):
-    tracking_uri: str
-    model_name: str
-    version: str
-    run_id: str
-    experiment_id: str
-    reused: bool
+__all__ = ["RegisterResult", "promote", "register"]
 
 
 @task(

@@ -3,59 +3,39 @@ hf2triton.release.candidates names; the kind scores each against PyTorch as Trit
 
 from __future__ import annotations
 
-from typing import Any
-
 from prefect import task
 
 from hf2triton.clients.mlflow import tracking_uri
-from hf2triton.kinds import Data, ModelKind
-from hf2triton.release.candidates import champion_to_face, gate_candidates, selection
-from hf2triton.release.gate import GateResult, GateSettings, run_gate
-from hf2triton.runtimes import RuntimeChoices, Variant
-from hf2triton.spec import QuantizationSpec, ValidationSpec
-from hf2triton.tasks.export import Exported
+from hf2triton.release.candidates import champion_to_face, gate_candidates, gate_settings
+from hf2triton.release.gate import GateResult, run_gate
+from hf2triton.release.plan import Gate
+from hf2triton.release.results import Exported, ReleaseContext
+from hf2triton.runtimes import Variant
+from hf2triton.sources import FetchResult
+from hf2triton.spec import ReleaseSpec
 from hf2triton.util.runs import NO_PREFECT_CACHE, RETRY_TRANSIENT, note_reuse, step_logger
 
 
 @task(
     name="validate",
-    task_run_name="validate {kind.name}: the accuracy gate",
+    task_run_name="validate {ctx.kind.name}: the accuracy gate",
     **RETRY_TRANSIENT,
     **NO_PREFECT_CACHE,
 )
 def validate(
-    kind: ModelKind,
-    model_dir: str,
-    exp: Exported,
-    variants: list[Variant],
-    data: Data,
-    quantization: QuantizationSpec,
-    deploy: Any,
-    runtimes: RuntimeChoices,
-    work: str,
-    validation: ValidationSpec,
-    model_name: str,
+    ctx: ReleaseContext, src: FetchResult, exp: Exported, variants: list[Variant], spec: ReleaseSpec
 ) -> GateResult:
-    """Gate the candidates; raises AccuracyGateError (with a report) when none passes."""
+    """Gate the candidates as the spec's quantization, deploy and validation sections ask;
+    raises AccuracyGateError (with a report) when none passes."""
+    kind = ctx.kind
     cfg = kind.config_from_dict(exp["config"])
-    settings = GateSettings(
-        batch=deploy.max_batch_size,
-        max_batch_tokens=deploy.max_batch_tokens,
-        select=selection(quantization, runtimes),
-        max_drop=validation.max_drop,
-        judge_all=validation.judge_all,
-        not_offered=runtimes.not_offered,
-    )
+    gate = Gate.of(kind, cfg, ctx.data, exp["export_dir"], gate_settings(spec, ctx.runtimes))
     found = run_gate(
-        kind,
-        gate_candidates(variants, quantization, runtimes),
-        model_dir=model_dir,
-        export_dir=exp["export_dir"],
-        cfg=cfg,
-        data=data,
-        settings=settings,
-        work_root=work,
-        champion=champion_to_face(kind, data, cfg, tracking_uri(), model_name),
+        gate,
+        gate_candidates(variants, spec.quantization, ctx.runtimes),
+        model_dir=src["model_dir"],
+        work_root=ctx.work,
+        champion=champion_to_face(kind, ctx.data, cfg, tracking_uri(), spec.registry.model_name),
     )
     note_reuse("validate", found)
     step_logger().info(

@@ -4,6 +4,7 @@ MLflow server, and an hf2triton home per test so nothing leaks between tests."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -360,8 +361,8 @@ def graph_swapped_after_gate(graph: Path):
     held = Path(tempfile.mkdtemp(prefix="swapped-graph-")) / "model.onnx"
     shutil.copyfile(graph, held)
 
-    def planted(kind, model_name, candidate, *args, **kwargs):
-        return real(kind, model_name, str(held), *args, **kwargs)
+    def planted(shipped, *args, **kwargs):
+        return real(dataclasses.replace(shipped, path=str(held)), *args, **kwargs)
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(step, "build_repository", planted)

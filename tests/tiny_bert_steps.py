@@ -15,9 +15,10 @@ from hf2triton.kinds.embedding import EmbeddingThresholds as Thresholds
 from hf2triton.release.export import export_model
 from hf2triton.release.gate import GateSettings
 from hf2triton.release.gate import run_gate as gate
+from hf2triton.release.plan import Gate
 from hf2triton.runtimes.quantizers import quantize_onnx
 from hf2triton.sources import fetch_model, parse_source
-from hf2triton.spec import QuantizationSpec, kind_for, parse_spec
+from hf2triton.spec import ExportSpec, QuantizationSpec, kind_for, parse_spec
 from tests.tiny_models import CORPUS
 
 ODD = [
@@ -63,10 +64,8 @@ def do_export(model_dir: Path, work: Path, atol: float = 1e-3, cfg: EmbeddingCon
     src = fetch_model(parse_source(dict(path=str(model_dir))))
     return export_model(
         embedding_kind(model_dir),
-        src["model_dir"],
-        src["content_hash"],
-        18,
-        atol,
+        src,
+        ExportSpec(opset=18, atol=atol),
         cfg or resolve_embedding_config(model_dir),
         Data(SENTENCES),
         str(work),
@@ -117,13 +116,9 @@ def sentences_file(tmp_path_factory) -> Path:
 def run_gate(tiny_bert, exported, cfg, sentences_file, candidates, thresholds, work, smoke=8):
     kind = embedding_kind(tiny_bert, sentences_file, thresholds, smoke)
     return gate(
-        kind,
+        Gate.of(kind, cfg, kind.read_data(), exported["export_dir"], GateSettings(batch=8)),
         candidates,
         model_dir=str(tiny_bert),
-        export_dir=exported["export_dir"],
-        cfg=cfg,
-        data=kind.read_data(),
-        settings=GateSettings(batch=8),
         work_root=str(work),
     )
 

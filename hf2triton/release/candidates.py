@@ -12,17 +12,20 @@ the registry's `champion` alias serves.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from hf2triton.kinds.base import Candidate, Data, ModelKind
+from hf2triton.kinds.config import KindConfig
 from hf2triton.release.champion import Champion, find_champion
+from hf2triton.release.plan import GateSettings
 from hf2triton.runtimes import RuntimeChoices, Variant, plugin
 from hf2triton.runtimes.base import is_default
 from hf2triton.serving.runtimes import DEFAULT_RUNTIME
+from hf2triton.spec import QuantizationSpec, ReleaseSpec
 
 
 def gate_candidates(
-    variants: list[Variant], quantization: Any, runtimes: RuntimeChoices | None = None
+    variants: list[Variant], quantization: QuantizationSpec, runtimes: RuntimeChoices | None = None
 ) -> list[Candidate]:
     """The candidates, in the order the gate tries them: each runtime's, in the order the
     runtimes were chosen, each of the variants it reads (a variant whose build failed too: the
@@ -54,7 +57,7 @@ def gate_candidates(
 
 
 def selection(
-    quantization: Any, runtimes: RuntimeChoices | None = None
+    quantization: QuantizationSpec, runtimes: RuntimeChoices | None = None
 ) -> Literal["first", "fastest"]:
     """How the gate picks among passing candidates: with a search, or several runtimes to
     choose from, the fastest; but where the gate checks a GPU's graphs on the CPU (gpu_gate
@@ -67,10 +70,24 @@ def selection(
 
 
 def champion_to_face(
-    kind: ModelKind, data: Data, cfg: Any, tracking_uri: str, model_name: str
+    kind: ModelKind, data: Data, cfg: KindConfig, tracking_uri: str, model_name: str
 ) -> Champion | None:
     """The serving champion, when the data is labelled (there is a task metric to compare);
     None without labels or before the first release."""
     if not kind.labelled_metrics(kind.gate_data(data, cfg)):
         return None
     return find_champion(model_name, tracking_uri)
+
+
+def gate_settings(spec: ReleaseSpec, runtimes: RuntimeChoices) -> GateSettings:
+    """What the release asks of its gate: batches as Triton forms them (deploy), how it picks
+    (quantization and the runtimes tried), how far below the champion (validation), and what
+    this machine could not try."""
+    return GateSettings(
+        batch=spec.deploy.max_batch_size,
+        max_batch_tokens=spec.deploy.max_batch_tokens,
+        select=selection(spec.quantization, runtimes),
+        max_drop=spec.validation.max_drop,
+        judge_all=spec.validation.judge_all,
+        not_offered=runtimes.not_offered,
+    )

@@ -13,6 +13,9 @@ from typing import Any, TypedDict
 
 from hf2triton.errors import ExportError, UnsupportedModelError
 from hf2triton.kinds.base import Data, ModelKind, to_json
+from hf2triton.kinds.config import KindConfig
+from hf2triton.sources import FetchResult
+from hf2triton.spec import ExportSpec
 from hf2triton.util import quiet
 from hf2triton.util.workspace import SpaceEstimate, cached_step, digest, sha256_module
 
@@ -25,6 +28,13 @@ class ExportResult(TypedDict):
     checked: int
     seconds: float
     reused: bool
+
+
+class Exported(ExportResult):
+    """Step `export`'s result: the checked ONNX export and the kind's config resolved from the
+    model's own files (its `to_dict()`, as the cached step stores it)."""
+
+    config: dict[str, Any]
 
 
 def candidate_path(kind: ModelKind, directory: str | Path) -> str:
@@ -96,19 +106,19 @@ def optimum_export(model_dir: str, out: Path, onnx_task: str, opset: int, main_f
 
 def export_model(
     kind: ModelKind,
-    model_dir: str,
-    content_hash: str,
-    opset: int,
-    atol: float,
-    cfg: Any,
+    src: FetchResult,
+    settings: ExportSpec,
+    cfg: KindConfig,
     data: Data,
     work_root: str,
 ) -> ExportResult:
-    """Export `model_dir` for `kind` and prove it matches PyTorch within `atol`."""
+    """Export the fetched model (`src`) for `kind` at `settings.opset`, and prove it matches
+    PyTorch within `settings.atol` on `data`'s export inputs."""
+    model_dir, opset, atol = src["model_dir"], settings.opset, settings.atol
     inputs = kind.export_inputs(data)
     key = digest(
         [
-            content_hash,
+            src["content_hash"],
             kind.name,
             kind.onnx_task,
             opset,

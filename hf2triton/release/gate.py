@@ -17,14 +17,17 @@ import time
 from pathlib import Path
 from typing import Any, TypedDict, cast
 
+import numpy as np
+
 from hf2triton import serving
 from hf2triton.kinds import margin
 from hf2triton.kinds.base import Candidate, Data, ModelKind, take, to_json
+from hf2triton.kinds.config import KindConfig
 from hf2triton.release import judge, verdict
 from hf2triton.release.champion import Champion, champion_limit
 from hf2triton.release.judge import answer_in_batches, judge_candidates
 from hf2triton.release.plan import Gate, GateSettings, Reference, candidate_settings
-from hf2triton.release.verdict import new_report, write_report
+from hf2triton.release.verdict import Written, new_report, write_report
 from hf2triton.targets import smoke
 from hf2triton.util.runs import step_logger
 from hf2triton.util.workspace import cached_step, digest, hash_files, sha256_file, sha256_module
@@ -68,7 +71,12 @@ def serves(champion: Champion, files: dict[str, str], settings: dict[str, Any]) 
 
 
 def score_champion(
-    kind: ModelKind, champion: Champion, requests: list, data: Data, cfg: Any, batch: int
+    kind: ModelKind,
+    champion: Champion,
+    requests: list[dict[str, np.ndarray]],
+    data: Data,
+    cfg: KindConfig,
+    batch: int,
 ) -> float:
     """The champion's task metric, from its own served files and serving.json, through the
     serving core (a champion released before serving.json named its class: the kind's), and
@@ -84,22 +92,18 @@ def score_champion(
 
 
 def run_gate(
-    kind: ModelKind,
+    gate: Gate,
     candidates: list[Candidate],
     *,
     model_dir: str,
-    export_dir: str,
-    cfg: Any,
-    data: Data,
-    settings: GateSettings,
     work_root: str,
     champion: Champion | None = None,
 ) -> GateResult:
-    """Gate `candidates` (graphs of the export in `export_dir`, configured by `cfg`) against the
-    PyTorch model in `model_dir` on `data`, and with labelled data against the serving
-    `champion`; raise AccuracyGateError if none passes. How they are judged and picked:
-    `settings` (GateSettings)."""
-    gate = Gate.of(kind, cfg, data, export_dir, settings)
+    """Gate `candidates` (graphs of the export `gate` names) against the PyTorch model in
+    `model_dir` on the gate's data, and with labelled data against the serving `champion`;
+    raise AccuracyGateError if none passes. How they are judged and picked: the `gate`
+    (hf2triton.release.plan.Gate.of, from the release's GateSettings)."""
+    kind, export_dir = gate.kind, gate.export_dir
     digests = [
         (
             c.name,
@@ -114,40 +118,21 @@ def run_gate(
     # count relative to it: a work directory copied or moved whole (another home) keeps its
     # finished gate.
     paths = [in_work(c.onnx_path, work_root) for c in candidates]
-    log = step_logger()
     same = champion_serves(gate, champion, digests)
     if same and champion:
-        log.info(
+        step_logger().info(
             "validate: the serving champion, version %s, serves the same files as %s: "
             "it is not compared with itself",
             champion["version"],
             ", ".join(sorted(same)),
         )
-    key = digest([gate_key(gate, digests, champion, same, settings), paths])
+    key = digest([gate_key(gate, digests, champion, same), paths])
     started = time.perf_counter()
     failed_report = Path(work_root) / "validate" / f"failed-{key[:16]}.json"
 
     def build(out: Path) -> dict:
-        log.info(
-            "validate: PyTorch reference on %d %s; then %d candidates%s, each judged one "
-            "request at a time and in batches of %d",
-            len(gate.gate_data),
-            kind.item_word,
-            len(candidates),
-            ", timed first and judged fastest first until one passes"
-            if settings.select == "fastest" and not settings.judge_all
-            else "",
-            settings.batch,
-        )
-        ref = pytorch_reference(gate, model_dir)
-        report = new_report(gate)
-        report["not_offered"] = dict(settings.not_offered)
-        for what, why in report["not_offered"].items():
-            log.info("validate: %s is not offered on this machine (%s): not tried", what, why)
-        floor = face_champion(gate, champion, same, len(candidates), ref, report)
-        chosen = judge_candidates(gate, candidates, ref, report, floor, same)
-        report["chosen"] = chosen.name if chosen else None
-        result = write_report(gate, report, chosen, ref, out, failed_report, work_root)
+        ref, report, chosen = decide(gate, candidates, model_dir, champion, same)
+        result = write_report(gate, report, chosen, ref, Written(out, failed_report, work_root))
         return {**result, "onnx_path": in_work(result["onnx_path"], work_root)}
 
     done = cached_step(work_root, "validate", key, build)
@@ -163,6 +148,38 @@ def run_gate(
             "reused": done.reused,
         },
     )
+
+
+def decide(
+    gate: Gate,
+    candidates: list[Candidate],
+    model_dir: str,
+    champion: Champion | None,
+    same: set[str],
+) -> tuple[Reference, dict[str, Any], Candidate | None]:
+    """PyTorch's reference, the champion faced, and the candidates judged: the report so far
+    and the candidate that ships (None: none passed)."""
+    log = step_logger()
+    log.info(
+        "validate: PyTorch reference on %d %s; then %d candidates%s, each judged one "
+        "request at a time and in batches of %d",
+        len(gate.gate_data),
+        gate.kind.item_word,
+        len(candidates),
+        ", timed first and judged fastest first until one passes"
+        if gate.select == "fastest" and not gate.judge_all
+        else "",
+        gate.batch,
+    )
+    ref = pytorch_reference(gate, model_dir)
+    report = new_report(gate)
+    report["not_offered"] = dict(gate.not_offered)
+    for what, why in report["not_offered"].items():
+        log.info("validate: %s is not offered on this machine (%s): not tried", what, why)
+    floor = face_champion(gate, champion, same, len(candidates), ref, report)
+    chosen = judge_candidates(gate, candidates, ref, report, floor, same)
+    report["chosen"] = chosen.name if chosen else None
+    return ref, report, chosen
 
 
 def in_work(path: str, work_root: str) -> str:
@@ -194,13 +211,7 @@ def champion_serves(gate: Gate, champion: Champion | None, digests: list[tuple])
     }
 
 
-def gate_key(
-    gate: Gate,
-    digests: list[tuple],
-    champion: Champion | None,
-    same: set[str],
-    settings: GateSettings,
-) -> str:
+def gate_key(gate: Gate, digests: list[tuple], champion: Champion | None, same: set[str]) -> str:
     """The validate step's cache key: everything its verdict depends on. When the champion
     serves one of the candidates it stays out: nothing new registered, same gate, step reused."""
     kind = gate.kind
@@ -218,7 +229,7 @@ def gate_key(
             gate.max_drop,
             gate.judge_all,
             gate.quality,
-            dict(settings.not_offered),
+            dict(gate.not_offered),
             [champion["version"], champion["files"]]
             if champion and gate.quality and not same
             else None,

@@ -11,6 +11,7 @@ from typing import Any, Literal
 import numpy as np
 
 from hf2triton.kinds.base import Data, ModelKind
+from hf2triton.kinds.config import KindConfig
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class Gate:
     batched how, against which limits, and how the winner is picked."""
 
     kind: ModelKind
-    cfg: Any
+    cfg: KindConfig
     data: Data  # the validation data as read (the smoke test's items come from it)
     gate_data: Data  # what the gate measures (labelled items added by some kinds)
     export_dir: str
@@ -50,11 +51,15 @@ class Gate:
     smoke_index: list[int]
     base: dict[str, Any]  # serving.json without file locations
     quality: str | None  # the task metric compared with the champion, when the data has labels
+    # The runtimes and precisions this machine could not try, with why (for the report).
+    not_offered: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(
-        cls, kind: ModelKind, cfg: Any, data: Data, export_dir: str, settings: GateSettings
+        cls, kind: ModelKind, cfg: KindConfig, data: Data, export_dir: str, settings: GateSettings
     ) -> Gate:
+        """The gate of the candidates of the export in `export_dir` (configured by `cfg`),
+        measured on `data` as `settings` ask."""
         gate_data = kind.gate_data(data, cfg)
         quality = (
             kind.quality_metric if kind.quality_metric in kind.labelled_metrics(gate_data) else None
@@ -73,6 +78,7 @@ class Gate:
             kind.smoke_indices(data),
             kind.serving_json(cfg, export_dir, max_batch_tokens=settings.max_batch_tokens),
             quality,
+            dict(settings.not_offered),
         )
 
 

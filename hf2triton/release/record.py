@@ -5,11 +5,12 @@ params MLflow keeps, and the summary the CLI prints and the report shows.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, TypedDict
 
 from hf2triton.kinds.base import to_json
+from hf2triton.release.results import Built, Served
 from hf2triton.spec import ReleaseSpec
 from hf2triton.util.cpu import cpu_features
 from hf2triton.util.workspace import digest, redact_uri
@@ -77,18 +78,28 @@ def champion_tags(champion: dict[str, Any], model_name: str) -> dict[str, str]:
     return tags
 
 
-def release_record(
-    spec: ReleaseSpec,
-    src: Mapping[str, Any],
-    exp: Mapping[str, Any],
-    variants: Sequence[Mapping[str, Any]],
-    val: Mapping[str, Any],
-    tuned: Mapping[str, Any] | None,
-    repo: Mapping[str, Any],
-) -> Record:
+def release_record(spec: ReleaseSpec, built: Built) -> Record:
     """What `register` writes to MLflow for this release."""
-    # The export is the last variant; the first is the spec's own (when it is not the export).
-    export, first = variants[-1], variants[0]
+    src, exp, val, repo = built.src, built.exp, built.val, built.repo
+    return Record(
+        release_key=release_key(src, repo),
+        lineage=lineage_tags(spec, built),
+        metrics=record_metrics(built),
+        params=record_params(spec, built),
+        artifacts={
+            "triton_repository": repo["repository"],
+            "model": exp["export_dir"],
+            "validation_report.json": val["report_path"],
+            # the smoke items and limits, for the watch's probe and a later rollback
+            "reference.json": val["reference_path"],
+        },
+    )
+
+
+def lineage_tags(spec: ReleaseSpec, built: Built) -> dict[str, str]:
+    """The MLflow version's lineage tags: where the model came from, what was chosen, and the
+    sha256 of every file it was made of and every file Triton loads."""
+    src, val, repo = built.src, built.val, built.repo
     lineage = {
         "source_id": src["source_id"],
         "revision": src["revision"] or "local",
@@ -104,6 +115,15 @@ def release_record(
         **{f"sha256.triton.{name}": sha for name, sha in repo["files"].items() if tagged(name)},
     }
     lineage.update(champion_tags(val.get("champion") or {}, spec.registry.model_name))
+    return lineage
+
+
+def record_metrics(built: Built) -> dict[str, float]:
+    """The run's metrics: the gate's figures for every candidate, sizes and step times, and
+    the configuration search's figures of what ships."""
+    exp, variants, val, tuned = built.exp, built.variants, built.val, built.tuned
+    # The export is the last variant; the first is the spec's own (when it is not the export).
+    export, first = variants[-1], variants[0]
     metrics = {
         **val["metrics"],
         **{f"{n}.{k}": v for n, m in val["candidates"].items() for k, v in m.items()},
@@ -119,13 +139,6 @@ def release_record(
         "quantize_seconds": round(sum(v["seconds"] for v in variants), 3),
         "validate_seconds": val["seconds"],
     }
-    params: dict[str, Any] = {
-        **spec.model_dump(mode="json"),
-        "versions": library_versions(),
-        "cpu": cpu_features(),
-        "opset": exp["opset"],
-        "resolved": to_json(exp["config"]),
-    }
     if tuned is not None:
         best = next(c for c in tuned["cells"] if c["settings"] == tuned["chosen"])
         metrics.update(
@@ -135,6 +148,21 @@ def release_record(
                 for k in ("rps", "p99_ms")
             }
         )
+    return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+
+
+def record_params(spec: ReleaseSpec, built: Built) -> dict[str, Any]:
+    """The run's params: the whole spec, library versions, the CPU, and the kind's resolved
+    config (long lists left to the artifacts)."""
+    exp, tuned = built.exp, built.tuned
+    params: dict[str, Any] = {
+        **spec.model_dump(mode="json"),
+        "versions": library_versions(),
+        "cpu": cpu_features(),
+        "opset": exp["opset"],
+        "resolved": to_json(exp["config"]),
+    }
+    if tuned is not None:
         params["tuning_chosen"] = tuned["chosen"]
     # Long lists (labels, language tables) do not fit an MLflow param; the artifacts have them.
     params["resolved"] = {
@@ -142,19 +170,7 @@ def release_record(
         for k, v in params["resolved"].items()
         if not isinstance(v, (list, dict)) or len(str(v)) < 500
     }
-    return Record(
-        release_key=release_key(src, repo),
-        lineage=lineage,
-        metrics={k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))},
-        params=params,
-        artifacts={
-            "triton_repository": repo["repository"],
-            "model": exp["export_dir"],
-            "validation_report.json": val["report_path"],
-            # the smoke items and limits, for the watch's probe and a later rollback
-            "reference.json": val["reference_path"],
-        },
-    )
+    return params
 
 
 def reused_steps(**steps: Mapping[str, Any]) -> list[str]:
@@ -163,17 +179,17 @@ def reused_steps(**steps: Mapping[str, Any]) -> list[str]:
     return [names.get(step, step) for step, result in steps.items() if result.get("reused")]
 
 
-def summary(
-    spec: ReleaseSpec,
-    src: Mapping[str, Any],
-    val: Mapping[str, Any],
-    reg: Mapping[str, Any],
-    image: dict[str, Any],
-    target_summary: dict[str, Any],
-    smoke: dict[str, float],
-    reused: list[str],
-) -> dict[str, Any]:
+def summary(spec: ReleaseSpec, built: Built, served: Served) -> dict[str, Any]:
     """The release summary: one JSON line on the CLI's stdout, the flow's return value."""
+    src, val, reg, smoke = built.src, built.val, served.reg, served.smoke
+    reused = reused_steps(
+        exp=built.exp,
+        quantize=built.variants[0],
+        validate=val,
+        repository=built.repo,
+        register=reg,
+        deploy=served.deployment,
+    )
     return {
         "release": spec.name,
         "mlflow": {
@@ -192,7 +208,7 @@ def summary(
             **val["metrics"],
             **{f"smoke_{k}": v for k, v in smoke.items() if k in val["metrics"]},
         },
-        **target_summary,
-        "image": image,
+        **served.endpoint,
+        "image": served.image,
         "reused_steps": reused,
     }

@@ -15,13 +15,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypedDict
 
 from hf2triton.errors import ArtifactError
 from hf2triton.image import image_target, render_context
 from hf2triton.release.record import release_key
+from hf2triton.release.results import Built
 from hf2triton.spec import ReleaseSpec
 from hf2triton.util.workspace import hash_files
 
@@ -54,17 +54,11 @@ def _check_output(out: Path) -> None:
         )
 
 
-def write_render(
-    spec: ReleaseSpec,
-    src: Mapping[str, Any],
-    val: Mapping[str, Any],
-    tuned: Mapping[str, Any] | None,
-    repo: Mapping[str, Any],
-    output: str,
-) -> RenderResult:
+def write_render(spec: ReleaseSpec, built: Built, output: str) -> RenderResult:
     """Copy the release's repository into `output` with its image build context and a
     render.json, the files checked against the sha256 the repository step recorded; the folder
     is assembled under a temporary name and renamed into place."""
+    src, val, tuned, repo = built.src, built.val, built.tuned, built.repo
     out = Path(output).resolve()
     _check_output(out)
     tmp = out.parent / f".{out.name}.{os.getpid()}.tmp"

@@ -20,10 +20,12 @@ import numpy as np
 
 from hf2triton import serving
 from hf2triton.kinds.base import ModelKind, to_json
+from hf2triton.kinds.config import KindConfig
 from hf2triton.runtimes.devices import DEVICES
 from hf2triton.util.workspace import cached_step, digest, sha256_file, sha256_module, templates_dir
 
 if TYPE_CHECKING:
+    from hf2triton.release.shipped import Shipped
     from hf2triton.serving.base import ServedModel
 
 # The deploy section's settings of how Triton batches and runs the model (serving knobs).
@@ -109,7 +111,7 @@ def instance_group(knobs: dict[str, Any]) -> str:
 def render_config(
     kind: ModelKind,
     model_name: str,
-    cfg: Any,
+    cfg: KindConfig,
     info: dict[str, Any],
     serving_knobs: dict[str, Any],
     warmup_blocks: str,
@@ -151,23 +153,21 @@ def template_files(kind: ModelKind) -> dict[str, Path]:
 
 
 def build_repository(
-    kind: ModelKind,
+    shipped: Shipped,
     model_name: str,
-    candidate: str,
-    export_dir: str,
-    cfg: Any,
-    info: dict[str, Any],
     serving_knobs: dict[str, Any],
     warmup_items: list[Any],
     work_root: str,
 ) -> RepositoryResult:
-    """Render the Triton repository of one release.
+    """Render the Triton repository of one release: the candidate the gate chose, served as
+    it was judged.
 
     `serving_knobs` are the deploy section's batching and execution settings (BATCHING),
-    possibly as the configuration search chose them, and the gate's `runtime` (serving.json's
-    runtime of the shipped candidate)."""
+    possibly as the configuration search chose them; the runtime is the shipped candidate's
+    (serving.json's runtime of what the gate ran)."""
+    kind, cfg, info = shipped.kind, shipped.config, shipped.info
+    candidate, export_dir, runtime = shipped.path, shipped.export_dir, shipped.runtime
     files = {**template_files(kind), **kind.version_files(candidate, export_dir)}
-    runtime = serving_knobs.get("runtime")
     settings = kind.serving_json(
         cfg,
         export_dir,

@@ -16,6 +16,8 @@ import asyncio
 import itertools
 import json
 import shutil
+import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
@@ -24,11 +26,13 @@ import numpy as np
 
 from hf2triton.clients.triton import TritonAdmin, TritonGrpc
 from hf2triton.errors import DeployError, Hf2TritonError
-from hf2triton.kinds.base import ModelKind, to_json
+from hf2triton.kinds.base import Data, to_json
 from hf2triton.release.load import closed_loop
 from hf2triton.release.repository import BATCHING, build_repository
+from hf2triton.release.shipped import Shipped
+from hf2triton.release.traffic import search_items, warmup_items
 from hf2triton.spec import TuningSpec
-from hf2triton.targets import triton_local
+from hf2triton.targets import DeploySection, triton_local
 from hf2triton.util.net import reserved_ports
 from hf2triton.util.runs import in_prefect_run, step_logger
 from hf2triton.util.waiting import wait_for
@@ -45,7 +49,7 @@ class TuneResult(TypedDict):
     reused: bool
 
 
-def grid(tuning: TuningSpec, deploy: Any) -> list[dict[str, Any]]:
+def grid(tuning: TuningSpec, deploy: DeploySection) -> list[dict[str, Any]]:
     """Every configuration to measure, the deploy section's own first."""
     sizes = tuning.preferred_batch_sizes or [deploy.preferred_batch_sizes]
     budgets = tuning.max_batch_tokens or [deploy.max_batch_tokens]
@@ -132,17 +136,28 @@ def choose(cells: list[dict[str, Any]], max_p99_ms: float | None) -> tuple[dict[
 
 
 @dataclass(frozen=True)
-class _Search:
-    """One configuration search: what each cell's repository is built from, and how it is
-    driven."""
+class _Server:
+    """The search's private tritonserver: its admin client and process, its gRPC port, the
+    repository it polls and where each cell's repository is built."""
 
-    kind: ModelKind
+    admin: TritonAdmin
+    proc: subprocess.Popen[bytes]
+    grpc: int
+    repo: Path
+    builds: Path
+
+    def wait(self, ready: Callable[[], bool], timeout_s: float, what: str) -> None:
+        wait_for(ready, timeout_s, f"configuration search: {what}", self.proc)
+
+
+@dataclass(frozen=True)
+class _Search:
+    """One configuration search: the shipped candidate each cell's repository is built from,
+    and how it is driven."""
+
+    shipped: Shipped
     model_name: str
-    candidate: str
-    export_dir: str
-    cfg: Any
-    info: dict[str, Any]
-    deploy: Any
+    deploy: DeploySection
     warmup_items: list[Any]
     requests: list[dict[str, np.ndarray]]
     knobs: dict[str, Any]
@@ -153,10 +168,10 @@ class _Search:
         repo.mkdir()
         try:
             with reserved_ports(3) as (http, grpc, metrics):
-                proc = triton_local.launch(
-                    repo, "127.0.0.1", http, grpc, metrics, out / "server.log"
-                )
+                ports = triton_local.ServerPorts("127.0.0.1", http, grpc, metrics)
+                proc = triton_local.launch(repo, ports, out / "server.log")
                 admin = TritonAdmin(f"127.0.0.1:{http}")
+                server = _Server(admin, proc, grpc, repo, out / "builds")
                 try:
                     admin.wait_live(
                         self.deploy.ready_timeout_s,
@@ -164,15 +179,7 @@ class _Search:
                         proc,
                     )
                     return [
-                        self.measure_cell(
-                            admin,
-                            proc,
-                            f"{self.model_name}-tune-{i}",
-                            cell,
-                            grpc,
-                            repo,
-                            out / "builds",
-                        )
+                        self.measure_cell(server, f"{self.model_name}-tune-{i}", cell)
                         for i, cell in enumerate(cells)
                     ]
                 finally:
@@ -182,30 +189,12 @@ class _Search:
             shutil.rmtree(out / "builds", ignore_errors=True)
             shutil.rmtree(repo, ignore_errors=True)
 
-    def measure_cell(
-        self,
-        admin: TritonAdmin,
-        proc: Any,
-        name: str,
-        cell: dict[str, Any],
-        grpc: int,
-        repo: Path,
-        builds: Path,
-    ) -> dict[str, Any]:
+    def measure_cell(self, server: _Server, name: str, cell: dict[str, Any]) -> dict[str, Any]:
         """One cell loaded into the running server, measured, and unloaded."""
         built = build_repository(
-            self.kind,
-            name,
-            self.candidate,
-            self.export_dir,
-            self.cfg,
-            self.info,
-            {**self.knobs, **cell},
-            self.warmup_items,
-            str(builds),
+            self.shipped, name, {**self.knobs, **cell}, self.warmup_items, str(server.builds)
         )
-        shutil.copytree(Path(built["repository"]) / name, repo / name)
-        tuning = self.deploy.tuning
+        shutil.copytree(Path(built["repository"]) / name, server.repo / name)
         row: dict[str, Any] = {
             "settings": cell,
             "name": describe(cell),
@@ -213,80 +202,55 @@ class _Search:
             "score_rps": 0.0,
         }
         try:
-            admin.load(name)
-            wait_for(
-                lambda: admin.model_ready(name),
+            server.admin.load(name)
+            server.wait(
+                lambda: server.admin.model_ready(name),
                 self.deploy.ready_timeout_s,
-                f"configuration search: {name} did not load",
-                proc,
+                f"{name} did not load",
             )
         except Hf2TritonError as exc:
-            if proc.poll() is not None:
+            if server.proc.poll() is not None:
                 raise
             row["failed"] = " ".join(str(exc).split())[:300]  # never ships
         else:
-            row["points"] = [
-                measure(
-                    f"127.0.0.1:{grpc}",
-                    name,
-                    self.requests,
-                    n,
-                    tuning.seconds,
-                    min(2.0, tuning.seconds),
-                )
-                for n in tuning.clients
-            ]
+            row["points"] = self.points(f"127.0.0.1:{server.grpc}", name)
             row["score_rps"] = float(np.mean([p["rps"] for p in row["points"]]))
-        admin.unload(name)
-        wait_for(
-            lambda: not admin.model_ready(name),
-            120,
-            f"configuration search: {name} did not unload",
-            proc,
-        )
-        shutil.rmtree(repo / name)
+        server.admin.unload(name)
+        server.wait(lambda: not server.admin.model_ready(name), 120, f"{name} did not unload")
+        shutil.rmtree(server.repo / name)
         return row
+
+    def points(self, url: str, name: str) -> list[dict[str, Any]]:
+        """The cell driven at each client count of `deploy.tuning`."""
+        tuning = self.deploy.tuning
+        return [
+            measure(url, name, self.requests, n, tuning.seconds, min(2.0, tuning.seconds))
+            for n in tuning.clients
+        ]
 
 
 def tune_config(
-    kind: ModelKind,
-    model_name: str,
-    candidate: str,
-    export_dir: str,
-    cfg: Any,
-    info: dict[str, Any],
-    deploy: Any,
-    warmup_items: list[Any],
-    items: list[Any],
-    work_root: str,
-    runtime: dict[str, Any] | None = None,
+    shipped: Shipped, model_name: str, deploy: DeploySection, data: Data, work_root: str
 ) -> TuneResult:
-    """Measure every configuration of `deploy.tuning` on a private server; return the best."""
-    tuning = deploy.tuning
+    """Measure every configuration of `deploy.tuning` on a private server, sending the
+    validation items of `data`; return the best."""
+    kind, tuning = shipped.kind, deploy.tuning
+    items = search_items(data.items)
     if not items:
         raise DeployError("configuration search: no validation item to send")
     cells = grid(tuning, deploy)
-    knobs = {**{k: getattr(deploy, k) for k in BATCHING}, "runtime": runtime}
+    knobs = {k: getattr(deploy, k) for k in BATCHING}
     search = _Search(
-        kind,
-        model_name,
-        candidate,
-        export_dir,
-        cfg,
-        info,
-        deploy,
-        warmup_items,
-        kind.requests(items),
-        knobs,
+        shipped, model_name, deploy, warmup_items(data.items), kind.requests(items), knobs
     )
     key = digest(
         [
             model_name,
             kind.name,
-            sha256_file(candidate) if Path(candidate).is_file() else candidate,
-            to_json(cfg.to_dict()),
-            to_json(info),
-            knobs,
+            sha256_file(shipped.path) if Path(shipped.path).is_file() else shipped.path,
+            to_json(shipped.config.to_dict()),
+            to_json(shipped.info),
+            {**knobs, "runtime": shipped.runtime},
             cells,
             tuning.model_dump(),
             to_json(items),

@@ -4,6 +4,7 @@ result, and the one-line message when none passes."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,19 +32,25 @@ def new_report(gate: Gate) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class Written:
+    """Where the gate's evidence goes: the step's directory `out` (a winner's report and
+    reference), the failed report's path beside it, and the release's work root (named in
+    Prefect's UI)."""
+
+    out: Path
+    failed_report: Path
+    work_root: str
+
+
 def write_report(
-    gate: Gate,
-    report: dict[str, Any],
-    chosen: Candidate | None,
-    ref: Reference,
-    out: Path,
-    failed_report: Path,
-    work_root: str,
+    gate: Gate, report: dict[str, Any], chosen: Candidate | None, ref: Reference, where: Written
 ) -> dict[str, Any]:
     """The gate's evidence: with a winner, validation_report.json and the smoke test's
     reference.json in the step's directory, and the step's result; without one, the report
     beside it and AccuracyGateError (published to Prefect's UI in a flow run)."""
     kind, quality = gate.kind, gate.quality
+    out, failed_report, work_root = where.out, where.failed_report, where.work_root
     recorded = {e["name"]: e.pop("recorded", None) for e in report["candidates"]}
     text = json.dumps(to_json(report), indent=1, ensure_ascii=False)
     if chosen is None:

@@ -12,6 +12,7 @@ import numpy as np
 
 from hf2triton import serving
 from hf2triton.release.repository import BATCHING, build_repository, render_config
+from hf2triton.release.shipped import Shipped
 from hf2triton.spec import parse_spec
 from tests.conftest import ROOT, write_spec
 from tests.tiny_bert_steps import SENTENCES, embedding_kind
@@ -33,18 +34,24 @@ def _knobs(**changes) -> dict:
     return {**{k: getattr(spec.deploy, k) for k in BATCHING}, **changes}
 
 
+def _shipped(kind, exported, cfg, runtime=None) -> Shipped:
+    """The export as the candidate the gate chose (on `runtime`)."""
+    return Shipped(
+        kind=kind,
+        name="fp32",
+        path=exported["onnx_path"],
+        export_dir=exported["export_dir"],
+        config=cfg,
+        runtime=runtime,
+        info={"embedding_dim": 32},
+        metrics={},
+    )
+
+
 def test_a_version_directory_is_what_the_gate_ran(tiny_bert, exported, cfg, tmp_path):
     kind = embedding_kind(tiny_bert)
     built = build_repository(
-        kind,
-        "tiny",
-        exported["onnx_path"],
-        exported["export_dir"],
-        cfg,
-        {"embedding_dim": 32},
-        _knobs(runtime=OV_F32),
-        SENTENCES[:2],
-        str(tmp_path),
+        _shipped(kind, exported, cfg, OV_F32), "tiny", _knobs(), SENTENCES[:2], str(tmp_path)
     )
     version = Path(built["repository"]) / "tiny" / "1"
     root = Path(serving.__file__).parent
@@ -69,15 +76,7 @@ def test_a_version_directory_is_what_the_gate_ran(tiny_bert, exported, cfg, tmp_
     # Every file is in the result's hashes; the same inputs reuse the render.
     assert "tiny/1/serving.json" in built["files"] and not built["reused"]
     again = build_repository(
-        kind,
-        "tiny",
-        exported["onnx_path"],
-        exported["export_dir"],
-        cfg,
-        {"embedding_dim": 32},
-        _knobs(runtime=OV_F32),
-        SENTENCES[:2],
-        str(tmp_path),
+        _shipped(kind, exported, cfg, OV_F32), "tiny", _knobs(), SENTENCES[:2], str(tmp_path)
     )
     assert again["reused"] and again["content_hash"] == built["content_hash"]
 
@@ -103,15 +102,7 @@ def test_the_config_declares_the_served_class_inputs_outputs_and_batching(tiny_b
 def test_warmup_requests_are_real_validation_items(tiny_bert, exported, cfg, tmp_path):
     kind = embedding_kind(tiny_bert)
     built = build_repository(
-        kind,
-        "tiny",
-        exported["onnx_path"],
-        exported["export_dir"],
-        cfg,
-        {"embedding_dim": 32},
-        _knobs(),
-        ["hello world"],
-        str(tmp_path),
+        _shipped(kind, exported, cfg), "tiny", _knobs(), ["hello world"], str(tmp_path)
     )
     model_dir = Path(built["repository"]) / "tiny"
     sample = (model_dir / "warmup" / "sample_0_TEXT.bin").read_bytes()

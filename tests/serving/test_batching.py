@@ -38,14 +38,13 @@ def exported(tiny_bert, tmp_path_factory):
     from hf2triton.kinds import Data
     from hf2triton.kinds.embedding import resolve_embedding_config
     from hf2triton.release.export import export_model
+    from hf2triton.spec import ExportSpec
     from tests.tiny_bert_steps import embedding_kind
 
     return export_model(
         embedding_kind(tiny_bert),
-        str(tiny_bert),
-        "tiny",
-        18,
-        1e-3,
+        {"model_dir": str(tiny_bert), "content_hash": "tiny"},
+        ExportSpec(opset=18, atol=1e-3),
         resolve_embedding_config(tiny_bert),
         Data(TEXTS),
         str(tmp_path_factory.mktemp("work")),

@@ -71,6 +71,7 @@ def _items(kind: str) -> list:
 def exported(tmp_path_factory):
     """Per kind, built on first use: (kind, cfg, onnx path, export dir)."""
     from hf2triton.release.export import export_model
+    from hf2triton.spec import ExportSpec
 
     done = {}
 
@@ -93,7 +94,12 @@ def exported(tmp_path_factory):
             )
             cfg = kind.resolve(str(model_dir))
             out = export_model(
-                kind, str(model_dir), name, 18, 1e-3, cfg, Data(_items(name)), str(root / "work")
+                kind,
+                {"model_dir": str(model_dir), "content_hash": name},
+                ExportSpec(opset=18, atol=1e-3),
+                cfg,
+                Data(_items(name)),
+                str(root / "work"),
             )
             done[name] = (kind, cfg, out["onnx_path"], out["export_dir"])
         return done[name]
@@ -468,6 +474,7 @@ def test_triton_serves_the_runtime_serving_json_names(exported, tmp_path, monkey
     from tritonclient.utils import InferenceServerException
 
     from hf2triton.release.repository import BATCHING, build_repository
+    from hf2triton.release.shipped import Shipped
     from hf2triton.targets import triton_local
     from tests.conftest import free_port, wait_http
 
@@ -496,17 +503,10 @@ def test_triton_serves_the_runtime_serving_json_names(exported, tmp_path, monkey
         "tiny-cuda": {"name": "onnxruntime-cuda", "device": "cuda", "precision": "fp32"},
     }
     for name, runtime in runtimes_of.items():
-        built = build_repository(
-            kind,
-            name,
-            onnx_path,
-            export_dir,
-            cfg,
-            {"embedding_dim": dim},
-            {**knobs, "runtime": runtime},
-            TEXTS[:2],
-            str(tmp_path / "builds"),
+        shipped = Shipped(
+            kind, name, onnx_path, export_dir, cfg, runtime, {"embedding_dim": dim}, {}
         )
+        built = build_repository(shipped, name, knobs, TEXTS[:2], str(tmp_path / "builds"))
         shutil.copytree(Path(built["repository"]) / name, repo / name)
         # The gate's runtime is what serving.json names.
         path = repo / name / "1" / serving.SERVING_FILE
@@ -516,7 +516,9 @@ def test_triton_serves_the_runtime_serving_json_names(exported, tmp_path, monkey
         core = Path(serving.__file__).parent / "runtimes"
         assert {p.name for p in shipped.glob("*.py")} == {p.name for p in core.glob("*.py")}
     ports = [free_port() for _ in range(3)]
-    proc = triton_local.launch(repo, "127.0.0.1", *ports, tmp_path / "server.log")
+    proc = triton_local.launch(
+        repo, triton_local.ServerPorts("127.0.0.1", *ports), tmp_path / "server.log"
+    )
     url = f"127.0.0.1:{ports[0]}"
     try:
         wait_http(f"http://{url}/v2/health/live", timeout=120, proc=proc)
