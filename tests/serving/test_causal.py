@@ -82,14 +82,7 @@ def tokenizer(tmp_path_factory) -> causal.ChatTokenizer:
 def engine(tokenizer, session=None, **kwargs) -> causal.Engine:
     model = causal.CausalLM("unused.onnx", session=session or SumDecoder())
     processors = DecodeSettings(0, [EOS], 0, 99)
-    return model.engine(
-        tokenizer,
-        [EOS],
-        processors,
-        kwargs.pop("max_rows", 32),
-        kwargs.pop("step_tokens", 512),
-        **kwargs,
-    )
+    return model.engine(tokenizer, [EOS], processors, causal.Batching(**kwargs))
 
 
 class Collect:
