@@ -16,6 +16,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from hf2triton.clients.credentials import DockerAuth, RegistryCredentials
@@ -306,31 +307,34 @@ def remove(found: Any) -> None:
             pass
 
 
-def run(
-    client: Any,
-    reference: str,
-    name: str,
-    host: str,
-    ports: dict[str, int | None],
-    labels: dict[str, str],
-    restart: bool,
-    environment: dict[str, str] | None = None,
-) -> Any:
+@dataclass(frozen=True)
+class Container:
+    """A container of the serving image to run: the image, its name and labels, its environment,
+    and whether the engine restarts it (a live one) or not (a candidate)."""
+
+    reference: str
+    name: str
+    labels: dict[str, str]
+    restart: bool
+    environment: dict[str, str] = field(default_factory=dict)
+
+
+def run(client: Any, container: Container, host: str, ports: dict[str, int | None]) -> Any:
     """Run the serving image; `ports` by name (CONTAINER_PORTS, and "openai" for the API) to
-    the host port (None: a free one)."""
+    the host port on `host` (None: a free one)."""
     return client.containers.run(
-        reference,
-        name=name,
+        container.reference,
+        name=container.name,
         detach=True,
-        labels=labels,
-        environment=environment or {},
+        labels=container.labels,
+        environment=container.environment,
         ports={
             f"{({**CONTAINER_PORTS, 'openai': API_PORT})[k]}/tcp": (host, p)
             for k, p in ports.items()
         },
         # The Python backend passes tensors through shared memory; Docker's default 64 MB is tight.
         shm_size="256m",
-        restart_policy={"Name": "unless-stopped"} if restart else {"Name": "no"},
+        restart_policy={"Name": "unless-stopped"} if container.restart else {"Name": "no"},
     )
 
 

@@ -296,15 +296,7 @@ class Registry:
             version, run_id = str(found.version), found.run_id
             exp_id, reused = self.run(run_id).info.experiment_id, not finished
         else:
-            mv, run_id, exp_id = self.log_release(
-                name,
-                experiment,
-                record["release_key"],
-                record["params"],
-                record["metrics"],
-                record["lineage"],
-                record["artifacts"],
-            )
+            mv, run_id, exp_id = self.log_release(name, experiment, record)
             version, reused = str(mv.version), False
         self.set_alias(name, "candidate", version)
         return RegisteredRelease(
@@ -415,45 +407,23 @@ class Registry:
             )
 
     def log_release(
-        self,
-        name: str,
-        experiment: str,
-        release_key: str,
-        params: dict[str, Any],
-        metrics: dict[str, float],
-        tags: dict[str, str],
-        artifacts: dict[str, str],
+        self, name: str, experiment: str, record: Mapping[str, Any]
     ) -> tuple[Any, str, str]:
-        """A finished run with the release record and a new model version whose source is the
-        run's `triton_repository` artifact; returns (version, run id, experiment id)."""
-        from mlflow.entities import Metric, Param
-
+        """A finished run with the release record (its release key, params, metrics, lineage
+        tags and artifacts) and a new model version whose source is the run's
+        `triton_repository` artifact; returns (version, run id, experiment id)."""
+        release_key = record["release_key"]
         exp_id = self.experiment_id(experiment)
         run = self.call(
             "create a run",
             self.client.create_run,
             exp_id,
-            run_name=f"{params.get('name', name)}-{release_key[:8]}",
+            run_name=f"{record['params'].get('name', name)}-{release_key[:8]}",
             tags={RELEASE_KEY_TAG: release_key, "hf2triton.model_name": name},
         )
         run_id = run.info.run_id
         try:
-            flat: dict[str, str] = {}
-            _flatten("", params, flat)
-            ts = run.info.start_time
-            self.call(
-                "log the release record",
-                self.client.log_batch,
-                run_id,
-                metrics=[Metric(k, float(v), ts, 0) for k, v in sorted(metrics.items())],
-                params=[Param(k, v[:6000]) for k, v in sorted(flat.items())],
-            )
-            for dest, src in artifacts.items():
-                if Path(src).is_dir():
-                    self.call(f"upload {dest}", self.client.log_artifacts, run_id, src, dest)
-                else:
-                    parent = str(Path(dest).parent) if str(Path(dest).parent) != "." else None
-                    self.call(f"upload {dest}", self.client.log_artifact, run_id, src, parent)
+            self._log_record(run, record)
             if not self.has_model(name):
                 self.call(
                     "create the registered model",
@@ -467,7 +437,7 @@ class Registry:
                 name,
                 source=f"{run.info.artifact_uri}/triton_repository",
                 run_id=run_id,
-                tags={RELEASE_KEY_TAG: release_key, **tags},
+                tags={RELEASE_KEY_TAG: release_key, **record["lineage"]},
             )
         except BaseException:
             # Best effort (MLflow may be what failed): the next attempt settles what this one
@@ -477,6 +447,28 @@ class Registry:
             raise
         self.call("finish the run", self.client.set_terminated, run_id, "FINISHED")
         return mv, run_id, exp_id
+
+    def _log_record(self, run: Any, record: Mapping[str, Any]) -> None:
+        """The record's params (flattened) and metrics, and its artifacts, into `run`."""
+        from mlflow.entities import Metric, Param
+
+        run_id = run.info.run_id
+        flat: dict[str, str] = {}
+        _flatten("", record["params"], flat)
+        ts = run.info.start_time
+        self.call(
+            "log the release record",
+            self.client.log_batch,
+            run_id,
+            metrics=[Metric(k, float(v), ts, 0) for k, v in sorted(record["metrics"].items())],
+            params=[Param(k, v[:6000]) for k, v in sorted(flat.items())],
+        )
+        for dest, src in record["artifacts"].items():
+            if Path(src).is_dir():
+                self.call(f"upload {dest}", self.client.log_artifacts, run_id, src, dest)
+            else:
+                parent = str(Path(dest).parent) if str(Path(dest).parent) != "." else None
+                self.call(f"upload {dest}", self.client.log_artifact, run_id, src, parent)
 
 
 # ---- work under other credentials than this process's ---------------------------------------

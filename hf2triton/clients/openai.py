@@ -1,8 +1,8 @@
 """The OpenAI-compatible API beside a Triton (hf2triton/openai_api) as the smoke test and the
 watch ask it: one model version, the kind's requests mapped onto the kind's route
 (`ModelKind.openai_body`) and the answers back onto its Triton outputs (`openai_answer`), so the
-gate's own metrics and limits judge what the API returns. A refused request raises `error` with
-the API's error object's message."""
+gate's own metrics and limits judge what the API returns. A refused request raises
+`failure.error` with the API's error object's message."""
 
 from __future__ import annotations
 
@@ -10,35 +10,61 @@ import json
 import time
 import urllib.error
 import urllib.request
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
-from hf2triton.errors import DeployError, Hf2TritonError, ServiceUnavailableError
+from hf2triton.clients.triton import Failure
+from hf2triton.errors import ServiceUnavailableError
 from hf2triton.util.waiting import wait_until
 
+# A kind's resolved config: the client only hands it back to the kind's `openai_answer`.
+C = TypeVar("C")
+C_contra = TypeVar("C_contra", contravariant=True)
 
-class OpenAIInference:
-    """`__call__(arrays)` like `clients.triton.Inference`, through the API at `base_url`
-    (http://host:port/v1) for `model` (`name:version` when `version` is given)."""
+
+class OpenAIKind(Protocol[C_contra]):
+    """What the client asks of a model kind (hf2triton.kinds.base.ModelKind): its route, and
+    how a Triton request goes onto it and the answer comes back."""
+
+    @property
+    def openai_route(self) -> str | None: ...
+
+    def openai_body(self, request: dict[str, np.ndarray]) -> dict[str, Any]: ...
+
+    def openai_answer(
+        self, body: dict[str, Any], request: dict[str, np.ndarray], cfg: C_contra
+    ) -> dict[str, np.ndarray]: ...
+
+
+@dataclass(frozen=True)
+class OpenAIApi:
+    """Where the API is (http://host:port/v1) and the key it wants (None: it wants none)."""
+
+    base_url: str
+    api_key: str | None = None
+
+
+class OpenAIInference(Generic[C]):
+    """`__call__(arrays)` like `clients.triton.Inference`, through the API at `api` for `model`
+    (`name:version` when `version` is given): `kind` maps the requests, `cfg` is its config."""
 
     protocol = "openai"
+    timeout_s: float = 600  # a request's, unless the call says otherwise
 
     def __init__(
         self,
-        base_url: str,
+        api: OpenAIApi,
         model: str,
         version: str,
-        kind: Any,
-        cfg: Any,
-        error: type[Hf2TritonError] = DeployError,
-        what: str = "answer a request",
-        api_key: str | None = None,
-        timeout_s: float = 600,
+        kind: OpenAIKind[C],
+        cfg: C,
+        failure: Failure,
     ):
-        self.url, self.kind, self.cfg = base_url.rstrip("/"), kind, cfg
+        self.url, self.key, self.kind, self.cfg = api.base_url.rstrip("/"), api.api_key, kind, cfg
         self.model = f"{model}:{version}" if version else model
-        self.error, self.what, self.key, self.timeout_s = error, what, api_key, timeout_s
+        self.error, self.what = failure.error, failure.what
         self.latencies_ms: list[float] = []
 
     def _request(
@@ -85,7 +111,7 @@ class OpenAIInference:
     def __call__(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         body = {"model": self.model, **self.kind.openai_body(arrays)}
         started = time.perf_counter()
-        status, answer = self._request(self.kind.openai_route, body)
+        status, answer = self._request(self.kind.openai_route or "", body)
         if status != 200:
             error = answer.get("error", {}) if isinstance(answer, dict) else {}
             cls = ServiceUnavailableError if status in (502, 503, 504) else self.error

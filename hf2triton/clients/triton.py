@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -166,10 +167,19 @@ def infer_inputs(module: Any, arrays: dict[str, np.ndarray]) -> list[Any]:
     return inputs
 
 
+@dataclass(frozen=True)
+class Failure:
+    """How a session reports a request that failed: the error type it raises (unless the server
+    did not answer: ServiceUnavailableError) and what the request was to do, for the message."""
+
+    error: type[Hf2TritonError] = DeployError
+    what: str = "answer a request"
+
+
 class Inference:
     """Requests to one model version over gRPC or HTTP, with their latencies; a failed request
-    raises `error` (or ServiceUnavailableError, when the server did not answer) saying that it
-    failed to `what`."""
+    raises `failure.error` (or ServiceUnavailableError, when the server did not answer) saying
+    that it failed to `failure.what`."""
 
     def __init__(
         self,
@@ -178,12 +188,11 @@ class Inference:
         model: str,
         version: str = "",
         outputs: tuple[str, ...] = (),
-        error: type[Hf2TritonError] = DeployError,
-        what: str = "answer a request",
+        failure: Failure = Failure(),
     ):
         self.module = _module(protocol)
         self.protocol, self.url, self.model, self.version = protocol, url, model, version
-        self.outputs, self.error, self.what = outputs, error, what
+        self.outputs, self.error, self.what = outputs, failure.error, failure.what
         self.client = self.module.InferenceServerClient(url=url)
         self.latencies_ms: list[float] = []
         self.decoupled: bool | None = None  # known at the first request
@@ -307,10 +316,9 @@ def inference(
     model: str,
     version: str = "",
     outputs: tuple[str, ...] = (),
-    error: type[Hf2TritonError] = DeployError,
-    what: str = "answer a request",
+    failure: Failure = Failure(),
 ):
-    session = Inference(protocol, url, model, version, outputs, error, what)
+    session = Inference(protocol, url, model, version, outputs, failure)
     try:
         yield session
     finally:
