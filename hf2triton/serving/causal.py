@@ -35,6 +35,19 @@ STEP_TOKENS = 512  # prompt tokens that may join in one step
 BATCHING: Final = "in-flight"  # or "request": new sequences join only an empty batch
 STREAM_INTERVAL_MS = 50  # the least time between a busy stream's pieces (see BUSY_STREAMS)
 
+
+@dataclass(frozen=True)
+class Batching:
+    """How an engine batches: at most `max_rows` sequences at once and `step_tokens` prompt
+    tokens joining in one step; `request_level`: new sequences join only an empty batch; the
+    model's context length (what one step must hold, unsplit)."""
+
+    max_rows: int = MAX_ROWS
+    step_tokens: int = STEP_TOKENS
+    request_level: bool = False
+    max_context: int = 2048
+
+
 # --- tokenizer and chat template ----------------------------------------------------------------
 
 
@@ -172,21 +185,10 @@ class CausalLM:
         tokenizer: ChatTokenizer,
         eos: list[int],
         processors: DecodeSettings,
-        max_rows: int,
-        step_tokens: int,
-        request_level: bool = False,
-        max_context: int = 2048,
+        batching: Batching = Batching(),
     ) -> Engine:
         """The decode loop that serves this model: in-flight batching over its runtime."""
-        return Engine(
-            self,
-            tokenizer,
-            eos,
-            processors,
-            max_rows=max_rows,
-            step_tokens=step_tokens,
-            request_level=request_level,
-        )
+        return Engine(self, tokenizer, eos, processors, batching)
 
     def forward(
         self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, past: dict[str, np.ndarray]
@@ -367,14 +369,13 @@ class Engine(Streaming):
         tokenizer: ChatTokenizer,
         eos: list[int],
         processors: DecodeSettings,
-        max_rows: int = MAX_ROWS,
-        step_tokens: int = STEP_TOKENS,
-        request_level: bool = False,
+        batching: Batching = Batching(),
     ):
         self.model, self.tokenizer, self.eos = model, tokenizer, set(eos)
         self.processors = processors
-        self.max_rows, self.step_tokens = max(1, max_rows), max(1, step_tokens)
-        self.request_level = request_level
+        self.max_rows = max(1, batching.max_rows)
+        self.step_tokens = max(1, batching.step_tokens)
+        self.request_level = batching.request_level
         self._init_loop()
         self.running: list[Sequence] = []
         self.past: dict[str, np.ndarray] = {}

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from .causal import ChatTokenizer, Sequence, Streaming, score_continuation
+from .causal import Batching, ChatTokenizer, Sequence, Streaming, score_continuation
 from .decoding import DecodeSettings
 from .runtimes import GenAIModelFiles, RuntimeUnavailable
 
@@ -76,10 +76,7 @@ class GenAIModel:
         tokenizer: ChatTokenizer,
         eos: list[int],
         processors: DecodeSettings,
-        max_rows: int,
-        step_tokens: int,
-        request_level: bool = False,
-        max_context: int = 2048,
+        batching: Batching,
     ) -> GenAIEngine:
         if processors.no_repeat_ngram_size or processors.bad_words_ids:
             raise RuntimeUnavailable(
@@ -87,7 +84,7 @@ class GenAIModel:
                 "bad_words_ids outside beam search: it would not generate what the model's "
                 "generation config asks; serve it on onnxruntime or openvino"
             )
-        return GenAIEngine(self, tokenizer, eos, processors, max_rows, step_tokens, max_context)
+        return GenAIEngine(self, tokenizer, eos, processors, batching)
 
 
 class Running:
@@ -147,16 +144,14 @@ class GenAIEngine(Streaming):
         tokenizer: ChatTokenizer,
         eos: list[int],
         processors: DecodeSettings,
-        max_rows: int,
-        step_tokens: int,
-        max_context: int,
+        batching: Batching,
     ):
         import openvino_genai as ovg
 
         self.ovg, self.model, self.tokenizer, self.eos = ovg, model, tokenizer, set(eos)
-        self.processors, self.max_rows = processors, max(1, max_rows)
-        self.step_tokens, self.max_context = max(1, step_tokens), max_context
-        self.pipe = model.pipeline(self.max_rows, self.step_tokens, max_context)
+        self.processors, self.max_rows = processors, max(1, batching.max_rows)
+        self.step_tokens, self.max_context = max(1, batching.step_tokens), batching.max_context
+        self.pipe = model.pipeline(self.max_rows, self.step_tokens, self.max_context)
         self.ids = itertools.count(1)
         self._init_loop()
         self.running: dict[int, Running] = {}

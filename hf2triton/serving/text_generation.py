@@ -25,6 +25,16 @@ from .structured import SchemaError, schema_grammar
 
 # How often a running request asks Triton whether its client left (seconds).
 CANCEL_CHECK_S = 0.5
+# The optional inputs that set one prompt's sampling (and its prompt log-probability).
+SAMPLING_INPUTS = (
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "repetition_penalty",
+    "seed",
+    "return_prompt_logprob",
+)
 
 
 class Generator(ServedModel):
@@ -75,14 +85,17 @@ class Generator(ServedModel):
         self.max_context = int(settings["max_context"])
         # The engine the model's runtime serves it with: causal.Engine's in-flight batching over
         # a runtime that runs feeds, or OpenVINO GenAI's continuous batching (genai.py).
-        self.engine = model.engine(
-            self.tokenizer,
-            [int(e) for e in settings["eos_token_ids"]],
-            DecodeSettings.from_dict(settings["processors"]),
+        batching = causal.Batching(
             max_rows=int(settings.get("max_rows", causal.MAX_ROWS)),
             step_tokens=int(settings.get("step_tokens", causal.STEP_TOKENS)),
             request_level=settings.get("batching", causal.BATCHING) == "request",
             max_context=self.max_context,
+        )
+        self.engine = model.engine(
+            self.tokenizer,
+            [int(e) for e in settings["eos_token_ids"]],
+            DecodeSettings.from_dict(settings["processors"]),
+            batching,
         )
         interval = settings.get("stream_interval_ms", causal.STREAM_INTERVAL_MS)
         self.engine.stream_interval = float(interval) / 1000
@@ -98,64 +111,24 @@ class Generator(ServedModel):
     def parse(self, arrays: dict[str, np.ndarray]) -> list[dict[str, Any]]:
         """One row per prompt: its ids, settings and whether it streams; ValueError for the
         client when a value is bad."""
-        prompts: list[tuple[str, bool]]
-        if "text_input" in arrays and "messages" in arrays:
-            raise ValueError(
-                "the request has both text_input and messages: send one of them "
-                "(text_input, a plain prompt; messages, a chat)"
-            )
-        if "text_input" in arrays:
-            arr = column(arrays, "text_input")
-            prompts = [(row[0], True) for row in texts(arr, "text_input")]
-        elif "messages" in arrays:
-            prompts = self.chats(arrays)
-        else:
-            raise ValueError("the request has neither text_input nor messages: send one")
+        prompts = self.prompts(arrays)
         n = len(prompts)
         stream = [bool(v) for v in value_column(arrays, "stream", n) if v is not None]
         if any(stream) and n > 1:
             raise ValueError(
                 "a streaming request carries one prompt: send the others as requests of their own"
             )
-        stops = column(arrays, "stop_words", required=False)
-        stop_rows = (
-            [tuple(s for s in row if s) for row in texts(stops, "stop_words")]
-            if stops is not None
-            else [None] * n
-        )
-        if len(stop_rows) != n:
-            raise ValueError(f"stop_words needs one row per prompt: {n}, got {len(stop_rows)}")
-        columns = {
-            name: value_column(arrays, name, n)
-            for name in (
-                "max_tokens",
-                "temperature",
-                "top_p",
-                "top_k",
-                "repetition_penalty",
-                "seed",
-                "return_prompt_logprob",
-            )
-        }
+        stop_rows = stop_word_rows(arrays, n)
+        columns = {name: value_column(arrays, name, n) for name in SAMPLING_INPUTS}
         scores = score_rows(arrays, n)
         grammar = self.grammar(arrays, n)
         rows = []
         for i, (text, special) in enumerate(prompts):
             values = {k: v[i] for k, v in columns.items()}
             sampling = self.sampling(values, stop_rows[i])
-            ids = self.tokenizer.encode(text, special)
-            if not ids:
-                raise ValueError("the prompt is empty: send some text")
-            if len(ids) + max(sampling.max_new_tokens, len(scores[i])) > self.max_context:
-                raise ValueError(
-                    f"the prompt is {len(ids)} tokens and max_tokens "
-                    f"{sampling.max_new_tokens}: {len(ids) + sampling.max_new_tokens} is over "
-                    f"this model's context length {self.max_context}; shorten the prompt or "
-                    "lower max_tokens"
-                )
             rows.append(
                 {
-                    "ids": ids,
+                    "ids": self.prompt_ids(text, special, sampling, len(scores[i])),
                     "sampling": sampling,
                     "stream": bool(stream and stream[0]),
                     "logprob": bool(values["return_prompt_logprob"]),
@@ -164,6 +137,38 @@ class Generator(ServedModel):
                 }
             )
         return rows
+
+    def prompts(self, arrays: dict[str, np.ndarray]) -> list[tuple[str, bool]]:
+        """Each prompt's text, and whether the tokenizer adds its special tokens (a plain
+        prompt: yes; a chat, rendered by its template: no)."""
+        if "text_input" in arrays and "messages" in arrays:
+            raise ValueError(
+                "the request has both text_input and messages: send one of them "
+                "(text_input, a plain prompt; messages, a chat)"
+            )
+        if "text_input" in arrays:
+            arr = column(arrays, "text_input")
+            return [(row[0], True) for row in texts(arr, "text_input")]
+        if "messages" in arrays:
+            return self.chats(arrays)
+        raise ValueError("the request has neither text_input nor messages: send one")
+
+    def prompt_ids(
+        self, text: str, special: bool, sampling: causal.Sampling, scored: int
+    ) -> list[int]:
+        """The prompt's ids; ValueError when it is empty, or when it and what follows it (the
+        new tokens, or the `scored` ids) do not fit the context."""
+        ids = self.tokenizer.encode(text, special)
+        if not ids:
+            raise ValueError("the prompt is empty: send some text")
+        if len(ids) + max(sampling.max_new_tokens, scored) > self.max_context:
+            raise ValueError(
+                f"the prompt is {len(ids)} tokens and max_tokens "
+                f"{sampling.max_new_tokens}: {len(ids) + sampling.max_new_tokens} is over "
+                f"this model's context length {self.max_context}; shorten the prompt or "
+                "lower max_tokens"
+            )
+        return ids
 
     def chats(self, arrays: dict[str, np.ndarray]) -> list[tuple[str, bool]]:
         """The prompts of `messages` rows, rendered by the chat template with `tools`, each
@@ -296,6 +301,19 @@ class Generator(ServedModel):
             seqs.extend(reply.sequences)
         if seqs:
             self.engine.submit(seqs)
+
+
+def stop_word_rows(arrays: dict[str, np.ndarray], rows: int) -> list[tuple[str, ...] | None]:
+    """Each row's stop words (None when the request leaves stop_words out)."""
+    stops = column(arrays, "stop_words", required=False)
+    if stops is None:
+        return [None] * rows
+    found: list[tuple[str, ...] | None] = [
+        tuple(s for s in row if s) for row in texts(stops, "stop_words")
+    ]
+    if len(found) != rows:
+        raise ValueError(f"stop_words needs one row per prompt: {rows}, got {len(found)}")
+    return found
 
 
 def score_rows(arrays: dict[str, np.ndarray], rows: int) -> list[list[int]]:
