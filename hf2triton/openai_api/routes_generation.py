@@ -7,6 +7,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,38 @@ from .triton import Model
 NO_TOOLS = ToolMode()
 
 router = APIRouter()
+
+
+@dataclass(frozen=True)
+class Reply:
+    """How one request's answer is framed: its id and creation time, the model's name, a chat
+    (or a completion), the tool mode, and what else the request asked to get back (the
+    stream's usage chunk, the generated ids)."""
+
+    ident: str
+    created: int
+    model: str
+    chat: bool
+    mode: ToolMode = NO_TOOLS
+    include_usage: bool = False
+    token_ids: bool = False
+
+    @property
+    def object(self) -> str:
+        return "chat.completion" if self.chat else "text_completion"
+
+    def frame(self, choices: list, usage: dict | None = None) -> dict[str, Any]:
+        """The answer's (or a chunk's) object around `choices`."""
+        body: dict[str, Any] = {
+            "id": self.ident,
+            "object": self.object,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+        if usage is not None:
+            body["usage"] = usage
+        return body
 
 
 @router.post("/v1/chat/completions")
@@ -70,8 +103,15 @@ async def generate(
     mode: ToolMode = NO_TOOLS,
 ) -> Response:
     prompt_param = "messages" if chat else "prompt"
-    ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-    created = int(time.time())
+    reply = Reply(
+        ident=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+        created=int(time.time()),
+        model=model.name,
+        chat=chat,
+        mode=mode,
+        include_usage=bool(body.stream_options and body.stream_options.include_usage),
+        token_ids=bool(body.return_token_ids),
+    )
     arrays["stream"] = np.array([[bool(body.stream)]], dtype=bool)
     if body.prompt_logprob:
         if body.stream:
@@ -86,91 +126,49 @@ async def generate(
         answer = first
         while not answer["final"]:
             answer = await timed(request, responses.__anext__())
-        text = first_text(answer)
-        ids = [int(i) for i in answer["output_ids"].reshape(-1) if i >= 0]
-        reason, content, calls = answered(text, finish(answer), mode)
-        message: dict[str, Any] = {"role": "assistant", "content": content}
-        if calls:
-            message["tool_calls"] = calls
-        choice: dict[str, Any] = {
-            "index": 0,
-            "finish_reason": reason,
-            "logprobs": None,
-            **({"message": message} if chat else {"text": text}),
-        }
-        if body.return_token_ids:
-            choice["token_ids"] = ids
-        if body.prompt_logprob:
-            choice["prompt_logprob"] = float(answer["prompt_logprob"].reshape(-1)[0])
-        return Json(
-            {
-                "id": ident,
-                "object": "chat.completion" if chat else "text_completion",
-                "created": created,
-                "model": model.name,
-                "choices": [choice],
-                "usage": usage_of(answer, len(ids)),
-            }
-        )
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return Json(whole(reply, answer, bool(body.prompt_logprob)))
     return StreamingResponse(
-        events(
-            ident,
-            created,
-            model,
-            chat,
-            first,
-            responses,
-            include_usage,
-            bool(body.return_token_ids),
-            mode,
-        ),
+        events(reply, first, responses),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache"},
     )
 
 
-async def events(
-    ident: str,
-    created: int,
-    model: Model,
-    chat: bool,
-    first: dict,
-    responses: AsyncIterator[dict],
-    include_usage: bool,
-    token_ids: bool,
-    mode: ToolMode = NO_TOOLS,
-) -> AsyncIterator[bytes]:
+def whole(reply: Reply, answer: dict[str, Any], prompt_logprob: bool) -> dict[str, Any]:
+    """The answer of a request without stream, from the final response."""
+    text = first_text(answer)
+    ids = [int(i) for i in answer["output_ids"].reshape(-1) if i >= 0]
+    reason, content, calls = answered(text, finish(answer), reply.mode)
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = calls
+    choice: dict[str, Any] = {
+        "index": 0,
+        "finish_reason": reason,
+        "logprobs": None,
+        **({"message": message} if reply.chat else {"text": text}),
+    }
+    if reply.token_ids:
+        choice["token_ids"] = ids
+    if prompt_logprob:
+        choice["prompt_logprob"] = float(answer["prompt_logprob"].reshape(-1)[0])
+    return reply.frame([choice], usage_of(answer, len(ids)))
+
+
+async def events(reply: Reply, first: dict, responses: AsyncIterator[dict]) -> AsyncIterator[bytes]:
     """The stream's server-sent events: a chat's role first, each piece of text as it comes,
     the usage when asked, and `[DONE]`; a failure midway is sent as an error event. With tools
     the answer is read whole first (a call is known once its JSON ends), then sent as OpenAI
     streams it: its content, then each call (id, name, arguments), then the finish reason."""
-    obj = "chat.completion.chunk" if chat else "text_completion"
+    chunked = reply.object + ".chunk" if reply.chat else reply.object
 
     def chunk(choices: list, usage: dict | None = None) -> bytes:
-        body: dict[str, Any] = {
-            "id": ident,
-            "object": obj,
-            "created": created,
-            "model": model.name,
-            "choices": choices,
-        }
-        if include_usage:
+        body = {**reply.frame(choices, usage), "object": chunked}
+        if reply.include_usage:
             body["usage"] = usage
         return b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n"
 
-    def piece(text: str, reason: str | None, ids: list[int]) -> dict:
-        out = (
-            {"index": 0, "delta": {"content": text} if text else {}}
-            if chat
-            else {"index": 0, "text": text}
-        )
-        out.update({"finish_reason": reason, "logprobs": None})
-        if token_ids:
-            out["token_ids"] = ids
-        return out
-
-    if chat:  # the role first, as OpenAI's streams start
+    if reply.chat:  # the role first, as OpenAI's streams start
         role = {"role": "assistant", "content": ""}
         yield chunk([{"index": 0, "delta": role, "finish_reason": None, "logprobs": None}])
     generated = 0
@@ -183,21 +181,35 @@ async def events(
             ids = [int(i) for i in found.reshape(-1) if i >= 0] if found is not None else []
             generated += len(ids)
             reason = finish(answer) if answer["final"] else None
-            if mode.style:
+            if reply.mode.style:
                 held.append(text)
                 if reason:
-                    for event in tool_events("".join(held), reason, mode):
+                    for event in tool_events("".join(held), reason, reply.mode):
                         yield chunk([event])
             elif text or reason:
-                yield chunk([piece(text, reason, ids)])
+                yield chunk([piece(reply, text, reason, ids)])
             if answer["final"]:
                 break
             answer = await responses.__anext__()
-        if include_usage:
+        if reply.include_usage:
             yield chunk([], usage_of(answer, generated))
     except ApiError as exc:
         yield b"data: " + json.dumps(exc.body()).encode() + b"\n\n"
     yield b"data: [DONE]\n\n"
+
+
+def piece(reply: Reply, text: str, reason: str | None, ids: list[int]) -> dict:
+    """One stream chunk's choice: a piece of the text (a chat's delta), and the finish reason
+    on the last."""
+    out = (
+        {"index": 0, "delta": {"content": text} if text else {}}
+        if reply.chat
+        else {"index": 0, "text": text}
+    )
+    out.update({"finish_reason": reason, "logprobs": None})
+    if reply.token_ids:
+        out["token_ids"] = ids
+    return out
 
 
 def answered(text: str, reason: str, mode: ToolMode) -> tuple[str, str | None, list[dict]]:
