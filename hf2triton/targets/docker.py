@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from hf2triton.clients import docker as engine_client
@@ -22,8 +23,14 @@ from hf2triton.clients.credentials import DockerAuth
 from hf2triton.clients.triton import TritonAdmin
 from hf2triton.errors import DeployError, Hf2TritonError
 from hf2triton.image import ImageSpec, registry_auth
-from hf2triton.targets import TARGETS
-from hf2triton.targets.base import Check, Deployment, DeployTarget, PublishedSection, WatchPoint
+from hf2triton.targets.base import (
+    TARGETS,
+    Check,
+    Deployment,
+    DeployTarget,
+    PublishedSection,
+    WatchPoint,
+)
 from hf2triton.targets.smoke import Endpoint
 from hf2triton.util.runs import step_logger
 
@@ -157,59 +164,58 @@ class DockerContainers(DeployTarget):
                 f"was built: {image.get('skipped', 'unknown reason')}"
             )
         reference = image["reference"]
-        logger = step_logger()
-        spec = self.spec
         client = engine_client.engine()
         engine_client.pull(client, reference, _registry_auth(self.image, reference.split("/")[0]))
-        logger.info("deploy: pulled %s from the registry", reference)
-        live_name, cand_name, prev_name = container_names(self.release)
+        step_logger().info("deploy: pulled %s from the registry", reference)
+        rollout = _Rollout(client, reference, model_name, version)
         try:
-            recover(client, live_name, prev_name)
-            engine_client.remove(engine_client.container(client, cand_name))  # a leftover
-            old = engine_client.container(client, live_name)
-            if old is not None and old.status != "running":
-                logger.info("deploy: container %s is %s; replacing it", live_name, old.status)
-                engine_client.remove(old)
-                old = None
-            previous = None if old is None else described(old, live_name)
-            if old is not None and old.labels.get(LABEL_IMAGE) == reference:
-                urls = engine_client.published(old, spec.host)
-                engine_client.wait_ready(
-                    old,
-                    _ready(urls["http"], model_name, version),
-                    model_name,
-                    version,
-                    time.monotonic() + 10,
-                )
-                logger.info("deploy: %s already serves %s", live_name, reference)
-                return self._deployment(
-                    old, urls, model_name, version, reference, None, 0.0, reused=True
-                )
-            if previous is not None:  # an old container serves (described above)
-                self._check_candidate(
-                    client, reference, cand_name, model_name, version, previous, check
-                )
-            new, urls, switch = self._switch(client, reference, model_name, version, old, previous)
-            return self._deployment(
-                new, urls, model_name, version, reference, previous, switch, reused=False
-            )
+            return self._roll_out(rollout, check)
         except docker.errors.APIError as exc:
             raise engine_client.engine_error(
                 exc, "run the release's containers", DeployError
             ) from None
 
+    def _roll_out(self, rollout: _Rollout, check: Check) -> Deployment:
+        """The live container replaced by `rollout`'s image (candidate first when one serves),
+        or kept when it runs that image already."""
+        logger = step_logger()
+        client = rollout.client
+        live_name, cand_name, prev_name = container_names(self.release)
+        recover(client, live_name, prev_name)
+        engine_client.remove(engine_client.container(client, cand_name))  # a leftover
+        old = engine_client.container(client, live_name)
+        if old is not None and old.status != "running":
+            logger.info("deploy: container %s is %s; replacing it", live_name, old.status)
+            engine_client.remove(old)
+            old = None
+        if old is not None and old.labels.get(LABEL_IMAGE) == rollout.reference:
+            urls = engine_client.published(old, self.spec.host)
+            _wait_ready(rollout, old, urls, 10)
+            logger.info("deploy: %s already serves %s", live_name, rollout.reference)
+            return self._deployment(rollout, old, urls, None, 0.0, reused=True)
+        previous = None if old is None else described(old, live_name)
+        if previous is not None:  # an old container serves
+            self._check_candidate(rollout, cand_name, previous, check)
+        new, urls, switch = self._switch(rollout, old, previous)
+        return self._deployment(rollout, new, urls, previous, switch, reused=False)
+
+    def _container(self, rollout: _Rollout, name: str, role: str) -> engine_client.Container:
+        """The run of `rollout`'s image as the live container (restarted by the engine) or as
+        the candidate."""
+        return engine_client.Container(
+            reference=rollout.reference,
+            name=name,
+            labels=labels(self.release, rollout.version, rollout.reference, role),
+            restart=role == "live",
+            environment=self.spec.openai.container_environment(),
+        )
+
     def _switch(
-        self,
-        client: Any,
-        reference: str,
-        model_name: str,
-        version: str,
-        old: Any,
-        previous: dict[str, str] | None,
+        self, rollout: _Rollout, old: Any, previous: dict[str, str] | None
     ) -> tuple[Any, dict[str, str], float]:
         """Blue to green on the spec's ports: the old container stopped and kept as `-previous`,
-        `reference` started live; if it does not come up, the old one is put back. Returns the
-        new container, its URLs and the gap clients saw (seconds)."""
+        the rollout's image started live; if it does not come up, the old one is put back.
+        Returns the new container, its URLs and the gap clients saw (seconds)."""
         import docker.errors
 
         spec = self.spec
@@ -221,26 +227,16 @@ class DockerContainers(DeployTarget):
         new = None
         try:
             new = engine_client.run(
-                client,
-                reference,
-                live_name,
+                rollout.client,
+                self._container(rollout, live_name, "live"),
                 spec.host,
                 self._ports(fixed=True),
-                labels(self.release, version, reference, "live"),
-                restart=True,
-                environment=self.spec.openai.container_environment(),
             )
             urls = engine_client.published(new, spec.host)
-            engine_client.wait_ready(
-                new,
-                _ready(urls["http"], model_name, version),
-                model_name,
-                version,
-                time.monotonic() + spec.ready_timeout_s,
-            )
+            _wait_ready(rollout, new, urls, spec.ready_timeout_s)
         except (Hf2TritonError, docker.errors.APIError) as exc:
             engine_client.remove(
-                new if new is not None else engine_client.container(client, live_name)
+                new if new is not None else engine_client.container(rollout.client, live_name)
             )
             put_back = ""
             if old is not None:
@@ -250,7 +246,7 @@ class DockerContainers(DeployTarget):
                 put_back = f"; container {live_name} (version {previous['version']}) was put back"
             if isinstance(exc, docker.errors.APIError):  # e.g. a spec port already taken
                 raise DeployError(
-                    f"could not run {reference} on {spec.host} ports {spec.http_port}/"
+                    f"could not run {rollout.reference} on {spec.host} ports {spec.http_port}/"
                     f"{spec.grpc_port}/{spec.metrics_port}: {engine_client.short(exc)}"
                     f"{put_back}"
                 ) from None
@@ -258,26 +254,15 @@ class DockerContainers(DeployTarget):
         return new, urls, round(time.monotonic() - switched, 2)
 
     def _check_candidate(
-        self,
-        client: Any,
-        reference: str,
-        cand_name: str,
-        model_name: str,
-        version: str,
-        previous: dict[str, str],
-        check: Check,
+        self, rollout: _Rollout, cand_name: str, previous: dict[str, str], check: Check
     ) -> None:
         """Green: the new image on free ports, smoke-checked while the old one keeps serving."""
         logger = step_logger()
         cand = engine_client.run(
-            client,
-            reference,
-            cand_name,
+            rollout.client,
+            self._container(rollout, cand_name, "candidate"),
             self.spec.host,
             self._ports(fixed=False),
-            labels(self.release, version, reference, "candidate"),
-            restart=False,
-            environment=self.spec.openai.container_environment(),
         )
         try:
             urls = engine_client.published(cand, self.spec.host)
@@ -288,14 +273,10 @@ class DockerContainers(DeployTarget):
                 previous["name"],
                 previous["version"],
             )
-            engine_client.wait_ready(
-                cand,
-                _ready(urls["http"], model_name, version),
-                model_name,
-                version,
-                time.monotonic() + self.spec.ready_timeout_s,
+            _wait_ready(rollout, cand, urls, self.spec.ready_timeout_s)
+            figures = check(
+                self._endpoint(urls, rollout.version, f"candidate container {cand_name}")
             )
-            figures = check(self._endpoint(urls, version, f"candidate container {cand_name}"))
             logger.info(
                 "deploy: smoke on the candidate passed (%s)",
                 ", ".join(f"{k} {v:.4g}" for k, v in figures.items() if not k.endswith("_ms")),
@@ -308,29 +289,29 @@ class DockerContainers(DeployTarget):
         finally:
             engine_client.remove(cand)
         logger.info(
-            "deploy: candidate passed; switching %s to version %s", previous["name"], version
+            "deploy: candidate passed; switching %s to version %s",
+            previous["name"],
+            rollout.version,
         )
 
     def _deployment(
         self,
+        rollout: _Rollout,
         live: Any,
         urls: dict[str, str],
-        model_name: str,
-        version: str,
-        reference: str,
         previous: dict[str, str] | None,
         switch: float,
         reused: bool,
     ) -> Deployment:
         return Deployment(
             target=self.name,
-            model_name=model_name,
-            version=version,
-            endpoints=[self._endpoint(urls, version, f"container {live.name}")],
+            model_name=rollout.model_name,
+            version=rollout.version,
+            endpoints=[self._endpoint(urls, rollout.version, f"container {live.name}")],
             state={
                 "container_name": live.name,
                 "container_id": live.id,
-                "image": reference,
+                "image": rollout.reference,
                 "http_url": urls["http"],
                 "grpc_url": urls["grpc"],
                 "metrics_url": urls["metrics"],
@@ -395,10 +376,9 @@ class DockerContainers(DeployTarget):
                     f"from; `docker start {live_name}` or release again"
                 )
             previous = described(old, live_name)
-            self._check_candidate(
-                client, reference, cand_name, model_name, version, previous, check
-            )
-            new, _, switch = self._switch(client, reference, model_name, version, old, previous)
+            rollout = _Rollout(client, reference, model_name, version)
+            self._check_candidate(rollout, cand_name, previous, check)
+            new, _, switch = self._switch(rollout, old, previous)
             engine_client.remove(kept)
             keep(client, self.release, engine_client.container(client, prev_name))
         except docker.errors.APIError as exc:
@@ -426,14 +406,28 @@ class DockerContainers(DeployTarget):
         return out
 
 
-def _ready(http_url: str, model: str, version: str) -> Any:
-    """Whether the container's Triton serves `model` `version` (asked anew each time)."""
+@dataclass(frozen=True)
+class _Rollout:
+    """What a deploy or a restore puts live: the image `reference` (by digest), which serves
+    `model_name` `version`, on the Docker engine `client`."""
+
+    client: Any
+    reference: str
+    model_name: str
+    version: str
+
+
+def _wait_ready(rollout: _Rollout, container: Any, urls: dict[str, str], timeout_s: float) -> None:
+    """Until the container's Triton serves the rollout's version (it fails early if the
+    container exits)."""
 
     def ready() -> bool:
-        with TritonAdmin(http_url, timeout_s=5.0) as admin:
-            return admin.model_ready(model, version)
+        with TritonAdmin(urls["http"], timeout_s=5.0) as admin:
+            return admin.model_ready(rollout.model_name, rollout.version)
 
-    return ready
+    engine_client.wait_ready(
+        container, ready, rollout.model_name, rollout.version, time.monotonic() + timeout_s
+    )
 
 
 def _registry_auth(image: Any, registry: str) -> DockerAuth | None:

@@ -10,6 +10,7 @@ import os
 import re
 import string
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -17,6 +18,7 @@ import yaml
 from pydantic import Field, field_validator, model_validator
 
 from hf2triton.errors import DeployError, ServiceUnavailableError
+from hf2triton.targets.base import OpenAISpec
 from hf2triton.util.specbase import Strict, matching
 from hf2triton.util.workspace import resource_dir
 
@@ -101,38 +103,45 @@ NO_STORAGE = "s3://CHANGE-ME/triton_repository"
 VERSION_ANNOTATION = "hf2triton.io/mlflow-version"
 
 
+@dataclass(frozen=True)
+class Served:
+    """What the manifests run: the release (the objects' name), the model and its MLflow
+    version, the image (pinned by digest) and the model repository the cluster reads (None:
+    the release has none the cluster reads)."""
+
+    name: str
+    model_name: str
+    version: str
+    image: str
+    storage_uri: str | None = None
+
+
 def render(
-    name: str,
-    model_name: str,
-    version: str,
-    image_reference: str,
-    storage_uri: str | None,
-    k8s: KubernetesSpec,
-    openai: Any = None,
+    served: Served, k8s: KubernetesSpec, openai: OpenAISpec | None = None
 ) -> dict[str, dict[str, Any]]:
     """The release's manifests as objects, keyed by kind.
 
     Example:
-        >>> objs = render("my-embedder", "my-embedder", "3",
-        ...               "registry.example.com/my-embedder@sha256:...", "s3://models/my-embedder/3",
+        >>> objs = render(Served("my-embedder", "my-embedder", "3",
+        ...               "registry.example.com/my-embedder@sha256:...", "s3://models/my-embedder/3"),
         ...               KubernetesSpec(namespace="serving"))
         >>> objs["Deployment"]["spec"]["template"]["spec"]["containers"][0]["image"]
         'registry.example.com/my-embedder@sha256:...'
     """
-    if "@sha256:" not in image_reference:
+    if "@sha256:" not in served.image:
         raise DeployError(
-            f"the image {image_reference!r} is not pinned by digest (registry/repo@sha256:...): "
+            f"the image {served.image!r} is not pinned by digest (registry/repo@sha256:...): "
             "Kubernetes must run exactly the image the release pushed and recorded"
         )
     values = {
-        "name": name,
+        "name": served.name,
         "namespace": k8s.namespace,
-        "model_name": model_name,
-        "version": version,
-        "image": image_reference,
-        "digest": image_reference.split("@", 1)[1],
+        "model_name": served.model_name,
+        "version": served.version,
+        "image": served.image,
+        "digest": served.image.split("@", 1)[1],
         # Rendered even without a store, so the plain Deployment can be inspected and applied.
-        "storage_uri": storage_uri or NO_STORAGE,
+        "storage_uri": served.storage_uri or NO_STORAGE,
         "min_replicas": k8s.min_replicas,
         "hpa_min_replicas": max(1, k8s.min_replicas),
         "max_replicas": k8s.max_replicas,

@@ -29,8 +29,15 @@ from pydantic import Field
 from hf2triton.clients.mlflow import Registry
 from hf2triton.errors import DeployError
 from hf2triton.stores import ModelStoreSpec, default_store
-from hf2triton.targets import TARGETS, k8s
-from hf2triton.targets.base import Check, Deployment, DeploySection, DeployTarget, WatchPoint
+from hf2triton.targets import k8s
+from hf2triton.targets.base import (
+    TARGETS,
+    Check,
+    Deployment,
+    DeploySection,
+    DeployTarget,
+    WatchPoint,
+)
 from hf2triton.targets.k8s import KubernetesSpec
 from hf2triton.targets.local import expected_files
 from hf2triton.targets.smoke import Endpoint
@@ -141,9 +148,8 @@ class KServe(DeployTarget):
         directory; raises (naming them) when the InferenceService has no model repository or
         no cluster is configured to apply them to."""
         kube = self.spec.kubernetes
-        objs = k8s.render(
-            self.release, model_name, version, image_reference, storage, kube, self.spec.openai
-        )
+        served = k8s.Served(self.release, model_name, version, image_reference, storage)
+        objs = k8s.render(served, kube, self.spec.openai)
         k8s.check_manifests(objs)
         written = k8s.write(objs, Path(self.work) / "k8s" / folder)
         if kube.workload == "inferenceservice" and storage is None:
@@ -312,9 +318,8 @@ class KServe(DeployTarget):
         hand: the manifests are rendered with a placeholder image, which neither the Service nor
         the ServiceMonitor carries."""
         kube = self.spec.kubernetes
-        objs = k8s.render(
-            self.release, self.release, "0", f"{self.release}@sha256:{'0' * 64}", None, kube
-        )
+        placeholder = f"{self.release}@sha256:{'0' * 64}"
+        objs = k8s.render(k8s.Served(self.release, self.release, "0", placeholder), kube)
         endpoint = self._endpoint("")
         point = WatchPoint(
             name=endpoint["name"],

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -22,8 +23,15 @@ from pydantic import Field
 from hf2triton.clients.triton import TritonAdmin
 from hf2triton.errors import DeployError, Hf2TritonError, ServiceUnavailableError
 from hf2triton.stores import ModelDir, ModelStoreSpec, default_store, parse_store
-from hf2triton.targets import TARGETS, triton_local
-from hf2triton.targets.base import Check, Deployment, DeployTarget, PublishedSection, WatchPoint
+from hf2triton.targets import triton_local
+from hf2triton.targets.base import (
+    TARGETS,
+    Check,
+    Deployment,
+    DeployTarget,
+    PublishedSection,
+    WatchPoint,
+)
 from hf2triton.targets.smoke import Endpoint
 from hf2triton.util.runs import step_logger
 
@@ -103,10 +111,7 @@ class LocalTriton(DeployTarget):
         """The local Triton (started if none runs) and the API beside it (its base URL)."""
         spec, store = self.spec, self.spec.model_store
         server = triton_local.ensure_server(
-            spec.host,
-            spec.http_port,
-            spec.grpc_port,
-            spec.metrics_port,
+            triton_local.ServerPorts(spec.host, spec.http_port, spec.grpc_port, spec.metrics_port),
             timeout_s=spec.ready_timeout_s,
             repository=store.triton_uri(),
             extra_env=store.server_env(),
@@ -160,33 +165,12 @@ class LocalTriton(DeployTarget):
         spec, store = self.spec, self.spec.model_store
         store.prepare()
         server, api = self._server()
-        endpoint = Endpoint(
-            name=f"local Triton {server.http_url}",
-            http=server.http_url,
-            grpc=server.grpc_url,
-            version=version,
-        )
-        if api:
-            endpoint["openai"] = api
         folder = store.model_dir(model_name, server.model_repository)
         expected = expected_files(files, model_name)
         want = {k: v for k, v in expected.items() if k.startswith("1/")}
         with TritonAdmin(server.http_url) as admin:
             previous = [v for v in admin.serving_versions(model_name) if v != version]
-            state = {
-                "http": server.http_url,
-                "model_repository": server.model_repository,
-                "previous_versions": previous,
-                "model_store": store.describe(),
-            }
-            deployment = Deployment(
-                target=self.name,
-                model_name=model_name,
-                version=version,
-                endpoints=[endpoint],
-                state=state,
-                reused=False,
-            )
+            deployment = self._deployment(server, api, model_name, version, previous)
             if folder.version_files(version) == want and admin.wait_ready(model_name, version, 1):
                 deployment["reused"] = True
                 return deployment
@@ -200,20 +184,56 @@ class LocalTriton(DeployTarget):
                     )
             except (Hf2TritonError, OSError) as exc:
                 restore_previous(admin, folder, version, previous)
-                revived = self._revive(model_name)
-                error = exc if isinstance(exc, Hf2TritonError) else DeployError(str(exc))
-                # A server that died while loading the new version may have been killed by it
-                # (memory, a crashing backend): not retried, so it is not killed again.
-                raise (DeployError if revived else type(error))(
-                    f"{model_name} version {version} did not load: {str(error)[:500]}. "
-                    + (
-                        f"Version {previous[-1]} keeps serving. "
-                        if previous and not revived
-                        else ""
-                    )
-                    + f"Server log: {server.log_file}.{revived}"
-                ) from None
+                raise self._not_loaded(exc, deployment, server.log_file) from None
         return deployment
+
+    def _deployment(
+        self,
+        server: triton_local.ServerState,
+        api: str | None,
+        model_name: str,
+        version: str,
+        previous: list[str],
+    ) -> Deployment:
+        """The deployment of `version` on the local server (and the API beside it, `api`),
+        beside the `previous` versions it serves."""
+        endpoint = Endpoint(
+            name=f"local Triton {server.http_url}",
+            http=server.http_url,
+            grpc=server.grpc_url,
+            version=version,
+        )
+        if api:
+            endpoint["openai"] = api
+        state = {
+            "http": server.http_url,
+            "model_repository": server.model_repository,
+            "previous_versions": previous,
+            "model_store": self.spec.model_store.describe(),
+        }
+        return Deployment(
+            target=self.name,
+            model_name=model_name,
+            version=version,
+            endpoints=[endpoint],
+            state=state,
+            reused=False,
+        )
+
+    def _not_loaded(self, exc: Exception, deployment: Deployment, log_file: str) -> Hf2TritonError:
+        """The error of a version that did not load (what served before serves again), after
+        reviving a server that died meanwhile."""
+        model_name, version = deployment["model_name"], deployment["version"]
+        previous = deployment["state"]["previous_versions"]
+        revived = self._revive(model_name)
+        error = exc if isinstance(exc, Hf2TritonError) else DeployError(str(exc))
+        # A server that died while loading the new version may have been killed by it
+        # (memory, a crashing backend): not retried, so it is not killed again.
+        return (DeployError if revived else type(error))(
+            f"{model_name} version {version} did not load: {str(error)[:500]}. "
+            + (f"Version {previous[-1]} keeps serving. " if previous and not revived else "")
+            + f"Server log: {log_file}.{revived}"
+        )
 
     def retire(self, deployment: Deployment) -> list[str]:
         return retire_on(deployment["state"], deployment["model_name"], deployment["version"])
@@ -304,31 +324,10 @@ def restore_on_servers(
     that names no version is answered throughout, by the old and then by `version`. Servers may
     share a repository (each folder's version policy keeps what any of its servers serves).
     Returns the versions that stopped serving."""
-    folders: dict[str, tuple[ModelDir, list[dict[str, Any]]]] = {}
-    for server in servers:
-        folder = folder_of(server, model_name)
-        if version not in folder.versions():
-            raise DeployError(
-                f"{model_name} version {version} is not in the model repository of "
-                f"{server['http']} (it holds {', '.join(folder.versions()) or 'nothing'}): "
-                "release it again instead"
-            )
-        folders.setdefault(repository_key(server["model_repository"]), (folder, []))[1].append(
-            server
-        )
-    serving: dict[str, list[str]] = {}
-    for server in servers:
-        with TritonAdmin(server["http"]) as admin:
-            if not admin.live():
-                raise ServiceUnavailableError(
-                    f"{server['http']} did not answer: nothing was changed on any server; "
-                    f"start it, then roll back again"
-                )
-            serving[server["http"]] = [
-                v for v in admin.serving_versions(model_name) if v != version
-            ]
+    folders = _folders_holding(servers, model_name, version)
+    serving = _serving_besides(servers, model_name, version)
 
-    def policy(pick: Any) -> None:
+    def policy(pick: Callable[[dict[str, Any]], list[str]]) -> None:
         for folder, group in folders.values():
             versions = {v for s in group for v in pick(s)}
             set_version_policy(folder, sorted(versions, key=int))
@@ -353,6 +352,44 @@ def restore_on_servers(
     policy(lambda s: [version])
     on_each(servers, lambda s: _quietly_load(s, model_name))
     return sorted({v for vs in serving.values() for v in vs}, key=int)
+
+
+def _folders_holding(
+    servers: list[dict[str, Any]], model_name: str, version: str
+) -> dict[str, tuple[ModelDir, list[dict[str, Any]]]]:
+    """Each distinct repository's model directory and the servers that read it; raises unless
+    every one holds `version`."""
+    folders: dict[str, tuple[ModelDir, list[dict[str, Any]]]] = {}
+    for server in servers:
+        folder = folder_of(server, model_name)
+        if version not in folder.versions():
+            raise DeployError(
+                f"{model_name} version {version} is not in the model repository of "
+                f"{server['http']} (it holds {', '.join(folder.versions()) or 'nothing'}): "
+                "release it again instead"
+            )
+        key = repository_key(server["model_repository"])
+        folders.setdefault(key, (folder, []))[1].append(server)
+    return folders
+
+
+def _serving_besides(
+    servers: list[dict[str, Any]], model_name: str, version: str
+) -> dict[str, list[str]]:
+    """What each server (by its HTTP address) serves now other than `version`; a server that
+    does not answer stops the rollback before anything changed."""
+    serving: dict[str, list[str]] = {}
+    for server in servers:
+        with TritonAdmin(server["http"]) as admin:
+            if not admin.live():
+                raise ServiceUnavailableError(
+                    f"{server['http']} did not answer: nothing was changed on any server; "
+                    f"start it, then roll back again"
+                )
+            serving[server["http"]] = [
+                v for v in admin.serving_versions(model_name) if v != version
+            ]
+    return serving
 
 
 def _quietly_load(server: dict[str, Any], model_name: str) -> None:

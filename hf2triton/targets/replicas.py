@@ -19,8 +19,14 @@ from pydantic import Field, field_validator, model_validator
 from hf2triton.clients.triton import TritonAdmin
 from hf2triton.errors import DeployError, ServiceUnavailableError
 from hf2triton.stores import ModelStoreSpec, default_store
-from hf2triton.targets import TARGETS
-from hf2triton.targets.base import Check, Deployment, DeploySection, DeployTarget, WatchPoint
+from hf2triton.targets.base import (
+    TARGETS,
+    Check,
+    Deployment,
+    DeploySection,
+    DeployTarget,
+    WatchPoint,
+)
 from hf2triton.targets.local import (
     expected_files,
     load_on,
@@ -187,28 +193,9 @@ class TritonReplicas(DeployTarget):
         if all(version in serving for _, serving in opened):
             deployment["reused"] = True  # a re-run: every replica serves this version already
             return deployment
-        expected = expected_files(files, model_name)
-        want = {k: v for k, v in expected.items() if k.startswith("1/")}
-        shared: dict[str, list[dict[str, Any]]] = {}
-        for server in servers:
-            root = server["model_repository"]
-            shared.setdefault(repository_key(root), []).append(server)
         try:
             store.prepare()
-            for root, group in shared.items():
-                if not root.startswith("s3://") and not Path(root).is_dir():
-                    raise DeployError(
-                        f"the model repository {root} of replica {group[0]['http']} does not "
-                        "exist on this machine: mount it, or fix "
-                        "deploy.replicas[].model_repository"
-                    )
-                folder = store.model_dir(model_name, root)
-                if folder.version_files(version) != want:
-                    folder.put_version(Path(repository) / model_name, version, expected)
-                keep = sorted(
-                    {v for s in group for v in s["previous_versions"]} | {version}, key=int
-                )
-                set_version_policy(folder, keep)
+            self._write(Path(repository) / model_name, deployment, files)
             failures = [
                 f
                 for f in on_each(
@@ -220,16 +207,46 @@ class TritonReplicas(DeployTarget):
             self._restore_all(deployment)
             raise
         if failures:
-            unrestored = self._restore_all(deployment)
-            before = sorted({v for s in servers for v in s["previous_versions"]}, key=int)
-            raise DeployError(
-                f"{model_name} version {version} failed to load on {len(failures)} of "
-                f"{len(servers)} replicas ({'; '.join(failures)}). Rolled back on every replica"
-                + (f": version {', '.join(before)} keeps serving" if before else "")
-                + (f"; could not reach {unrestored} to roll back" if unrestored else "")
-                + ". Fix the failing replica (its log says why) and run the release again."
-            )
+            raise self._not_loaded(deployment, failures)
         return deployment
+
+    def _write(self, source: Path, deployment: Deployment, files: dict[str, str]) -> None:
+        """The version from `source` into each distinct repository the replicas read, with a
+        version policy that keeps what any of its replicas serves."""
+        model_name, version = deployment["model_name"], deployment["version"]
+        expected = expected_files(files, model_name)
+        want = {k: v for k, v in expected.items() if k.startswith("1/")}
+        shared: dict[str, list[dict[str, Any]]] = {}
+        for server in deployment["state"]["servers"]:
+            root = server["model_repository"]
+            shared.setdefault(repository_key(root), []).append(server)
+        for root, group in shared.items():
+            if not root.startswith("s3://") and not Path(root).is_dir():
+                raise DeployError(
+                    f"the model repository {root} of replica {group[0]['http']} does not "
+                    "exist on this machine: mount it, or fix "
+                    "deploy.replicas[].model_repository"
+                )
+            folder = self.spec.model_store.model_dir(model_name, root)
+            if folder.version_files(version) != want:
+                folder.put_version(source, version, expected)
+            keep = sorted({v for s in group for v in s["previous_versions"]} | {version}, key=int)
+            set_version_policy(folder, keep)
+
+    def _not_loaded(self, deployment: Deployment, failures: list[str]) -> DeployError:
+        """Every replica rolled back after `failures` (one per replica that failed), and the
+        error that says so."""
+        unrestored = self._restore_all(deployment)
+        servers = deployment["state"]["servers"]
+        before = sorted({v for s in servers for v in s["previous_versions"]}, key=int)
+        return DeployError(
+            f"{deployment['model_name']} version {deployment['version']} failed to load on "
+            f"{len(failures)} of {len(servers)} replicas ({'; '.join(failures)}). Rolled back "
+            "on every replica"
+            + (f": version {', '.join(before)} keeps serving" if before else "")
+            + (f"; could not reach {unrestored} to roll back" if unrestored else "")
+            + ". Fix the failing replica (its log says why) and run the release again."
+        )
 
     def retire(self, deployment: Deployment) -> list[str]:
         retired: set[str] = set()

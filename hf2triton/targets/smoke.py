@@ -10,17 +10,29 @@ from __future__ import annotations
 
 import contextlib
 import json
+from dataclasses import dataclass
 from typing import Any, Literal, NotRequired, TypedDict
 
 import numpy as np
 
-from hf2triton.clients.openai import OpenAIInference
-from hf2triton.clients.triton import inference
+from hf2triton.clients.openai import OpenAIApi, OpenAIInference
+from hf2triton.clients.triton import Failure, inference
 from hf2triton.errors import SmokeTestError
 from hf2triton.kinds.base import Data, ModelKind, describe_misses, misses, worst_of
+from hf2triton.kinds.config import KindConfig
 
 # How the smoke test asks an endpoint: Triton's gRPC or HTTP, or the OpenAI-compatible API.
 Protocol = Literal["grpc", "http", "openai"]
+
+
+@dataclass(frozen=True)
+class Way:
+    """One way of asking an endpoint: its name in the figures, the protocol, and how many
+    requests go as one."""
+
+    name: str
+    protocol: Protocol
+    size: int = 1
 
 
 class Endpoint(TypedDict):
@@ -68,32 +80,18 @@ def split(answer: dict[str, np.ndarray], rows: list[int]) -> list[dict[str, np.n
 
 
 def session_for(
-    kind: ModelKind,
-    cfg: Any,
-    endpoint: Endpoint,
-    model: str,
-    way: str,
-    protocol: Protocol,
-    api_key: str | None,
+    kind: ModelKind, cfg: KindConfig, endpoint: Endpoint, model: str, way: Way, api_key: str | None
 ) -> Any:
     """A session that asks one way: Triton over gRPC or HTTP, or the OpenAI-compatible API
     beside it (the kind's requests on the kind's route)."""
-    what = f"answer a smoke request ({way}, {endpoint['name']})"
-    if protocol == "openai":
+    failure = Failure(SmokeTestError, f"answer a smoke request ({way.name}, {endpoint['name']})")
+    if way.protocol == "openai":
+        api = OpenAIApi(endpoint["openai"], api_key)
         return contextlib.closing(
-            OpenAIInference(
-                endpoint["openai"],
-                model,
-                endpoint["version"],
-                kind,
-                cfg,
-                SmokeTestError,
-                what,
-                api_key=api_key,
-            )
+            OpenAIInference(api, model, endpoint["version"], kind, cfg, failure)
         )
     return inference(
-        protocol, endpoint[protocol], model, endpoint["version"], kind.outputs, SmokeTestError, what
+        way.protocol, endpoint[way.protocol], model, endpoint["version"], kind.outputs, failure
     )
 
 
@@ -110,14 +108,12 @@ def expected_answers(kind: ModelKind, reference: dict[str, Any], size: int) -> A
 def differs(
     kind: ModelKind,
     reference: dict[str, Any],
-    model: str,
-    endpoint: Endpoint,
-    way: str,
+    where: str,
     metrics: dict[str, float],
     details: dict[str, Any],
 ) -> SmokeTestError:
-    """The smoke failure of one way of asking: which input differed and how, from what, and
-    what to do."""
+    """The smoke failure of one way of asking (`where`: the version, the endpoint and the way):
+    which input differed and how, from what, and what to do."""
     limits, judged = reference["limits"], reference.get("candidate")
     missed = misses(metrics, limits)
     against = "the judged answer" if judged else "PyTorch"
@@ -128,12 +124,21 @@ def differs(
         else "serves answers that differ from PyTorch beyond the gate"
     )
     return SmokeTestError(
-        f"{model} version {endpoint['version']} on {endpoint['name']} ({way}) {what}: "
+        f"{where} {what}: "
         f"{describe_misses(metrics, limits, missed)}"
         + (f"; {example}" if example else "")
         + "; champion was not moved"
         + (f". {reference['next']}" if reference.get("next") else "")
     )
+
+
+def ask(session: Any, requests: list[dict[str, np.ndarray]], size: int) -> list[Any]:
+    """The session's answer to each request, the requests sent `size` at a time."""
+    answers: list[dict[str, np.ndarray]] = []
+    for merged in batches(requests, size):
+        rows = len(next(iter(merged.values())))
+        answers.extend(split(session(merged), [1] * rows) if size > 1 else [session(merged)])
+    return answers
 
 
 def smoke_endpoint(
@@ -153,31 +158,23 @@ def smoke_endpoint(
     requests = kind.requests(data.items)
     figures: dict[str, float] = {"items": float(len(requests))}
     scored: list[dict[str, float]] = []
-    ways: list[tuple[str, Protocol, int]] = [
-        ("grpc", "grpc", 1),
-        ("http", "http", 1),
-        ("batch", "grpc", reference["batch"]),
-    ]
+    ways = [Way("grpc", "grpc"), Way("http", "http"), Way("batch", "grpc", reference["batch"])]
     if endpoint.get("openai") and kind.openai_route:
-        ways.append(("openai", "openai", 1))
-    for name, protocol, size in ways:
-        with session_for(kind, cfg, endpoint, model, name, protocol, api_key) as session:
+        ways.append(Way("openai", "openai"))
+    for way in ways:
+        with session_for(kind, cfg, endpoint, model, way, api_key) as session:
             session.wait_ready()
-            answers: list[dict[str, np.ndarray]] = []
-            for merged in batches(requests, size):
-                rows = len(next(iter(merged.values())))
-                answers.extend(
-                    split(session(merged), [1] * rows) if size > 1 else [session(merged)]
-                )
+            answers = ask(session, requests, way.size)
             latency = session.latencies_ms
-        expected = expected_answers(kind, reference, size)
+        expected = expected_answers(kind, reference, way.size)
         metrics, details = kind.score(expected, kind.extract(answers), data, cfg)
         if misses(metrics, limits):
-            raise differs(kind, reference, model, endpoint, name, metrics, details)
+            where = f"{model} version {endpoint['version']} on {endpoint['name']} ({way.name})"
+            raise differs(kind, reference, where, metrics, details)
         scored.append(metrics)
-        figures.update({f"{name}_{k}": v for k, v in metrics.items()})
-        if size == 1:
-            figures[f"{name}_p50_ms"] = float(np.median(latency))
+        figures.update({f"{way.name}_{k}": v for k, v in metrics.items()})
+        if way.size == 1:
+            figures[f"{way.name}_p50_ms"] = float(np.median(latency))
     figures.update({k: v for k, v in worst_of(scored, limits).items()})
     return figures
 

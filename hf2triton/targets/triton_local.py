@@ -47,6 +47,20 @@ def _pytriton_dir(env: Path) -> Path:
 
 
 @dataclass(frozen=True)
+class ServerPorts:
+    """Where a tritonserver listens: the address it binds, and its HTTP, gRPC and metrics
+    ports."""
+
+    host: str
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+
+    def __str__(self) -> str:
+        return f"{self.host} ports {self.http_port}/{self.grpc_port}/{self.metrics_port}"
+
+
+@dataclass(frozen=True)
 class ServerState:
     pid: int
     host: str
@@ -55,6 +69,10 @@ class ServerState:
     metrics_port: int
     model_repository: str
     log_file: str
+
+    @property
+    def ports(self) -> ServerPorts:
+        return ServerPorts(self.host, self.http_port, self.grpc_port, self.metrics_port)
 
     @property
     def http_url(self) -> str:
@@ -163,13 +181,7 @@ def _log_tail(path: str, lines: int = 15) -> str:
 
 
 def launch(
-    repo: Path | str,
-    host: str,
-    http_port: int,
-    grpc_port: int,
-    metrics_port: int,
-    log_file: Path,
-    extra_env: dict[str, str] | None = None,
+    repo: Path | str, ports: ServerPorts, log_file: Path, extra_env: dict[str, str] | None = None
 ) -> subprocess.Popen:
     """Start one `tritonserver` on `repo` in explicit model-control mode, in its own session (it
     keeps serving after the caller ends); the caller waits for it to become live.
@@ -179,29 +191,49 @@ def launch(
     """
     env = serving_env()
     pytriton = _pytriton_dir(env)
-    cmd = [
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "ab") as log:
+        return subprocess.Popen(
+            _server_command(pytriton, repo, ports),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=_server_environment(env, pytriton, extra_env),
+            start_new_session=True,
+        )
+
+
+def _server_command(pytriton: Path, repo: Path | str, ports: ServerPorts) -> list[str]:
+    host = ports.host
+    return [
         str(pytriton / "bin" / "tritonserver"),
         f"--model-repository={repo}",
         f"--backend-directory={_backends(pytriton)}",
         "--model-control-mode=explicit",
         "--load-model=*",  # what is already in the repository (the last release) serves again
         f"--http-address={host}",
-        f"--http-port={http_port}",
+        f"--http-port={ports.http_port}",
         f"--grpc-address={host}",
-        f"--grpc-port={grpc_port}",
+        f"--grpc-port={ports.grpc_port}",
         f"--metrics-address={host}",
-        f"--metrics-port={metrics_port}",
+        f"--metrics-port={ports.metrics_port}",
         "--exit-on-error=false",
         "--strict-readiness=true",
         # p50/p99 per model version on the metrics port, for the watch (hf2triton.watch).
         "--metrics-config=summary_latencies=true",
     ]
-    # The Python backend stub imports numpy, onnxruntime and tokenizers from the python found
-    # first on PATH, so the serving environment goes first.
-    # Only what the server needs: no token or password of the pipeline's reaches its environment.
+
+
+def _server_environment(
+    env: Path, pytriton: Path, extra_env: dict[str, str] | None
+) -> dict[str, str]:
+    """The server's environment: only what it needs (no token or password of the pipeline's
+    reaches it), the serving environment first on PATH, and `extra_env`."""
     run_env = {
         k: v for k, v in os.environ.items() if k in SERVER_ENV or k.startswith(SERVER_ENV_PREFIXES)
     }
+    # The Python backend stub imports numpy, onnxruntime and tokenizers from the python found
+    # first on PATH, so the serving environment goes first.
     run_env["PATH"] = f"{env / 'bin'}:{os.environ.get('PATH', '')}"
     run_env["TOKENIZERS_PARALLELISM"] = "false"
     # The stub finds its bundled CUDA runtime stubs only through the wheel's .libs directory.
@@ -210,23 +242,11 @@ def launch(
         p for p in (str(libs), os.environ.get("LD_LIBRARY_PATH", "")) if p
     )
     run_env.update(extra_env or {})
-    log_file.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_file, "ab") as log:
-        return subprocess.Popen(
-            cmd,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=run_env,
-            start_new_session=True,
-        )
+    return run_env
 
 
 def ensure_server(
-    host: str,
-    http_port: int,
-    grpc_port: int,
-    metrics_port: int,
+    ports: ServerPorts,
     timeout_s: float = 120,
     repository: str | None = None,
     extra_env: dict[str, str] | None = None,
@@ -239,34 +259,43 @@ def ensure_server(
     """
     state = read_state()
     wanted_repo = repository or str(state_dir() / "models")
-    if state is not None and state.model_repository != wanted_repo:
-        raise DeployError(
-            f"the local Triton (pid {state.pid}) serves the model repository "
-            f"{state.model_repository}, not the spec's {wanted_repo}: run `hf2triton server "
-            "stop` first (its models stop serving), or change deploy.model_store"
-        )
     if state is not None:
-        wanted = (host, http_port, grpc_port, metrics_port)
-        if (state.host, state.http_port, state.grpc_port, state.metrics_port) != wanted:
-            raise DeployError(
-                f"a local Triton (pid {state.pid}) already serves on {state.host} ports "
-                f"{state.http_port}/{state.grpc_port}/{state.metrics_port}, not the spec's "
-                f"{host} {http_port}/{grpc_port}/{metrics_port}: change deploy ports in the spec "
-                "or run `hf2triton server stop`"
-            )
+        _check_running(state, ports, wanted_repo)
         _wait_live(state, timeout_s)
         return state
     if not wanted_repo.startswith("s3://"):
         Path(wanted_repo).mkdir(parents=True, exist_ok=True)
     log_file = state_dir() / "server.log"
     log_offset = log_file.stat().st_size if log_file.exists() else 0
-    proc = launch(wanted_repo, host, http_port, grpc_port, metrics_port, log_file, extra_env)
+    proc = launch(wanted_repo, ports, log_file, extra_env)
     state = ServerState(
-        proc.pid, host, http_port, grpc_port, metrics_port, wanted_repo, str(log_file)
+        proc.pid,
+        ports.host,
+        ports.http_port,
+        ports.grpc_port,
+        ports.metrics_port,
+        wanted_repo,
+        str(log_file),
     )
     atomic_write_text(_state_file(), json.dumps(asdict(state), indent=1))
     _wait_live(state, timeout_s, proc, log_offset)
     return state
+
+
+def _check_running(state: ServerState, ports: ServerPorts, repository: str) -> None:
+    """Raise unless the running server is the one asked for: its repository and its ports."""
+    if state.model_repository != repository:
+        raise DeployError(
+            f"the local Triton (pid {state.pid}) serves the model repository "
+            f"{state.model_repository}, not the spec's {repository}: run `hf2triton server "
+            "stop` first (its models stop serving), or change deploy.model_store"
+        )
+    if state.ports != ports:
+        raise DeployError(
+            f"a local Triton (pid {state.pid}) already serves on {state.ports}, not the spec's "
+            f"{ports.host} {ports.http_port}/{ports.grpc_port}/{ports.metrics_port}: change "
+            "deploy ports in the spec or run `hf2triton server stop`"
+        )
 
 
 # The server's own start-up failures (e.g. "repository path is not a valid directory"): with

@@ -132,7 +132,9 @@ def test_a_cpu_spec_renders_with_its_configuration_search_and_serves(tmp_path, t
 
     http, grpc, metrics = free_port(), free_port(), free_port()
     proc = triton_local.launch(
-        out / "model_repository", "127.0.0.1", http, grpc, metrics, tmp_path / "triton.log"
+        out / "model_repository",
+        triton_local.ServerPorts("127.0.0.1", http, grpc, metrics),
+        tmp_path / "triton.log",
     )
     try:
         with TritonAdmin(f"127.0.0.1:{http}") as admin:

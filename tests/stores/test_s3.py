@@ -363,10 +363,12 @@ def test_triton_on_an_s3_path_it_cannot_use_fails_at_once_and_says_why(
     }
     with pytest.raises(DeployError, match="repository path is not a valid directory"):
         triton_local.ensure_server(
-            "127.0.0.1",
-            deploy_ports["http_port"],
-            deploy_ports["grpc_port"],
-            deploy_ports["metrics_port"],
+            triton_local.ServerPorts(
+                "127.0.0.1",
+                deploy_ports["http_port"],
+                deploy_ports["grpc_port"],
+                deploy_ports["metrics_port"],
+            ),
             timeout_s=120,
             repository=f"s3://{endpoint}/{BUCKET}/nothing",
             extra_env=env,
@@ -419,7 +421,10 @@ def test_replicas_that_read_one_bucket_all_serve_the_release(
         for i in range(2):
             ports = [free_port() for _ in range(3)]
             proc = triton_local.launch(
-                uri, "127.0.0.1", *ports, tmp_path / f"replica-{i}.log", extra_env=creds
+                uri,
+                triton_local.ServerPorts("127.0.0.1", *ports),
+                tmp_path / f"replica-{i}.log",
+                extra_env=creds,
             )
             replicas.append((proc, f"127.0.0.1:{ports[0]}", f"127.0.0.1:{ports[1]}"))
         for proc, http, _ in replicas:

@@ -457,7 +457,9 @@ def _tampered_image(release, version: str, mark: str, serving_changes: dict):
         "variant": "fp32",
         "model_name": MODEL,
     }
-    build_serving_image(str(repo), MODEL, version, files, target, lineage)
+    build_serving_image(
+        {"repository": str(repo), "model_name": MODEL, "files": files}, version, target, lineage
+    )
     return push_serving_image(target)["reference"]
 
 

@@ -35,11 +35,7 @@ STORE = "s3://models/hf2triton/3/triton_repository"
 
 def _render(openai=None, **kube) -> dict:
     return k8s.render(
-        "tiny-embedder",
-        "tiny-embedder",
-        "3",
-        PUSHED["reference"],
-        STORE,
+        k8s.Served("tiny-embedder", "tiny-embedder", "3", PUSHED["reference"], STORE),
         KubernetesSpec(namespace="serving", **kube),
         openai,
     )
@@ -121,7 +117,7 @@ def test_a_field_the_api_does_not_know_is_caught(tmp_path, monkeypatch):
     with pytest.raises(DeployError, match="readinesProbe"):
         k8s.check_manifests(_render())
     with pytest.raises(DeployError, match="not pinned by digest"):
-        k8s.render("x", "x", "1", PUSHED["tag"], STORE, KubernetesSpec())
+        k8s.render(k8s.Served("x", "x", "1", PUSHED["tag"], STORE), KubernetesSpec())
 
 
 def _kserve_models():

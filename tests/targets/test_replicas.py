@@ -47,10 +47,9 @@ class Replica:
         extra = {"PATH": f"{self.own_env / 'bin'}:/usr/bin:/bin"} if self.own_env else None
         self.proc = triton_local.launch(
             self.repo,
-            "127.0.0.1",
-            self.ports["http"],
-            self.ports["grpc"],
-            self.ports["metrics"],
+            triton_local.ServerPorts(
+                "127.0.0.1", self.ports["http"], self.ports["grpc"], self.ports["metrics"]
+            ),
             self.root / "server.log",
             extra_env=extra,
         )
