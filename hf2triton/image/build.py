@@ -21,6 +21,15 @@ from hf2triton.util.runs import step_logger
 from hf2triton.util.workspace import hash_files, home
 
 
+class RepositoryFiles(TypedDict):
+    """The Triton repository an image carries, as the repository step recorded it
+    (hf2triton.release.repository.RepositoryResult holds these keys)."""
+
+    repository: str  # directory holding <model_name>/
+    model_name: str
+    files: dict[str, str]  # relative path -> sha256
+
+
 class ImageBuildResult(TypedDict):
     image_id: str
     tag: str
@@ -83,13 +92,7 @@ def _copy_tree(src: Path, dst: Path) -> None:
 
 
 def _context(
-    ctx: Path,
-    repository: str,
-    model_name: str,
-    version: str,
-    files: dict[str, str],
-    wheelhouse: Path,
-    target: ImageTarget,
+    ctx: Path, repo: RepositoryFiles, version: str, wheelhouse: Path, target: ImageTarget
 ) -> None:
     """Build context: Dockerfile, wheelhouse/, the OpenAI-compatible API's package,
     model_repository/<model>/<version>/..."""
@@ -102,8 +105,28 @@ def _context(
                 os.link(whl, ctx / "wheelhouse" / whl.name)
             except OSError:
                 shutil.copyfile(whl, ctx / "wheelhouse" / whl.name)
-    src = Path(repository) / model_name
+    model_name = repo["model_name"]
     dst = ctx / "model_repository" / model_name
+    _place_model(Path(repo["repository"]) / model_name, dst, version)
+    placed = {
+        (
+            f"{model_name}/1/" + k.removeprefix(f"{version}/")
+            if k.startswith(f"{version}/")
+            else f"{model_name}/{k}"
+        ): v
+        for k, v in hash_files(dst).items()
+    }
+    files = repo["files"]
+    if placed != files:
+        bad = sorted(k for k in set(placed) | set(files) if placed.get(k) != files.get(k))
+        raise ArtifactError(
+            f"files {bad[:5]} of the Triton repository do not match the sha256 recorded for this "
+            "release: refusing to build an image from them; re-run the release to rebuild it"
+        )
+
+
+def _place_model(src: Path, dst: Path, version: str) -> None:
+    """The model's directory `src` copied to `dst`, its version directory `1` as `version`."""
     dst.mkdir(parents=True)
     # The repository's version directory is `1`; the image serves it as the MLflow version, like
     # the local target, so clients address the same /v2/models/<name>/versions/<N>.
@@ -114,27 +137,11 @@ def _context(
             shutil.copyfile(item, dst / item.name)
     for p in [dst, *dst.iterdir()]:
         p.chmod(0o755 if p.is_dir() else 0o644)
-    placed = {
-        (
-            f"{model_name}/1/" + k.removeprefix(f"{version}/")
-            if k.startswith(f"{version}/")
-            else f"{model_name}/{k}"
-        ): v
-        for k, v in hash_files(dst).items()
-    }
-    if placed != files:
-        bad = sorted(k for k in set(placed) | set(files) if placed.get(k) != files.get(k))
-        raise ArtifactError(
-            f"files {bad[:5]} of the Triton repository do not match the sha256 recorded for this "
-            "release: refusing to build an image from them; re-run the release to rebuild it"
-        )
 
 
 def build_serving_image(
-    repository: str,
-    model_name: str,
+    repo: RepositoryFiles,
     version: str,
-    files: dict[str, str],
     target: ImageTarget,
     lineage: dict[str, str],
     timeout_s: float = 1800,
@@ -145,7 +152,7 @@ def build_serving_image(
     variant, model_name (MLflow) and version (MLflow).
 
     Example:
-        >>> build_serving_image.fn(repo["repository"], "minilm-embedder", "3", repo["files"],
+        >>> build_serving_image(repo, "3",
         ...     image_target(spec.image, "minilm-embedder", "3", key), lineage)  # doctest: +SKIP
     """
     logger = step_logger()
@@ -159,23 +166,13 @@ def build_serving_image(
     )
     wheelhouse = ensure_wheelhouse(logger, variant, target["python"])
     client = engine_client.engine()
-    buildargs = {
-        "BASE_IMAGE": target["base_image"],
-        "RELEASE_NAME": lineage["release"],
-        "SOURCE_ID": lineage["source_id"],
-        "SOURCE_REVISION": lineage["revision"],
-        "CONTENT_HASH": lineage["content_hash"],
-        "RELEASE_KEY": lineage["release_key"],
-        "VARIANT": lineage["variant"],
-        "MLFLOW_MODEL_NAME": lineage["model_name"],
-        "MLFLOW_MODEL_VERSION": version,
-    }
+    buildargs = _build_args(target, lineage, version)
     work = home() / "work" / lineage["release"]
     work.mkdir(parents=True, exist_ok=True)
     ctx = Path(tempfile.mkdtemp(dir=work, prefix=".image-context.", suffix=".tmp"))
     try:
         try:
-            _context(ctx, repository, model_name, version, files, wheelhouse, target)
+            _context(ctx, repo, version, wheelhouse, target)
         except OSError as exc:
             raise ArtifactError(f"cannot assemble the build context in {ctx}: {exc}") from None
         logger.info("image: building %s on %s", target["tag"], target["base_image"])
@@ -195,3 +192,18 @@ def build_serving_image(
         labels=labels,
         seconds=round(time.monotonic() - started, 1),
     )
+
+
+def _build_args(target: ImageTarget, lineage: dict[str, str], version: str) -> dict[str, str]:
+    """The Dockerfile's build arguments: the base image, and the labels' values."""
+    return {
+        "BASE_IMAGE": target["base_image"],
+        "RELEASE_NAME": lineage["release"],
+        "SOURCE_ID": lineage["source_id"],
+        "SOURCE_REVISION": lineage["revision"],
+        "CONTENT_HASH": lineage["content_hash"],
+        "RELEASE_KEY": lineage["release_key"],
+        "VARIANT": lineage["variant"],
+        "MLFLOW_MODEL_NAME": lineage["model_name"],
+        "MLFLOW_MODEL_VERSION": version,
+    }

@@ -5,14 +5,46 @@ and the summary the release prints."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, TypedDict
+from typing import Any, Protocol, TypedDict
 
 from hf2triton.errors import DockerUnavailableError
 from hf2triton.image.build import ImageBuildResult, check_prerequisites
 from hf2triton.image.push import PushResult
+from hf2triton.image.spec import ImageSpec
 from hf2triton.image.target import ImageTarget, image_target
 
 LINEAGE_LABELS = ("source_id", "revision", "content_hash", "variant")
+
+
+class ImageDeploy(Protocol):
+    """What the image step reads of the spec's `deploy:` section (a target's section,
+    hf2triton.targets)."""
+
+    @property
+    def target(self) -> str: ...
+
+    @property
+    def device(self) -> str: ...
+
+    @property
+    def runs_image(self) -> bool: ...
+
+
+class ImageRelease(Protocol):
+    """What the image step reads of a release's spec (hf2triton.spec.ReleaseSpec, a layer
+    above this one)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def image(self) -> ImageSpec: ...
+
+    @property
+    def image_repository(self) -> str: ...
+
+    @property
+    def deploy(self) -> ImageDeploy: ...
 
 
 class ImagePlan(TypedDict):
@@ -21,7 +53,7 @@ class ImagePlan(TypedDict):
     say: bool  # the skip is news worth a log line (not asked for by the spec)
 
 
-def image_plan(spec: Any, version: str, release_key: str, logger: Any) -> ImagePlan:
+def image_plan(spec: ImageRelease, version: str, release_key: str, logger: Any) -> ImagePlan:
     """Build (the target), or skip and why. With `image.build: auto` and a target that needs no
     image, a missing engine, registry or base image skips it (news, not a problem); with
     `image.build: true`, or a target that runs the image, that is a DockerUnavailableError."""
@@ -43,7 +75,7 @@ def image_plan(spec: Any, version: str, release_key: str, logger: Any) -> ImageP
     return ImagePlan(target=None, skipped=why_not, say=True)
 
 
-def image_labels(spec: Any, model_name: str, record: Mapping[str, Any]) -> dict[str, str]:
+def image_labels(spec: ImageRelease, model_name: str, record: Mapping[str, Any]) -> dict[str, str]:
     """The image's labels: the release and its lineage."""
     lineage = record["lineage"]
     return {

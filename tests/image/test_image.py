@@ -289,6 +289,11 @@ def _tiny_repository(root: Path) -> tuple[str, dict[str, str]]:
     return str(root), hash_files(root)
 
 
+def _repo(repository: str, files: dict[str, str]) -> dict:
+    """The repository step's record of model `m` (what the image step is given)."""
+    return {"repository": repository, "model_name": "m", "files": files}
+
+
 LINEAGE = {
     "release": "m",
     "source_id": "t/m",
@@ -313,7 +318,7 @@ def test_an_error_in_the_build_stream_raises(docker_env, serving_wheelhouse, tmp
         tag=f"{docker_env.registry}/m:1-kkkk",
     )
     with pytest.raises(ImageBuildError, match="returned a non-zero code: 3") as err:
-        image_step.build_serving_image(repo, "m", "1", files, target, LINEAGE)
+        image_step.build_serving_image(_repo(repo, files), "1", target, LINEAGE)
     assert "building" in str(err.value)  # the last build output comes with the error
     assert not is_retryable(err.value)
 
@@ -327,7 +332,7 @@ def test_build_is_offline_and_refuses_a_tampered_repository(
     (Path(repo) / "m" / "1" / "model.py").write_text("# changed after it was recorded\n")
     target = image_step.image_target(ImageSpec(registry=docker_env.registry), "m", "1", "k" * 64)
     with pytest.raises(Exception, match="do not match the sha256 recorded"):
-        image_step.build_serving_image(repo, "m", "1", files, target, LINEAGE)
+        image_step.build_serving_image(_repo(repo, files), "1", target, LINEAGE)
     # No RUN step of the build can reach the network: the Dockerfile's steps get none.
     probe = tmp_path / "Dockerfile"
     probe.write_text(
@@ -337,7 +342,7 @@ def test_build_is_offline_and_refuses_a_tampered_repository(
     monkeypatch.setattr(image_build, "DOCKERFILE", probe)
     repo, files = _tiny_repository(tmp_path / "repo2")
     with pytest.raises(ImageBuildError, match="non-zero code") as err:
-        image_step.build_serving_image(repo, "m", "1", files, target, LINEAGE)
+        image_step.build_serving_image(_repo(repo, files), "1", target, LINEAGE)
     assert "deb.debian.org" in str(err.value)
 
 
