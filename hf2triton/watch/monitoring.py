@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from hf2triton.spec import ReleaseSpec
 from hf2triton.targets import WatchPoint
 from hf2triton.util.workspace import atomic_write_text
 
@@ -24,12 +25,12 @@ def job_name(release: str) -> str:
     return f"hf2triton-{release}"
 
 
-def rate_window(spec: Any) -> str:
+def rate_window(spec: ReleaseSpec) -> str:
     """The range PromQL rates are taken over: a few of the watch's looks, at least a minute."""
     return f"{int(max(60, 4 * spec.watch.interval_s))}s"
 
 
-def scrape_config(spec: Any, points: list[WatchPoint]) -> dict[str, Any]:
+def scrape_config(spec: ReleaseSpec, points: list[WatchPoint]) -> dict[str, Any]:
     """A prometheus.yml `scrape_configs` entry (and its rule file) for the release's servers."""
     targets = [p["metrics"].split("://", 1)[-1].split("/", 1)[0] for p in points]
     return {
@@ -48,19 +49,19 @@ def scrape_config(spec: Any, points: list[WatchPoint]) -> dict[str, Any]:
     }
 
 
-def _sel(spec: Any, **extra: str) -> str:
+def _sel(spec: ReleaseSpec, **extra: str) -> str:
     labels = {"model": spec.triton_model_name, **extra}
     return "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
 
 
-def failure_summary(spec: Any) -> str:
+def failure_summary(spec: ReleaseSpec) -> str:
     return (
         f"{spec.name} version {{{{ $labels.version }}}} fails more than "
         f"{spec.watch.max_failure_rate:.2%} of its requests"
     )
 
 
-def rules(spec: Any) -> dict[str, Any]:
+def rules(spec: ReleaseSpec) -> dict[str, Any]:
     """Recording rules for the release's figures and alerts for its budgets."""
     w, budget, sel = rate_window(spec), spec.watch, _sel(spec)
     total = (
@@ -119,52 +120,26 @@ def rules(spec: Any) -> dict[str, Any]:
     return {"groups": [{"name": f"hf2triton-{spec.name}", "rules": records + alerts}]}
 
 
-def rule_tests(spec: Any) -> dict[str, Any]:
+def rule_tests(spec: ReleaseSpec) -> dict[str, Any]:
     """promtool unit tests of the rules: a version failing twice its budget pages, one within
     it does not, and the p99 record reads Triton's summary."""
-    budget, model, w = spec.watch, spec.triton_model_name, int(rate_window(spec)[:-1])
-    # per minute: 600 requests; failures at twice and at half the budget
-    bad = max(1, round(600 * min(1.0, 2 * budget.max_failure_rate)))
-    fine = int(600 * budget.max_failure_rate / 2)
+    model, w = spec.triton_model_name, int(rate_window(spec)[:-1])
     mins = max(10, 2 * w // 60 + 4)
-
-    def series(name: str, version: str, step: int, **labels: str) -> dict[str, str]:
-        lab = ",".join(
-            f'{k}="{v}"' for k, v in {"model": model, "version": version, **labels}.items()
-        )
-        return {"series": f"{name}{{{lab}}}", "values": f"0+{step}x{mins}"}
-
-    p99 = {
-        "series": f'nv_inference_request_summary_us{{model="{model}",version="2",quantile="0.99"}}',
-        "values": f"12000x{mins}",
-    }
     alert_labels = {"severity": "page", "release": spec.name, "model": model, "version": "2"}
+    summary = failure_summary(spec).replace("{{ $labels.version }}", "2")
     return {
         "rule_files": [f"{spec.name}-rules.yml"],
         "evaluation_interval": "1m",
         "tests": [
             {
                 "interval": "1m",
-                "input_series": [
-                    series("nv_inference_request_success", "2", 600 - bad),
-                    series("nv_inference_request_failure", "2", bad, reason="BACKEND"),
-                    series("nv_inference_request_success", "1", 600 - fine),
-                    series("nv_inference_request_failure", "1", fine, reason="BACKEND"),
-                    p99,
-                ],
+                "input_series": _input_series(model, spec.watch.max_failure_rate, mins),
                 "alert_rule_test": [
                     {
                         "eval_time": f"{mins - 1}m",
                         "alertname": "Hf2TritonFailureRate",
                         "exp_alerts": [
-                            {
-                                "exp_labels": alert_labels,
-                                "exp_annotations": {
-                                    "summary": failure_summary(spec).replace(
-                                        "{{ $labels.version }}", "2"
-                                    )
-                                },
-                            }
+                            {"exp_labels": alert_labels, "exp_annotations": {"summary": summary}}
                         ],
                     }
                 ],
@@ -182,7 +157,32 @@ def rule_tests(spec: Any) -> dict[str, Any]:
     }
 
 
-def dashboard(spec: Any) -> dict[str, Any]:
+def _input_series(model: str, max_failure_rate: float, mins: int) -> list[dict[str, str]]:
+    """`mins` minutes of Triton's counters: 600 requests a minute, version 2 failing at twice
+    the budget and version 1 at half of it; and a p99 of 12 ms for version 2."""
+    bad = max(1, round(600 * min(1.0, 2 * max_failure_rate)))
+    fine = int(600 * max_failure_rate / 2)
+
+    def series(name: str, version: str, step: int, **labels: str) -> dict[str, str]:
+        lab = ",".join(
+            f'{k}="{v}"' for k, v in {"model": model, "version": version, **labels}.items()
+        )
+        return {"series": f"{name}{{{lab}}}", "values": f"0+{step}x{mins}"}
+
+    return [
+        series("nv_inference_request_success", "2", 600 - bad),
+        series("nv_inference_request_failure", "2", bad, reason="BACKEND"),
+        series("nv_inference_request_success", "1", 600 - fine),
+        series("nv_inference_request_failure", "1", fine, reason="BACKEND"),
+        {
+            "series": f'nv_inference_request_summary_us{{model="{model}",version="2",'
+            'quantile="0.99"}',
+            "values": f"12000x{mins}",
+        },
+    ]
+
+
+def dashboard(spec: ReleaseSpec) -> dict[str, Any]:
     """A Grafana dashboard of the release's Triton figures, one line per version."""
     sel, w = _sel(spec), rate_window(spec)
 
@@ -232,7 +232,7 @@ def dashboard(spec: Any) -> dict[str, Any]:
     }
 
 
-def write(spec: Any, points: list[WatchPoint], out_dir: Path) -> dict[str, str]:
+def write(spec: ReleaseSpec, points: list[WatchPoint], out_dir: Path) -> dict[str, str]:
     """Write the release's monitoring files into `out_dir`; returns {what: path}."""
     files = {
         "prometheus": (f"{spec.name}-prometheus.yml", scrape_config(spec, points)),

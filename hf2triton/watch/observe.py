@@ -13,7 +13,7 @@ from typing import Any, TypedDict
 
 from hf2triton.clients.mlflow import Registry
 from hf2triton.errors import Hf2TritonError
-from hf2triton.spec import kind_for, target_for
+from hf2triton.spec import ReleaseSpec, kind_for, target_for
 from hf2triton.spec.watch import WatchSpec
 from hf2triton.targets import WatchPoint
 from hf2triton.targets.smoke import Endpoint, smoke_endpoint
@@ -87,7 +87,7 @@ def judge(row: dict[str, Any], budget: WatchSpec, baseline: dict[str, Any] | Non
 
 
 def _probe(
-    spec: Any, point: WatchPoint, version: str, reference: dict[str, Any] | None
+    spec: ReleaseSpec, point: WatchPoint, version: str, reference: dict[str, Any] | None
 ) -> dict[str, Any]:
     if reference is None:
         return {}
@@ -113,7 +113,11 @@ def _probe(
 
 
 def _read_point(
-    spec: Any, point: WatchPoint, champion: str | None, reference: Any, state: dict[str, Any]
+    spec: ReleaseSpec,
+    point: WatchPoint,
+    champion: str | None,
+    reference: dict[str, Any] | None,
+    state: dict[str, Any],
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """One endpoint's row (its metrics since the last look, and a probe of the champion) and
     the scrape the next look starts from (None when its metrics could not be read)."""
@@ -150,7 +154,7 @@ def _read_point(
     return row, kept
 
 
-def look(spec: Any, points: list[WatchPoint] | None = None, probe: bool = True) -> Look:
+def look(spec: ReleaseSpec, points: list[WatchPoint] | None = None, probe: bool = True) -> Look:
     """Read, probe and judge what serves now; saves the state the next look and `hf2triton
     status` read."""
     client = Registry()
@@ -172,20 +176,7 @@ def look(spec: Any, points: list[WatchPoint] | None = None, probe: bool = True) 
         if scrape is not None:
             scrapes[point["name"]] = scrape
     at = time.time()
-    # A version a rollback put back is not rolled back further on its own: a person decides.
-    in_window = bool(
-        now["promoted_at"]
-        and at - now["promoted_at"] <= budget.window_s
-        and now["restored_at"] is None
-    )
-    # One slow look (a burst, a version's first requests) is not a regression: the watch acts
-    # when `confirm_looks` looks in a row at the same champion breach.
-    last = state.get("last") or {}
-    streak = (
-        (int(last.get("streak") or 0) if last.get("champion") == champion else 0) + 1
-        if breaches
-        else 0
-    )
+    streak = _streak(state, champion, breaches)
     result = Look(
         release=spec.name,
         model=model,
@@ -193,19 +184,13 @@ def look(spec: Any, points: list[WatchPoint] | None = None, probe: bool = True) 
         candidate=now["candidate"],
         previous=now["previous"],
         at=at,
-        in_window=in_window,
+        in_window=_in_window(now, at, budget),
         streak=streak,
         confirmed=bool(breaches) and streak >= budget.confirm_looks,
         rows=rows,
         breaches=breaches,
     )
-    judged = [r for r in rows if r["requests"] >= budget.min_requests]
-    versions = state.get("versions", {})
-    if champion and judged:  # what the next champion is compared with
-        versions[champion] = {
-            "p99_ms": max((r["p99_ms"] or 0) for r in judged) or None,
-            "failure_rate": max(r["failure_rate"] for r in judged),
-        }
+    versions = _versions_seen(state, champion, rows, budget)
     atomic_write_text(
         state_path(spec.name),
         json.dumps(
@@ -215,10 +200,46 @@ def look(spec: Any, points: list[WatchPoint] | None = None, probe: bool = True) 
     return result
 
 
+def _in_window(now: reg.Versions, at: float, budget: WatchSpec) -> bool:
+    """Whether a breach at `at` rolls the champion back: promoted within the window, and not
+    put back by a rollback (that version is not rolled back further on its own: a person
+    decides)."""
+    return bool(
+        now["promoted_at"]
+        and at - now["promoted_at"] <= budget.window_s
+        and now["restored_at"] is None
+    )
+
+
+def _streak(state: dict[str, Any], champion: str | None, breaches: list[str]) -> int:
+    """Looks in a row at `champion` with a breach, this one included. One slow look (a burst,
+    a version's first requests) is not a regression: the watch acts when `confirm_looks` looks
+    in a row at the same champion breach."""
+    if not breaches:
+        return 0
+    last = state.get("last") or {}
+    return (int(last.get("streak") or 0) if last.get("champion") == champion else 0) + 1
+
+
+def _versions_seen(
+    state: dict[str, Any], champion: str | None, rows: list[dict[str, Any]], budget: WatchSpec
+) -> dict[str, Any]:
+    """The figures of each champion the watch saw, this look's included: what the next
+    champion is compared with."""
+    judged = [r for r in rows if r["requests"] >= budget.min_requests]
+    versions = state.get("versions", {})
+    if champion and judged:
+        versions[champion] = {
+            "p99_ms": max((r["p99_ms"] or 0) for r in judged) or None,
+            "failure_rate": max(r["failure_rate"] for r in judged),
+        }
+    return versions
+
+
 def watch(
-    spec: Any,
+    spec: ReleaseSpec,
     duration_s: float,
-    look_once: Callable[[Any], Look],
+    look_once: Callable[[ReleaseSpec], Look],
     act: Callable[[Look], dict[str, Any] | None],
 ) -> list[Look]:
     """Look every `watch.interval_s` for `duration_s` (at least once, and on until a breach is

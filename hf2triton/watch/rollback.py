@@ -9,13 +9,13 @@ from typing import Any
 
 from hf2triton.clients.mlflow import Registry
 from hf2triton.errors import DeployError
-from hf2triton.spec import kind_for, target_for
+from hf2triton.spec import ReleaseSpec, kind_for, target_for
 from hf2triton.targets.smoke import smoke_endpoint
 from hf2triton.util.workspace import work_dir
 from hf2triton.watch import registry as reg
 
 
-def checker(spec: Any, client: Registry, version: str):
+def checker(spec: ReleaseSpec, client: Registry, version: str):
     """The smoke test `version` was released with, as the target's check of one endpoint; a
     version released before smoke references were recorded must at least answer them."""
     kind, model = kind_for(spec), spec.triton_model_name
@@ -31,7 +31,7 @@ def checker(spec: Any, client: Registry, version: str):
 
 
 def roll_back(
-    spec: Any, reason: str, to: str | None = None, only_if_champion: str | None = None
+    spec: ReleaseSpec, reason: str, to: str | None = None, only_if_champion: str | None = None
 ) -> dict[str, Any]:
     """Serve `to` (default: the version the champion replaced) again and make it champion.
     With `only_if_champion`, nothing happens unless that version is still champion (the watch

@@ -10,7 +10,7 @@ from typing import Any
 
 from hf2triton.clients.mlflow import Registry
 from hf2triton.clients.triton import TritonAdmin
-from hf2triton.spec import target_for
+from hf2triton.spec import ReleaseSpec, target_for
 from hf2triton.util.workspace import atomic_write_text, home, work_dir
 from hf2triton.watch import registry as reg
 from hf2triton.watch.observe import read_state
@@ -18,7 +18,7 @@ from hf2triton.watch.observe import read_state
 COLUMNS = ("RELEASE", "CHAMPION", "CANDIDATE", "SERVING", "WATCH", "LAST LOOK")
 
 
-def remember(spec: Any) -> None:
+def remember(spec: ReleaseSpec) -> None:
     """Keep the spec a release ran with, so `status` finds every release of this home."""
     atomic_write_text(
         home() / "releases" / f"{spec.name}.json", spec.model_dump_json(indent=1, exclude_none=True)
@@ -36,7 +36,7 @@ def remembered() -> list[dict[str, Any]]:
     return found
 
 
-def status(spec: Any) -> dict[str, Any]:
+def status(spec: ReleaseSpec) -> dict[str, Any]:
     versions = reg.versions(Registry(), spec.registry.model_name)
     serving: dict[str, list[str] | str] = {}  # its versions, or why it did not say
     for point in target_for(spec, work_dir(spec.name)).watch_points():
