@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import serving as bench  # noqa: E402
+import harness as bench  # noqa: E402
 from load import JsonHttp, TritonGrpc, run_point  # noqa: E402
 
 from hf2triton.util.net import free_ports  # noqa: E402
@@ -123,24 +123,18 @@ def aiperf_env() -> Path:
     return env
 
 
-def aiperf(
+def aiperf_command(
+    env: Path,
     url: str,
     model: str,
     endpoint: str,
     tokenizer: Path,
-    texts: list[str],
+    dataset: Path,
     concurrency: int,
     requests: int,
     out: Path,
-    extra: list[str] | None = None,
-) -> dict:
-    """One AIPerf profile: the prompts of `texts` (a custom single-turn dataset), `requests` of
-    them at `concurrency`; its summary JSON's figures."""
-    env = aiperf_env()
-    out.mkdir(parents=True, exist_ok=True)
-    dataset = out / "prompts.jsonl"
-    dataset.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts if t.strip()))
-    cmd = [
+) -> list[str]:
+    return [
         str(env / "bin" / "aiperf"),
         "profile",
         "--model",
@@ -165,6 +159,42 @@ def aiperf(
         "none",
         "--no-gpu-telemetry",
         "--no-server-metrics",
+    ]
+
+
+AIPERF_FIGURES = (
+    "request_throughput",
+    "request_latency",
+    "time_to_first_token",
+    "inter_token_latency",
+    "output_token_throughput",
+    "output_token_throughput_per_user",
+    "output_sequence_length",
+    "input_sequence_length",
+    "request_count",
+    "error_request_count",
+)
+
+
+def aiperf(
+    url: str,
+    model: str,
+    endpoint: str,
+    tokenizer: Path,
+    texts: list[str],
+    concurrency: int,
+    requests: int,
+    out: Path,
+    extra: list[str] | None = None,
+) -> dict:
+    """One AIPerf profile: the prompts of `texts` (a custom single-turn dataset), `requests` of
+    them at `concurrency`; its summary JSON's figures."""
+    env = aiperf_env()
+    out.mkdir(parents=True, exist_ok=True)
+    dataset = out / "prompts.jsonl"
+    dataset.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts if t.strip()))
+    cmd = [
+        *aiperf_command(env, url, model, endpoint, tokenizer, dataset, concurrency, requests, out),
         *(extra or []),
     ]
     bench.log("  aiperf: " + " ".join(cmd[1:]))
@@ -186,19 +216,7 @@ def aiperf(
     if not found:
         return {"error": f"aiperf wrote no profile_export_aiperf.json under {out}"}
     summary = json.loads(found[-1].read_text())
-    keep = (
-        "request_throughput",
-        "request_latency",
-        "time_to_first_token",
-        "inter_token_latency",
-        "output_token_throughput",
-        "output_token_throughput_per_user",
-        "output_sequence_length",
-        "input_sequence_length",
-        "request_count",
-        "error_request_count",
-    )
-    return {k: summary[k] for k in keep if k in summary}
+    return {k: summary[k] for k in AIPERF_FIGURES if k in summary}
 
 
 def chat_release(
@@ -222,7 +240,7 @@ def chat_release(
     return summary
 
 
-def main() -> None:
+def arguments() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=20)
@@ -235,97 +253,99 @@ def main() -> None:
         "settings",
     )
     ap.add_argument("--quiet-wait", type=float, default=600)
-    a = ap.parse_args()
-    quiet = bench.wait_for_quiet(max_wait_s=a.quiet_wait)
-    texts = bench.traffic()["mixed"]
-    cli = [str(ROOT / ".venv" / "bin" / "hf2triton")]
-    out: dict = bench.record_header("openai_api.py", quiet, texts, CLIENTS)
-    with tempfile.TemporaryDirectory(prefix="hf2triton-openai-") as tmp_dir:
-        tmp, home = Path(tmp_dir), Path(tmp_dir) / "home"
-        http, grpc, metrics, api_port = free_ports(4)
-        ports = {"http_port": http, "grpc_port": grpc, "metrics_port": metrics}
-        try:
-            summary, seconds = bench.release(
-                cli,
-                spec_file(
-                    tmp / "spec.yaml", ROOT / "releases" / "minilm-embedder.yaml", ports, api_port
-                ),
-                home,
-                ROOT,
-            )
-            out["release"] = {
-                "variant": summary["variant"],
-                "release_s": round(seconds, 1),
-                "endpoint": summary["endpoint"],
-            }
-            base = summary["endpoint"]["openai"]
-            bench.log(f"{MODEL}: ships {summary['variant']}; API {base}")
-            pid = bench.server_pid(home)
-            grpc_url = f"127.0.0.1:{grpc}"
-            rounds = []
-            for i in range(a.rounds):
-                row = {
-                    "grpc": point(
-                        lambda n: TritonGrpc(grpc_url, MODEL), texts, a.seconds, pid, "grpc"
-                    ),
-                    "api": point(
-                        lambda n: JsonHttp(
-                            f"{base}/embeddings", conn_limit=CLIENTS, openai_model=MODEL
-                        ),
-                        texts,
-                        a.seconds,
-                        pid,
-                        "api",
-                    ),
-                    "sdk": point(lambda n: OpenAISdk(base, MODEL), texts, a.seconds, pid, "sdk"),
-                }
-                rounds.append(row)
-                bench.log(f"round {i + 1}: api/grpc {row['api']['rps'] / row['grpc']['rps']:.3f}")
-            out["rounds"] = rounds
-            out["api_process"] = api_pid(home)
-            if a.aiperf:
-                out["aiperf_embeddings"] = aiperf(
-                    f"http://127.0.0.1:{api_port}",
-                    MODEL,
-                    "embeddings",
-                    bench.minilm_dir(),
-                    texts[:2000],
-                    CLIENTS,
-                    2000,
-                    tmp / "aiperf-embeddings",
-                )
-            if a.chat:
-                chat = chat_release(tmp, home, a.chat, ports, api_port, cli)
-                name = chat["endpoint"]["model"]
-                prompts = [t for t in texts if t.strip()][:400]
-                out["chat"] = {"variant": chat["variant"], "model_dir": str(a.chat)}
-                for concurrency, requests in ((1, 40), (8, 160), (32, 400)):
-                    out["chat"][f"aiperf_{concurrency}"] = aiperf(
-                        f"http://127.0.0.1:{api_port}",
-                        name,
-                        "chat",
-                        a.chat,
-                        prompts,
-                        concurrency,
-                        requests,
-                        tmp / f"aiperf-chat-{concurrency}",
-                        ["--streaming", "--prompt-output-tokens-mean", "64"],
-                    )
-        finally:
-            bench.stop_server(cli, home, ROOT)
-            keep = ROOT / "benchmarks" / "results" / "aiperf-artifacts"
-            for found in tmp.glob("aiperf-*"):
-                shutil.rmtree(keep / found.name, ignore_errors=True)
-                shutil.copytree(found, keep / found.name, dirs_exist_ok=True)
+    return ap.parse_args()
 
-    def median(f) -> float:
-        return float(np.median([f(r) for r in out["rounds"]]))
 
-    out["ratios"] = {
-        "api_over_grpc": median(lambda r: r["api"]["rps"] / r["grpc"]["rps"]),
-        "sdk_over_grpc": median(lambda r: r["sdk"]["rps"] / r["grpc"]["rps"]),
-        "api_p99_over_grpc_p99": median(lambda r: r["api"]["p99_ms"] / r["grpc"]["p99_ms"]),
+def measured_rounds(
+    rounds: int, texts: list[str], grpc_url: str, base: str, seconds: float, pid: int | None
+) -> list[dict]:
+    """Each round, in turn: Triton's gRPC, the API's /v1/embeddings, the openai SDK."""
+    out = []
+    for i in range(rounds):
+        row = {
+            "grpc": point(lambda n: TritonGrpc(grpc_url, MODEL), texts, seconds, pid, "grpc"),
+            "api": point(
+                lambda n: JsonHttp(f"{base}/embeddings", conn_limit=CLIENTS, openai_model=MODEL),
+                texts,
+                seconds,
+                pid,
+                "api",
+            ),
+            "sdk": point(lambda n: OpenAISdk(base, MODEL), texts, seconds, pid, "sdk"),
+        }
+        out.append(row)
+        bench.log(f"round {i + 1}: api/grpc {row['api']['rps'] / row['grpc']['rps']:.3f}")
+    return out
+
+
+def chat_figures(
+    a: argparse.Namespace,
+    tmp: Path,
+    home: Path,
+    ports: dict[str, int],
+    api_port: int,
+    cli: list[str],
+    texts: list[str],
+) -> dict:
+    """a.chat released beside the embedder, and AIPerf's streamed chat figures at 1, 8 and 32."""
+    chat = chat_release(tmp, home, a.chat, ports, api_port, cli)
+    name = chat["endpoint"]["model"]
+    prompts = [t for t in texts if t.strip()][:400]
+    out = {"variant": chat["variant"], "model_dir": str(a.chat)}
+    for concurrency, requests in ((1, 40), (8, 160), (32, 400)):
+        out[f"aiperf_{concurrency}"] = aiperf(
+            f"http://127.0.0.1:{api_port}",
+            name,
+            "chat",
+            a.chat,
+            prompts,
+            concurrency,
+            requests,
+            tmp / f"aiperf-chat-{concurrency}",
+            ["--streaming", "--prompt-output-tokens-mean", "64"],
+        )
+    return out
+
+
+def measured(
+    a: argparse.Namespace, out: dict, tmp: Path, home: Path, cli: list[str], texts: list[str]
+) -> None:
+    """The embedder released, its rounds measured, and AIPerf's figures where asked, into
+    `out`."""
+    http, grpc, metrics, api_port = free_ports(4)
+    ports = {"http_port": http, "grpc_port": grpc, "metrics_port": metrics}
+    summary, seconds = bench.release(
+        cli,
+        spec_file(tmp / "spec.yaml", ROOT / "releases" / "minilm-embedder.yaml", ports, api_port),
+        home,
+        ROOT,
+    )
+    out["release"] = {
+        "variant": summary["variant"],
+        "release_s": round(seconds, 1),
+        "endpoint": summary["endpoint"],
     }
+    base = summary["endpoint"]["openai"]
+    bench.log(f"{MODEL}: ships {summary['variant']}; API {base}")
+    pid = bench.server_pid(home)
+    out["rounds"] = measured_rounds(a.rounds, texts, f"127.0.0.1:{grpc}", base, a.seconds, pid)
+    out["api_process"] = api_pid(home)
+    if a.aiperf:
+        out["aiperf_embeddings"] = aiperf(
+            f"http://127.0.0.1:{api_port}",
+            MODEL,
+            "embeddings",
+            bench.minilm_dir(),
+            texts[:2000],
+            CLIENTS,
+            2000,
+            tmp / "aiperf-embeddings",
+        )
+    if a.chat:
+        out["chat"] = chat_figures(a, tmp, home, ports, api_port, cli, texts)
+
+
+def summary_lines(out: dict) -> list[str]:
     lines = [
         f"# OpenAI-compatible API, {out['date']}, commit {out['commit']}",
         "",
@@ -350,6 +370,35 @@ def main() -> None:
         lines += [
             f"- {k}: {json.dumps(v)}" for k, v in out["chat"].items() if k.startswith("aiperf")
         ]
+    return lines
+
+
+def main() -> None:
+    a = arguments()
+    quiet = bench.wait_for_quiet(max_wait_s=a.quiet_wait)
+    texts = bench.traffic()["mixed"]
+    cli = [str(ROOT / ".venv" / "bin" / "hf2triton")]
+    out: dict = bench.record_header("openai_api.py", quiet, texts, CLIENTS)
+    with tempfile.TemporaryDirectory(prefix="hf2triton-openai-") as tmp_dir:
+        tmp, home = Path(tmp_dir), Path(tmp_dir) / "home"
+        try:
+            measured(a, out, tmp, home, cli, texts)
+        finally:
+            bench.stop_server(cli, home, ROOT)
+            keep = ROOT / "benchmarks" / "results" / "aiperf-artifacts"
+            for found in tmp.glob("aiperf-*"):
+                shutil.rmtree(keep / found.name, ignore_errors=True)
+                shutil.copytree(found, keep / found.name, dirs_exist_ok=True)
+
+    def median(f) -> float:
+        return float(np.median([f(r) for r in out["rounds"]]))
+
+    out["ratios"] = {
+        "api_over_grpc": median(lambda r: r["api"]["rps"] / r["grpc"]["rps"]),
+        "sdk_over_grpc": median(lambda r: r["sdk"]["rps"] / r["grpc"]["rps"]),
+        "api_p99_over_grpc_p99": median(lambda r: r["api"]["p99_ms"] / r["grpc"]["p99_ms"]),
+    }
+    lines = summary_lines(out)
     bench.save_record("openai-api", out, lines)
     print("\n".join(lines))
 

@@ -37,8 +37,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import serving as bench  # noqa: E402
-from load import TritonGrpc, run_point  # noqa: E402
+import harness as bench  # noqa: E402
+import serving_measure  # noqa: E402
+from load import JsonHttp, TritonGrpc, run_point  # noqa: E402
+from serving_peers import INFINITY, infinity_server  # noqa: E402
 
 from hf2triton.util.net import free_ports  # noqa: E402
 
@@ -83,7 +85,7 @@ def served(grpc: str, model: str, texts: list[str], seconds: float, pid: int | N
 
 
 def limit(version_dir: Path, texts: list[str], seconds: float) -> float:
-    rows = bench.in_process(version_dir, texts, seconds)
+    rows = serving_measure.in_process(version_dir, texts, seconds)
     return rows["sorted_64"]["texts_per_s"]
 
 
@@ -91,21 +93,21 @@ def infinity(texts: list[str], seconds: float) -> dict:
     """infinity-emb 0.0.78 (torch engine, batch 32) on the same model and traffic, at 64
     clients (its own environment, benchmarks/.venv-infinity: a peer, not a dependency)."""
     (port,) = free_ports(1)
-    with bench.infinity_server(port) as pid:
+    with infinity_server(port) as pid:
         url = f"http://127.0.0.1:{port}/embeddings"
         name = str(bench.minilm_dir())
-        point = bench.point(
-            lambda n: bench.JsonHttp(url, openai_model=name),
+        point = serving_measure.point(
+            lambda n: JsonHttp(url, openai_model=name),
             texts,
             CLIENTS,
             seconds,
             pid,
             "infinity mixed",
         )
-    return {"package": bench.INFINITY, "engine": "torch", "batch_size": 32, **point}
+    return {"package": INFINITY, "engine": "torch", "batch_size": 32, **point}
 
 
-def main() -> None:
+def arguments() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=20)
@@ -116,7 +118,67 @@ def main() -> None:
         default=600,
         help="seconds to wait for a quiet machine first (0: start at once)",
     )
-    a = ap.parse_args()
+    return ap.parse_args()
+
+
+def released(tmp: Path, home: Path, cli: list[str], ports: dict[str, Any]) -> dict[str, dict]:
+    """Both releases into one home (one Triton): what each ships, and its version."""
+    releases = {}
+    for name, runtimes in (("minilm-embedder", None), ("minilm-ort-fp32", ORT_FP32)):
+        summary, seconds = bench.release(
+            cli, spec_file(tmp / f"{name}.yaml", name, ports, runtimes), home, ROOT
+        )
+        releases[name] = {
+            "variant": summary["variant"],
+            "release_s": round(seconds, 1),
+            "version": summary["endpoint"]["version"],
+        }
+        bench.log(f"{name}: ships {summary['variant']} ({seconds:.0f} s)")
+    return releases
+
+
+def measured_rounds(
+    a: argparse.Namespace, releases: dict[str, dict], home: Path, grpc: int, texts: list[str]
+) -> list[dict]:
+    """Each round, each release in turn: served at CLIENTS, then its in-process limit."""
+    pid = bench.server_pid(home)
+    grpc_url = f"127.0.0.1:{grpc}"
+    rounds = []
+    for i in range(a.rounds):
+        row = {}
+        for name, rel in releases.items():
+            version_dir = home / "triton" / "models" / name / rel["version"]
+            row[name] = {
+                **served(grpc_url, name, texts, a.seconds, pid),
+                "in_process": limit(version_dir, texts, a.seconds / 2),
+            }
+        rounds.append(row)
+        bench.log(f"round {i + 1}: {json.dumps(row)}")
+    return rounds
+
+
+def ratios(out: dict) -> dict[str, float]:
+    """The medians over the rounds (and against infinity-emb where it was measured)."""
+    new, old = "minilm-embedder", "minilm-ort-fp32"
+
+    def median(f) -> float:
+        return float(np.median([f(r) for r in out["rounds"]]))
+
+    found = {
+        "served_default_over_served_ort_fp32": median(lambda r: r[new]["rps"] / r[old]["rps"]),
+        "served_over_in_process_default": median(lambda r: r[new]["rps"] / r[new]["in_process"]),
+        "served_over_in_process_ort_fp32": median(lambda r: r[old]["rps"] / r[old]["in_process"]),
+        "p99_default_over_ort_fp32": median(lambda r: r[new]["p99_ms"] / r[old]["p99_ms"]),
+    }
+    if out.get("infinity"):
+        found["served_default_over_infinity"] = (
+            median(lambda r: r[new]["rps"]) / out["infinity"]["rps"]
+        )
+    return found
+
+
+def main() -> None:
+    a = arguments()
     quiet = bench.wait_for_quiet(max_wait_s=a.quiet_wait)
     texts = bench.traffic()["mixed"]
     cli = [str(ROOT / ".venv" / "bin" / "hf2triton")]
@@ -133,51 +195,15 @@ def main() -> None:
             "metrics_port": metrics,
             "openai": {"port": api},
         }
-        releases = {}
         try:
-            for name, runtimes in (("minilm-embedder", None), ("minilm-ort-fp32", ORT_FP32)):
-                summary, seconds = bench.release(
-                    cli, spec_file(tmp / f"{name}.yaml", name, ports, runtimes), home, ROOT
-                )
-                releases[name] = {
-                    "variant": summary["variant"],
-                    "release_s": round(seconds, 1),
-                    "version": summary["endpoint"]["version"],
-                }
-                bench.log(f"{name}: ships {summary['variant']} ({seconds:.0f} s)")
-            pid = bench.server_pid(home)
-            grpc_url = f"127.0.0.1:{grpc}"
-            rounds = []
-            for i in range(a.rounds):
-                row = {}
-                for name, rel in releases.items():
-                    version_dir = home / "triton" / "models" / name / rel["version"]
-                    row[name] = {
-                        **served(grpc_url, name, texts, a.seconds, pid),
-                        "in_process": limit(version_dir, texts, a.seconds / 2),
-                    }
-                rounds.append(row)
-                bench.log(f"round {i + 1}: {json.dumps(row)}")
+            releases = released(tmp, home, cli, ports)
+            rounds = measured_rounds(a, releases, home, grpc, texts)
         finally:
             bench.stop_server(cli, home, ROOT)
         out["releases"], out["rounds"] = releases, rounds
         if a.infinity:
             out["infinity"] = infinity(texts, a.seconds)
-    new, old = "minilm-embedder", "minilm-ort-fp32"
-
-    def median(f) -> float:
-        return float(np.median([f(r) for r in out["rounds"]]))
-
-    out["ratios"] = {
-        "served_default_over_served_ort_fp32": median(lambda r: r[new]["rps"] / r[old]["rps"]),
-        "served_over_in_process_default": median(lambda r: r[new]["rps"] / r[new]["in_process"]),
-        "served_over_in_process_ort_fp32": median(lambda r: r[old]["rps"] / r[old]["in_process"]),
-        "p99_default_over_ort_fp32": median(lambda r: r[new]["p99_ms"] / r[old]["p99_ms"]),
-    }
-    if out.get("infinity"):
-        out["ratios"]["served_default_over_infinity"] = (
-            median(lambda r: r[new]["rps"]) / out["infinity"]["rps"]
-        )
+    out["ratios"] = ratios(out)
     lines = [
         f"# Served runtimes, {out['date']}, commit {out['commit']}",
         "",
