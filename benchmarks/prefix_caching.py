@@ -31,7 +31,8 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from generation import ROOT, chat_stream_stamps, closed_loop, release  # noqa: E402
+from generation import ROOT, release  # noqa: E402
+from generation_streams import chat_stream_stamps, closed_loop  # noqa: E402
 
 
 def passage(words: list[str], rng: np.random.Generator, n: int) -> str:
@@ -67,6 +68,48 @@ async def run(url: str, model: str, traffic: list, streams: int, max_new: int) -
         return await closed_loop(one, traffic, streams)
 
 
+def measured(url: str, levels: list[int], max_new: int) -> dict[str, dict[str, Any]]:
+    """At each level, shared and unshared system prompts, each against both releases."""
+    results: dict[str, dict[str, Any]] = {}
+    for c in levels:
+        for shared in (True, False):
+            traffic = chats(4 * c + 4, shared, seed=c)
+            for name in ("with", "without"):
+                way = f"{'shared' if shared else 'unshared'} prompt, prefix caching {name}"
+                found = asyncio.run(run(url, f"prefix-{name}", traffic, c, max_new))
+                results.setdefault(way, {})[str(c)] = found
+                print(way, c, json.dumps(found), flush=True)
+    return results
+
+
+def write_record(levels: list[int], max_new: int, results: dict[str, dict[str, Any]]) -> None:
+    """benchmarks/results/prefix-caching-<UTC time>.json and .md; the table printed."""
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    out = ROOT / "benchmarks" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    record = {
+        "when": stamp,
+        "commit": commit,
+        "levels": levels,
+        "max_new_tokens": max_new,
+        "results": results,
+    }
+    (out / f"prefix-caching-{stamp}.json").write_text(json.dumps(record, indent=1))
+    lines = [
+        "| traffic, release | streams | tokens/s | TTFT p50 ms | TTFT p99 ms |",
+        "|---|---|---|---|---|",
+    ]
+    for way, per in results.items():
+        for level, r in per.items():
+            figures = f"{r['tokens_per_s']} | {r['ttft_p50_ms']} | {r['ttft_p99_ms']}"
+            lines.append(f"| {way} | {level} | {figures} |")
+    (out / f"prefix-caching-{stamp}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--levels", default="1,8")
@@ -100,43 +143,12 @@ def main() -> None:
             max_context=2048,
         )
     url = f"http://127.0.0.1:{ports['openai']['port']}/v1/chat/completions"
-    results: dict[str, dict[str, Any]] = {}
     try:
-        for c in levels:
-            for shared in (True, False):
-                traffic = chats(4 * c + 4, shared, seed=c)
-                for name in ("with", "without"):
-                    way = f"{'shared' if shared else 'unshared'} prompt, prefix caching {name}"
-                    found = asyncio.run(run(url, f"prefix-{name}", traffic, c, args.max_new))
-                    results.setdefault(way, {})[str(c)] = found
-                    print(way, c, json.dumps(found), flush=True)
+        results = measured(url, levels, args.max_new)
     finally:
         os.environ["HF2TRITON_HOME"] = str(home)
         triton_local.stop_server()
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    commit = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
-    out = ROOT / "benchmarks" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    record = {
-        "when": stamp,
-        "commit": commit,
-        "levels": levels,
-        "max_new_tokens": args.max_new,
-        "results": results,
-    }
-    (out / f"prefix-caching-{stamp}.json").write_text(json.dumps(record, indent=1))
-    lines = [
-        "| traffic, release | streams | tokens/s | TTFT p50 ms | TTFT p99 ms |",
-        "|---|---|---|---|---|",
-    ]
-    for way, per in results.items():
-        for level, r in per.items():
-            figures = f"{r['tokens_per_s']} | {r['ttft_p50_ms']} | {r['ttft_p99_ms']}"
-            lines.append(f"| {way} | {level} | {figures} |")
-    (out / f"prefix-caching-{stamp}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_record(levels, args.max_new, results)
 
 
 if __name__ == "__main__":
