@@ -49,6 +49,39 @@ def figures(record: dict) -> dict:
     }
 
 
+def draw_panel(ax, run: dict, top: float) -> None:
+    """One run's bars: served and in-process per release, and infinity-emb where measured."""
+    names = list(run["releases"])
+    x = range(len(names))
+    served = [run["releases"][n]["served"] for n in names]
+    limit = [run["releases"][n]["in-process"] for n in names]
+    bars = ax.bar(
+        [i - 0.2 for i in x],
+        served,
+        0.4,
+        color=COLOURS["served"],
+        label="served (Triton, 64 gRPC clients)",
+    )
+    ax.bar([i + 0.2 for i in x], limit, 0.4, color=COLOURS["in-process"], label="in-process limit")
+    ax.bar_label(bars, fmt="%.0f", padding=2)
+    ticks = [f"{LABELS.get(n, n)}\n{run['releases'][n]['variant']}" for n in names]
+    if run["infinity"]:
+        inf = ax.bar(
+            [len(names)],
+            [run["infinity"]],
+            0.4,
+            color=COLOURS["infinity"],
+            label="infinity-emb 0.0.78 (torch)",
+        )
+        ax.bar_label(inf, fmt="%.0f", padding=2)
+        ticks.append("infinity-emb")
+    ax.set_xticks(range(len(ticks)), ticks, fontsize=7)
+    ax.set_ylim(0, top * 1.15)
+    ax.set_title(f"{run['date'][:16].replace('T', ' ')} UTC, commit {run['commit']}", fontsize=9)
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_axisbelow(True)
+
+
 def draw(records: list[dict], output: Path) -> None:
     import matplotlib
 
@@ -66,39 +99,7 @@ def draw(records: list[dict], output: Path) -> None:
         max(max(f["served"], f["in-process"]) for f in run["releases"].values()) for run in runs
     )
     for ax, run in zip(axes[0], runs):
-        names = list(run["releases"])
-        x = range(len(names))
-        served = [run["releases"][n]["served"] for n in names]
-        limit = [run["releases"][n]["in-process"] for n in names]
-        bars = ax.bar(
-            [i - 0.2 for i in x],
-            served,
-            0.4,
-            color=COLOURS["served"],
-            label="served (Triton, 64 gRPC clients)",
-        )
-        ax.bar(
-            [i + 0.2 for i in x], limit, 0.4, color=COLOURS["in-process"], label="in-process limit"
-        )
-        ax.bar_label(bars, fmt="%.0f", padding=2)
-        ticks = [f"{LABELS.get(n, n)}\n{run['releases'][n]['variant']}" for n in names]
-        if run["infinity"]:
-            inf = ax.bar(
-                [len(names)],
-                [run["infinity"]],
-                0.4,
-                color=COLOURS["infinity"],
-                label="infinity-emb 0.0.78 (torch)",
-            )
-            ax.bar_label(inf, fmt="%.0f", padding=2)
-            ticks.append("infinity-emb")
-        ax.set_xticks(range(len(ticks)), ticks, fontsize=7)
-        ax.set_ylim(0, top * 1.15)
-        ax.set_title(
-            f"{run['date'][:16].replace('T', ' ')} UTC, commit {run['commit']}", fontsize=9
-        )
-        ax.grid(axis="y", alpha=0.3)
-        ax.set_axisbelow(True)
+        draw_panel(ax, run, top)
     axes[0][0].set_ylabel("texts/s (median of rounds)")
     handles, labels = [], []
     for ax in axes[0]:

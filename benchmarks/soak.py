@@ -71,6 +71,24 @@ def release(home: Path) -> tuple[str, int, str]:
     return summary["endpoint"]["grpc"], state["pid"], summary["endpoint"]["model"]
 
 
+def windowed(latencies: list[tuple[float, float]], seconds: float, window: float) -> list[dict]:
+    """Requests/s and latency percentiles per window of `window` seconds, by answer time."""
+    windows = []
+    for lo in np.arange(0, seconds, window):
+        ms = [m for t, m in latencies if lo <= t < lo + window]
+        if ms:
+            windows.append(
+                {
+                    "from_s": float(lo),
+                    "requests": len(ms),
+                    "rps": round(len(ms) / window, 1),
+                    "p50_ms": round(float(np.percentile(ms, 50)), 1),
+                    "p99_ms": round(float(np.percentile(ms, 99)), 1),
+                }
+            )
+    return windows
+
+
 async def soak(
     url: str, model: str, pid: int, clients: int, seconds: float, warmup: float, window: float
 ) -> dict:
@@ -108,19 +126,7 @@ async def soak(
     latencies = list(zip(found.answered_at_s, found.latencies_ms))
     failures = found.failures
 
-    windows = []
-    for lo in np.arange(0, seconds, window):
-        ms = [m for t, m in latencies if lo <= t < lo + window]
-        if ms:
-            windows.append(
-                {
-                    "from_s": float(lo),
-                    "requests": len(ms),
-                    "rps": round(len(ms) / window, 1),
-                    "p50_ms": round(float(np.percentile(ms, 50)), 1),
-                    "p99_ms": round(float(np.percentile(ms, 99)), 1),
-                }
-            )
+    windows = windowed(latencies, seconds, window)
     after_warmup = next((m for t, m in memory if t >= warmup), memory[0][1])
     steady = [w["p99_ms"] for w in windows if w["from_s"] >= warmup]
     return {
