@@ -11,12 +11,13 @@ WORDS = ["[PAD]", "[UNK]", *(f"w{i}" for i in range(2, 40))]
 
 
 def tokenizer_file(path: Path, max_length: int | None = None) -> Path:
-    """A word-level tokenizer.json: "wN" is id N, other words [UNK] (1); [PAD] is 0."""
+    """A word-level tokenizer.json: "wN" is id N, other words [UNK] (1); [PAD] is 0 (both
+    special: a decoder start or end id decodes to nothing)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     fast = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
     fast.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    fast.add_special_tokens(["[PAD]"])
+    fast.add_special_tokens(["[PAD]", "[UNK]"])  # skipped when decoding
     if max_length:
         fast.enable_truncation(max_length=max_length)
     fast.save(str(path))
@@ -61,3 +62,121 @@ def sums_graph(path: Path, inputs: tuple[str, ...] = ("input_ids", "attention_ma
 
 def expected_logits(rows: list[list[int]]) -> np.ndarray:
     return np.array([[sum(r), 10 * len(r)] for r in rows], np.float32)
+
+
+def _save(nodes, name, inputs, outputs, path: Path, consts=()) -> None:
+    import onnx
+    from onnx import helper
+
+    graph = helper.make_graph(nodes, name, inputs, outputs, initializer=list(consts))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+
+
+def copy_translator(directory: Path, vocab: int = len(WORDS)) -> dict[str, str]:
+    """An encoder-decoder export (encoder, decoder, decoder with past) that copies its source:
+    the decoder's k-th step answers the source's k-th id, and id 0 (the end) past its last.
+    Returns the files as serving.json's `files` names them."""
+    from onnx import TensorProto, helper
+
+    def info(name, elem, shape):
+        return helper.make_tensor_value_info(name, elem, shape)
+
+    i64, f32 = TensorProto.INT64, TensorProto.FLOAT
+    enc_out = info("last_hidden_state", f32, ["N", "S", 1])
+    _save(
+        [
+            helper.make_node("Mul", ["input_ids", "attention_mask"], ["kept"]),
+            helper.make_node("Cast", ["kept"], ["kept_f"], to=f32),
+            helper.make_node("Unsqueeze", ["kept_f", "axis2"], ["last_hidden_state"]),
+        ],
+        "encoder",
+        [info("input_ids", i64, ["N", "S"]), info("attention_mask", i64, ["N", "S"])],
+        [enc_out],
+        directory / "encoder_model.onnx",
+        [helper.make_tensor("axis2", i64, [1], [2])],
+    )
+
+    def answer(source: str, position: str) -> list:
+        """logits [N, 1, V] of the source's id at `position` (a scalar int64)."""
+        return [
+            helper.make_node("Squeeze", [source, "axes13"], ["src"]),  # [N, S]
+            helper.make_node("Shape", ["src"], ["src_shape"]),
+            helper.make_node("Gather", ["src_shape", "one"], ["S"], axis=0),
+            helper.make_node("Range", ["zero", "S", "one"], ["positions"]),
+            helper.make_node("Equal", ["positions", position], ["here"]),
+            helper.make_node("Cast", ["here"], ["here_f"], to=f32),
+            helper.make_node("Mul", ["src", "here_f"], ["picked"]),
+            helper.make_node("ReduceSum", ["picked", "axis1"], ["value"], keepdims=0),
+            helper.make_node("Cast", ["value"], ["token"], to=i64),
+            helper.make_node("OneHot", ["token", "depth", "onoff"], ["scores"], axis=-1),
+            helper.make_node("Unsqueeze", ["scores", "axis1"], ["logits"]),
+        ]
+
+    consts = [
+        helper.make_tensor("axes13", i64, [2], [1, 3]),
+        helper.make_tensor("axis1", i64, [1], [1]),
+        helper.make_tensor("axes23", i64, [2], [2, 3]),
+        helper.make_tensor("zero", i64, [], [0]),
+        helper.make_tensor("one", i64, [], [1]),
+        helper.make_tensor("two", i64, [], [2]),
+        helper.make_tensor("depth", i64, [], [vocab]),
+        helper.make_tensor("onoff", f32, [2], [0.0, 10.0]),
+    ]
+    step_in = info("input_ids", i64, ["N", 1])
+    mask_in = info("encoder_attention_mask", i64, ["N", "S"])
+    outs = [
+        info("logits", f32, ["N", 1, vocab]),
+        info("present.0.decoder.key", f32, ["N", 1, "T", 1]),
+        info("present.0.encoder.key", f32, ["N", 1, "S", 1]),
+    ]
+    _save(
+        [
+            helper.make_node(
+                "Unsqueeze", ["encoder_hidden_states", "axis1"], ["present.0.encoder.key"]
+            ),
+            helper.make_node("Cast", ["input_ids"], ["ids_f"], to=f32),
+            helper.make_node("Unsqueeze", ["ids_f", "axes23"], ["present.0.decoder.key"]),
+            *answer("present.0.encoder.key", "zero"),
+        ],
+        "decoder",
+        [step_in, info("encoder_hidden_states", f32, ["N", "S", 1]), mask_in],
+        outs,
+        directory / "decoder_model.onnx",
+        [c for c in consts if c.name != "two"],
+    )
+    _save(
+        [
+            helper.make_node(
+                "Identity", ["past_key_values.0.encoder.key"], ["present.0.encoder.key"]
+            ),
+            helper.make_node("Cast", ["input_ids"], ["ids_f"], to=f32),
+            helper.make_node("Unsqueeze", ["ids_f", "axes23"], ["new"]),
+            helper.make_node(
+                "Concat",
+                ["past_key_values.0.decoder.key", "new"],
+                ["present.0.decoder.key"],
+                axis=2,
+            ),
+            helper.make_node("Shape", ["past_key_values.0.decoder.key"], ["past_shape"]),
+            helper.make_node("Gather", ["past_shape", "two"], ["P"], axis=0),
+            *answer("present.0.encoder.key", "P"),
+        ],
+        "decoder_with_past",
+        [
+            step_in,
+            mask_in,
+            info("past_key_values.0.decoder.key", f32, ["N", 1, "P", 1]),
+            info("past_key_values.0.encoder.key", f32, ["N", 1, "S", 1]),
+        ],
+        outs,
+        directory / "decoder_with_past_model.onnx",
+        consts,
+    )
+    return {
+        "encoder": "encoder_model.onnx",
+        "decoder": "decoder_model.onnx",
+        "decoder_with_past": "decoder_with_past_model.onnx",
+    }
