@@ -4,6 +4,7 @@ what each graph computes is known, so a test can tell its right answer from a wr
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -75,106 +76,115 @@ def _save(nodes, name, inputs, outputs, path: Path, consts=()) -> None:
     onnx.save(model, str(path))
 
 
-def copy_translator(directory: Path, vocab: int = len(WORDS)) -> dict[str, str]:
-    """An encoder-decoder export (encoder, decoder, decoder with past) that copies its source:
-    the decoder's k-th step answers the source's k-th id, and id 0 (the end) past its last.
-    Returns the files as serving.json's `files` names them."""
+def _info(name: str, elem: int, shape: list) -> Any:
+    from onnx import helper
+
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def _copy_encoder(path: Path) -> None:
+    """Its hidden states are the source's ids (0 where padded), [N, S, 1]."""
     from onnx import TensorProto, helper
 
-    def info(name, elem, shape):
-        return helper.make_tensor_value_info(name, elem, shape)
-
-    i64, f32 = TensorProto.INT64, TensorProto.FLOAT
-    enc_out = info("last_hidden_state", f32, ["N", "S", 1])
+    i64 = TensorProto.INT64
     _save(
         [
             helper.make_node("Mul", ["input_ids", "attention_mask"], ["kept"]),
-            helper.make_node("Cast", ["kept"], ["kept_f"], to=f32),
+            helper.make_node("Cast", ["kept"], ["kept_f"], to=TensorProto.FLOAT),
             helper.make_node("Unsqueeze", ["kept_f", "axis2"], ["last_hidden_state"]),
         ],
         "encoder",
-        [info("input_ids", i64, ["N", "S"]), info("attention_mask", i64, ["N", "S"])],
-        [enc_out],
-        directory / "encoder_model.onnx",
+        [_info("input_ids", i64, ["N", "S"]), _info("attention_mask", i64, ["N", "S"])],
+        [_info("last_hidden_state", TensorProto.FLOAT, ["N", "S", 1])],
+        path,
         [helper.make_tensor("axis2", i64, [1], [2])],
     )
 
-    def answer(source: str, position: str) -> list:
-        """logits [N, 1, V] of the source's id at `position` (a scalar int64)."""
-        return [
-            helper.make_node("Squeeze", [source, "axes13"], ["src"]),  # [N, S]
-            helper.make_node("Shape", ["src"], ["src_shape"]),
-            helper.make_node("Gather", ["src_shape", "one"], ["S"], axis=0),
-            helper.make_node("Range", ["zero", "S", "one"], ["positions"]),
-            helper.make_node("Equal", ["positions", position], ["here"]),
-            helper.make_node("Cast", ["here"], ["here_f"], to=f32),
-            helper.make_node("Mul", ["src", "here_f"], ["picked"]),
-            helper.make_node("ReduceSum", ["picked", "axis1"], ["value"], keepdims=0),
-            helper.make_node("Cast", ["value"], ["token"], to=i64),
-            helper.make_node("OneHot", ["token", "depth", "onoff"], ["scores"], axis=-1),
-            helper.make_node("Unsqueeze", ["scores", "axis1"], ["logits"]),
-        ]
 
+def _copy_answer(source: str, position: str) -> list:
+    """Nodes making logits [N, 1, V] that pick the source's id at `position` (a scalar)."""
+    from onnx import TensorProto, helper
+
+    return [
+        helper.make_node("Squeeze", [source, "axes13"], ["src"]),  # [N, S]
+        helper.make_node("Shape", ["src"], ["src_shape"]),
+        helper.make_node("Gather", ["src_shape", "one"], ["S"], axis=0),
+        helper.make_node("Range", ["zero", "S", "one"], ["positions"]),
+        helper.make_node("Equal", ["positions", position], ["here"]),
+        helper.make_node("Cast", ["here"], ["here_f"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["src", "here_f"], ["picked"]),
+        helper.make_node("ReduceSum", ["picked", "axis1"], ["value"], keepdims=0),
+        helper.make_node("Cast", ["value"], ["token"], to=TensorProto.INT64),
+        helper.make_node("OneHot", ["token", "depth", "onoff"], ["scores"], axis=-1),
+        helper.make_node("Unsqueeze", ["scores", "axis1"], ["logits"]),
+    ]
+
+
+def _copy_decoders(directory: Path, vocab: int) -> None:
+    """The first step answers the source's first id; a step after P tokens, its P-th."""
+    from onnx import TensorProto, helper
+
+    i64, f32 = TensorProto.INT64, TensorProto.FLOAT
     consts = [
         helper.make_tensor("axes13", i64, [2], [1, 3]),
         helper.make_tensor("axis1", i64, [1], [1]),
         helper.make_tensor("axes23", i64, [2], [2, 3]),
         helper.make_tensor("zero", i64, [], [0]),
         helper.make_tensor("one", i64, [], [1]),
-        helper.make_tensor("two", i64, [], [2]),
         helper.make_tensor("depth", i64, [], [vocab]),
         helper.make_tensor("onoff", f32, [2], [0.0, 10.0]),
     ]
-    step_in = info("input_ids", i64, ["N", 1])
-    mask_in = info("encoder_attention_mask", i64, ["N", "S"])
+    step_in = _info("input_ids", i64, ["N", 1])
+    mask_in = _info("encoder_attention_mask", i64, ["N", "S"])
     outs = [
-        info("logits", f32, ["N", 1, vocab]),
-        info("present.0.decoder.key", f32, ["N", 1, "T", 1]),
-        info("present.0.encoder.key", f32, ["N", 1, "S", 1]),
+        _info("logits", f32, ["N", 1, vocab]),
+        _info("present.0.decoder.key", f32, ["N", 1, "T", 1]),
+        _info("present.0.encoder.key", f32, ["N", 1, "S", 1]),
     ]
+    encoder_key = "present.0.encoder.key"
     _save(
         [
-            helper.make_node(
-                "Unsqueeze", ["encoder_hidden_states", "axis1"], ["present.0.encoder.key"]
-            ),
+            helper.make_node("Unsqueeze", ["encoder_hidden_states", "axis1"], [encoder_key]),
             helper.make_node("Cast", ["input_ids"], ["ids_f"], to=f32),
             helper.make_node("Unsqueeze", ["ids_f", "axes23"], ["present.0.decoder.key"]),
-            *answer("present.0.encoder.key", "zero"),
+            *_copy_answer(encoder_key, "zero"),
         ],
         "decoder",
-        [step_in, info("encoder_hidden_states", f32, ["N", "S", 1]), mask_in],
+        [step_in, _info("encoder_hidden_states", f32, ["N", "S", 1]), mask_in],
         outs,
         directory / "decoder_model.onnx",
-        [c for c in consts if c.name != "two"],
+        consts,
     )
+    past = ["past_key_values.0.decoder.key", "past_key_values.0.encoder.key"]
     _save(
         [
-            helper.make_node(
-                "Identity", ["past_key_values.0.encoder.key"], ["present.0.encoder.key"]
-            ),
+            helper.make_node("Identity", [past[1]], [encoder_key]),
             helper.make_node("Cast", ["input_ids"], ["ids_f"], to=f32),
             helper.make_node("Unsqueeze", ["ids_f", "axes23"], ["new"]),
-            helper.make_node(
-                "Concat",
-                ["past_key_values.0.decoder.key", "new"],
-                ["present.0.decoder.key"],
-                axis=2,
-            ),
-            helper.make_node("Shape", ["past_key_values.0.decoder.key"], ["past_shape"]),
+            helper.make_node("Concat", [past[0], "new"], ["present.0.decoder.key"], axis=2),
+            helper.make_node("Shape", [past[0]], ["past_shape"]),
             helper.make_node("Gather", ["past_shape", "two"], ["P"], axis=0),
-            *answer("present.0.encoder.key", "P"),
+            *_copy_answer(encoder_key, "P"),
         ],
         "decoder_with_past",
         [
             step_in,
             mask_in,
-            info("past_key_values.0.decoder.key", f32, ["N", 1, "P", 1]),
-            info("past_key_values.0.encoder.key", f32, ["N", 1, "S", 1]),
+            _info(past[0], f32, ["N", 1, "P", 1]),
+            _info(past[1], f32, ["N", 1, "S", 1]),
         ],
         outs,
         directory / "decoder_with_past_model.onnx",
-        consts,
+        [*consts, helper.make_tensor("two", i64, [], [2])],
     )
+
+
+def copy_translator(directory: Path, vocab: int = len(WORDS)) -> dict[str, str]:
+    """An encoder-decoder export (encoder, decoder, decoder with past) that copies its source:
+    the decoder's k-th step answers the source's k-th id, and id 0 (the end) past its last.
+    Returns the files as serving.json's `files` names them."""
+    _copy_encoder(directory / "encoder_model.onnx")
+    _copy_decoders(directory, vocab)
     return {
         "encoder": "encoder_model.onnx",
         "decoder": "decoder_model.onnx",
