@@ -1,0 +1,70 @@
+"""The gate's margin (hf2triton/kinds/margin.py): a metric that averages over the items is judged
+by its seeded bootstrap bound, so a candidate that meets a limit by a hair is borderline, and two
+runs of one candidate agree within what their served precision allows."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from hf2triton.kinds.margin import LEVEL, Borderline, Sample, borderline, bound, loosened, tolerance
+
+
+def test_a_sample_recomputes_its_metric_from_the_items():
+    values = [0.9, 1.0, 0.8, 1.0]
+    mean = Sample.mean(values)
+    assert mean.reduce(mean.stats.sum(axis=0)) == pytest.approx(np.mean(values))
+    ratio = Sample.ratio([3, 1], [4, 4])
+    assert ratio.reduce(ratio.stats.sum(axis=0)) == 0.5
+    assert Sample.ratio([0], [0]).reduce(np.zeros(2)) == 1.0  # nothing to count: agreement
+
+
+def test_the_bound_is_one_sided_seeded_and_the_metric_itself_when_it_cannot_vary():
+    varied = Sample.mean(np.linspace(0.0, 1.0, 50))
+    lower, upper = bound(varied, ">="), bound(varied, "<=")
+    assert lower < 0.5 < upper
+    assert bound(varied, ">=") == lower  # the same items, the same bound
+    assert bound(Sample.mean([0.7] * 20), ">=") == pytest.approx(0.7)
+    assert bound(Sample.mean([0.3]), ">=") == 0.3  # one item
+    assert math.isnan(bound(Sample(np.ones((3, 1)), lambda s: float("nan")), ">="))
+
+
+def test_a_metric_that_meets_its_limit_only_by_a_hair_is_borderline():
+    agree = Sample.mean([1.0] * 95 + [0.0] * 5)  # 0.95
+    metrics = {"label_agreement": 0.95, "max_prob_diff": 0.01, "unsampled": 0.0}
+    limits = {
+        "label_agreement": (">=", 0.94),
+        "max_prob_diff": ("<=", 0.05),
+        "unsampled": (">=", 1.0),
+    }
+    bounds, found = borderline(metrics, {"label_agreement": agree}, limits)
+    assert set(bounds) == {"label_agreement"} and bounds["label_agreement"] < 0.94
+    (hair,) = found
+    assert (hair.metric, hair.value, hair.limit, hair.op) == ("label_agreement", 0.95, 0.94, ">=")
+    assert hair.short == pytest.approx(0.94 - hair.bound)
+    assert f"its {LEVEL:.0%} lower bound" in hair.describe()
+    assert hair.as_dict()["short"] == hair.short
+    # a comfortable pass is not borderline
+    assert (
+        borderline(metrics, {"label_agreement": agree}, {"label_agreement": (">=", 0.5)})[1] == []
+    )
+
+
+def test_runs_agree_within_their_precisions_tolerance():
+    assert tolerance(None) == tolerance("fp32") == 1e-4
+    assert tolerance("bf16") == tolerance("int8") == 1e-2
+    limits = {"min_cosine": (">=", 0.999), "max_prob_diff": ("<=", 1e-4), "other": (">=", 1.0)}
+    seen = {"min_cosine": 0.99, "max_prob_diff": 0.002, "other": float("nan")}
+    assert loosened(limits, seen, 0.001) == {
+        "min_cosine": (">=", pytest.approx(0.989)),
+        "max_prob_diff": ("<=", pytest.approx(0.003)),
+        "other": (">=", 1.0),
+    }
+
+
+def test_a_borderline_describes_the_upper_bound_of_a_ceiling():
+    over = Borderline("perplexity_increase", 0.04, 0.06, 0.05, "<=")
+    assert over.short == pytest.approx(0.01)
+    assert "upper bound 0.0600 does not (by 0.0100)" in over.describe()
