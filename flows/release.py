@@ -6,8 +6,6 @@ docker, kserve) are chosen once from the spec; the steps live in `tasks/`, the w
 
 from __future__ import annotations
 
-from typing import Any
-
 from prefect import flow
 from prefect.transactions import transaction
 
@@ -29,6 +27,7 @@ from hf2triton.tasks.report import report
 from hf2triton.tasks.repository import repository
 from hf2triton.tasks.tune import tune
 from hf2triton.tasks.validate import validate
+from hf2triton.util.json_types import JSONObject, RawSpec
 from hf2triton.util.workspace import work_dir
 from hf2triton.watch.status import remember
 
@@ -58,7 +57,7 @@ def release_context(spec: ReleaseSpec) -> ReleaseContext:
 
 
 @flow(name="release-model", log_prints=False, validate_parameters=False)
-def release_model(spec: ReleaseSpec | dict[str, Any]) -> dict[str, Any]:
+def release_model(spec: ReleaseSpec | RawSpec) -> JSONObject:
     """Release one model as `spec` describes; returns the release summary. A second run of the
     same release waits for this one (hf2triton.orchestration.locks), then reuses its finished
     steps."""
@@ -67,7 +66,7 @@ def release_model(spec: ReleaseSpec | dict[str, Any]) -> dict[str, Any]:
         return _release(spec)
 
 
-def _release(spec: ReleaseSpec) -> dict[str, Any]:
+def _release(spec: ReleaseSpec) -> JSONObject:
     """The chain itself, run while the release's lock is held."""
     ctx = release_context(spec)
     target = target_for(spec, ctx.work)

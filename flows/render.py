@@ -5,18 +5,17 @@ no deploy (`hf2triton render`, hf2triton.release.render)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from prefect import flow
 
 from hf2triton.flows.release import build_repository, release_context
 from hf2triton.orchestration.locks import release_lock
 from hf2triton.spec import ReleaseSpec, parse_spec
 from hf2triton.tasks.render import write_output
+from hf2triton.util.json_types import JSONObject, RawSpec, json_object
 
 
 @flow(name="render-release", log_prints=False, validate_parameters=False)
-def render_release(spec: ReleaseSpec | dict[str, Any], output: str) -> dict[str, Any]:
+def render_release(spec: ReleaseSpec | RawSpec, output: str) -> JSONObject:
     """Render what releasing `spec` would serve into `output`; returns what render.json holds.
     Its steps are the release's own (a release of the same spec after it reuses them), so it
     holds the release's lock while it runs."""
@@ -25,6 +24,6 @@ def render_release(spec: ReleaseSpec | dict[str, Any], output: str) -> dict[str,
         return _render(spec, output)
 
 
-def _render(spec: ReleaseSpec, output: str) -> dict[str, Any]:
+def _render(spec: ReleaseSpec, output: str) -> JSONObject:
     built = build_repository(spec, release_context(spec))
-    return dict(write_output(spec, built, output))
+    return json_object(write_output(spec, built, output))

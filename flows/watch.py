@@ -7,7 +7,7 @@ hf2triton/watch/'s."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Literal, cast
 
 from prefect import flow
 from prefect.deployments import run_deployment
@@ -16,6 +16,7 @@ from hf2triton.orchestration.deployments import release_tag
 from hf2triton.orchestration.prefect_api import deployment_tagged
 from hf2triton.spec import ReleaseSpec, parse_spec
 from hf2triton.tasks.watch import breach, look
+from hf2triton.util.json_types import JSONObject, RawSpec
 from hf2triton.util.runs import step_logger
 from hf2triton.watch import observe, rollback, status
 
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 
 @flow(name="watch-release", log_prints=False, validate_parameters=False)
 def watch_release(
-    spec: ReleaseSpec | dict[str, Any],
+    spec: ReleaseSpec | RawSpec,
     duration_s: float = 0,
     act: Literal["rollback", "event"] = "rollback",
 ) -> list[observe.Look]:
@@ -39,11 +40,11 @@ def watch_release(
 
 @flow(name="rollback-release", log_prints=False, validate_parameters=False)
 def rollback_release(
-    spec: ReleaseSpec | dict[str, Any],
+    spec: ReleaseSpec | RawSpec,
     to: str | None = None,
     reason: str = "rolled back by hand",
     only_if_champion: str | None = None,
-) -> dict[str, Any]:
+) -> JSONObject:
     """`hf2triton rollback` as a deployment, and what the watch's breach event starts."""
     spec = parse_spec(spec)
     done = rollback.roll_back(spec, reason, to=to, only_if_champion=only_if_champion or None)
@@ -52,12 +53,12 @@ def rollback_release(
 
 
 @flow(name="release-status", log_prints=False, validate_parameters=False)
-def release_status(spec: ReleaseSpec | dict[str, Any]) -> dict[str, Any]:
+def release_status(spec: ReleaseSpec | RawSpec) -> JSONObject:
     """`hf2triton status` as a deployment."""
     return status.status(parse_spec(spec))
 
 
-def after_release(spec: ReleaseSpec) -> dict[str, Any]:
+def after_release(spec: ReleaseSpec) -> JSONObject:
     """The release's own watch: on a Prefect server with the watch deployed, a run of it for the
     whole window (the release does not wait); otherwise an in-process watch for
     `watch.after_release_s` (0: one look). A watch that cannot look warns; the release stands."""

@@ -7,20 +7,24 @@ hook below puts the target back to what served before."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
 from prefect import task
-from prefect.transactions import get_transaction
+from prefect.transactions import BaseTransaction, get_transaction
 
 from hf2triton.kinds import ModelKind
+from hf2triton.kinds.config import KindConfig
 from hf2triton.release.gate import GateResult
 from hf2triton.release.repository import RepositoryResult
 from hf2triton.targets import Deployment, DeployTarget
 from hf2triton.targets.smoke import Endpoint, smoke_endpoint, smoke_test
+from hf2triton.util.json_types import JSONObject
 from hf2triton.util.runs import NO_PREFECT_CACHE, RETRY_TRANSIENT, note_reuse, step_logger
 
 
-def _check(target: DeployTarget, kind: ModelKind, model_name: str, reference_path: str):
+def _check(
+    target: DeployTarget, kind: ModelKind[KindConfig], model_name: str, reference_path: str
+) -> Callable[[Endpoint], dict[str, float]]:
     import json
 
     with open(reference_path, encoding="utf-8") as f:
@@ -37,10 +41,10 @@ def _check(target: DeployTarget, kind: ModelKind, model_name: str, reference_pat
 )
 def deploy(
     target: DeployTarget,
-    kind: ModelKind,
+    kind: ModelKind[KindConfig],
     repo: RepositoryResult,
     version: str,
-    image: dict[str, Any],
+    image: JSONObject,
     val: GateResult,
 ) -> Deployment:
     """Put `version` beside what serves (a load that fails cleans up after itself)."""
@@ -60,7 +64,7 @@ def deploy(
 
 
 @deploy.on_rollback
-def rollback(txn: Any) -> None:
+def rollback(txn: BaseTransaction) -> None:
     """Something after deploy failed: back to what served before (a version that was already
     serving before this run is left alone)."""
     target, deployment = txn.get("rollback", (None, None))
@@ -78,7 +82,7 @@ def rollback(txn: Any) -> None:
     **NO_PREFECT_CACHE,
 )
 def smoke(
-    target: DeployTarget, kind: ModelKind, deployment: Deployment, val: GateResult
+    target: DeployTarget, kind: ModelKind[KindConfig], deployment: Deployment, val: GateResult
 ) -> dict[str, float]:
     """The deployed version on every endpoint against what the gate recorded the shipped
     candidate answering the same requests."""

@@ -5,8 +5,6 @@ hf2triton.image.release's rule."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from prefect import task
 
 from hf2triton.clients.mlflow import Registry
@@ -23,6 +21,7 @@ from hf2triton.release.record import Record
 from hf2triton.release.repository import RepositoryResult
 from hf2triton.spec import ReleaseSpec
 from hf2triton.tasks.register import RegisterResult
+from hf2triton.util.json_types import JSONObject
 from hf2triton.util.runs import NO_PREFECT_CACHE, RETRY_TRANSIENT, step_logger
 
 
@@ -61,7 +60,7 @@ def record_image(reg: RegisterResult, built: ImageBuildResult, pushed: PushResul
 
 def release_image(
     spec: ReleaseSpec, repo: RepositoryResult, reg: RegisterResult, record: Record
-) -> dict[str, Any]:
+) -> JSONObject:
     """Build, push and record the image, or say plainly why it is skipped."""
     logger = step_logger()
     plan = image_plan(spec, reg["version"], record["release_key"], logger)

@@ -4,12 +4,11 @@ Prefect event and, in the window, rolls back (hf2triton.watch.rollback)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from prefect import task
 
 from hf2triton.clients.mlflow import Registry
 from hf2triton.spec import ReleaseSpec
+from hf2triton.util.json_types import JSONObject
 from hf2triton.util.runs import NO_PREFECT_CACHE, step_logger
 from hf2triton.watch import observe, publish, rollback
 
@@ -33,7 +32,7 @@ def look(spec: ReleaseSpec) -> observe.Look:
     task_run_name="breach {seen[release]} v{seen[champion]}",
     **NO_PREFECT_CACHE,
 )
-def breach(spec: ReleaseSpec, seen: observe.Look, act: str) -> dict[str, Any] | None:
+def breach(spec: ReleaseSpec, seen: observe.Look, act: str) -> JSONObject | None:
     """Say so (a Prefect event); in the window, with act `rollback`, roll back here too."""
     publish.emit_breach(seen)
     if not seen["in_window"] or act != "rollback":

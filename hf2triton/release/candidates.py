@@ -70,7 +70,7 @@ def selection(
 
 
 def champion_to_face(
-    kind: ModelKind, data: Data, cfg: KindConfig, tracking_uri: str, model_name: str
+    kind: ModelKind[KindConfig], data: Data, cfg: KindConfig, tracking_uri: str, model_name: str
 ) -> Champion | None:
     """The serving champion, when the data is labelled (there is a task metric to compare);
     None without labels or before the first release."""

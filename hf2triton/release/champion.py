@@ -44,7 +44,7 @@ def find_champion(model: str, tracking_uri: str) -> Champion | None:
         raise
     version = str(mv.version)
 
-    def download(out: Path) -> dict:
+    def download(out: Path) -> dict[str, Any]:
         # A release's versions come from its run; the served files are that run's artifacts.
         assert mv.run_id is not None, f"{model} version {version} has no run"
         run = registry.run(mv.run_id)

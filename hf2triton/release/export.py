@@ -37,7 +37,7 @@ class Exported(ExportResult):
     config: dict[str, Any]
 
 
-def candidate_path(kind: ModelKind, directory: str | Path) -> str:
+def candidate_path(kind: ModelKind[KindConfig], directory: str | Path) -> str:
     """What a variant of this kind is: its one ONNX file, or (seq2seq) its directory."""
     return str(Path(directory) / "model.onnx") if kind.main_file == "model.onnx" else str(directory)
 
@@ -49,7 +49,7 @@ WEIGHT_COPIES = {"text2text-generation-with-past": 2.0}
 HALF_DTYPES = {"float16", "bfloat16"}
 
 
-def export_space(kind: ModelKind, model_dir: str) -> SpaceEstimate:
+def export_space(kind: ModelKind[KindConfig], model_dir: str) -> SpaceEstimate:
     """About what an export of `model_dir` writes: its weights as fp32, once per graph."""
     root = Path(model_dir)
     weights = [p for p in root.glob("*.safetensors") if p.is_file()] or [
@@ -105,7 +105,7 @@ def optimum_export(model_dir: str, out: Path, onnx_task: str, opset: int, main_f
 
 
 def export_model(
-    kind: ModelKind,
+    kind: ModelKind[KindConfig],
     src: FetchResult,
     settings: ExportSpec,
     cfg: KindConfig,
@@ -130,7 +130,7 @@ def export_model(
     )
     started = time.perf_counter()
 
-    def build(out: Path) -> dict:
+    def build(out: Path) -> dict[str, Any]:
         optimum_export(model_dir, out, kind.onnx_task, opset, kind.main_file)
         kind.prepare_export(model_dir, out, cfg)
         found = kind.check_export(model_dir, out, cfg, inputs)

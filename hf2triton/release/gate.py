@@ -26,7 +26,7 @@ from hf2triton.kinds.config import KindConfig
 from hf2triton.release import judge, verdict
 from hf2triton.release.champion import Champion, champion_limit
 from hf2triton.release.judge import answer_in_batches, judge_candidates
-from hf2triton.release.plan import Gate, GateSettings, Reference, candidate_settings
+from hf2triton.release.plan import Facing, Gate, GateSettings, Reference, candidate_settings
 from hf2triton.release.verdict import Written, new_report, write_report
 from hf2triton.targets import smoke
 from hf2triton.util.runs import step_logger
@@ -56,7 +56,9 @@ class GateResult(TypedDict):
     reused: bool
 
 
-def candidate_digest(kind: ModelKind, candidate: str, export_dir: str) -> dict[str, str]:
+def candidate_digest(
+    kind: ModelKind[KindConfig], candidate: str, export_dir: str
+) -> dict[str, str]:
     return {n: sha256_file(p) for n, p in kind.version_files(candidate, export_dir).items()}
 
 
@@ -71,7 +73,7 @@ def serves(champion: Champion, files: dict[str, str], settings: dict[str, Any]) 
 
 
 def score_champion(
-    kind: ModelKind,
+    kind: ModelKind[KindConfig],
     champion: Champion,
     requests: list[dict[str, np.ndarray]],
     data: Data,
@@ -104,7 +106,7 @@ def run_gate(
     raise AccuracyGateError if none passes. How they are judged and picked: the `gate`
     (hf2triton.release.plan.Gate.of, from the release's GateSettings)."""
     kind, export_dir = gate.kind, gate.export_dir
-    digests = [
+    digests: list[Digest] = [
         (
             c.name,
             candidate_digest(kind, c.onnx_path, export_dir) if not c.error else c.error,
@@ -130,7 +132,7 @@ def run_gate(
     started = time.perf_counter()
     failed_report = Path(work_root) / "validate" / f"failed-{key[:16]}.json"
 
-    def build(out: Path) -> dict:
+    def build(out: Path) -> dict[str, Any]:
         ref, report, chosen = decide(gate, candidates, model_dir, champion, same)
         result = write_report(gate, report, chosen, ref, Written(out, failed_report, work_root))
         return {**result, "onnx_path": in_work(result["onnx_path"], work_root)}
@@ -177,7 +179,8 @@ def decide(
     for what, why in report["not_offered"].items():
         log.info("validate: %s is not offered on this machine (%s): not tried", what, why)
     floor = face_champion(gate, champion, same, len(candidates), ref, report)
-    chosen = judge_candidates(gate, candidates, ref, report, floor, same)
+    facing = Facing(report.get("champion", {}), floor, frozenset(same))
+    chosen = judge_candidates(gate, candidates, ref, report, facing)
     report["chosen"] = chosen.name if chosen else None
     return ref, report, chosen
 
@@ -191,7 +194,12 @@ def in_work(path: str, work_root: str) -> str:
         return path
 
 
-def champion_serves(gate: Gate, champion: Champion | None, digests: list[tuple]) -> set[str]:
+# A candidate's digest: its name, its files' sha256 (or why it could not be built), the runtime
+# serving.json names and the runtime the gate runs it on.
+Digest = tuple[str, dict[str, str] | str, dict[str, Any] | None, dict[str, Any] | None]
+
+
+def champion_serves(gate: Gate, champion: Champion | None, digests: list[Digest]) -> set[str]:
     """The candidates the champion already serves (same files, same runtime): not compared
     with themselves."""
     if not (champion and gate.quality):
@@ -211,7 +219,7 @@ def champion_serves(gate: Gate, champion: Champion | None, digests: list[tuple])
     }
 
 
-def gate_key(gate: Gate, digests: list[tuple], champion: Champion | None, same: set[str]) -> str:
+def gate_key(gate: Gate, digests: list[Digest], champion: Champion | None, same: set[str]) -> str:
     """The validate step's cache key: everything its verdict depends on. When the champion
     serves one of the candidates it stays out: nothing new registered, same gate, step reused."""
     kind = gate.kind

@@ -6,17 +6,20 @@ breaks is refused with its error and the gate goes on."""
 from __future__ import annotations
 
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hf2triton.errors import AccuracyGateError
 from hf2triton.kinds.base import Candidate, misses, timing_items, worst_of
-from hf2triton.kinds.margin import borderline
-from hf2triton.release.champion import mlflow_verdict
-from hf2triton.release.plan import Gate, Reference, candidate_settings
+from hf2triton.kinds.margin import Borderline, borderline
+from hf2triton.release.plan import Facing, Gate, Reference, candidate_settings
 from hf2triton.targets.smoke import groups
 from hf2triton.util.runs import step_logger
+
+if TYPE_CHECKING:
+    from hf2triton.serving.base import ServedModel
 
 
 def answer_in_batches(
@@ -33,12 +36,7 @@ def answer_in_batches(
 
 
 def judge_candidates(
-    gate: Gate,
-    candidates: list[Candidate],
-    ref: Reference,
-    report: dict[str, Any],
-    floor: dict[str, Any],
-    same: set[str],
+    gate: Gate, candidates: list[Candidate], ref: Reference, report: dict[str, Any], facing: Facing
 ) -> Candidate | None:
     """Judge the candidates into `report["candidates"]` in the gate's order (timed first and
     fastest first with select "fastest"), stopping at the first that passes unless the gate
@@ -65,7 +63,7 @@ def judge_candidates(
             len(gate.gate_data),
             gate.kind.item_word,
         )
-        entry = measure_candidate(gate, cand, ref, report.get("champion", {}), floor, same)
+        entry = measure_candidate(gate, cand, ref, facing)
         if cand.name in speeds:
             entry["throughput"] = speeds[cand.name]
         report["candidates"].append(entry)
@@ -77,12 +75,7 @@ def judge_candidates(
 
 
 def measure_candidate(
-    gate: Gate,
-    cand: Candidate,
-    ref: Reference,
-    champ: dict[str, Any],
-    floor: dict[str, Any],
-    same: set[str],
+    gate: Gate, cand: Candidate, ref: Reference, facing: Facing
 ) -> dict[str, Any]:
     """One candidate through the serving core: scored one request at a time, in dynamic batches
     and on the smoke test's requests (the worst counts), against the champion's floor, and with
@@ -96,7 +89,7 @@ def measure_candidate(
         model = gate.kind.open_candidate(
             cand.onnx_path, gate.export_dir, candidate_settings(gate.base, cand.gated_runtime)
         )
-        return judge(gate, cand, model, ref, champ, floor, same, t0)
+        return judge(gate, cand, model, ref, facing, t0)
     except Exception as exc:  # noqa: BLE001 - a candidate that breaks is refused, not fatal
         return refusal(cand, exc, t0)
     finally:
@@ -130,22 +123,22 @@ def refusal(cand: Candidate, exc: BaseException, t0: float) -> dict[str, Any]:
     }
 
 
-def judge(
-    gate: Gate,
-    cand: Candidate,
-    model: Any,
-    ref: Reference,
-    champ: dict[str, Any],
-    floor: dict[str, Any],
-    same: set[str],
-    t0: float,
-) -> dict[str, Any]:
-    """The report entry of an opened candidate: its metrics against PyTorch (the worst of one
-    request at a time and Triton's batches), each average's bound (a candidate that passes by a
-    hair is borderline, and misses), how far its own answers move with the batch, and what it
-    answers to the smoke test's requests (`recorded`, what the smoke test holds the endpoint
-    to)."""
-    kind, cfg, limits, quality = gate.kind, gate.cfg, gate.limits, gate.quality
+@dataclass(frozen=True)
+class Scored:
+    """A candidate's figures against PyTorch: the worst of one request at a time and Triton's
+    batches (`metrics`), the details of the batching that did worst, each average's bound, the
+    metrics it passes by a hair, and its answers alone and batched."""
+
+    metrics: dict[str, float]
+    details: dict[str, Any]
+    bounds: dict[str, float]
+    hairs: dict[str, Borderline]
+    outputs: list[Any]
+
+
+def score_runs(gate: Gate, model: ServedModel, ref: Reference) -> Scored:
+    """The candidate scored one request at a time and in Triton's dynamic batches."""
+    kind, cfg, limits = gate.kind, gate.cfg, gate.limits
     runs, outputs = [], []
     for size in (1, gate.batch):
         out = kind.extract(answer_in_batches(model, ref.requests, size))
@@ -153,48 +146,68 @@ def judge(
         samples = kind.samples(ref.outputs, out, gate.gate_data, cfg)
         runs.append((metrics_run, details_run, *borderline(metrics_run, samples, limits)))
         outputs.append(out)
-    metrics = worst_of([r[0] for r in runs], limits)
     # The details (worst examples) of the batching that did worst.
     details = (
         max(runs, key=lambda r: sum(misses(r[0], limits).values()))[1]
         if any(misses(r[0], limits) for r in runs)
         else runs[-1][1]
     )
-    bounds = worst_of([r[2] for r in runs], limits) if runs[0][2] else {}
-    hairs = {b.metric: b for r in runs for b in r[3]}
-    missed = misses(metrics, limits)
-    missed.update({f"margin.{m}": b.short for m, b in hairs.items() if m not in missed})
+    return Scored(
+        metrics=worst_of([r[0] for r in runs], limits),
+        details=details,
+        bounds=worst_of([r[2] for r in runs], limits) if runs[0][2] else {},
+        hairs={b.metric: b for r in runs for b in r[3]},
+        outputs=outputs,
+    )
+
+
+def judge(
+    gate: Gate, cand: Candidate, model: ServedModel, ref: Reference, facing: Facing, t0: float
+) -> dict[str, Any]:
+    """The report entry of an opened candidate: its metrics against PyTorch (the worst of one
+    request at a time and Triton's batches), each average's bound (a candidate that passes by a
+    hair is borderline, and misses), how far its own answers move with the batch, and what it
+    answers to the smoke test's requests (`recorded`, what the smoke test holds the endpoint
+    to)."""
+    kind = gate.kind
+    scored = score_runs(gate, model, ref)
+    missed = misses(scored.metrics, gate.limits)
+    missed.update({f"margin.{m}": b.short for m, b in scored.hairs.items() if m not in missed})
     checks, failed = kind.served_checks(model, gate.gate_data)
     missed.update(failed)
-    verdict = None
-    if floor and cand.name not in same:
-        assert quality is not None  # a floor is only set for the task metric (face_champion)
-        # MLflow's own model validation makes the call against the champion.
-        verdict = mlflow_verdict(quality, metrics[quality], champ["value"], gate.max_drop)
-        if verdict:
-            missed[f"champion.{quality}"] = floor[quality][1] - metrics[quality]
+    verdict = facing.judge(gate, cand.name, scored.metrics, missed)
     # The same candidate alone and batched: 1.0 (or 0) where its answers do not move.
-    itself, _ = kind.score(kind.as_reference(outputs[0]), outputs[1], gate.gate_data, cfg)
+    first, batched = scored.outputs
+    itself, _ = kind.score(kind.as_reference(first), batched, gate.gate_data, gate.cfg)
     entry = {
         "name": cand.name,
         "runtime": cand.runtime,
         "gated_on": cand.gated_runtime,
-        "metrics": metrics,
-        "bounds": bounds,
-        "borderline": {m: b.as_dict() for m, b in hairs.items()},
+        "metrics": scored.metrics,
+        "bounds": scored.bounds,
+        "borderline": {m: b.as_dict() for m, b in scored.hairs.items()},
         "misses": missed,
         "served_checks": checks,
         "batch_invariance": {k: itself[k] for k in kind.agreement_limits(0.0) if k in itself},
-        "details": details,
-        "worst": details.get("worst", []),
+        "details": scored.details,
+        "worst": scored.details.get("worst", []),
         "champion_verdict": verdict,
         "recorded": record_smoke(gate, model, ref),
     }
-    log = step_logger()
+    log_judged(gate, cand, entry, scored.hairs, t0)
+    return entry
+
+
+def log_judged(
+    gate: Gate, cand: Candidate, entry: dict[str, Any], hairs: dict[str, Borderline], t0: float
+) -> None:
+    """A judged candidate's log lines: its figures and verdict, its served checks, and each
+    metric it passes by a hair."""
+    log, missed = step_logger(), entry["misses"]
     log.info(
         "validate: %s: %s -> %s (%.0f s)",
         cand.name,
-        ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k in limits),
+        ", ".join(f"{k} {v:.4f}" for k, v in entry["metrics"].items() if k in gate.limits),
         "borderline"
         if hairs and missed.keys() <= {f"margin.{m}" for m in hairs}
         else "misses the gate"
@@ -202,13 +215,12 @@ def judge(
         else "passes",
         time.perf_counter() - t0,
     )
-    for what, figure in checks.items():
+    for what, figure in entry["served_checks"].items():
         log.info("validate: %s: %s %s", cand.name, what.replace("_", " "), figure)
     for b in hairs.values():
         log.info(
             "validate: %s is borderline: %s; the next candidate is judged", cand.name, b.describe()
         )
-    return entry
 
 
 def record_smoke(gate: Gate, model: Any, ref: Reference) -> dict[str, Any]:

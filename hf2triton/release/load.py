@@ -90,8 +90,10 @@ class LoadResult:
         }
 
 
+# Nine parameters by design: a load generator's knobs (as wrk's or AIPerf's flags), all but the
+# first four with defaults; the configuration search, the soak and the benchmarks each set a few.
 async def closed_loop(
-    call: Call,
+    call: Call[Payload],
     payloads: Sequence[Payload],
     clients: int,
     duration_s: float,
@@ -155,7 +157,7 @@ class _Run:
 
     def __init__(
         self,
-        call: Call,
+        call: Call[Any],
         payloads: Sequence[Any],
         result: LoadResult,
         max_requests: int | None,

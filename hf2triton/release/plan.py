@@ -12,6 +12,7 @@ import numpy as np
 
 from hf2triton.kinds.base import Data, ModelKind
 from hf2triton.kinds.config import KindConfig
+from hf2triton.release.champion import mlflow_verdict
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class Gate:
     """One release's gate, settled before anything runs: what every candidate is measured on,
     batched how, against which limits, and how the winner is picked."""
 
-    kind: ModelKind
+    kind: ModelKind[KindConfig]
     cfg: KindConfig
     data: Data  # the validation data as read (the smoke test's items come from it)
     gate_data: Data  # what the gate measures (labelled items added by some kinds)
@@ -56,7 +57,12 @@ class Gate:
 
     @classmethod
     def of(
-        cls, kind: ModelKind, cfg: KindConfig, data: Data, export_dir: str, settings: GateSettings
+        cls,
+        kind: ModelKind[KindConfig],
+        cfg: KindConfig,
+        data: Data,
+        export_dir: str,
+        settings: GateSettings,
     ) -> Gate:
         """The gate of the candidates of the export in `export_dir` (configured by `cfg`),
         measured on `data` as `settings` ask."""
@@ -97,3 +103,29 @@ class Reference:
 def candidate_settings(base: dict[str, Any], runtime: dict[str, Any] | None) -> dict[str, Any]:
     """serving.json (without file locations) of a candidate on `runtime`."""
     return {**base, "runtime": runtime} if runtime else dict(base)
+
+
+@dataclass(frozen=True)
+class Facing:
+    """The serving champion a candidate faces (with labelled data): its report entry
+    (`champion`: version, metric, value), the `floor` a candidate's task metric must reach ({}:
+    none to reach), and the candidates it already serves (`same`: not compared with
+    themselves)."""
+
+    champion: dict[str, Any] = field(default_factory=dict)
+    floor: dict[str, Any] = field(default_factory=dict)
+    same: frozenset[str] = frozenset()
+
+    def judge(
+        self, gate: Gate, name: str, metrics: dict[str, float], missed: dict[str, Any]
+    ) -> str | None:
+        """MLflow's own model validation's verdict on candidate `name` against the champion
+        (None: passes, or not compared), its miss added to `missed`."""
+        quality = gate.quality
+        if not self.floor or name in self.same:
+            return None
+        assert quality is not None  # a floor is only set for the task metric (face_champion)
+        verdict = mlflow_verdict(quality, metrics[quality], self.champion["value"], gate.max_drop)
+        if verdict:
+            missed[f"champion.{quality}"] = self.floor[quality][1] - metrics[quality]
+        return verdict

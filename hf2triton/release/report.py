@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 
 from hf2triton.kinds.base import ModelKind
+from hf2triton.kinds.config import KindConfig
 from hf2triton.runtimes import label
 from hf2triton.util.cpu import describe as describe_cpu
 from hf2triton.util.workspace import redact_uri
@@ -45,7 +46,7 @@ def _runtime(cand: dict[str, Any]) -> str:
     return text
 
 
-def accuracy_rows(kind: ModelKind, report: dict[str, Any]) -> list[dict[str, Any]]:
+def accuracy_rows(kind: ModelKind[KindConfig], report: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for cand in report["candidates"]:
         row: dict[str, Any] = {"variant": cand["name"], "runtime": _runtime(cand)}
@@ -62,7 +63,7 @@ def accuracy_rows(kind: ModelKind, report: dict[str, Any]) -> list[dict[str, Any
 
 
 def publish_gate_failure(
-    release: str, kind: ModelKind, report: dict[str, Any], message: str
+    release: str, kind: ModelKind[KindConfig], report: dict[str, Any], message: str
 ) -> None:
     """The refusal, in the UI: which metric missed by how much, for every candidate."""
     create_table_artifact(
@@ -111,14 +112,9 @@ drop | verdict (MLflow model validation) | |---|---|---|---|---|
 """
 
 
-def release_markdown(kind: ModelKind, summary: dict[str, Any], report: dict[str, Any]) -> str:
+def variants_table(report: dict[str, Any]) -> str:
+    """The rows of the report's variants table (and what this machine could not try)."""
     limits = report["limits"]
-    metrics = summary["metrics"]
-    metric_lines = "\n".join(
-        f"| {k} | {metrics[k]:.6f} | {metrics.get('smoke_' + k, float('nan')):.6f} | {op} {v} |"
-        for k, (op, v) in limits.items()
-        if k in metrics
-    )
 
     def row(c: dict[str, Any]) -> str:
         figures = " | ".join(f"{c['metrics'].get(k, float('nan')):.4f}" for k in limits)
@@ -128,10 +124,22 @@ def release_markdown(kind: ModelKind, summary: dict[str, Any], report: dict[str,
             f"{_verdict(c, report.get('chosen'))} |"
         )
 
-    variants = "\n".join(row(c) for c in report["candidates"])
     not_offered = "".join(
         f"\n- not offered here: {what} ({why})"
         for what, why in (report.get("not_offered") or {}).items()
+    )
+    return "\n".join(row(c) for c in report["candidates"]) + "\n" + not_offered
+
+
+def release_markdown(
+    kind: ModelKind[KindConfig], summary: dict[str, Any], report: dict[str, Any]
+) -> str:
+    limits = report["limits"]
+    metrics = summary["metrics"]
+    metric_lines = "\n".join(
+        f"| {k} | {metrics[k]:.6f} | {metrics.get('smoke_' + k, float('nan')):.6f} | {op} {v} |"
+        for k, (op, v) in limits.items()
+        if k in metrics
     )
     image = summary.get("image") or {}
     image_line = (
@@ -164,8 +172,7 @@ def release_markdown(kind: ModelKind, summary: dict[str, Any], report: dict[str,
 ## Variants
 | variant | runtime | {" | ".join(limits)} | per s at 32 | verdict |
 |---|---|{"---|" * len(limits)}---|---|
-{variants}
-{not_offered}
+{variants_table(report)}
 
 ## Endpoint
 - HTTP: `{endpoint["http"]}`
@@ -175,7 +182,10 @@ def release_markdown(kind: ModelKind, summary: dict[str, Any], report: dict[str,
 
 
 def publish_release_report(
-    kind: ModelKind, summary: dict[str, Any], report_path: str, experiment_id: str | None
+    kind: ModelKind[KindConfig],
+    summary: dict[str, Any],
+    report_path: str,
+    experiment_id: str | None,
 ) -> str:
     """Create the run's artifacts; returns the markdown it published."""
     with open(report_path, encoding="utf-8") as f:

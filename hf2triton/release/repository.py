@@ -103,13 +103,14 @@ def io_config(served: type[ServedModel], values: dict[str, Any]) -> str:
 
 def instance_group(knobs: dict[str, Any]) -> str:
     """config.pbtxt's instance group, as the deploy device places instances."""
-    return DEVICES.load(knobs.get("device") or DEVICES.default).instance_group(
+    group: str = DEVICES.load(knobs.get("device") or DEVICES.default).instance_group(
         knobs["instance_count"], knobs.get("gpus")
     )
+    return group
 
 
 def render_config(
-    kind: ModelKind,
+    kind: ModelKind[KindConfig],
     model_name: str,
     cfg: KindConfig,
     info: dict[str, Any],
@@ -141,7 +142,7 @@ def config_parameters(values: dict[str, str]) -> str:
     )
 
 
-def template_files(kind: ModelKind) -> dict[str, Path]:
+def template_files(kind: ModelKind[KindConfig]) -> dict[str, Path]:
     """What every version directory carries besides the model: model.py and the whole serving
     core (a few small modules: no list of which kind imports which to keep in step)."""
     root = Path(serving.__file__).parent
@@ -150,6 +151,18 @@ def template_files(kind: ModelKind) -> dict[str, Path]:
     for module in sorted(root.rglob("*.py")):
         files[f"{serving.PACKAGE_DIR}/{module.relative_to(root).as_posix()}"] = module
     return files
+
+
+def write_model_dir(model_dir: Path, files: dict[str, Path], settings: dict[str, Any]) -> None:
+    """A model's directory as Triton loads it: version `1` holding `files` and serving.json,
+    and an empty warmup/ beside it."""
+    version_dir = model_dir / "1"
+    (model_dir / "warmup").mkdir(parents=True)
+    version_dir.mkdir()
+    for name, path in files.items():
+        (version_dir / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, version_dir / name)
+    serving.write_settings(str(version_dir), settings)
 
 
 def build_repository(
@@ -191,22 +204,15 @@ def build_repository(
         ]
     )
 
-    def build(out: Path) -> dict:
-        model_dir = out / model_name
-        version_dir = model_dir / "1"
-        (model_dir / "warmup").mkdir(parents=True)
-        version_dir.mkdir()
-        for name, path in files.items():
-            (version_dir / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, version_dir / name)
-        serving.write_settings(str(version_dir), settings)
+    def build(out: Path) -> dict[str, Any]:
+        write_model_dir(out / model_name, files, settings)
         # Triton warms a model up with requests that get one response each: not a decoupled one.
         blocks = (
             ""
             if getattr(kind.served, "decoupled", False)
-            else warmup(kind.requests(warmup_items), model_dir / "warmup")
+            else warmup(kind.requests(warmup_items), out / model_name / "warmup")
         )
-        (model_dir / "config.pbtxt").write_text(
+        (out / model_name / "config.pbtxt").write_text(
             render_config(kind, model_name, cfg, info, serving_knobs, blocks)
         )
         return {}

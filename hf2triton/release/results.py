@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, TypedDict
 
 from hf2triton.kinds.base import Data, ModelKind
+from hf2triton.kinds.config import KindConfig
 from hf2triton.release.export import Exported
 from hf2triton.release.gate import GateResult
 from hf2triton.release.repository import RepositoryResult
@@ -44,7 +45,7 @@ class ReleaseContext:
     its validation data (read first: bad data fails before any work), the runtimes this machine
     can try, and the release's work directory."""
 
-    kind: ModelKind
+    kind: ModelKind[KindConfig]
     data: Data
     runtimes: RuntimeChoices
     work: str

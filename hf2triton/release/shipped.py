@@ -20,7 +20,7 @@ class Shipped:
     `runtime`, serving.json's), and what the gate measured (`metrics`, and the reference's
     `info` the repository needs, such as an embedder's dimension)."""
 
-    kind: ModelKind
+    kind: ModelKind[KindConfig]
     name: str
     path: str
     export_dir: str
@@ -30,7 +30,7 @@ class Shipped:
     metrics: dict[str, float]
 
     @classmethod
-    def judged(cls, kind: ModelKind, exp: Exported, val: GateResult) -> Shipped:
+    def judged(cls, kind: ModelKind[KindConfig], exp: Exported, val: GateResult) -> Shipped:
         """The candidate `val` (the gate's result) chose among the variants of `exp`."""
         return cls(
             kind=kind,

@@ -27,7 +27,7 @@ import numpy as np
 from hf2triton.clients.triton import TritonAdmin, TritonGrpc
 from hf2triton.errors import DeployError, Hf2TritonError
 from hf2triton.kinds.base import Data, to_json
-from hf2triton.release.load import closed_loop
+from hf2triton.release.load import LoadResult, closed_loop
 from hf2triton.release.repository import BATCHING, build_repository
 from hf2triton.release.shipped import Shipped
 from hf2triton.release.traffic import search_items, warmup_items
@@ -89,7 +89,7 @@ def measure(
 ) -> dict[str, Any]:
     """One point of a configuration: `clients` closed-loop gRPC clients for `seconds`."""
 
-    async def run():
+    async def run() -> LoadResult:
         call = TritonGrpc(url, model)
         try:
             return await closed_loop(
@@ -258,7 +258,7 @@ def tune_config(
         ]
     )
 
-    def build(out: Path) -> dict:
+    def build(out: Path) -> dict[str, Any]:
         measured = search.run(cells, out)
         best, cap_met = choose(measured, tuning.max_p99_ms)
         (out / "tuning.json").write_text(json.dumps(measured, indent=1) + "\n")

@@ -10,6 +10,7 @@ from typing import Any
 
 from hf2triton.errors import AccuracyGateError
 from hf2triton.kinds.base import Candidate, ModelKind, describe_misses, to_json
+from hf2triton.kinds.config import KindConfig
 from hf2triton.kinds.margin import LEVEL, NARROW_TOLERANCE, Borderline, loosened, tolerance
 from hf2triton.release.plan import Gate, Reference
 from hf2triton.release.report import publish_gate_failure
@@ -143,7 +144,7 @@ def next_candidate(chosen: str, report: dict[str, Any]) -> str:
     return "No other candidate passed the gate"
 
 
-def gate_message(kind: ModelKind, report: dict[str, Any], path: Path) -> str:
+def gate_message(kind: ModelKind[KindConfig], report: dict[str, Any], path: Path) -> str:
     limits = report["limits"]
     parts = []
     for cand in report["candidates"]:

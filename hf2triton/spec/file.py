@@ -36,7 +36,7 @@ def _relevant(errors: list[ErrorDetails]) -> list[ErrorDetails]:
     """A list given for `'auto' | [...]` whose items are wrong fails both branches; the
     literal's complaint ("should be 'auto'") says nothing the items' errors do not."""
 
-    def key(e: ErrorDetails) -> tuple:
+    def key(e: ErrorDetails) -> tuple[str | int, ...]:
         return tuple(p for p in e["loc"] if not _branch(p))
 
     inner = [key(e) for e in errors if e["type"] != "literal_error"]

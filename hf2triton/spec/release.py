@@ -256,18 +256,23 @@ class _Release(Strict):
         return self.name
 
 
-# The kinds' sections as **field definitions: mypy would match them against create_model's own
-# keyword arguments too (__config__, __base__, ...); pydantic's plugin knows the class itself.
-ReleaseSpec = create_model(  # type: ignore[call-overload]
-    "ReleaseSpec",
-    __base__=_Release,
-    __module__=__name__,
-    __doc__=_Release.__doc__,
-    **{
-        k.section: (k.Options | None, Field(None, description=first_line(k.Options.__doc__)))
-        for k in kind_classes()
-    },
-)
+if TYPE_CHECKING:
+    # What the checker sees: the release's own sections, typed (a kind's section is read
+    # through `task_section`, never by name).
+    ReleaseSpec = _Release
+else:
+    # The kinds' sections as **field definitions: mypy would match them against create_model's
+    # own keyword arguments too (__config__, __base__, ...).
+    ReleaseSpec = create_model(  # type: ignore[call-overload]
+        "ReleaseSpec",
+        __base__=_Release,
+        __module__=__name__,
+        __doc__=_Release.__doc__,
+        **{
+            k.section: (k.Options | None, Field(None, description=first_line(k.Options.__doc__)))
+            for k in kind_classes()
+        },
+    )
 
 
 def _pop(data: dict[str, Any], dotted: str) -> tuple[bool, Any]:

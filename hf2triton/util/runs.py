@@ -3,6 +3,7 @@ result cache (reuse is by content), and the logger of the run a step runs in."""
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -21,10 +22,8 @@ def retry_transient(task: Any, task_run: Any, state: Any) -> bool:
     return False
 
 
-def step_logger():
+def step_logger() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
     """The Prefect run logger inside a run, else this package's logger."""
-    import logging
-
     from prefect import get_run_logger
     from prefect.exceptions import MissingContextError
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo
 
@@ -57,7 +57,10 @@ def matching(pattern: re.Pattern[str], what: str) -> AfterValidator:
     return AfterValidator(check)
 
 
-def unless(problem: bool, value: Any, message: str) -> Any:
+V = TypeVar("V")
+
+
+def unless(problem: bool, value: V, message: str) -> V:
     """`value` when there is no problem; a validation error with `message` when there is."""
     if problem:
         raise ValueError(message)
