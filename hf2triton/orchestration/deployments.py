@@ -31,7 +31,7 @@ HEADER = """\
 """
 
 
-def _relative(data: Any, root: Path) -> Any:
+def _relative(data: object, root: Path) -> object:
     """Every absolute path under the project root, made relative to it (the worker's working
     directory), so the file holds no machine-specific path."""
     if isinstance(data, dict):
@@ -50,7 +50,9 @@ def _portable(spec: ReleaseSpec, root: Path) -> dict[str, Any]:
     data = spec.model_dump(mode="json", exclude={"schedule", *others}, exclude_none=True)
     deploy = data["deploy"]
     data["deploy"] = {"target": deploy.pop("target"), **deploy}  # what the section is, first
-    return _relative(data, root)
+    portable = _relative(data, root)
+    assert isinstance(portable, dict)  # a mapping stays one
+    return portable
 
 
 def release_tag(name: str) -> str:

@@ -19,6 +19,7 @@ from hf2triton.util.cpu import describe as describe_cpu
 from hf2triton.util.workspace import redact_uri
 
 if TYPE_CHECKING:
+    from hf2triton.spec import TrainingSpec
     from hf2triton.training.classifier import Registered, TrainResult
 
 
@@ -212,7 +213,7 @@ def publish_release_report(
     return markdown
 
 
-def publish_training(spec: Any, registered: Registered, trained: TrainResult) -> None:
+def publish_training(spec: TrainingSpec, registered: Registered, trained: TrainResult) -> None:
     """A training run in the UI: its loss curve, a report, and links to MLflow."""
     key = spec.name
     create_table_artifact(

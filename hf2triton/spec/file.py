@@ -4,7 +4,7 @@ one line that names the key, the value and, for a union section, the variant cho
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -89,9 +89,13 @@ def _describe(err: ErrorDetails) -> str:
     return f"'{key}' = {shown!r}: {msg}{for_variant}"
 
 
+# The spec model a file or mapping is read as.
+M = TypeVar("M", bound=BaseModel)
+
+
 def parse_spec(
-    data: Any, model: type[BaseModel], base_dir: str | Path | None = None, origin: str = "spec"
-) -> Any:
+    data: object, model: type[M], base_dir: str | Path | None = None, origin: str = "spec"
+) -> M:
     """Validate a spec given as a mapping as `model`; relative paths are taken from
     `base_dir`."""
     if isinstance(data, model):
@@ -106,7 +110,7 @@ def parse_spec(
         raise SpecError(f"{origin}: {problems}. Fix the spec and run again.") from None
 
 
-def load_spec(path: str | Path, model: type[BaseModel]) -> Any:
+def load_spec(path: str | Path, model: type[M]) -> M:
     """Read and validate a spec YAML file as `model`."""
     p = Path(path)
     try:

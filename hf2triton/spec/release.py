@@ -182,7 +182,7 @@ class _Release(Strict):
 
     @model_validator(mode="before")
     @classmethod
-    def _moved_keys(cls, data: Any) -> Any:
+    def _moved_keys(cls, data: object) -> object:
         """Keys a kind read elsewhere before are read from there for one more release."""
         if not isinstance(data, dict):
             return data
@@ -331,18 +331,18 @@ SpecT = TypeVar("SpecT", bound=Strict)
 
 @overload
 def parse_spec(
-    data: Any, base_dir: str | Path | None = None, origin: str = "spec"
+    data: object, base_dir: str | Path | None = None, origin: str = "spec"
 ) -> ReleaseSpec: ...
 @overload
 def parse_spec(
-    data: Any, base_dir: str | Path | None = None, origin: str = "spec", *, model: type[SpecT]
+    data: object, base_dir: str | Path | None = None, origin: str = "spec", *, model: type[SpecT]
 ) -> SpecT: ...
 def parse_spec(
-    data: Any,
+    data: object,
     base_dir: str | Path | None = None,
     origin: str = "spec",
     model: type[Strict] = ReleaseSpec,
-) -> Any:
+) -> Strict:
     """Validate a release spec (or a `model` one) given as a mapping; relative paths are taken
     from `base_dir`. Reading YAML and describing errors are hf2triton.spec.file's."""
     return specfile.parse_spec(data, model, base_dir, origin)
@@ -352,7 +352,7 @@ def parse_spec(
 def load_spec(path: str | Path) -> ReleaseSpec: ...
 @overload
 def load_spec(path: str | Path, model: type[SpecT]) -> SpecT: ...
-def load_spec(path: str | Path, model: type[Strict] = ReleaseSpec) -> Any:
+def load_spec(path: str | Path, model: type[Strict] = ReleaseSpec) -> Strict:
     """Read and validate a release (or training) spec YAML file."""
     return specfile.load_spec(path, model)
 

@@ -10,13 +10,16 @@ import math
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol, TypedDict, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict, cast
 
 import numpy as np
 
 from hf2triton.errors import SourceError
 from hf2triton.training.determinism import LM_THREADS, deterministic
 from hf2triton.util.workspace import cached_step, digest, sha256_file
+
+if TYPE_CHECKING:
+    import torch
 
 EOS, PAD = "<|endoftext|>", "<pad>"
 # The model learns plain text, never a conversation: a chat renders the messages' text one per
@@ -206,7 +209,7 @@ def _build(spec: LmTraining, out: Path, progress: Callable[[int, float], None] |
 
 
 def _fit(
-    model: Any, data: Any, spec: LmTraining, progress: Callable[[int, float], None] | None
+    model: Any, data: torch.Tensor, spec: LmTraining, progress: Callable[[int, float], None] | None
 ) -> list[float]:
     """AdamW with weight decay on the matrices, a linear warm-up then a cosine to a tenth, on
     random windows of `data`; the mean loss per 10 steps (and the last)."""
