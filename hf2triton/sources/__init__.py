@@ -1,7 +1,8 @@
-"""Model sources as plug-ins: one module each, registered in `SOURCES`. A spec's `source:`
-section is the one source whose own key it holds (`repo_id`, `path`, `package`, `mlflow`,
-`train`), with that source's keys only; the source brings the model to a checked local
-directory and names it in the release record. A new source is a new module and one line here.
+"""Model sources as plug-ins: one module each, registered in `SOURCES` (hf2triton.sources.base).
+A spec's `source:` section is the one source whose own key it holds (`repo_id`, `path`,
+`package`, `mlflow`, `train`), with that source's keys only; the source brings the model to a
+checked local directory and names it in the release record. A new source is a new module that
+registers itself where it is defined (`@SOURCES.register`), and its name in the import line here.
 
 Example:
     >>> source = spec.source                 # chosen once, from the key the section holds
@@ -15,11 +16,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import Field, TypeAdapter
 
-from hf2triton.sources.base import FetchResult, Source, inspect_model_dir
-from hf2triton.util import plugins
-
-SOURCES = plugins.Registry(lambda cls: cls.name, default="path")
-from hf2triton.sources import hub, local, mlflow, train  # noqa: E402,F401,I001
+# The plug-in modules, imported so that each registers its source in SOURCES.
+from hf2triton.sources import hub, local, mlflow, train  # noqa: F401
+from hf2triton.sources.base import SOURCES, FetchResult, Source, inspect_model_dir
 
 # The `source:` section: one variant per registered source, each with only its own keys.
 if TYPE_CHECKING:

@@ -12,6 +12,7 @@ from typing import Any, ClassVar, NotRequired, TypedDict
 from pydantic import Field
 
 from hf2triton.errors import SourceError
+from hf2triton.util import plugins
 from hf2triton.util.specbase import Strict
 from hf2triton.util.workspace import digest, hash_files
 
@@ -77,6 +78,11 @@ class Source(Strict):
         """A Prefect trigger that releases the spec when the source has something new (None:
         the source announces nothing)."""
         return None
+
+
+# The sources by name; each source's module registers it where it is defined
+# (`@SOURCES.register`), and hf2triton.sources imports the modules.
+SOURCES = plugins.Registry(lambda cls: cls.name, default="path")
 
 
 def local_result(model_dir: Path, source_id: str, revision: str | None) -> FetchResult:

@@ -9,8 +9,7 @@ from pathlib import Path
 from pydantic import Field, field_validator, model_validator
 
 from hf2triton.errors import ServiceUnavailableError, SourceError
-from hf2triton.sources import SOURCES
-from hf2triton.sources.base import Source
+from hf2triton.sources.base import SOURCES, Source
 
 # Hub repos often carry the same weights for other frameworks; we only read these.
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.bin", "*.txt", "*.model", "*.spm", "1_Pooling/*"]

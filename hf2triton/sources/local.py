@@ -9,8 +9,7 @@ from pathlib import Path
 from pydantic import Field, ValidationInfo, field_validator
 
 from hf2triton.errors import SourceError
-from hf2triton.sources import SOURCES
-from hf2triton.sources.base import Source
+from hf2triton.sources.base import SOURCES, Source
 from hf2triton.util.specbase import resolve_path
 
 

@@ -17,8 +17,7 @@ from pydantic import Field, field_validator, model_validator
 from hf2triton.clients.credentials import MlflowCredentials, resolve
 from hf2triton.clients.mlflow import Registry, call_with_credentials
 from hf2triton.errors import MlflowAuthError, SourceError
-from hf2triton.sources import SOURCES
-from hf2triton.sources.base import FetchResult, Source, inspect_model_dir
+from hf2triton.sources.base import SOURCES, FetchResult, Source, inspect_model_dir
 from hf2triton.training.classifier import REGISTERED_EVENT
 from hf2triton.util.specbase import Strict
 from hf2triton.util.workspace import cached_step, digest, home, redact_uri

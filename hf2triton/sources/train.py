@@ -9,8 +9,7 @@ from pathlib import Path
 
 from pydantic import Field, model_validator
 
-from hf2triton.sources import SOURCES
-from hf2triton.sources.base import Source
+from hf2triton.sources.base import SOURCES, Source
 from hf2triton.training.lm import PLAIN_CHAT_TEMPLATE, train_lm
 from hf2triton.util.runs import step_logger
 from hf2triton.util.specbase import SpecPath, Strict, unless

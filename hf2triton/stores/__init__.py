@@ -1,7 +1,8 @@
 """Model stores as plug-ins: where the served Triton repository lives. One module each,
-registered in `STORES` by `deploy.model_store.kind`; the store is its spec section, an object
-with what the targets need (prepare, the URI Triton loads, the server's environment, a model's
-directory). A new store is a new module and one line here.
+registered in `STORES` (hf2triton.stores.base) by `deploy.model_store.kind`; the store is its
+spec section, an object with what the targets need (prepare, the URI Triton loads, the server's
+environment, a model's directory). A new store is a new module that registers itself where it is
+defined (`@STORES.register`), and its name in the import line here.
 
 Example:
     >>> store = spec.deploy.model_store      # chosen once, from the spec
@@ -14,12 +15,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import Field, TypeAdapter
 
-from hf2triton.stores.base import ModelDir, ModelStore
-from hf2triton.util import plugins
-
-# deploy.model_store `kind:` -> the store's class; each store's module registers it.
-STORES = plugins.Registry(lambda cls: plugins.tag_of(cls, "kind"), default="local")
-from hf2triton.stores import local, s3  # noqa: E402,F401,I001
+# The plug-in modules, imported so that each registers its store in STORES.
+from hf2triton.stores import local, s3  # noqa: F401
+from hf2triton.stores.base import STORES, ModelDir, ModelStore
 
 # The `deploy.model_store` section: one variant per registered store, each with its own keys.
 if TYPE_CHECKING:

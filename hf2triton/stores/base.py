@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from hf2triton.errors import ArtifactError
+from hf2triton.util import plugins
 from hf2triton.util.specbase import Strict
 
 
@@ -89,3 +90,8 @@ class ModelStore(Strict):
     def describe(self) -> dict[str, Any]:
         """The section as a deployment's state keeps it (no credentials)."""
         return self.model_dump()
+
+
+# deploy.model_store `kind:` -> the store's class; each store's module registers it where it is
+# defined (`@STORES.register`), and hf2triton.stores imports the modules.
+STORES = plugins.Registry(lambda cls: plugins.tag_of(cls, "kind"), default="local")

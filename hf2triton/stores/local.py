@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import Literal
 
 from hf2triton.errors import ModelStoreError
-from hf2triton.stores import STORES
-from hf2triton.stores.base import ModelDir, ModelStore, _mismatch, _refuse
+from hf2triton.stores.base import STORES, ModelDir, ModelStore, _mismatch, _refuse
 from hf2triton.util.workspace import atomic_write_text, hash_files
 
 

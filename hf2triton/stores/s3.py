@@ -12,8 +12,7 @@ from pydantic import Field, field_validator
 
 from hf2triton.clients.credentials import S3Credentials, resolve
 from hf2triton.errors import ModelStoreError, ServiceUnavailableError
-from hf2triton.stores import STORES
-from hf2triton.stores.base import ModelDir, ModelStore, _mismatch, _refuse
+from hf2triton.stores.base import STORES, ModelDir, ModelStore, _mismatch, _refuse
 from hf2triton.util.specbase import matching
 from hf2triton.util.workspace import hash_files
 

@@ -1,6 +1,7 @@
-"""Deploy targets as plug-ins: one module each, registered in `TARGETS` by the spec's
-`deploy.target`. A target's module holds its `deploy:` section (`Spec`: only its own keys, and
-whether it runs the release's image) and the rollout. A new target is a new module and one line
+"""Deploy targets as plug-ins: one module each, registered in `TARGETS` (hf2triton.targets.base)
+by the spec's `deploy.target`. A target's module holds its `deploy:` section (`Spec`: only its
+own keys, and whether it runs the release's image) and the rollout. A new target is a new module
+that registers itself where it is defined (`@TARGETS.register`), and its name in the import line
 here.
 
 Example:
@@ -11,12 +12,16 @@ Example:
 
 from __future__ import annotations
 
-from hf2triton.targets.base import Check, Deployment, DeploySection, DeployTarget, WatchPoint
-from hf2triton.util import plugins
-
-# spec `deploy.target:` -> the target's class; each target's module registers it.
-TARGETS = plugins.Registry(lambda cls: cls.name, default="local-triton")
-from hf2triton.targets import docker, kserve, local, replicas  # noqa: E402,F401,I001
+# The plug-in modules, imported so that each registers its target in TARGETS.
+from hf2triton.targets import docker, kserve, local, replicas  # noqa: F401
+from hf2triton.targets.base import (
+    TARGETS,
+    Check,
+    Deployment,
+    DeploySection,
+    DeployTarget,
+    WatchPoint,
+)
 
 target_class = TARGETS.load
 # The `deploy:` section: one variant per registered target, each with only its own keys.

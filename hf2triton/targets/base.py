@@ -19,7 +19,7 @@ from hf2triton.clients.credentials import ApiKeys, resolve
 from hf2triton.errors import DeployError
 from hf2triton.runtimes.devices import DEVICES
 from hf2triton.targets.smoke import Endpoint
-from hf2triton.util.plugins import tag_of
+from hf2triton.util import plugins
 from hf2triton.util.specbase import Strict
 
 Check = Callable[[Endpoint], dict[str, float]]  # the kind's smoke test on one endpoint
@@ -301,7 +301,7 @@ class DeployTarget:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        cls.name = tag_of(cls.Spec, "target")
+        cls.name = plugins.tag_of(cls.Spec, "target")
 
     def __init__(
         self, spec: Any, release: str, work: str = "", registry_model: str = "", image: Any = None
@@ -361,3 +361,8 @@ class DeployTarget:
         if first.get("openai"):
             endpoint["openai"] = first["openai"]
         return {"endpoint": endpoint}
+
+
+# spec `deploy.target:` -> the target's class; each target's module registers it where it is
+# defined (`@TARGETS.register`), and hf2triton.targets imports the modules.
+TARGETS = plugins.Registry(lambda cls: cls.name, default="local-triton")
