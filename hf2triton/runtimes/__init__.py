@@ -1,36 +1,50 @@
-"""Runtimes as plug-ins, on the pipeline's side: one module each, registered in `RUNTIMES` by the
-name of the serving core's runtime it drives (hf2triton.serving.runtimes). A plug-in says which
-deploy device it serves, which precisions `runtime.candidates: auto` tries, which graph formats
-it reads, which graph variants it builds (and calibrates) for itself, and its label; the
-quantize step, the candidates, the devices and the repository ask this table, never a name.
+"""Runtimes as plug-ins, on the pipeline's side. The one table of runtimes is the serving core's
+(hf2triton.serving.runtimes.RUNTIMES: what opens a model for a device and precision); each has
+one plug-in here, in a module of the same name, that names its serving class (`serving =
+serving_runtimes.OpenVino`) and registers where it is defined (`@PLUGINS.register`). A plug-in
+says which deploy device it serves, which precisions `runtime.candidates: auto` tries, which
+graph formats it reads, which graph variants it builds (and calibrates) for itself, and its
+label; the quantize step, the candidates, the devices and the repository ask it, never a name.
 
-A new runtime is a module here (and its serving side in hf2triton/serving/runtimes/),
-registered where it is defined, and its name in the import line below.
+A new runtime is a module in hf2triton/serving/runtimes/ and a module of the same name here,
+its name in the import line below: importing this package fails while a serving runtime has no
+plug-in.
 
 Example:
-    >>> RUNTIMES.load("openvino").device, RUNTIMES.load("openvino").auto
+    >>> plugin({"name": "openvino"}).device, plugin({"name": "openvino"}).auto
     ('cpu', ('fp32', 'bf16'))
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from hf2triton.errors import EnvironmentSetupError
-from hf2triton.runtimes.base import RuntimePlugin, Variant, VariantContext, export_variant
-from hf2triton.runtimes.devices import DEVICES
+
+# The plug-in modules, imported so that each registers its plug-in in PLUGINS.
+from hf2triton.runtimes import (  # noqa: F401
+    onnxruntime,
+    onnxruntime_cuda,
+    onnxruntime_tensorrt,
+    openvino,
+    openvino_genai,
+)
+from hf2triton.runtimes.base import PLUGINS, RuntimePlugin, Variant, VariantContext, export_variant
+from hf2triton.runtimes.devices import DEVICES, DeployOn
 from hf2triton.serving import runtimes as serving_runtimes
 from hf2triton.serving.runtimes import DEFAULT_RUNTIME
-from hf2triton.util import plugins
 
-RUNTIMES = plugins.Registry(lambda cls: cls.name, default=DEFAULT_RUNTIME["name"])
-from hf2triton.runtimes import cuda, onnxruntime, openvino, openvino_genai  # noqa: E402,F401,I001
+if TYPE_CHECKING:
+    from hf2triton.kinds.base import ModelKind
+
+PLUGINS.check()  # every serving runtime has its plug-in
 
 
-def plugin(runtime: dict[str, Any] | None) -> type[RuntimePlugin]:
+def plugin(runtime: Mapping[str, Any] | None) -> type[RuntimePlugin]:
     """The plug-in of a serving.json `runtime` (None: the default)."""
-    return RUNTIMES.load((runtime or DEFAULT_RUNTIME)["name"])
+    return PLUGINS.load((runtime or DEFAULT_RUNTIME)["name"])
 
 
 def label(runtime: dict[str, Any] | None) -> str:
@@ -59,7 +73,27 @@ class RuntimeChoices:
         return DEVICES.load(self.device).numerics_runtime(served) if self.cpu_numerics else served
 
 
-def runtime_choices(deploy: Any, runtime_spec: Any, kind: Any = None) -> RuntimeChoices:
+class RuntimeAsked(Protocol):
+    """One runtime the spec lists (hf2triton.spec's RuntimeChoice; the spec is a layer above)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def precision(self) -> str: ...
+    @property
+    def options(self) -> Mapping[str, Any]: ...
+
+
+class RuntimesAsked(Protocol):
+    """The spec's `runtime:` section (hf2triton.spec's RuntimeSpec) as runtime_choices reads it."""
+
+    @property
+    def candidates(self) -> Literal["auto"] | Sequence[RuntimeAsked]: ...
+
+
+def runtime_choices(
+    deploy: DeployOn, runtime_spec: RuntimesAsked, kind: ModelKind | None = None
+) -> RuntimeChoices:
     """The runtimes the release's candidates run on: the spec's list, or for `auto` every
     plug-in of deploy.device that serves the kind, at its auto precisions; a precision this
     machine does not offer (bf16 on a CPU without AVX512_BF16 or AMX) is left out and
@@ -68,18 +102,18 @@ def runtime_choices(deploy: Any, runtime_spec: Any, kind: Any = None) -> Runtime
     not_offered = {}
     if runtime_spec.candidates != "auto":
         wanted = [
-            (RUNTIMES.load(c.name), c.precision, dict(c.options)) for c in runtime_spec.candidates
+            (PLUGINS.load(c.name), c.precision, dict(c.options)) for c in runtime_spec.candidates
         ]
         for p, precision, options in list(wanted):
             if kind is not None and not p.serves(kind):
                 wanted.remove((p, precision, options))
                 not_offered[p.label(p.settings(precision, options).to_dict())] = (
-                    f"it does not serve {kind.name} (it serves {', '.join(sorted(p.kinds))})"
+                    f"it does not serve {kind.name} (it serves {', '.join(sorted(p.kinds or ()))})"
                 )
     else:
         wanted = [
             (p, *(entry if isinstance(entry, tuple) else (entry, {})))
-            for p in RUNTIMES.values()
+            for p in PLUGINS.values()
             if p.device == device.name and (kind is None or p.serves(kind))
             for entry in p.auto
         ]
@@ -113,10 +147,12 @@ def build_variants(ctx: VariantContext, choices: RuntimeChoices) -> list[Variant
 
 
 __all__ = [
-    "RUNTIMES",
+    "PLUGINS",
+    "RuntimeAsked",
     "RuntimeChoices",
     "RuntimePlugin",
     "Variant",
+    "RuntimesAsked",
     "VariantContext",
     "build_variants",
     "label",

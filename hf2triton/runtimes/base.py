@@ -1,10 +1,13 @@
-"""What a runtime plug-in declares, and the graph variants the plug-ins build.
+"""What a runtime plug-in declares, the table that finds it, and the graph variants the plug-ins
+build.
 
-A runtime plug-in is the pipeline's side of one runtime of the serving core
-(`hf2triton.serving.runtimes`, same name): the deploy device it serves, the precisions
+A runtime plug-in is the pipeline's side of one runtime of the serving core: it names the serving
+class it drives (`serving`, an entry of hf2triton.serving.runtimes.RUNTIMES, the one table of
+runtimes, whose name it takes) and says the deploy device it serves, the precisions
 `runtime.candidates: auto` tries on it, which graph formats it reads at which precision, the
 graph variants it builds for itself (with their calibration) and its label. The serving core
-opens and runs the model; the plug-in decides what the release tries.
+opens and runs the model; the plug-in decides what the release tries. `PLUGINS` finds a
+runtime's plug-in from its serving class.
 """
 
 from __future__ import annotations
@@ -14,10 +17,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, TypedDict
+from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, TypeVar
 
-from hf2triton.serving.runtimes import DEFAULT_RUNTIME, RuntimeSettings, runtime_class
+from hf2triton.serving import runtimes as serving_runtimes
+from hf2triton.serving.runtimes import DEFAULT_RUNTIME, Runtime, RuntimeSettings, runtime_class
 from hf2triton.util.workspace import cached_step, digest, source_digest
+
+if TYPE_CHECKING:
+    from hf2triton.kinds.base import ModelKind
+    from hf2triton.runtimes.quantization import QuantizationSpec
 
 # Graph formats: what a variant's files are, so a runtime can say whether it reads them.
 PLAIN = "onnx"  # the export as it is: a float ONNX graph every ONNX-reading runtime runs
@@ -68,8 +76,8 @@ class VariantContext:
     onnx_path: str  # the fp32 export: a file, or (seq2seq) a directory
     export_dir: str
     model_dir: str  # the fetched Hugging Face directory
-    kind: Any  # hf2triton.kinds.ModelKind
-    quantization: Any  # hf2triton.runtimes.quantizers.QuantizationSpec
+    kind: ModelKind
+    quantization: QuantizationSpec
     calibration: list[Any] | None  # the kind's calibration items; None: not calibrated
     max_length: int | None
     work: str
@@ -96,22 +104,28 @@ def export_variant(ctx: VariantContext, reused: bool = True) -> Variant:
     )
 
 
+@dataclass(frozen=True)
+class VariantId:
+    """What a variant is, known before it is built: its name in reports and MLflow (`method`),
+    its graph format, the graph it is made from (`source`: its size is the variant's
+    `fp32_bytes`) and the file of the built folder that is its graph (`main`, with files of the
+    same stem: external data, OpenVINO's .bin; "" for the whole folder, seq2seq)."""
+
+    method: str
+    graph: str
+    source: Path
+    main: str = "model.onnx"
+
+
 def build_variant(
-    work: str,
-    step: str,
-    inputs: list[Any],
-    build: Callable[[Path], dict],
-    method: str,
-    graph: str,
-    main: str,
-    source: Path,
+    work: str, step: str, inputs: list[Any], build: Callable[[Path], dict], made: VariantId
 ) -> Variant:
-    """A graph variant built once by `build(out_dir)` (a cached step of `work`, keyed by
-    `inputs` and the building module's source): the file `main` in it (with files of the same
-    stem: external data, OpenVINO's .bin), or with `main` "" the whole directory (seq2seq)."""
+    """The variant `made`, built once by `build(out_dir)` (a cached step of `work`, keyed by
+    `inputs` and the building module's source)."""
     started = time.perf_counter()
     key = digest([inputs, source_digest(sys.modules[build.__module__])])
     done = cached_step(work, step, key, build)
+    main = made.main
     path = done.path / main if main else done.path
     size = _size(path) + (
         sum(
@@ -124,10 +138,10 @@ def build_variant(
     )
     return Variant(
         onnx_path=str(path),
-        method=method,
-        graph=graph,
+        method=made.method,
+        graph=made.graph,
         fallbacks=done.result.get("fallbacks", {}),
-        fp32_bytes=_size(source),
+        fp32_bytes=_size(made.source),
         size_bytes=size,
         sha256=done.files[main] if main else digest(done.files),
         seconds=round(time.perf_counter() - started, 3),
@@ -162,11 +176,12 @@ def failed_variant(method: str, graph: str, exc: BaseException) -> Variant:
 
 
 class RuntimePlugin:
-    """One runtime as the pipeline sees it. Subclasses set the class attributes (and override
-    `variants` when they build graphs of their own); `RUNTIMES.register` keys them by `name`,
-    the serving core's runtime they drive."""
+    """One runtime as the pipeline sees it. Subclasses name the serving core's class they drive
+    (`serving`), set the other class attributes (and override `recipes` when they build graphs
+    of their own) and register where they are defined (`@PLUGINS.register`)."""
 
-    name: ClassVar[str]  # the serving core's runtime: "onnxruntime", "openvino", ...
+    serving: ClassVar[type[Runtime]]  # the serving core's runtime: OnnxRuntime, OpenVino, ...
+    name: ClassVar[str]  # its name ("onnxruntime", "openvino", ...): read from `serving`
     device: ClassVar[str]  # the deploy device it serves: "cpu" or "gpu"
     # What `runtime.candidates: auto` tries, in order: precisions, or (precision, options)
     # pairs (empty: only when listed).
@@ -176,13 +191,18 @@ class RuntimePlugin:
     # The model kinds it serves (None: every kind).
     kinds: ClassVar[frozenset[str] | None] = None
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "serving" in cls.__dict__:
+            cls.name = cls.serving.name  # the serving table's name, written once, there
+
     @classmethod
     def serving_device(cls) -> str:
         """The serving core's device name ("cpu", "cuda")."""
-        return runtime_class(cls.name).devices[0]
+        return cls.serving.devices[0]
 
     @classmethod
-    def serves(cls, kind: Any) -> bool:
+    def serves(cls, kind: ModelKind) -> bool:
         return cls.kinds is None or kind.name in cls.kinds
 
     @classmethod
@@ -203,6 +223,66 @@ class RuntimePlugin:
     def label(runtime: dict[str, Any]) -> str:
         """The one label of a runtime in names, logs and reports: 'openvino bf16'."""
         return f"{runtime['name']} {runtime['precision']}"
+
+
+P = TypeVar("P", bound=type[RuntimePlugin])
+
+
+class Plugins:
+    """The pipeline's plug-in of each runtime of the serving core's table
+    (hf2triton.serving.runtimes.RUNTIMES): a runtime is looked up by name there, and its plug-in
+    found from its serving class. Every serving runtime has exactly one plug-in: a plug-in whose
+    class is not in the table, or a second one for a class, is refused when it registers, and
+    hf2triton.runtimes checks, once its plug-ins are imported, that none is missing.
+
+    Example:
+        >>> PLUGINS.load("openvino").serving is serving_runtimes.OpenVino
+        True
+    """
+
+    def __init__(self) -> None:
+        self._of: dict[type[Runtime], type[RuntimePlugin]] = {}
+
+    def register(self, cls: P) -> P:
+        """Register `cls` for its serving class (a decorator)."""
+        served = cls.serving
+        if serving_runtimes.RUNTIMES.get(served.name) is not served:
+            raise TypeError(
+                f"{cls.__name__} drives {served.__name__}, which is not in the serving core's "
+                "table (hf2triton.serving.runtimes): register it there first"
+            )
+        if self._of.get(served, cls) is not cls:
+            raise TypeError(
+                f"two plug-ins drive runtime {served.name!r}: {self._of[served].__name__} and "
+                f"{cls.__name__}"
+            )
+        self._of[served] = cls
+        return cls
+
+    def load(self, name: str) -> type[RuntimePlugin]:
+        """The plug-in of the runtime `name` (ValueError naming the runtimes, for an unknown
+        one)."""
+        return self._of[runtime_class(name)]
+
+    def values(self) -> list[type[RuntimePlugin]]:
+        """Every plug-in, in the serving table's order."""
+        return [self._of[c] for c in serving_runtimes.RUNTIMES.values() if c in self._of]
+
+    def missing(self) -> list[str]:
+        """The serving core's runtimes that have no plug-in."""
+        return [name for name, c in serving_runtimes.RUNTIMES.items() if c not in self._of]
+
+    def check(self) -> None:
+        """TypeError naming any serving runtime without a plug-in."""
+        if self.missing():
+            raise TypeError(
+                f"the serving core's runtimes {', '.join(self.missing())} have no pipeline "
+                "plug-in: add a module of the same name to hf2triton/runtimes/ whose plug-in "
+                "names the serving class (`serving = ...`), and import it in its __init__"
+            )
+
+
+PLUGINS = Plugins()
 
 
 def is_default(runtime: dict[str, Any] | None) -> bool:

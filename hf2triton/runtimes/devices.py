@@ -7,12 +7,31 @@ Runtimes name the device they serve (hf2triton.runtimes); nothing else asks whic
 from __future__ import annotations
 
 import glob
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from hf2triton.errors import EnvironmentSetupError
 from hf2triton.util import plugins
 
 DEVICES = plugins.Registry(lambda cls: cls.name, default="cpu")
+
+
+class Tuning(Protocol):
+    @property
+    def search(self) -> bool: ...
+
+
+class DeployOn(Protocol):
+    """What the devices read of the spec's `deploy:` section (hf2triton.targets.base's
+    DeploySection; the targets are a layer above)."""
+
+    @property
+    def device(self) -> str: ...
+    @property
+    def gpu_gate(self) -> str: ...
+    @property
+    def instance_count(self) -> int | None: ...
+    @property
+    def tuning(self) -> Tuning: ...
 
 
 @DEVICES.register
@@ -43,7 +62,7 @@ class Cpu:
         return None
 
     @staticmethod
-    def gate_on_cpu(deploy: Any) -> bool:
+    def gate_on_cpu(deploy: DeployOn) -> bool:
         """Whether the gate checks this device's graphs on the CPU instead."""
         return False
 
@@ -89,7 +108,7 @@ class Gpu(Cpu):
         return None
 
     @staticmethod
-    def gate_on_cpu(deploy: Any) -> bool:
+    def gate_on_cpu(deploy: DeployOn) -> bool:
         return deploy.gpu_gate == "cpu-numerics"
 
     @staticmethod
@@ -104,7 +123,7 @@ def gpu_runtime_problem() -> str | None:
     return Gpu.gate_problem()
 
 
-def check_gate_device(deploy: Any) -> None:
+def check_gate_device(deploy: DeployOn) -> None:
     """Stop a release, before any work, where its gate cannot run on its device, or where its
     configuration search would measure on a device this machine does not have."""
     device = DEVICES.load(deploy.device)

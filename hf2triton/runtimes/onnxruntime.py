@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from functools import partial
 
-from hf2triton.runtimes import RUNTIMES
 from hf2triton.runtimes.base import (
     FP16,
     FP16_ORT,
     ORT_ONLY,
     PLAIN,
+    PLUGINS,
     Recipe,
     RuntimePlugin,
     VariantContext,
@@ -24,11 +24,12 @@ from hf2triton.runtimes.quantizers import (
     quantize_onnx,
     search_grid,
 )
+from hf2triton.serving import runtimes as serving_runtimes
 
 
-@RUNTIMES.register
+@PLUGINS.register
 class OnnxRuntimeCpu(RuntimePlugin):
-    name = "onnxruntime"
+    serving = serving_runtimes.OnnxRuntime
     device = "cpu"
     auto = ("fp32",)
     # fp16: the GPU graphs' numerics checked on the CPU (deploy.gpu_gate: cpu-numerics); its

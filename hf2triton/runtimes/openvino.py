@@ -10,23 +10,25 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from hf2triton.runtimes import RUNTIMES
 from hf2triton.runtimes.base import (
     OPENVINO_IR,
     PLAIN,
+    PLUGINS,
     Recipe,
     RuntimePlugin,
     Variant,
     VariantContext,
+    VariantId,
     build_variant,
 )
+from hf2triton.serving import runtimes as serving_runtimes
 from hf2triton.serving.text import OnnxText, plan_sub_batches
 from hf2triton.util.workspace import sha256_file
 
 
-@RUNTIMES.register
+@PLUGINS.register
 class OpenVinoCpu(RuntimePlugin):
-    name = "openvino"
+    serving = serving_runtimes.OpenVino
     device = "cpu"
     auto = ("fp32", "bf16")
     reads = {p: frozenset({PLAIN, OPENVINO_IR}) for p in ("fp32", "bf16", "fp16")}
@@ -141,8 +143,5 @@ def openvino_int8(
             ov.__version__,
         ],
         build,
-        "openvino-int8",
-        OPENVINO_IR,
-        "model.xml",
-        src,
+        VariantId("openvino-int8", OPENVINO_IR, src, "model.xml"),
     )

@@ -12,24 +12,26 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from hf2triton.runtimes import RUNTIMES
 from hf2triton.runtimes.base import (
+    PLUGINS,
     STATEFUL_IR,
     Recipe,
     RuntimePlugin,
     Variant,
     VariantContext,
+    VariantId,
     build_variant,
 )
+from hf2triton.serving import runtimes as serving_runtimes
 from hf2triton.serving.genai import TOKENIZER_IRS
 from hf2triton.util.workspace import hash_files, sha256_file
 
 IR = "openvino_model.xml"
 
 
-@RUNTIMES.register
+@PLUGINS.register
 class OpenVinoGenAI(RuntimePlugin):
-    name = "openvino-genai"
+    serving = serving_runtimes.OpenVinoGenAI
     device = "cpu"
     kinds = frozenset({"text_generation"})
     # The KV cache at the inference precision, then quantized to u8 (a quarter of f32's reads).
@@ -88,10 +90,7 @@ def stateful_ir(ctx: VariantContext) -> Variant:
         "openvino-ir",
         [hash_files(src)],
         build,
-        "openvino-ir",
-        STATEFUL_IR,
-        IR,
-        src / "config.json",
+        VariantId("openvino-ir", STATEFUL_IR, src / "config.json", IR),
     )
 
 
@@ -154,8 +153,5 @@ def compressed(ctx: VariantContext, mode: str, group_size: int) -> Variant:
         "openvino-ir-compressed",
         [sha256_file(src), sha256_file(src.with_suffix(".bin")), mode, group_size],
         build,
-        name,
-        STATEFUL_IR,
-        IR,
-        src,
+        VariantId(name, STATEFUL_IR, src, IR),
     )

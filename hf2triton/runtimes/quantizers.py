@@ -14,16 +14,14 @@ import shutil
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
-
-from pydantic import Field
+from typing import Any
 
 from hf2triton.errors import QuantizationError
-from hf2triton.runtimes.base import ORT_ONLY, Variant, build_variant
+from hf2triton.runtimes.base import ORT_ONLY, Variant, VariantId, build_variant
+from hf2triton.runtimes.quantization import QuantizationSpec
 from hf2triton.serving.seq2seq import ONNX_FILES
 from hf2triton.util import quiet
 from hf2triton.util.runs import step_logger
-from hf2triton.util.specbase import Strict
 from hf2triton.util.workspace import sha256_file
 
 # ONNX Runtime asks for its quantization pre-processing (symbolic shape inference, then graph
@@ -32,50 +30,6 @@ from hf2triton.util.workspace import sha256_file
 # int8 model has the same accuracy (min cosine 0.9391 both) and speed within 2% (806 vs 793
 # sentences/s at batch 32), so the step is not run and its reminder is dropped.
 PRE_PROCESS_REMINDER = "Please consider to run pre-processing before quantization"
-
-
-class QuantizationSpec(Strict):
-    method: Literal["dynamic-int8", "int8-blockwise", "int4-blockwise", "none"] = Field(
-        "dynamic-int8",
-        description="dynamic-int8: ONNX Runtime's dynamic quantization (int8 "
-        "weights, activation ranges per batch); int8-blockwise: MatMulNBits, int8 weights in "
-        "blocks of `block_size` with their own scales; int4-blockwise: the same with 4-bit "
-        "weights; none: fp32",
-    )
-    weight_type: Literal["qint8", "quint8"] = Field(
-        "qint8", description="dynamic-int8: signed or unsigned int8 weights"
-    )
-    # Per-channel keeps the worst-case cosine at 0.989 on MiniLM where per-tensor drops to 0.954.
-    per_channel: bool = Field(True, description="dynamic-int8: a scale per output channel")
-    reduce_range: bool = Field(
-        False, description="dynamic-int8: 7-bit weights (older CPUs without VNNI overflow less)"
-    )
-    op_types: list[str] | None = Field(
-        None, description="ONNX op types to quantize; default: ONNX Runtime's own list"
-    )
-    block_size: Literal[16, 32, 64, 128, 256] = Field(
-        32, description="int8-blockwise: weights per scale (smaller: closer to fp32)"
-    )
-    accuracy_level: Literal[0, 1, 2, 3, 4] = Field(
-        4,
-        description="int8-blockwise: what the MatMuls compute in (4: int8 activations, which "
-        "CPUs with VNNI or AMX run fastest; 0: as the graph says, fp32)",
-    )
-    fuse: bool = Field(
-        False,
-        description="first fuse the graph's attention, LayerNorm and GELU into ONNX "
-        "Runtime's own kernels (onnxruntime.transformers.optimizer, BERT-family encoders)",
-    )
-    search: bool = Field(
-        False,
-        description="also build and gate the variant grid (QInt8/QUInt8, per-tensor/channel, "
-        "reduce_range, MatMul-only, int8-blockwise block sizes and accuracy levels, the fused "
-        "graph alone and combined, ORT-optimised fp32) and ship the fastest that passes",
-    )
-    fallback_to_fp32: bool = Field(
-        True,
-        description="when the int8 model misses the gate, validate and ship the fp32 ONNX model",
-    )
 
 
 def _dynamic_int8(src: Path, target: Path, spec: QuantizationSpec) -> None:
@@ -165,10 +119,7 @@ def quantize_onnx(onnx_path: str, spec: QuantizationSpec, work_root: str) -> Var
         "quantize",
         [sha256_file(source), spec.model_dump()],
         build,
-        method_name(spec),
-        ORT_ONLY,
-        "model.onnx",
-        src,
+        VariantId(method_name(spec), ORT_ONLY, src),
     )
 
 
@@ -218,10 +169,7 @@ def _quantize_files(src_dir: Path, spec: QuantizationSpec, work_root: str) -> Va
         "quantize",
         [[sha256_file(src_dir / n) for n in names], spec.model_dump()],
         build,
-        method_name(spec),
-        ORT_ONLY,
-        "",
-        src_dir,
+        VariantId(method_name(spec), ORT_ONLY, src_dir, main=""),
     )
     if found["fallbacks"]:
         log = step_logger()
@@ -258,10 +206,7 @@ def fuse_fp32(onnx_path: str, work_root: str) -> Variant:
         "optimize",
         [sha256_file(src), "fused", ort.__version__],
         build,
-        "fp32/fused",
-        ORT_ONLY,
-        "model.onnx",
-        src,
+        VariantId("fp32/fused", ORT_ONLY, src),
     )
 
 
@@ -291,10 +236,7 @@ def optimize_fp32(onnx_path: str, level: str, work_root: str) -> Variant:
         "optimize",
         [sha256_file(src), level, ort.__version__],
         build,
-        f"fp32/ort-{level}",
-        ORT_ONLY,
-        "model.onnx",
-        src,
+        VariantId(f"fp32/ort-{level}", ORT_ONLY, src),
     )
 
 

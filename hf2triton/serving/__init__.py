@@ -38,6 +38,9 @@ SERVING_FILE = "serving.json"
 PACKAGE_DIR = "hf2triton_serving"  # the package's name inside a version directory
 
 
+# Eight parameters, one per group of serving.json's keys: the serving core shares no types with
+# the pipeline (it runs in Triton's environment, copied into each version), so they come as plain
+# values, from one caller (the kind's serving_json) that names each.
 def serving_json(
     module: str,
     cls: str,

@@ -1,8 +1,7 @@
-"""ONNX Runtime on NVIDIA GPUs: the CUDA provider (fp32, and the fp16 graphs this module builds:
-fused by ONNX Runtime's transformer optimizer, and plain) and the TensorRT provider (fp16
-engines, built when the model opens). Both serve deploy.device gpu; with `deploy.gpu_gate:
-cpu-numerics` the gate checks their graphs on ONNX Runtime's CPU provider at the same precision
-(hf2triton.runtimes.devices)."""
+"""ONNX Runtime's CUDA provider on NVIDIA GPUs: fp32, and the fp16 graphs this module builds
+(fused by ONNX Runtime's transformer optimizer, and plain; the TensorRT plug-in reads the plain
+one). It serves deploy.device gpu; with `deploy.gpu_gate: cpu-numerics` the gate checks its
+graphs on ONNX Runtime's CPU provider at the same precision (hf2triton.runtimes.devices)."""
 
 from __future__ import annotations
 
@@ -10,23 +9,25 @@ import json
 from pathlib import Path
 from typing import Any, ClassVar
 
-from hf2triton.runtimes import RUNTIMES
 from hf2triton.runtimes.base import (
     FP16,
     FP16_ORT,
     PLAIN,
+    PLUGINS,
     Recipe,
     RuntimePlugin,
     Variant,
     VariantContext,
+    VariantId,
     build_variant,
 )
+from hf2triton.serving import runtimes as serving_runtimes
 from hf2triton.util.workspace import sha256_file
 
 
-@RUNTIMES.register
+@PLUGINS.register
 class OnnxRuntimeCuda(RuntimePlugin):
-    name = "onnxruntime-cuda"
+    serving: ClassVar[type[serving_runtimes.Runtime]] = serving_runtimes.OnnxRuntimeCuda
     device = "gpu"
     # fp16 first: with the gate on the CPU (gpu_gate cpu-numerics) the first that passes ships,
     # and on an H100 the fused fp16 graph computed 2.4x what plain fp32 did.
@@ -45,18 +46,6 @@ class OnnxRuntimeCuda(RuntimePlugin):
             ),
             Recipe("fp16", FP16, lambda: fp16_graph(ctx.onnx_path, ctx.work)),
         ]
-
-
-@RUNTIMES.register
-class OnnxRuntimeTensorrt(OnnxRuntimeCuda):
-    name = "onnxruntime-tensorrt"
-    auto = ()  # only when listed: its engines are tied to the GPU, driver and TensorRT version
-    # Not the fused graph: TensorRT has no kernels for ONNX Runtime's own operators.
-    reads = {"fp16": frozenset({FP16})}
-
-    @classmethod
-    def recipes(cls, ctx: VariantContext) -> list[Recipe]:
-        return [r for r in super().recipes(ctx) if r.graph in cls.reads["fp16"]]
 
 
 # Kept in fp32 in the fp16 graph: what overflows or loses too much in half precision
@@ -99,7 +88,7 @@ def fp16_graph(onnx_path: str, work_root: str) -> Variant:
         return {}
 
     return build_variant(
-        work_root, "fp16", [sha256_file(src), FP16_KEEP], build, "fp16", FP16, "model.onnx", src
+        work_root, "fp16", [sha256_file(src), FP16_KEEP], build, VariantId("fp16", FP16, src)
     )
 
 
@@ -181,8 +170,5 @@ def fused_fp16_graph(onnx_path: str, model_dir: str, work_root: str) -> Variant:
         "fp16-fused",
         [sha256_file(src), model_type, heads, hidden, ort.__version__],
         build,
-        "fp16/fused",
-        FP16_ORT,
-        "model.onnx",
-        src,
+        VariantId("fp16/fused", FP16_ORT, src),
     )
