@@ -1,6 +1,8 @@
 """Plug-in registries: each plug-in registers itself where it is defined (`@KINDS.register`,
-as optimum's exporters register their model configs), and its package imports its plug-in
-modules in one line. A registry also makes the spec section that chooses one of its plug-ins.
+as optimum's exporters register their model configs) in a table that lives in its package's base
+module, and the package's `__init__` imports its plug-in modules in one line (no plug-in imports
+its package back: no import cycle). A registry also makes the spec section that chooses one of
+its plug-ins.
 """
 
 from __future__ import annotations
