@@ -9,8 +9,9 @@ rendered count, and prints one JSON object of what it measured (also $OUT/gpu-ch
 `run --simulate-cpu` runs the same path on a CPU host (CPU provider, KIND_CPU, fewer clients and
 seconds), so that everything but the GPU is tested in CI. Standard library only (what runs in
 the serving environment imports numpy, onnxruntime and tokenizers there): this file and its
-modules beside it (the `gpu` package: parts, environment, triton, clients, meter, ort_rates,
-report) run under the machine's own Python, whatever that holds.
+modules beside it (check_*.py, of the `gpu` package: named so as to hide no installed module,
+the script's folder being first on its path) run under the machine's own Python, whatever that
+holds.
 """
 
 from __future__ import annotations
@@ -25,16 +26,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# benchmarks/ on the path: this script's modules are the `gpu` package beside it.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gpu.clients import clients_main, closed_loop, cosines, served_embeddings  # noqa: E402
-from gpu.environment import probe, run_env, serving_env, set_instances, simulate_on_cpu  # noqa: E402
-from gpu.kit import Refused, log  # noqa: E402
-from gpu.meter import GpuMeter  # noqa: E402
-from gpu.ort_rates import ort_main  # noqa: E402
-from gpu.parts import join_and_unpack, receive, untar  # noqa: E402
-from gpu.report import Report, goals, save_out  # noqa: E402
-from gpu.triton import Triton  # noqa: E402
+# This script's modules are the `gpu` package it sits in: benchmarks/ goes last on the path, so
+# that no name there (serving, load, ...) hides an installed module.
+sys.path.append(str(Path(__file__).resolve().parents[1]))
+from gpu.check_clients import clients_main, closed_loop, cosines, served_embeddings  # noqa: E402
+from gpu.check_env import probe, run_env, serving_env, set_instances, simulate_on_cpu  # noqa: E402
+from gpu.check_kit import Refused, log  # noqa: E402
+from gpu.check_meter import GpuMeter  # noqa: E402
+from gpu.check_ort import ort_main  # noqa: E402
+from gpu.check_parts import join_and_unpack, receive, untar  # noqa: E402
+from gpu.check_report import Report, goals, save_out  # noqa: E402
+from gpu.check_server import Triton  # noqa: E402
 
 DEFAULT_PARTS = Path("/tmp/gpu-kit")
 

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from gpu.kit import Refused, log
+from gpu.check_kit import Refused, log
 
 GOALS = {
     # issue 37: what a GPU release should reach on one H100

@@ -11,8 +11,8 @@ import tarfile
 from pathlib import Path
 from typing import IO, Any
 
-from gpu.environment import probe
-from gpu.kit import Refused, sha256_file
+from gpu.check_env import probe
+from gpu.check_kit import Refused, sha256_file
 
 
 def read_manifest(path: Path) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from array import array
 from pathlib import Path
 from typing import Any
 
-from gpu.meter import GpuMeter
+from gpu.check_meter import GpuMeter
 
 # The script whose `_clients` command runs one process of closed_loop's clients.
 CHECK = Path(__file__).with_name("check.py")

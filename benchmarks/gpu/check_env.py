@@ -17,7 +17,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from gpu.kit import Refused
+from gpu.check_kit import Refused
 
 
 def probe() -> dict[str, Any]:
