@@ -201,14 +201,14 @@ class DeploySection(Strict):
 
     @model_validator(mode="before")
     @classmethod
-    def _device_defaults(cls, data: Any) -> Any:
+    def _device_defaults(cls, data: object) -> object:
         """What the spec leaves out is the device's default (hf2triton.runtimes.devices): the
         instances (per GPU), the token budget of a sub-batch, and the instances, threads and
         clients the configuration search tries."""
-        device = (
-            DEVICES.get(data.get("device") or DEVICES.default) if isinstance(data, dict) else None
-        )
-        if device is None:  # not a mapping, or a device the field itself refuses
+        if not isinstance(data, dict):
+            return data
+        device = DEVICES.get(data.get("device") or DEVICES.default)
+        if device is None:  # a device the field itself refuses
             return data
         data = {
             "instance_count": device.default_instances,
