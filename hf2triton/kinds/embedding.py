@@ -17,7 +17,7 @@ from hf2triton.errors import SpecError
 from hf2triton.kinds.base import KINDS, Data, Limits, model_max_length, read_json, read_lines
 from hf2triton.kinds.margin import Sample
 from hf2triton.kinds.modality import TextEncoderKind
-from hf2triton.kinds.torch_reference import TorchReference, largest_difference, onnx_output
+from hf2triton.kinds.torch_reference import TorchReference, largest_difference
 from hf2triton.serving.embedding import Embedder, pool
 from hf2triton.util.specbase import MaxLength, Probability, SpecPath, Strict
 
@@ -137,10 +137,6 @@ class TorchEmbedder(TorchReference):
                 for states, mask in self.outputs(texts, "last_hidden_state", batch_size)
             ]
         )
-
-
-def onnx_hidden_states(onnx_path: str | Path, enc: dict[str, np.ndarray]) -> np.ndarray:
-    return onnx_output(onnx_path, enc)
 
 
 def read_retrieval(path: str) -> tuple[list[str], list[str], list[tuple[int, int, float]]]:

@@ -201,15 +201,14 @@ class ServingRole(KindBase[C]):
         """serving.json of this kind's model (without `files`: without file locations, what the
         served model and the gate share)."""
         module, cls = self.serving
+        speed = {"intra_op_threads": threads, "max_batch_tokens": max_batch_tokens}
         return serving.serving_json(
             module,
             cls,
             self.name,
-            self.settings(cfg, export_dir),
+            {**self.settings(cfg, export_dir), **speed},
             self.file_settings(files) if files else None,
             runtime,
-            threads,
-            max_batch_tokens,
         )
 
     def open_candidate(self, candidate: str, export_dir: str, settings: dict[str, Any]) -> Any:

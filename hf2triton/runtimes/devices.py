@@ -118,11 +118,6 @@ class Gpu(Cpu):
         return {"name": "onnxruntime", "device": "cpu", "precision": served["precision"]}
 
 
-def gpu_runtime_problem() -> str | None:
-    """Why the gate cannot run on an NVIDIA GPU here (None: it can)."""
-    return Gpu.gate_problem()
-
-
 def check_gate_device(deploy: DeployOn) -> None:
     """Stop a release, before any work, where its gate cannot run on its device, or where its
     configuration search would measure on a device this machine does not have."""

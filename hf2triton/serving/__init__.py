@@ -38,9 +38,6 @@ SERVING_FILE = "serving.json"
 PACKAGE_DIR = "hf2triton_serving"  # the package's name inside a version directory
 
 
-# Eight parameters, one per group of serving.json's keys: the serving core shares no types with
-# the pipeline (it runs in Triton's environment, copied into each version), so they come as plain
-# values, from one caller (the kind's serving_json) that names each.
 def serving_json(
     module: str,
     cls: str,
@@ -48,19 +45,16 @@ def serving_json(
     settings: dict[str, Any],
     files: dict[str, str] | None = None,
     runtime: dict[str, Any] | None = None,
-    threads: int = 0,
-    max_batch_tokens: int = 0,
 ) -> dict[str, Any]:
     """A version's serving.json: the class that serves it (`module`, `class`), the kind's own
-    settings, the speed settings, the runtime (absent: the default), and the keys that locate
-    its files (names in the version directory, or paths where the gate reads them)."""
+    settings followed by the speed settings (`intra_op_threads`, `max_batch_tokens`), the
+    runtime (absent: the default), and the keys that locate its files (names in the version
+    directory, or paths where the gate reads them)."""
     return {
         "module": module,
         "class": cls,
         "kind": kind,
         **settings,
-        "intra_op_threads": threads,
-        "max_batch_tokens": max_batch_tokens,
         **({"runtime": runtime} if runtime else {}),
         **(files or {}),
     }

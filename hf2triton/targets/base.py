@@ -17,6 +17,7 @@ from pydantic import Field, model_validator
 
 from hf2triton.clients.credentials import ApiKeys, resolve
 from hf2triton.errors import DeployError
+from hf2triton.image.spec import ImageSpec
 from hf2triton.runtimes.devices import DEVICES
 from hf2triton.targets.smoke import Endpoint
 from hf2triton.util import plugins
@@ -303,8 +304,16 @@ class DeployTarget:
         super().__init_subclass__(**kwargs)
         cls.name = plugins.tag_of(cls.Spec, "target")
 
+    # Each target reads its own section's keys: a subclass narrows `spec` to its `Spec`.
+    spec: DeploySection
+
     def __init__(
-        self, spec: Any, release: str, work: str = "", registry_model: str = "", image: Any = None
+        self,
+        spec: DeploySection,
+        release: str,
+        work: str = "",
+        registry_model: str = "",
+        image: ImageSpec | None = None,
     ):
         self.spec = spec
         self.release = release

@@ -125,6 +125,7 @@ class DockerDeploy(PublishedSection):
 @TARGETS.register
 class DockerContainers(DeployTarget):
     Spec = DockerDeploy
+    spec: DockerDeploy
 
     def watch_points(self) -> list[WatchPoint]:
         return [self.spec.watch_point("docker container")]

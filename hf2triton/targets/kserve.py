@@ -128,6 +128,7 @@ class KServeDeploy(DeploySection):
 @TARGETS.register
 class KServe(DeployTarget):
     Spec = KServeDeploy
+    spec: KServeDeploy
 
     def _storage(
         self, repository: str, model_name: str, version: str, files: dict[str, str]

@@ -106,6 +106,7 @@ class LocalTritonDeploy(PublishedSection):
 @TARGETS.register
 class LocalTriton(DeployTarget):
     Spec = LocalTritonDeploy
+    spec: LocalTritonDeploy
 
     def _server(self) -> tuple[triton_local.ServerState, str | None]:
         """The local Triton (started if none runs) and the API beside it (its base URL)."""

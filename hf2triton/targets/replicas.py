@@ -150,6 +150,7 @@ class ReplicasDeploy(DeploySection):
 @TARGETS.register
 class TritonReplicas(DeployTarget):
     Spec = ReplicasDeploy
+    spec: ReplicasDeploy
 
     def _restore_all(self, deployment: Deployment) -> list[str]:
         """Every replica back to what it served; returns the replicas that did not answer."""

@@ -37,14 +37,14 @@ def test_export_has_dynamic_batch_and_sequence_axes(exported):
 def test_export_runs_with_any_batch_and_length(exported, tiny_bert, cfg):
     from transformers import AutoTokenizer
 
-    from hf2triton.kinds.embedding import onnx_hidden_states
+    from hf2triton.kinds.torch_reference import onnx_output
 
     tok = AutoTokenizer.from_pretrained(exported["export_dir"])
     for texts in (["a"], SENTENCES[:3], SENTENCES):
         enc = tok(
             texts, padding=True, truncation=True, max_length=cfg.max_length, return_tensors="np"
         )
-        states = onnx_hidden_states(exported["onnx_path"], dict(enc))
+        states = onnx_output(exported["onnx_path"], dict(enc))
         assert states.shape == (len(texts), enc["input_ids"].shape[1], 32)
     assert served(tiny_bert, exported, exported["onnx_path"], cfg).embed(SENTENCES).shape == (
         len(SENTENCES),

@@ -207,7 +207,7 @@ def test_every_runtime_hands_back_each_graphs_outputs_under_their_onnx_names(exp
     embeddings), opened by every runtime and precision this machine offers: the outputs come
     back by the ONNX file's names, in its order, and at fp32 with ONNX Runtime's values."""
     kind, cfg, onnx_path, export_dir = exported(kind_name)
-    from hf2triton.runtimes import RUNTIMES
+    from hf2triton.runtimes import PLUGINS
     from hf2triton.runtimes.base import PLAIN
 
     offered = runtimes.runtime_info()
@@ -216,7 +216,7 @@ def test_every_runtime_hands_back_each_graphs_outputs_under_their_onnx_names(exp
         (name, precision)
         for name, devices in offered.items()
         for precision in devices.get("cpu", {}).get("precisions", [])
-        if RUNTIMES.load(name).runs({"graph": PLAIN}, precision)
+        if PLUGINS.load(name).runs({"graph": PLAIN}, precision)
         and (name != "onnxruntime" or precision == "fp32")
     ]
     assert ("openvino", "fp32") in tried
@@ -549,7 +549,7 @@ def test_the_fp16_graph_of_a_gpu_release_passes_a_cpu_numerics_check(exported, t
     """What `deploy.gpu_gate: cpu-numerics` gates: the fp16 graph (inputs and outputs kept in
     fp32, the overflow-prone ops in fp32) run by ONNX Runtime on the CPU through its casts. It
     checks the graph's storage and structure, not the GPU kernels' numerics (no GPU here)."""
-    from hf2triton.runtimes.cuda import FP16_KEEP, fp16_graph
+    from hf2triton.runtimes.onnxruntime_cuda import FP16_KEEP, fp16_graph
 
     kind, cfg, onnx_path, export_dir = exported("embedding")
     half = fp16_graph(onnx_path, str(tmp_path / "work"))
@@ -582,7 +582,7 @@ def test_the_fused_fp16_graph_of_a_gpu_release_is_fused_and_passes_a_cpu_numeric
 
     import onnx
 
-    from hf2triton.runtimes.cuda import fused_fp16_graph
+    from hf2triton.runtimes.onnxruntime_cuda import fused_fp16_graph
 
     kind, cfg, onnx_path, export_dir = exported("embedding")
     fused = fused_fp16_graph(onnx_path, export_dir, str(tmp_path / "work"))
@@ -627,7 +627,7 @@ def test_an_architecture_the_optimizer_cannot_fuse_is_refused_with_why(
     gate names why), not a failed release: the other GPU graphs are still tried."""
     import json
 
-    from hf2triton.runtimes import RUNTIMES
+    from hf2triton.runtimes import PLUGINS
     from hf2triton.runtimes.base import VariantContext
 
     kind, cfg, onnx_path, export_dir = exported("embedding")
@@ -639,7 +639,7 @@ def test_an_architecture_the_optimizer_cannot_fuse_is_refused_with_why(
     ctx = VariantContext(
         onnx_path, export_dir, str(model_dir), kind, None, None, None, str(tmp_path / "work")
     )
-    built = {r.method: r.make() for r in RUNTIMES.load("onnxruntime-cuda").recipes(ctx)}
+    built = {r.method: r.make() for r in PLUGINS.load("onnxruntime-cuda").recipes(ctx)}
     assert list(built) == ["fp16/fused", "fp16"]
     assert why in built["fp16/fused"]["error"] and not built["fp16/fused"]["onnx_path"]
     assert "error" not in built["fp16"] and Path(built["fp16"]["onnx_path"]).is_file()
