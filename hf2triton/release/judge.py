@@ -156,9 +156,20 @@ def score_runs(gate: Gate, model: ServedModel, ref: Reference) -> Scored:
         metrics=worst_of([r[0] for r in runs], limits),
         details=details,
         bounds=worst_of([r[2] for r in runs], limits) if runs[0][2] else {},
-        hairs={b.metric: b for r in runs for b in r[3]},
+        hairs=worst_hairs([b for r in runs for b in r[3]]),
         outputs=outputs,
     )
+
+
+def worst_hairs(found: list[Borderline]) -> dict[str, Borderline]:
+    """Per metric, the borderline of the batching that measured it worst (the value the gate's
+    metrics report), whichever order the batchings ran in."""
+    hairs: dict[str, Borderline] = {}
+    for b in found:
+        seen = hairs.get(b.metric)
+        if seen is None or (b.value < seen.value if b.op == ">=" else b.value > seen.value):
+            hairs[b.metric] = b
+    return hairs
 
 
 def judge(

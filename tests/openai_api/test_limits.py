@@ -40,20 +40,25 @@ def test_a_body_over_the_limit_is_a_413_whether_its_length_is_told_or_not():
         and "over this API's limit of 65536" in error["message"]
     )
 
-    def chunks():  # no Content-Length: counted as it comes
-        yield b'{"model": "rr", "query": "q", "documents": ["'
+    def chunks(head: bytes):  # no Content-Length: counted as it comes
+        yield head
         for _ in range(40):
             yield b"x" * 2048
         yield b'"]}'
 
-    streamed = api.post(
-        "/v1/rerank", content=chunks(), headers={"Content-Type": "application/json"}
-    )
-    error = error_of(streamed, 413)
-    assert (
-        error["code"] == "request_too_large"
-        and "over this API's limit of 65536 bytes" in error["message"]
-    )
+    # Whether the route reads its own JSON (rerank) or FastAPI parses the body (embeddings).
+    for route, head in (
+        ("/v1/rerank", b'{"model": "rr", "query": "q", "documents": ["'),
+        ("/v1/embeddings", b'{"model": "emb", "input": ["'),
+    ):
+        streamed = api.post(
+            route, content=chunks(head), headers={"Content-Type": "application/json"}
+        )
+        error = error_of(streamed, 413)
+        assert (
+            error["code"] == "request_too_large"
+            and "over this API's limit of 65536 bytes" in error["message"]
+        ), route
     assert fake.batches == []  # the embeddings never reached the model
 
 

@@ -78,13 +78,16 @@ def _in_a_flow(fn, *args):
 
 def test_publish_writes_the_table_and_the_mlflow_link_under_the_releases_keys():
     look = _look(["local version 2: failure rate 5.00% over the budget 1.00%"])
+    # A release name of its own: the session's Prefect server also holds the artifacts of the
+    # e2e watch tests' "tiny-embedder" releases, under that release's keys.
+    look["release"] = "Publish Probe"
     key = _in_a_flow(publish, look, "http://admin:secret@mlflow.example:5000")
-    assert key == "tiny-embedder-watch"
+    assert key == "publish-probe-watch"
     table_artifact = _artifact(key)[-1]
     assert table_artifact.type == "table"
     assert "champion version 2 (in the rollback window)" in table_artifact.description
     assert "failure rate 5.00%" in table_artifact.description
-    link = _artifact("tiny-embedder-watch-mlflow")[-1]
+    link = _artifact("publish-probe-watch-mlflow")[-1]
     assert "mlflow.example:5000/#/models/tiny-embedder/versions/2" in str(link.data)
     assert "secret" not in str(link.data)
 
