@@ -11,6 +11,15 @@ from hf2triton.spec import load_spec
 from tests.conftest import free_port, tiny_spec
 from tests.tiny_models import SEQ2SEQ_CORPUS
 
+# The smallest spec a kind's section is parsed into, and where the shipped specs lie.
+SPEC_BASE = {
+    "name": "x",
+    "source": {"path": "/m"},
+    "validation": {"sentences": "s.txt"},
+    "registry": {"model_name": "x"},
+}
+RELEASES = Path(__file__).resolve().parents[2] / "releases"
+
 ODD = [
     "a",
     "ok",

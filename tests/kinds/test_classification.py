@@ -6,7 +6,6 @@ every label with PyTorch's score."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,16 +13,8 @@ import tritonclient.grpc as grpcclient
 
 from hf2triton.errors import SpecError
 from hf2triton.spec import load_spec, parse_spec
-from tests.kinds.kind_release import ODD, release
+from tests.kinds.kind_release import ODD, RELEASES, SPEC_BASE, release
 from tests.tiny_models import SEQ2SEQ_CORPUS, build_tiny_classifier
-
-SPEC_BASE = {
-    "name": "x",
-    "source": {"path": "/m"},
-    "validation": {"sentences": "s.txt"},
-    "registry": {"model_name": "x"},
-}
-RELEASES = Path(__file__).resolve().parents[2] / "releases"
 
 
 @pytest.fixture(scope="module")

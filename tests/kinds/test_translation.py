@@ -18,16 +18,8 @@ from tritonclient.utils import InferenceServerException
 from hf2triton.errors import SpecError
 from hf2triton.kinds.translation import GenerationSpec
 from hf2triton.spec import load_spec, parse_spec
-from tests.kinds.kind_release import ODD, release, report_path
+from tests.kinds.kind_release import ODD, RELEASES, SPEC_BASE, release, report_path
 from tests.tiny_models import SEQ2SEQ_CORPUS, build_tiny_m2m100, build_tiny_marian
-
-SPEC_BASE = {
-    "name": "x",
-    "source": {"path": "/m"},
-    "validation": {"sentences": "s.txt"},
-    "registry": {"model_name": "x"},
-}
-RELEASES = Path(__file__).resolve().parents[2] / "releases"
 
 
 @pytest.fixture(scope="module")
