@@ -25,7 +25,17 @@ HF2TRITON = str(Path(sys.executable).parent / "hf2triton")
 
 
 def _cli(args: list[str], env: dict | None = None, timeout: float = 600):
-    return run_cli([HF2TRITON, *args], timeout, env=env or dict(os.environ), cwd=ROOT)
+    return run_cli([HF2TRITON, *args], timeout, env=env or _api_env(dict(os.environ)), cwd=ROOT)
+
+
+def _api_env(env: dict) -> dict:
+    """`env` with this session's Prefect test API, which is up already, as a user's runs go to
+    their Prefect server: a release run would otherwise start and stop Prefect's temporary API
+    (about 30 s of a tiny release here). tests/cli/test_first_run.py and
+    tests/flows/test_release.py release with the temporary API."""
+    from prefect.settings import PREFECT_API_URL
+
+    return {**env, "PREFECT_API_URL": PREFECT_API_URL.value()}
 
 
 def _error_line(proc) -> str:
@@ -188,11 +198,14 @@ def test_bad_validation_file_is_refused(tiny_release, tiny_bert, tmp_path, conte
 # --- faults during a release ---------------------------------------------------------------
 
 
-def _fresh_env(home: Path, **extra) -> dict:
+def _fresh_env(home: Path, *, prefect_api: bool = True, **extra) -> dict:
+    """A release's environment in its own hf2triton home, its flow runs on this session's
+    Prefect test API (`_api_env`), or with `prefect_api=False` on the temporary API it starts."""
     env = {**os.environ, "HF2TRITON_HOME": str(home), "HF2TRITON_RETRY_DELAYS": "0.5,0.5", **extra}
     env.pop("MLFLOW_TRACKING_URI", None)
+    env.pop("PREFECT_API_URL", None)
     env.update(extra)
-    return env
+    return _api_env(env) if prefect_api else env
 
 
 @pytest.mark.e2e
@@ -331,7 +344,7 @@ def test_planted_secrets_reach_no_log_artifact_record_or_server(tiny_bert, tmp_p
         registry__model_name="tiny-secrets",
     )
     home = tmp_path / "home"
-    env = _fresh_env(home, **SECRETS)
+    env = _fresh_env(home, prefect_api=False, **SECRETS)  # its Prefect API started by the run
     try:
         proc = _cli(["release", str(spec)], env)
         assert proc.returncode == 0, proc.stderr[-3000:]
