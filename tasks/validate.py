@@ -6,11 +6,16 @@ from __future__ import annotations
 from prefect import task
 
 from hf2triton.clients.mlflow import tracking_uri
-from hf2triton.release.candidates import champion_to_face, gate_candidates, gate_settings
+from hf2triton.release.candidates import (
+    champion_to_face,
+    gate_candidates,
+    gate_settings,
+    variant_context,
+)
 from hf2triton.release.gate import GateResult, run_gate
 from hf2triton.release.plan import Gate
 from hf2triton.release.results import Exported, ReleaseContext
-from hf2triton.runtimes import Variant
+from hf2triton.runtimes import Variant, recipes
 from hf2triton.sources import FetchResult
 from hf2triton.spec import ReleaseSpec
 from hf2triton.util.runs import NO_PREFECT_CACHE, RETRY_TRANSIENT, note_reuse, step_logger
@@ -32,7 +37,12 @@ def validate(
     gate = Gate.of(kind, cfg, ctx.data, exp["export_dir"], gate_settings(spec, ctx.runtimes))
     found = run_gate(
         gate,
-        gate_candidates(variants, spec.quantization, ctx.runtimes),
+        gate_candidates(
+            variants,
+            spec.quantization,
+            ctx.runtimes,
+            recipes(variant_context(ctx, src, exp, spec.quantization), ctx.runtimes),
+        ),
         model_dir=src["model_dir"],
         work_root=ctx.work,
         champion=champion_to_face(kind, ctx.data, cfg, tracking_uri(), spec.registry.model_name),

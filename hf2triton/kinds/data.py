@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 import random
 import shutil
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -50,10 +51,28 @@ class Candidate:
     runtime: dict[str, Any] | None = None
     gate_runtime: dict[str, Any] | None = None
     error: str | None = None  # building its graph failed: the gate refuses it with this
+    # A graph built only when the gate first needs it (the search times its runtime's candidates,
+    # or judges it): returns the built variant, its `onnx_path` or why it failed (`error`).
+    build: Callable[[], Mapping[str, Any]] | None = field(default=None, compare=False, repr=False)
 
     @property
     def gated_runtime(self) -> dict[str, Any] | None:
         return self.gate_runtime or self.runtime
+
+    @property
+    def planned(self) -> bool:
+        """Whether its graph is still to be built (`made`)."""
+        return self.build is not None and not self.onnx_path and not self.error
+
+    def made(self) -> Candidate:
+        """This candidate with its graph built (itself when it is built already)."""
+        if not self.planned:
+            return self
+        assert self.build is not None
+        built = self.build()
+        return replace(
+            self, onnx_path=str(built.get("onnx_path", "")), error=built.get("error"), build=None
+        )
 
 
 def read_lines(path: str | Path, what: str, items: str = "sentences") -> list[str]:

@@ -12,27 +12,57 @@ the registry's `champion` alias serves.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Literal
 
 from hf2triton.kinds.base import Candidate, Data, ModelKind
 from hf2triton.kinds.config import KindConfig
 from hf2triton.release.champion import Champion, find_champion
+from hf2triton.release.export import Exported
 from hf2triton.release.plan import GateSettings
-from hf2triton.runtimes import RuntimeChoices, Variant, plugin
+from hf2triton.release.results import ReleaseContext
+from hf2triton.runtimes import Recipe, RuntimeChoices, Variant, VariantContext, plugin
 from hf2triton.runtimes.base import is_default
 from hf2triton.serving.runtimes import DEFAULT_RUNTIME
+from hf2triton.sources import FetchResult
 from hf2triton.spec import QuantizationSpec, ReleaseSpec
 
 
+def variant_context(
+    ctx: ReleaseContext, src: FetchResult, exp: Exported, quantization: QuantizationSpec
+) -> VariantContext:
+    """What the runtimes' variant builders read: the export, the model it came from, the spec's
+    quantization section and the kind's calibration items (the quantize step builds with it,
+    the gate builds the variants it planned)."""
+    return VariantContext(
+        onnx_path=exp["onnx_path"],
+        export_dir=exp["export_dir"],
+        model_dir=src["model_dir"],
+        kind=ctx.kind,
+        quantization=quantization,
+        calibration=ctx.kind.calibration(ctx.data),
+        max_length=exp["config"].get("max_length"),
+        work=ctx.work,
+    )
+
+
 def gate_candidates(
-    variants: list[Variant], quantization: QuantizationSpec, runtimes: RuntimeChoices | None = None
+    variants: list[Variant],
+    quantization: QuantizationSpec,
+    runtimes: RuntimeChoices | None = None,
+    recipes: Mapping[str, Recipe] | None = None,
 ) -> list[Candidate]:
     """The candidates, in the order the gate tries them: each runtime's, in the order the
     runtimes were chosen, each of the variants it reads (a variant whose build failed too: the
-    gate refuses it with its error). The export itself (`fp32`, the last variant) is one only
-    with method none, or with `quantization.fallback_to_fp32` or a search. `runtimes`: what the
-    release may run on (default: ONNX Runtime on the CPU, fp32)."""
+    gate refuses it with its error; a planned one is built by its recipe in `recipes` when the
+    gate needs it). The export itself (`fp32`, the last variant) is one only with method none,
+    or with `quantization.fallback_to_fp32` or a search. `runtimes`: what the release may run
+    on (default: ONNX Runtime on the CPU, fp32)."""
     runtimes = runtimes or RuntimeChoices([DEFAULT_RUNTIME])
+    recipes = recipes or {}
+    planned = [v["method"] for v in variants if v.get("planned") and v["method"] not in recipes]
+    if planned:
+        raise ValueError(f"planned variants without their recipe: {', '.join(planned)}")
     fp32_too = quantization.method == "none" or quantization.fallback_to_fp32 or quantization.search
     graphs = [v for v in variants if v["method"] != "fp32" or fp32_too]
     found = []
@@ -51,6 +81,7 @@ def gate_candidates(
                     runtime=runtime,
                     gate_runtime=gated if gated != runtime else None,
                     error=v.get("error"),
+                    build=recipes[v["method"]].make if v.get("planned") else None,
                 )
             )
     return found
@@ -90,4 +121,6 @@ def gate_settings(spec: ReleaseSpec, runtimes: RuntimeChoices) -> GateSettings:
         max_drop=spec.validation.max_drop,
         judge_all=spec.validation.judge_all,
         not_offered=runtimes.not_offered,
+        objective=spec.runtime.objective,
+        prune=spec.quantization.prune,
     )

@@ -12,6 +12,7 @@ figures are the worst of these, so a gate that passes is a smoke test that passe
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Any, TypedDict, cast
 
 import numpy as np
 
-from hf2triton import serving
+from hf2triton import kinds, runtimes, serving
 from hf2triton.kinds import margin
 from hf2triton.kinds.base import Candidate, Data, ModelKind, take, to_json
 from hf2triton.kinds.config import KindConfig
@@ -30,9 +31,18 @@ from hf2triton.release.plan import Facing, Gate, GateSettings, Reference, candid
 from hf2triton.release.verdict import Written, new_report, write_report
 from hf2triton.targets import smoke
 from hf2triton.util.runs import step_logger
-from hf2triton.util.workspace import cached_step, digest, hash_files, sha256_file, sha256_module
+from hf2triton.util.workspace import (
+    atomic_write_text,
+    cached_step,
+    digest,
+    hash_files,
+    sha256_file,
+    sha256_module,
+)
 
 SERVING_DIR = Path(serving.__file__).parent
+RUNTIMES_DIR = Path(runtimes.__file__).parent
+KINDS_DIR = Path(kinds.__file__).parent
 
 __all__ = ["GateResult", "GateSettings", "answer_in_batches", "run_gate"]
 
@@ -49,6 +59,7 @@ class GateResult(TypedDict):
     metrics: dict[str, float]
     candidates: dict[str, dict[str, float]]  # every measured candidate's figures
     items: int
+    built: list[str]  # the graphs the gate built itself (planned variants), shipped or not
     report_path: str
     reference_path: str  # the smoke test's items, PyTorch's answers and limits (json)
     info: dict[str, Any]  # what the repository needs from the reference (embedding_dim)
@@ -60,6 +71,29 @@ def candidate_digest(
     kind: ModelKind[KindConfig], candidate: str, export_dir: str
 ) -> dict[str, str]:
     return {n: sha256_file(p) for n, p in kind.version_files(candidate, export_dir).items()}
+
+
+def candidate_digests(gate: Gate, candidates: list[Candidate]) -> list[Digest]:
+    """Each candidate's digest: its files' sha256, or why it could not be built, or (planned)
+    what builds it."""
+    return [
+        (
+            c.name,
+            c.error or planned_digest(c)
+            if c.error or c.planned
+            else candidate_digest(gate.kind, c.onnx_path, gate.export_dir),
+            c.runtime,
+            c.gate_runtime,
+        )
+        for c in candidates
+    ]
+
+
+def planned_digest(cand: Candidate) -> str:
+    """What stands for a planned candidate's files in the gate's key: it is made by the
+    runtimes' code (hf2triton/runtimes) from graphs whose bytes the key holds (the export, each
+    runtime's first variant)."""
+    return f"planned: built by {digest(hash_files(RUNTIMES_DIR))}"
 
 
 def serves(champion: Champion, files: dict[str, str], settings: dict[str, Any]) -> bool:
@@ -105,16 +139,7 @@ def run_gate(
     `model_dir` on the gate's data, and with labelled data against the serving `champion`;
     raise AccuracyGateError if none passes. How they are judged and picked: the `gate`
     (hf2triton.release.plan.Gate.of, from the release's GateSettings)."""
-    kind, export_dir = gate.kind, gate.export_dir
-    digests: list[Digest] = [
-        (
-            c.name,
-            candidate_digest(kind, c.onnx_path, export_dir) if not c.error else c.error,
-            c.runtime,
-            c.gate_runtime,
-        )
-        for c in candidates
-    ]
+    digests = candidate_digests(gate, candidates)
     # The step's result names the shipped files by path: a candidate rebuilt elsewhere with the
     # same bytes must not reuse a result that points at the old place. Paths inside the work root
     # count relative to it: a work directory copied or moved whole (another home) keeps its
@@ -133,9 +158,13 @@ def run_gate(
     failed_report = Path(work_root) / "validate" / f"failed-{key[:16]}.json"
 
     def build(out: Path) -> dict[str, Any]:
-        ref, report, chosen = decide(gate, candidates, model_dir, champion, same)
+        ref, report, chosen = decide(gate, candidates, model_dir, champion, same, work_root)
         result = write_report(gate, report, chosen, ref, Written(out, failed_report, work_root))
-        return {**result, "onnx_path": in_work(result["onnx_path"], work_root)}
+        return {
+            **result,
+            "onnx_path": in_work(result["onnx_path"], work_root),
+            "built": [in_work(p, work_root) for p in result["built"]],
+        }
 
     done = cached_step(work_root, "validate", key, build)
     # The step's JSON result holds the keys write_report returned, the rest are added here.
@@ -144,6 +173,7 @@ def run_gate(
         {
             **done.result,
             "onnx_path": str(Path(work_root) / done.result["onnx_path"]),
+            "built": [str(Path(work_root) / p) for p in done.result.get("built", [])],
             "report_path": str(done.path / "validation_report.json"),
             "reference_path": str(done.path / "reference.json"),
             "seconds": round(time.perf_counter() - started, 3),
@@ -158,6 +188,7 @@ def decide(
     model_dir: str,
     champion: Champion | None,
     same: set[str],
+    work_root: str,
 ) -> tuple[Reference, dict[str, Any], Candidate | None]:
     """PyTorch's reference, the champion faced, and the candidates judged: the report so far
     and the candidate that ships (None: none passed)."""
@@ -173,7 +204,7 @@ def decide(
         else "",
         gate.batch,
     )
-    ref = pytorch_reference(gate, model_dir)
+    ref = pytorch_reference(gate, model_dir, work_root)
     report = new_report(gate)
     report["not_offered"] = dict(gate.not_offered)
     for what, why in report["not_offered"].items():
@@ -236,6 +267,7 @@ def gate_key(gate: Gate, digests: list[Digest], champion: Champion | None, same:
             gate.select,
             gate.max_drop,
             gate.judge_all,
+            [gate.objective, gate.prune],
             gate.quality,
             dict(gate.not_offered),
             [champion["version"], champion["files"]]
@@ -258,10 +290,15 @@ def gate_key(gate: Gate, digests: list[Digest], champion: Champion | None, same:
     )
 
 
-def pytorch_reference(gate: Gate, model_dir: str) -> Reference:
-    """PyTorch's answers on the gate's items, and the smoke test's share of them."""
+def pytorch_reference(gate: Gate, model_dir: str, work_root: str | None = None) -> Reference:
+    """PyTorch's answers on the gate's items, and the smoke test's share of them; with a work
+    root computed once per model, data and kind (`reference_outputs`)."""
     kind = gate.kind
-    outputs = kind.reference(model_dir, gate.cfg, gate.gate_data)
+    outputs = (
+        reference_outputs(gate, model_dir, work_root)
+        if work_root
+        else kind.reference(model_dir, gate.cfg, gate.gate_data)
+    )
     smoke_data = Data(take(gate.data.items, gate.smoke_index))
     return Reference(
         outputs=outputs,
@@ -270,6 +307,38 @@ def pytorch_reference(gate: Gate, model_dir: str) -> Reference:
         smoke_outputs=take(outputs, gate.smoke_index),
         smoke_requests=kind.requests(smoke_data.items),
     )
+
+
+def reference_outputs(gate: Gate, model_dir: str, work_root: str) -> Any:
+    """PyTorch's answers on the gate's items, kept in the work folder (step `reference`, keyed
+    by the model's files, the kind's settings, the items and the kinds' code): a gate run again
+    with other candidates or limits (a threshold relaxed after a refusal) reads them back
+    instead of running the model again, minutes on a large one. Read back through JSON on the
+    first run too, so both runs score the same values."""
+    import torch
+
+    kind = gate.kind
+    key = digest(
+        [
+            kind.name,
+            hash_files(model_dir),
+            gate.cfg.to_dict(),
+            digest(to_json(gate.gate_data.items)),
+            digest(to_json(gate.gate_data.extra)),
+            hash_files(KINDS_DIR),
+            torch.__version__,
+        ]
+    )
+
+    def build(out: Path) -> dict[str, Any]:
+        outputs = kind.reference(model_dir, gate.cfg, gate.gate_data)
+        atomic_write_text(out / "reference.json", json.dumps(to_json(outputs)))
+        return {}
+
+    done = cached_step(work_root, "reference", key, build)
+    if done.reused:
+        step_logger().info("validate: PyTorch's answers read back from %s", done.path)
+    return kind.from_json(json.loads((done.path / "reference.json").read_text()))
 
 
 def face_champion(

@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hf2triton.errors import AccuracyGateError
-from hf2triton.kinds.base import Candidate, misses, timing_items, worst_of
+from hf2triton.kinds.base import Candidate, misses, worst_of
 from hf2triton.kinds.margin import Borderline, borderline
 from hf2triton.release.plan import Facing, Gate, Reference, candidate_settings
+from hf2triton.release.search import CandidateBroken, Search, refusal
 from hf2triton.targets.smoke import groups
 from hf2triton.util.runs import step_logger
 
@@ -38,40 +39,52 @@ def answer_in_batches(
 def judge_candidates(
     gate: Gate, candidates: list[Candidate], ref: Reference, report: dict[str, Any], facing: Facing
 ) -> Candidate | None:
-    """Judge the candidates into `report["candidates"]` in the gate's order (timed first and
-    fastest first with select "fastest"), stopping at the first that passes unless the gate
-    judges all; the candidate that ships, or None."""
-    log = step_logger()
-    order: list[Candidate] = candidates
-    speeds: dict[str, dict[str, float]] = {}
-    if gate.select == "fastest":
-        speeds, refused = probe_speeds(gate, candidates)
-        report["candidates"] += refused
-        order = sorted(
-            (c for c in candidates if c.name in speeds), key=lambda c: -speeds[c.name]["speed"]
-        )
-    shipping = None
-    for n, cand in enumerate(order, 1):
+    """Judge the candidates into `report["candidates"]` in the search's order (hf2triton.release
+    .search: timed first, fastest first, pruned by runtime, with select "fastest"), stopping
+    after the group in which one passes unless the gate judges all; the candidate that ships
+    (built), or None."""
+    search = Search(gate, candidates)
+    shipping: str | None = None
+    done: list[dict[str, Any]] = []
+    for group in search.groups():
+        for cand in group:
+            if shipping and not gate.judge_all:
+                done.append(not_judged(cand, search.speeds[cand.name], shipping))
+                continue
+            step_logger().info(
+                "validate: candidate %d of %d, %s: %d %s",
+                len(done) + 1,
+                len(candidates),
+                cand.name,
+                len(gate.gate_data),
+                gate.kind.item_word,
+            )
+            entry = measure_candidate(gate, search.build(cand), ref, facing)
+            if cand.name in search.speeds:
+                entry["throughput"] = search.speeds[cand.name]
+            done.append(entry)
+            if not entry["misses"] and shipping is None:
+                shipping = cand.name
+                if gate.select == "first" and not gate.judge_all:
+                    break
         if shipping and not gate.judge_all:
-            report["candidates"].append(not_judged(cand, speeds[cand.name], shipping))
-            continue
-        log.info(
-            "validate: candidate %d of %d, %s: %d %s",
-            n,
-            len(order),
-            cand.name,
-            len(gate.gate_data),
-            gate.kind.item_word,
-        )
-        entry = measure_candidate(gate, cand, ref, facing)
-        if cand.name in speeds:
-            entry["throughput"] = speeds[cand.name]
-        report["candidates"].append(entry)
-        if not entry["misses"] and shipping is None:
-            shipping = cand.name
-            if gate.select == "first" and not gate.judge_all:
-                break
-    return choose(gate, candidates, report["candidates"])
+            break
+    reported = {e["name"] for e in done} | {e["name"] for e in search.refused}
+    for cand in candidates if gate.select == "fastest" else []:
+        if cand.name not in reported:
+            done.append(
+                not_judged(cand, search.speeds[cand.name], shipping or "")
+                if cand.name in search.speeds and shipping
+                else search.untimed(cand, shipping)
+            )
+    report["candidates"] += search.refused + done
+    # The graphs the gate built itself (planned ones): what the release may tidy away after.
+    report["built"] = [
+        c.onnx_path
+        for c in search.made.values()
+        if c.onnx_path and any(p.name == c.name and p.planned for p in candidates)
+    ]
+    return choose(gate, list(search.made.values()), report["candidates"])
 
 
 def measure_candidate(
@@ -84,6 +97,7 @@ def measure_candidate(
     t0 = time.perf_counter()
     model = None
     try:
+        cand = cand.made()
         if cand.error:
             raise CandidateBroken(cand.error)
         model = gate.kind.open_candidate(
@@ -94,33 +108,6 @@ def measure_candidate(
         return refusal(cand, exc, t0)
     finally:
         getattr(model, "close", lambda: None)()  # one candidate open at a time
-
-
-class CandidateBroken(Exception):
-    """A candidate that cannot be judged (its graph could not be built)."""
-
-
-def refusal(cand: Candidate, exc: BaseException, t0: float) -> dict[str, Any]:
-    """The report entry of a candidate that raised, and its log line."""
-    why = (
-        str(exc)
-        if isinstance(exc, CandidateBroken)
-        else f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
-    )
-    step_logger().warning(
-        "validate: %s: refused, it raised: %s (%.0f s)", cand.name, why, time.perf_counter() - t0
-    )
-    return {
-        "name": cand.name,
-        "runtime": cand.runtime,
-        "gated_on": cand.gated_runtime,
-        "metrics": {},
-        "misses": {"error": float("inf")},
-        "error": why,
-        "details": {},
-        "worst": [],
-        "champion_verdict": None,
-    }
 
 
 @dataclass(frozen=True)
@@ -247,36 +234,6 @@ def record_smoke(gate: Gate, model: Any, ref: Reference) -> dict[str, Any]:
             )
         recorded[str(size)] = kind.as_reference(kind.extract(answers))
     return recorded
-
-
-def probe_speeds(
-    gate: Gate, candidates: list[Candidate]
-) -> tuple[dict[str, dict[str, float]], list[dict[str, Any]]]:
-    """Each candidate opened, timed with a short probe at the serving batch (the kind's
-    `speed`), and closed: one open at a time. The report entries of those that raise."""
-    speeds, refused, log = {}, [], step_logger()
-    items = timing_items(gate.gate_data.items)
-    for n, cand in enumerate(candidates, 1):
-        model, t0 = None, time.perf_counter()
-        try:
-            if cand.error:
-                raise CandidateBroken(cand.error)
-            model = gate.kind.open_candidate(
-                cand.onnx_path, gate.export_dir, candidate_settings(gate.base, cand.gated_runtime)
-            )
-            speeds[cand.name] = gate.kind.speed(model, items, gate.batch)
-            log.info(
-                "validate: speed of candidate %d of %d, %s: %s",
-                n,
-                len(candidates),
-                cand.name,
-                ", ".join(f"{k} {v:g}" for k, v in speeds[cand.name].items() if k != "speed"),
-            )
-        except Exception as exc:  # noqa: BLE001 - a candidate that breaks is refused, not fatal
-            refused.append(refusal(cand, exc, t0))
-        finally:
-            getattr(model, "close", lambda: None)()
-    return speeds, refused
 
 
 def not_judged(cand: Candidate, speed: dict[str, float], shipping: str) -> dict[str, Any]:

@@ -32,6 +32,10 @@ class GateSettings:
     judge_all: bool = False  # judge every candidate's accuracy, for the report
     # The runtimes and precisions this machine could not try, with why (for the report).
     not_offered: Mapping[str, str] = field(default_factory=dict)
+    # What "fastest" means: "throughput" at `batch` requests at once, or one request's "latency".
+    objective: Literal["throughput", "latency"] = "throughput"
+    # With select "fastest": time each runtime's first candidate, refine the fastest runtime's.
+    prune: bool = True
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,14 @@ class Gate:
     quality: str | None  # the task metric compared with the champion, when the data has labels
     # The runtimes and precisions this machine could not try, with why (for the report).
     not_offered: Mapping[str, str] = field(default_factory=dict)
+    objective: str = "throughput"  # what "fastest" means: "throughput" or "latency"
+    prune: bool = True  # time each runtime's first candidate, refine the fastest runtime's
+
+    @property
+    def streams(self) -> int:
+        """How many requests a candidate's speed is measured with at once: the serving batch
+        for throughput, one for latency."""
+        return 1 if self.objective == "latency" else self.batch
 
     @classmethod
     def of(
@@ -85,6 +97,8 @@ class Gate:
             kind.serving_json(cfg, export_dir, max_batch_tokens=settings.max_batch_tokens),
             quality,
             dict(settings.not_offered),
+            settings.objective,
+            settings.prune,
         )
 
 

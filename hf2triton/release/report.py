@@ -33,6 +33,8 @@ def _verdict(cand: dict[str, Any], chosen: str | None) -> str:
         return "ships"
     if cand.get("error"):
         return f"refused: {cand['error'][:120]}"
+    if cand.get("timed") is False:
+        return "not timed: its runtime's first candidate was slower"
     if not cand.get("judged", True):
         return "not judged: slower than one that passes"
     return "passes, slower" if not cand["misses"] else "misses the gate"

@@ -79,6 +79,7 @@ def write_report(
             }
         ),
         "items": len(gate.gate_data),
+        "built": report.get("built", []),
         "info": kind.info(ref.outputs),
         "champion": to_json(
             {**report.get("champion", {}), "candidate": shipped["metrics"].get(quality)}

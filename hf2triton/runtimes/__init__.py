@@ -31,7 +31,14 @@ from hf2triton.runtimes import (  # noqa: F401
     openvino,
     openvino_genai,
 )
-from hf2triton.runtimes.base import PLUGINS, RuntimePlugin, Variant, VariantContext, export_variant
+from hf2triton.runtimes.base import (
+    PLUGINS,
+    Recipe,
+    RuntimePlugin,
+    Variant,
+    VariantContext,
+    export_variant,
+)
 from hf2triton.runtimes.devices import DEVICES, DeployOn
 from hf2triton.serving import runtimes as serving_runtimes
 from hf2triton.serving.runtimes import DEFAULT_RUNTIME
@@ -139,15 +146,36 @@ def runtime_choices(
     return RuntimeChoices(served, not_offered, cpu_numerics, device.name)
 
 
-def build_variants(ctx: VariantContext, choices: RuntimeChoices) -> list[Variant]:
-    """Every graph variant the chosen runtimes build (each once; one whose build raises is kept
-    with its error, for the gate to refuse), then the export itself (`fp32`)."""
-    recipes = {r.method: r for p in choices.plugins() if p.serves(ctx.kind) for r in p.recipes(ctx)}
-    return [*(r.make() for r in recipes.values()), export_variant(ctx)]
+def recipes(ctx: VariantContext, choices: RuntimeChoices) -> dict[str, Recipe]:
+    """How each graph variant the chosen runtimes build is made, by its name, in order: each
+    plug-in's, its own first (the spec's variant), each variant once."""
+    found: dict[str, Recipe] = {}
+    for p in choices.plugins():
+        if p.serves(ctx.kind):
+            for r in p.recipes(ctx):
+                found.setdefault(r.method, r)
+    return found
+
+
+def build_variants(
+    ctx: VariantContext, choices: RuntimeChoices, every: bool = True
+) -> list[Variant]:
+    """The graph variants the chosen runtimes build (each once; one whose build raises is kept
+    with its error, for the gate to refuse), then the export itself (`fp32`). With `every`
+    False only each plug-in's first variant is built (what the search times first); the others
+    are `planned`, built by the gate when it needs them (hf2triton.release.search)."""
+    firsts = {
+        rs[0].method for p in choices.plugins() if p.serves(ctx.kind) and (rs := p.recipes(ctx))
+    }
+    return [
+        r.make() if every or method in firsts else r.planned()
+        for method, r in recipes(ctx, choices).items()
+    ] + [export_variant(ctx)]
 
 
 __all__ = [
     "PLUGINS",
+    "Recipe",
     "RuntimeAsked",
     "RuntimeChoices",
     "RuntimePlugin",
@@ -156,6 +184,7 @@ __all__ = [
     "VariantContext",
     "build_variants",
     "label",
+    "recipes",
     "plugin",
     "runtime_choices",
 ]

@@ -50,6 +50,7 @@ class Variant(TypedDict, total=False):
     seconds: float
     reused: bool
     error: str  # set when building it failed: the gate refuses it with this reason
+    planned: bool  # not built yet: the gate builds it when it first needs it (no onnx_path)
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,21 @@ class Recipe:
             return self.build()
         except Exception as exc:  # noqa: BLE001 - one variant that breaks ends no release
             return failed_variant(self.method, self.graph, exc)
+
+    def planned(self) -> Variant:
+        """The variant before it is built: its name and format, no files yet."""
+        return Variant(
+            onnx_path="",
+            method=self.method,
+            graph=self.graph,
+            fallbacks={},
+            fp32_bytes=0,
+            size_bytes=0,
+            sha256="",
+            seconds=0.0,
+            reused=False,
+            planned=True,
+        )
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,13 @@ class QuantizationSpec(Strict):
         "reduce_range, MatMul-only, int8-blockwise block sizes and accuracy levels, the fused "
         "graph alone and combined, ORT-optimised fp32) and ship the fastest that passes",
     )
+    prune: bool = Field(
+        True,
+        description="with several candidates to time: time one of each runtime first (its "
+        "first: the spec's own variant on ONNX Runtime), then build and time the others of the "
+        "fastest runtime only, and judge those fastest first; another runtime's are built and "
+        "timed only when none of the fastest's passes. false: build and time every candidate",
+    )
     fallback_to_fp32: bool = Field(
         True,
         description="when the int8 model misses the gate, validate and ship the fp32 ONNX model",

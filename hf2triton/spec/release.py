@@ -82,6 +82,13 @@ class RuntimeSpec(Strict):
         "{name, precision, options}",
     )
 
+    objective: Literal["throughput", "latency"] = Field(
+        "throughput",
+        description="what the fastest candidate is fastest at: throughput, requests (or "
+        "generated tokens) per second with deploy.max_batch_size requests (streams) at once; "
+        "latency, one request (one stream) alone, as a person chatting alone sends them",
+    )
+
     @field_validator("candidates")
     @classmethod
     def _not_empty(cls, v: Any) -> Any:
@@ -112,6 +119,13 @@ class ValidationSpec(Strict):
 class RegistrySpec(Strict):
     model_name: Name = Field(description="MLflow registered model name")
     experiment: str = Field("hf2triton", description="MLflow experiment of the release runs")
+    log_export: bool = Field(
+        False,
+        description="also upload the fp32 ONNX export's graph to the release's run (model/); "
+        "by default model/ holds the export's configuration and tokenizer files only: the "
+        "served graph is in triton_repository/, and the export is made again from the "
+        "recorded revision",
+    )
 
 
 class ScheduleSpec(Strict):

@@ -1,0 +1,177 @@
+"""The order the gate judges its candidates in, and which it builds and times at all.
+
+With `select="first"` the candidates are judged in their own order. With `select="fastest"` each
+is timed first (the kind's `speed`, at the gate's objective: `streams` requests at once) and
+judged fastest first; with `prune` (quantization.prune, the default) the search is pruned by
+runtime: each runtime's first candidate (its family's representative: on ONNX Runtime the spec's
+own variant) is timed, then only the fastest runtime's other candidates are built (hf2triton
+.runtimes plans them) and timed; another runtime's are built and timed only when none of the
+fastest's passes. What is never timed is reported as such, with the figure that ruled it out.
+
+A 360M-parameter chat model had 33 candidates timed one after another for 17 minutes and 15
+ONNX Runtime int8 graphs written (8 GB) when OpenVINO GenAI, three times faster than any of
+them, shipped: this is what stops that.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from hf2triton.kinds.base import Candidate, timing_items
+from hf2triton.release.plan import Gate, candidate_settings
+from hf2triton.runtimes import plugin
+from hf2triton.util.runs import step_logger
+
+
+def family(cand: Candidate) -> str:
+    """The runtime a candidate runs on, by name: the search's unit of pruning."""
+    return plugin(cand.runtime).name
+
+
+@dataclass
+class Search:
+    """The gate's candidates, built and timed as the gate asks for them: `groups()` yields the
+    candidates to judge, a runtime's at a time, fastest first; `made` holds every candidate as
+    built, `speeds` what was timed, `refused` the report entries of those that raised."""
+
+    gate: Gate
+    candidates: list[Candidate]
+    made: dict[str, Candidate] = field(default_factory=dict)
+    speeds: dict[str, dict[str, float]] = field(default_factory=dict)
+    refused: list[dict[str, Any]] = field(default_factory=list)
+    leaders: dict[str, float] = field(default_factory=dict)  # each runtime's first timing
+
+    def __post_init__(self) -> None:
+        self.made = {c.name: c for c in self.candidates}
+
+    def groups(self) -> Iterator[list[Candidate]]:
+        """The candidates to judge, in groups judged in turn (the gate stops after a group in
+        which one passed, unless it judges all)."""
+        gate = self.gate
+        if gate.select != "fastest":
+            yield self.candidates
+            return
+        if not gate.prune or gate.judge_all:
+            self.time_all(self.candidates)
+            yield self.fastest_first(self.candidates)
+            return
+        families: dict[str, list[Candidate]] = {}
+        for c in self.candidates:
+            families.setdefault(family(c), []).append(c)
+        for name, members in families.items():
+            self.leaders[name] = self.first_timed(members)
+        for name in sorted(families, key=lambda n: -self.leaders[n]):
+            if self.leaders[name] < 0:
+                continue  # every candidate of it raised: refused
+            step_logger().info(
+                "validate: %s is the fastest runtime left (%g): its %d candidates are timed",
+                name,
+                self.leaders[name],
+                len(families[name]),
+            )
+            self.time_all(families[name])
+            yield self.fastest_first(families[name])
+
+    def first_timed(self, members: list[Candidate]) -> float:
+        """Time a runtime's candidates in order until one runs: its speed (-1: none ran)."""
+        for c in members:
+            if self.timed(c):
+                return self.speeds[c.name]["speed"]
+        return -1.0
+
+    def time_all(self, members: list[Candidate]) -> None:
+        for c in members:
+            if c.name not in self.speeds and not self.is_refused(c):
+                self.timed(c)
+
+    def fastest_first(self, members: list[Candidate]) -> list[Candidate]:
+        timed = [self.made[c.name] for c in members if c.name in self.speeds]
+        return sorted(timed, key=lambda c: -self.speeds[c.name]["speed"])
+
+    def is_refused(self, cand: Candidate) -> bool:
+        return any(e["name"] == cand.name for e in self.refused)
+
+    def build(self, cand: Candidate) -> Candidate:
+        """The candidate with its graph built (a planned one is built now, once)."""
+        made = self.made[cand.name]
+        if made.planned:
+            made = self.made[cand.name] = made.made()
+        return made
+
+    def timed(self, cand: Candidate) -> bool:
+        """Build, open, time and close `cand` (one open at a time); False when it raised (its
+        refusal is in `refused`)."""
+        model, t0 = None, time.perf_counter()
+        try:
+            cand = self.build(cand)
+            if cand.error:
+                raise CandidateBroken(cand.error)
+            gate = self.gate
+            model = gate.kind.open_candidate(
+                cand.onnx_path, gate.export_dir, candidate_settings(gate.base, cand.gated_runtime)
+            )
+            speed = gate.kind.speed(model, timing_items(gate.gate_data.items), gate.streams)
+            self.speeds[cand.name] = speed
+            step_logger().info(
+                "validate: speed of %s: %s (%.0f s)",
+                cand.name,
+                ", ".join(f"{k} {v:g}" for k, v in speed.items() if k != "speed"),
+                time.perf_counter() - t0,
+            )
+            return True
+        except Exception as exc:  # noqa: BLE001 - a candidate that breaks is refused, not fatal
+            self.refused.append(refusal(cand, exc, t0))
+            return False
+        finally:
+            getattr(model, "close", lambda: None)()
+
+    def untimed(self, cand: Candidate, shipping: str | None) -> dict[str, Any]:
+        """The report entry of a candidate the pruned search never built nor timed: its
+        runtime's first candidate ran slower than the runtime of the one that ships."""
+        fastest = max(self.leaders.values(), default=0.0)
+        return {
+            "name": cand.name,
+            "runtime": cand.runtime,
+            "gated_on": cand.gated_runtime,
+            "metrics": {},
+            "misses": {},
+            "judged": False,
+            "timed": False,
+            "status": f"not timed: {family(cand)}'s first candidate ran at "
+            f"{self.leaders.get(family(cand), 0):g} against {fastest:g}"
+            + (f" on the runtime of {shipping}, which passes" if shipping else "")
+            + " (quantization.prune: false times every candidate)",
+            "details": {},
+            "worst": [],
+            "champion_verdict": None,
+        }
+
+
+class CandidateBroken(Exception):
+    """A candidate that cannot be judged (its graph could not be built)."""
+
+
+def refusal(cand: Candidate, exc: BaseException, t0: float) -> dict[str, Any]:
+    """The report entry of a candidate that raised, and its log line."""
+    why = (
+        str(exc)
+        if isinstance(exc, CandidateBroken)
+        else f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+    )
+    step_logger().warning(
+        "validate: %s: refused, it raised: %s (%.0f s)", cand.name, why, time.perf_counter() - t0
+    )
+    return {
+        "name": cand.name,
+        "runtime": cand.runtime,
+        "gated_on": cand.gated_runtime,
+        "metrics": {},
+        "misses": {"error": float("inf")},
+        "error": why,
+        "details": {},
+        "worst": [],
+        "champion_verdict": None,
+    }

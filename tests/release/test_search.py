@@ -1,0 +1,177 @@
+"""The gate's candidate search (hf2triton/release/search.py) on a tiny real BERT, its candidates
+opened and judged through the serving core: pruned by runtime, only the fastest runtime's
+candidates are built, timed and judged, the others reported as never timed; when none of the
+fastest runtime's passes, the next runtime's are; the latency objective times one request
+alone.
+
+The speeds are planted (a stand-in for the kind's timing, keyed by runtime): on a tiny model
+which runtime is faster is noise, and this is a test of what the search does with the figures,
+not of the figures. Everything else is real: graphs opened on ONNX Runtime and OpenVINO, scored
+against PyTorch, the planned graphs built by their own callables."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hf2triton.kinds import Candidate
+from hf2triton.kinds.embedding import EmbeddingKind
+from hf2triton.release.gate import run_gate
+from hf2triton.release.plan import Gate, GateSettings
+from tests.tiny_bert_steps import LENIENT, embedding_kind
+
+OPENVINO = {"name": "openvino", "device": "cpu", "precision": "fp32"}
+
+
+@pytest.fixture()
+def planted(monkeypatch):
+    """Speeds by runtime name; records the streams each timing asked for."""
+    speeds = {"onnxruntime": 50.0, "openvino": 100.0}
+    seen: dict[str, list] = {"streams": [], "opened": []}
+    real_open = EmbeddingKind.open_candidate
+
+    def open_candidate(self, candidate, export_dir, settings):
+        seen["opened"].append((settings.get("runtime") or {}).get("name", "onnxruntime"))
+        return real_open(self, candidate, export_dir, settings)
+
+    def speed(self, model, items, streams):
+        seen["streams"].append(streams)
+        return {"speed": speeds[seen["opened"][-1]], "streams": streams}
+
+    monkeypatch.setattr(EmbeddingKind, "open_candidate", open_candidate)
+    monkeypatch.setattr(EmbeddingKind, "speed", speed)
+    return speeds, seen
+
+
+class Planned:
+    """A planned candidate's build: the graph at `path`, counted when built."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path, self.calls = str(path), 0
+
+    def __call__(self) -> dict:
+        self.calls += 1
+        return {"onnx_path": self.path}
+
+
+def gate_on(tiny_bert, exported, cfg, sentences_file, candidates, work, **settings):
+    kind = embedding_kind(tiny_bert, sentences_file, LENIENT)
+    gate = Gate.of(
+        kind,
+        cfg,
+        kind.read_data(),
+        exported["export_dir"],
+        GateSettings(batch=8, select="fastest", **settings),
+    )
+    result = run_gate(gate, candidates, model_dir=str(tiny_bert), work_root=str(work))
+    report = json.loads(Path(result["report_path"]).read_text(encoding="utf-8"))
+    return result, {c["name"]: c for c in report["candidates"]}
+
+
+def nan_copy(exported, out: Path) -> Path:
+    """The fp32 graph with one LayerNorm weight set to NaN: it opens and runs, and misses."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(exported["onnx_path"])
+    for init in model.graph.initializer:
+        if init.name == "embeddings.LayerNorm.weight":
+            init.CopyFrom(
+                numpy_helper.from_array(
+                    np.full_like(numpy_helper.to_array(init), np.nan), init.name
+                )
+            )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(out))
+    return out
+
+
+def test_only_the_fastest_runtimes_candidates_are_built_and_judged(
+    tiny_bert, exported, cfg, sentences_file, tmp_path, planted
+):
+    fp32 = exported["onnx_path"]
+    ort_later, ov_later = Planned(fp32), Planned(fp32)
+    candidates = [
+        Candidate(name="fp32", onnx_path=fp32),
+        Candidate(name="int8 (planned)", onnx_path="", build=ort_later),
+        Candidate(name="fp32 on openvino fp32", onnx_path=fp32, runtime=OPENVINO),
+        Candidate(name="ir on openvino fp32", onnx_path="", runtime=OPENVINO, build=ov_later),
+    ]
+    result, by_name = gate_on(tiny_bert, exported, cfg, sentences_file, candidates, tmp_path)
+
+    assert result["chosen"].endswith("on openvino fp32")
+    assert ov_later.calls == 1 and ort_later.calls == 0  # ONNX Runtime's planned graph: never built
+    assert by_name["ir on openvino fp32"]["throughput"]["speed"] == 100.0
+    # ONNX Runtime's first candidate was timed, slower, and not judged; its second never timed.
+    assert by_name["fp32"]["judged"] is False and "slower than" in by_name["fp32"]["status"]
+    untimed = by_name["int8 (planned)"]
+    assert untimed["timed"] is False and untimed["judged"] is False
+    assert "not timed: onnxruntime's first candidate ran at 50 against 100" in untimed["status"]
+    assert "quantization.prune: false" in untimed["status"]
+    assert set(planted[1]["streams"]) == {8}  # throughput: the serving batch at once
+
+
+def test_when_none_of_the_fastest_runtime_passes_the_next_runtimes_are_judged(
+    tiny_bert, exported, cfg, sentences_file, tmp_path, planted
+):
+    nan = str(nan_copy(exported, tmp_path / "nan" / "model.onnx"))
+    ov_later = Planned(nan)
+    ort_later = Planned(exported["onnx_path"])
+    candidates = [
+        Candidate(name="fp32", onnx_path=exported["onnx_path"]),
+        Candidate(name="int8 (planned)", onnx_path="", build=ort_later),
+        Candidate(name="nan on openvino fp32", onnx_path=nan, runtime=OPENVINO),
+        Candidate(name="nan2 on openvino fp32", onnx_path="", runtime=OPENVINO, build=ov_later),
+    ]
+    result, by_name = gate_on(tiny_bert, exported, cfg, sentences_file, candidates, tmp_path)
+
+    assert result["chosen"] in ("fp32", "int8 (planned)")
+    assert ov_later.calls == 1 and ort_later.calls == 1
+    for name in ("nan on openvino fp32", "nan2 on openvino fp32"):
+        assert by_name[name]["misses"], by_name[name]
+    assert all(e.get("timed", True) for e in by_name.values())
+
+
+def test_without_pruning_every_candidate_is_built_and_timed(
+    tiny_bert, exported, cfg, sentences_file, tmp_path, planted
+):
+    ort_later = Planned(exported["onnx_path"])
+    candidates = [
+        Candidate(name="fp32", onnx_path=exported["onnx_path"]),
+        Candidate(name="int8 (planned)", onnx_path="", build=ort_later),
+        Candidate(name="fp32 on openvino fp32", onnx_path=exported["onnx_path"], runtime=OPENVINO),
+    ]
+    _, by_name = gate_on(
+        tiny_bert, exported, cfg, sentences_file, candidates, tmp_path, prune=False
+    )
+    assert ort_later.calls == 1
+    assert all("throughput" in e for e in by_name.values())
+
+
+def test_the_latency_objective_times_one_request_alone(
+    tiny_bert, exported, cfg, sentences_file, tmp_path, planted
+):
+    candidates = [
+        Candidate(name="fp32", onnx_path=exported["onnx_path"]),
+        Candidate(name="fp32 on openvino fp32", onnx_path=exported["onnx_path"], runtime=OPENVINO),
+    ]
+    gate_on(tiny_bert, exported, cfg, sentences_file, candidates, tmp_path, objective="latency")
+    assert set(planted[1]["streams"]) == {1}
+
+
+def test_a_planned_candidate_whose_build_fails_is_refused_with_why(
+    tiny_bert, exported, cfg, sentences_file, tmp_path, planted
+):
+    def broken() -> dict:
+        return {"onnx_path": "", "error": "building it failed: ValueError: planted"}
+
+    candidates = [
+        Candidate(name="fp32", onnx_path=exported["onnx_path"]),
+        Candidate(name="broken (planned)", onnx_path="", build=broken),
+    ]
+    result, by_name = gate_on(tiny_bert, exported, cfg, sentences_file, candidates, tmp_path)
+    assert result["chosen"] == "fp32"
+    assert by_name["broken (planned)"]["error"] == "building it failed: ValueError: planted"
