@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from typing import Any, TypedDict
 
 from hf2triton.kinds.base import to_json
@@ -88,12 +89,29 @@ def release_record(spec: ReleaseSpec, built: Built) -> Record:
         params=record_params(spec, built),
         artifacts={
             "triton_repository": repo["repository"],
-            "model": exp["export_dir"],
+            **export_artifacts(exp["export_dir"], spec.registry.log_export),
             "validation_report.json": val["report_path"],
             # the smoke items and limits, for the watch's probe and a later rollback
             "reference.json": val["reference_path"],
         },
     )
+
+
+# The export's graph files: ONNX graphs and their external data.
+GRAPH_SUFFIXES = (".onnx", ".onnx_data", ".onnx.data", ".data")
+
+
+def export_artifacts(export_dir: str, whole: bool) -> dict[str, str]:
+    """The export as the record's `model/` artifacts: the whole folder when `whole`
+    (registry.log_export), else its files but the graphs (configuration, tokenizer): the served
+    graph is in triton_repository/ once, not again beside it."""
+    if whole:
+        return {"model": export_dir}
+    return {
+        f"model/{p.name}": str(p)
+        for p in sorted(Path(export_dir).iterdir())
+        if p.is_file() and not p.name.endswith(GRAPH_SUFFIXES)
+    }
 
 
 def lineage_tags(spec: ReleaseSpec, built: Built) -> dict[str, str]:

@@ -164,6 +164,11 @@ def test_release_record_in_mlflow(release):
     assert run.data.metrics["onnx_int8_bytes"] < run.data.metrics["onnx_fp32_bytes"]
     top = {a.path for a in client.list_artifacts(mv.run_id)}
     assert {"triton_repository", "model", "validation_report.json"} <= top
+    # The export's configuration and tokenizer, not its fp32 graph (registry.log_export: false):
+    # the served graph is in triton_repository/ once.
+    export = {a.path for a in client.list_artifacts(mv.run_id, "model")}
+    assert {"model/config.json", "model/tokenizer.json"} <= export, export
+    assert not [p for p in export if p.endswith(".onnx")], export
     repo = {a.path for a in client.list_artifacts(mv.run_id, f"triton_repository/{MODEL}/1")}
     [served] = release.home.glob(f"triton/models/{MODEL}/*/serving.json")
     assert f"triton_repository/{MODEL}/1/{graph_file(served.parent)}" in repo
