@@ -25,6 +25,7 @@ from hf2triton.tasks.quantize import quantize
 from hf2triton.tasks.register import promote, register
 from hf2triton.tasks.report import report
 from hf2triton.tasks.repository import repository
+from hf2triton.tasks.tidy import tidy
 from hf2triton.tasks.tune import tune
 from hf2triton.tasks.validate import validate
 from hf2triton.util.json_types import JSONObject, RawSpec
@@ -84,8 +85,10 @@ def _release(spec: ReleaseSpec) -> JSONObject:
         figures = smoke(target, ctx.kind, dep, built.val)
         dep = promote(target, dep, reg, figures)
     retire(target, dep)
+    tidied = tidy(ctx, built.val)
 
     result = summary(spec, built, Served(reg, image, dep, target.summary(dep), figures))
+    result["work"] = {"removed_bytes": tidied["removed_bytes"], "bytes": tidied["work_bytes"]}
     report(ctx.kind, result, built.val, reg["experiment_id"])
     result["watch"] = after_release(spec)  # its first minutes watched (docs/watch.md)
     return result

@@ -279,3 +279,23 @@ def test_when_every_candidate_raises_the_gate_names_each_reason(
         run_gate(tiny_bert, exported, cfg, sentences_file, candidates, LENIENT, tmp_path / "work")
     assert "a: refused, it raised building it failed: A" in str(info.value)
     assert "b: refused, it raised building it failed: B" in str(info.value)
+
+
+def test_a_gate_run_again_with_other_limits_reads_pytorchs_answers_back(
+    tiny_bert, exported, cfg, sentences_file, tmp_path, monkeypatch
+):
+    """A threshold relaxed after a refusal: the gate runs again (its key changed), PyTorch does
+    not: its answers are read back from the work folder, and score the same."""
+    fp32 = Candidate(name="fp32", onnx_path=exported["onnx_path"])
+    work = tmp_path / "work"
+    first = run_gate(tiny_bert, exported, cfg, sentences_file, [fp32], LENIENT, work)
+
+    def no_pytorch(*args, **kwargs):
+        raise AssertionError("PyTorch ran again")
+
+    monkeypatch.setattr("hf2triton.kinds.embedding.EmbeddingKind.reference", no_pytorch)
+    looser = Thresholds(min_cosine=0.6, mean_cosine=0.6, spearman=0.6)
+    again = run_gate(tiny_bert, exported, cfg, sentences_file, [fp32], looser, work)
+    assert again["reused"] is False  # the gate itself ran again
+    assert again["metrics"] == first["metrics"]
+    assert len(list((work / "reference").iterdir())) == 1
