@@ -9,7 +9,6 @@ Layout: `<out>/<model_name>/{config.pbtxt, warmup/, 1/{model.py, hf2triton_servi
 
 from __future__ import annotations
 
-import shutil
 import string
 import struct
 import sys
@@ -22,7 +21,14 @@ from hf2triton import serving
 from hf2triton.kinds.base import ModelKind, to_json
 from hf2triton.kinds.config import KindConfig
 from hf2triton.runtimes.devices import DEVICES
-from hf2triton.util.workspace import cached_step, digest, sha256_file, sha256_module, templates_dir
+from hf2triton.util.workspace import (
+    cached_step,
+    digest,
+    link_or_copy,
+    sha256_file,
+    sha256_module,
+    templates_dir,
+)
 
 if TYPE_CHECKING:
     from hf2triton.release.shipped import Shipped
@@ -161,7 +167,7 @@ def write_model_dir(model_dir: Path, files: dict[str, Path], settings: dict[str,
     version_dir.mkdir()
     for name, path in files.items():
         (version_dir / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, version_dir / name)
+        link_or_copy(path, version_dir / name)
     serving.write_settings(str(version_dir), settings)
 
 

@@ -207,6 +207,23 @@ def size_text(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
+# Files from this size up are linked, not copied (graphs, weights); smaller ones (code,
+# configuration) are copied, so that editing a source file never changes a rendered one.
+LINK_FROM_BYTES = 1 << 20
+
+
+def link_or_copy(src: str | Path, dst: str | Path) -> None:
+    """`dst` as a hard link to `src` when it is large (no second copy of a graph on disk),
+    else, or where the file system cannot link (another device), a copy."""
+    if os.path.getsize(src) >= LINK_FROM_BYTES:
+        try:
+            os.link(src, dst)
+            return
+        except OSError:
+            pass
+    shutil.copyfile(src, dst)
+
+
 def tree_size(path: str | Path) -> int:
     """Bytes of the files below `path` (0 when it is gone)."""
     total = 0

@@ -317,3 +317,18 @@ def test_a_full_disk_is_reported_as_such_and_leaves_nothing_finished(full_disk):
     assert not any(
         p.is_dir() and not p.name.startswith(".") for p in (full_disk / "quantize").iterdir()
     )
+
+
+def test_a_large_file_is_linked_and_a_small_one_copied(tmp_path):
+    """The repository step's files: a graph is one file on disk twice named (no second copy);
+    code and configuration are copies, so editing the source never changes a rendered one."""
+    from hf2triton.util.workspace import LINK_FROM_BYTES, link_or_copy
+
+    big, small = tmp_path / "model.onnx", tmp_path / "model.py"
+    big.write_bytes(b"\0" * LINK_FROM_BYTES)
+    small.write_text("print('hi')\n")
+    link_or_copy(big, tmp_path / "big-linked")
+    link_or_copy(small, tmp_path / "small-copied")
+    assert (tmp_path / "big-linked").stat().st_ino == big.stat().st_ino
+    assert (tmp_path / "small-copied").stat().st_ino != small.stat().st_ino
+    assert (tmp_path / "small-copied").read_text() == small.read_text()
