@@ -229,4 +229,10 @@ def summary(spec: ReleaseSpec, built: Built, served: Served) -> dict[str, Any]:
         **served.endpoint,
         "image": served.image,
         "reused_steps": reused,
+        # The long steps' wall seconds (a reused step's is its reading back).
+        "seconds": {
+            "export": built.exp["seconds"],
+            "quantize": round(sum(v["seconds"] for v in built.variants), 1),
+            "validate": val["seconds"],
+        },
     }

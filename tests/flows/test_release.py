@@ -88,6 +88,11 @@ def test_release_summary_names_version_metrics_and_endpoints(release):
         f":{release.ports['http_port']}/v2/models/{MODEL}/versions/1/infer"
         in summary["endpoint"]["http"]
     )
+    # Each long step's time, and what the work folder keeps once the release serves.
+    assert set(summary["seconds"]) == {"export", "quantize", "validate"}
+    assert summary["seconds"]["validate"] > 0
+    work = sum(p.stat().st_size for p in (release.home / "work" / MODEL).rglob("*") if p.is_file())
+    assert 0 < summary["work"]["bytes"] <= work and summary["work"]["removed_bytes"] >= 0
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
