@@ -85,23 +85,24 @@ SERVER_FIXTURES = {
 # registry and base image (docker_env). (xdist's own `loadgroup` cannot be used: with pytest 9 the
 # group it appends to each node id is lost.)
 SHARED_GROUPS = {"tests/image/test_image.py": "docker", "tests/targets/test_docker.py": "docker"}
-# The longest groups first (seconds on a 2-core machine, measured): a long one left for the end
-# would run alone while the other worker idles. The rest follow in their collection order.
+# The longest groups first (seconds on a 2-core machine: at least what the slowest of their tests
+# took in the last full run): a long one left for the end would run alone while the other worker
+# idles. The rest follow in their collection order.
 LONGEST_FIRST = (
-    "docker",  # 410
-    "tests/flows/test_train.py",  # 300
-    "tests/flows/test_outages.py",  # 270
-    "tests/flows/test_faults.py",  # 230
-    "tests/flows/test_release.py",  # 150
+    "docker",  # 460: test_docker's release 312, test_image 86 + 62
+    "tests/flows/test_train.py",  # 840, about a quarter less since its trims
+    "tests/flows/test_release.py",  # 330
+    "tests/flows/test_faults.py",  # 300, less since its releases use the session's Prefect API
+    "tests/flows/test_release_faults.py",  # 300, the same
+    "tests/flows/test_outages.py",  # 280
+    "tests/orchestration/test_prefect.py",  # 220
+    "tests/test_lint.py",  # 217 (mypy)
+    "tests/test_packaging.py",  # 184
+    "tests/cli/test_first_run.py",  # 144
     "tests/targets/test_replicas.py",  # 130
-    "tests/flows/test_release_faults.py",  # 130
     "tests/watch/test_watch.py",  # 130
-    "tests/cli/test_first_run.py",  # 115
     "tests/stores/test_s3.py",  # 110
     "tests/targets/test_local.py",  # 95
-    "tests/orchestration/test_prefect.py",  # 95
-    "tests/test_packaging.py",  # 75
-    "tests/test_lint.py",  # 60 (mypy)
 )
 
 
