@@ -1,13 +1,20 @@
-"""The release of a text-generation model, timed: a Qwen2-architecture model of about 25M
-parameters (random weights, tests/tiny_models.py `build_qwen2`) released with the settings of
-the shipped spec releases/smollm2-135m-instruct.yaml (its source replaced, max_new_tokens 96,
-max_context 512, as the issue measured), in a fresh hf2triton home, in a process of its own:
-the release's wall time, each step's, which candidate shipped, and the release process's peak
-resident memory (ru_maxrss; Triton's own processes are not in it).
+"""What a release costs, by model size: random models of real models' shapes released as a new
+user does (`hf2triton release SPEC`, in a fresh hf2triton home), with the shipped spec's settings
+(releases/smollm2-135m-instruct.yaml, its source replaced, max_context 512, max_new_tokens 96, as
+issue 46 measured). For each: the wall time, each step's, the peak resident memory of every
+process the release starts together (sampled), what the work folder keeps and what the tidy step
+removed, the MLflow artifacts, and what shipped. With `--ab` each shape is released twice in the
+same run: pruned (the default search) and with `quantization.prune: false` (every candidate built
+and timed, as before): the ratios hold on one machine, one run.
 
-    .venv/bin/python benchmarks/generation_release.py [--model DIR] [--keep]
+    .venv/bin/python benchmarks/generation_release.py [--shape NAME ...] [--ab]
+        [--objective throughput|latency] [--model DIR]
 
-Writes benchmarks/results/generation-release-<UTC time>.json and prints it.
+Shapes (random weights, the real model's config; a byte-level BPE tokenizer trained on the
+shipped King James text, the vocabulary rows it does not use zeroed so greedy text stays in it):
+qwen2-25m (tests/tiny_models.build_qwen2), smollm2-135m, smollm2-360m, qwen2.5-0.5b,
+smollm2-1.7b. Models are built once into .cache/bench-models/. Writes benchmarks/results/
+generation-release-<UTC time>.json and prints a table.
 """
 
 from __future__ import annotations
@@ -17,28 +24,120 @@ import datetime as dt
 import json
 import os
 import platform
-import resource
+import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+BIN = ROOT / ".venv" / "bin"
+CACHE = ROOT / ".cache" / "bench-models"
+
+# The real models' shapes (their config.json), Llama (SmolLM2) and Qwen2 (Qwen2.5).
+SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
+    "smollm2-135m": (
+        "llama",
+        dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+             num_attention_heads=9, num_key_value_heads=3, vocab_size=49152),
+    ),
+    "smollm2-360m": (
+        "llama",
+        dict(hidden_size=960, intermediate_size=2560, num_hidden_layers=32,
+             num_attention_heads=15, num_key_value_heads=5, vocab_size=49152),
+    ),
+    "smollm2-1.7b": (
+        "llama",
+        dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=24,
+             num_attention_heads=32, num_key_value_heads=32, vocab_size=49152),
+    ),
+    "qwen2.5-0.5b": (
+        "qwen2",
+        dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+             num_attention_heads=14, num_key_value_heads=2, vocab_size=151936),
+    ),
+}  # fmt: skip
 
 
-def spec_for(model_dir: Path, work: Path) -> Path:
+def build_shape(name: str) -> Path:
+    """The random model of `name`'s shape, built once into .cache/bench-models/<name>."""
+    out = CACHE / name
+    if (out / "config.json").is_file() and list(out.glob("*.safetensors")):
+        return out
+    if name == "qwen2-25m":
+        from tests.tiny_models import build_qwen2
+
+        return build_qwen2(out)
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    from tests.tiny_models import _save_causal
+
+    arch, shape = SHAPES[name]
+    tok = kjv_tokenizer()
+    eos = tok.token_to_id("<|endoftext|>")
+    config_cls, model_cls = (
+        (LlamaConfig, LlamaForCausalLM) if arch == "llama" else (Qwen2Config, Qwen2ForCausalLM)
+    )
+    config = config_cls(
+        **shape,
+        max_position_embeddings=2048,
+        bos_token_id=eos,
+        eos_token_id=eos,
+        pad_token_id=eos,
+        tie_word_embeddings=True,
+        initializer_range=0.05,
+        torch_dtype="float32",
+    )
+    torch.manual_seed(0)
+    model = model_cls(config)
+    with torch.no_grad():  # ids the tokenizer lacks never win greedy decoding
+        model.get_output_embeddings().weight[tok.get_vocab_size() :] = 0.0
+    out.mkdir(parents=True, exist_ok=True)
+    return _save_causal(out, model, tok, 2048, eos_boost=0.0)
+
+
+def kjv_tokenizer(vocab_size: int = 8192) -> Any:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    text = ROOT / "releases" / "data" / "kjv-pentateuch.txt"
+    lines = [
+        ln
+        for ln in text.read_text(encoding="utf-8").splitlines()
+        if ln.strip() and not ln.startswith("#")
+    ]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(
+        lines,
+        trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
+    return tok
+
+
+def spec_for(model_dir: Path, work: Path, name: str, prune: bool, objective: str) -> Path:
     """releases/smollm2-135m-instruct.yaml with the model, lengths and free ports of this run."""
     import yaml
 
     from hf2triton.util.net import free_port
 
     spec = yaml.safe_load((ROOT / "releases" / "smollm2-135m-instruct.yaml").read_text())
-    spec["source"] = {"path": str(model_dir), "model_id": "bench/qwen2-25m"}
-    spec["name"] = spec["registry"]["model_name"] = "bench-qwen2-25m"
+    spec["source"] = {"path": str(model_dir), "model_id": f"bench/{name}"}
+    spec["name"] = spec["registry"]["model_name"] = f"bench-{name.replace('.', '-')}"
     spec["text_generation"].update(max_new_tokens=96, max_context=512)
     spec["validation"]["sentences"] = str(ROOT / "releases" / "data" / "generation-prompts.txt")
+    spec["quantization"]["prune"] = prune
+    spec["runtime"] = {"objective": objective}
     spec["deploy"].update(
         http_port=free_port(),
         grpc_port=free_port(),
@@ -46,77 +145,181 @@ def spec_for(model_dir: Path, work: Path) -> Path:
         openai={"port": free_port()},
     )
     spec.pop("watch", None)
-    path = work / "spec.yaml"
+    path = work / f"spec-{name}-{'pruned' if prune else 'every'}.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
 
 
-def release(spec: Path, home: Path) -> dict:
-    """One release in a child process: its summary, wall seconds and peak RSS."""
-    code = f"""
-import json, resource, sys, time
-sys.path.insert(0, {str(ROOT)!r})
-from hf2triton.flows.release import release_model
-from hf2triton.spec import load_spec
-from hf2triton.targets import triton_local
-started = time.perf_counter()
-try:
-    summary = release_model(load_spec({str(spec)!r}))
-finally:
-    seconds = time.perf_counter() - started
-    triton_local.stop_server()
-print("RESULT " + json.dumps({{"seconds": round(seconds, 1), "variant": summary["variant"],
-      "metrics": summary["metrics"], "peak_rss_mb":
-      round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}}))
-"""
+class PeakRss:
+    """The peak of the summed resident memory of a process and every process it started
+    (Triton and its Python stubs included), sampled every half second."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.peak, self._stop = pid, 0, threading.Event()
+        self.peak_at = time.time()  # when the peak was seen
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import psutil
+
+        while not self._stop.is_set():
+            try:
+                root = psutil.Process(self.pid)
+                procs = [root, *root.children(recursive=True)]
+                total = 0
+                for p in procs:
+                    try:
+                        total += p.memory_info().rss
+                    except psutil.Error:
+                        pass
+                if total > self.peak:
+                    self.peak, self.peak_at = total, time.time()
+            except psutil.Error:
+                pass
+            self._stop.wait(0.5)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.peak
+
+
+STEP_LINE = re.compile(r"^(\d\d):(\d\d):(\d\d)\.(\d+) .*Task run '([^']+)' - Finished in state")
+
+
+def step_ends(stderr: str) -> list[tuple[str, float]]:
+    """Each finished task run's step name and its end, in seconds of the (local) day."""
+    ends = []
+    for line in stderr.splitlines():
+        m = STEP_LINE.match(line)
+        if m:
+            h, mi, s, frac, run = m.groups()
+            t = int(h) * 3600 + int(mi) * 60 + int(s) + float(f"0.{frac}")
+            ends.append((re.sub(r"-[0-9a-f]{3,}$", "", run).split(" ")[0], t))
+    return ends
+
+
+def step_seconds(ends: list[tuple[str, float]]) -> dict[str, float]:
+    """Each step's wall seconds, from the ends of consecutive finished task runs."""
+    out: dict[str, float] = {}
+    for (_, last), (step, t) in zip(ends, ends[1:]):
+        out[step] = round(out.get(step, 0.0) + t - last, 1)
+    return out
+
+
+def step_at(ends: list[tuple[str, float]], when: float) -> str:
+    """The step running at `when` (epoch seconds): the first whose end is not before it."""
+    local = time.localtime(when)
+    t = local.tm_hour * 3600 + local.tm_min * 60 + local.tm_sec + when % 1
+    return next((step for step, end in ends if end >= t), "after the last step")
+
+
+def release(spec: Path, home: Path) -> dict[str, Any]:
+    """One `hf2triton release` in a fresh home: its summary, wall time, steps, peak memory and
+    disk; the Triton it started is stopped after."""
     env = {**os.environ, "HF2TRITON_HOME": str(home), "HF_HUB_OFFLINE": "1"}
     env.pop("MLFLOW_TRACKING_URI", None)
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    steps = [
-        line
-        for line in proc.stderr.splitlines()
-        if "validate:" in line or "Finished in state" in line
-    ]
-    found = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    if proc.returncode or not found:
-        raise SystemExit(f"the release failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-    return {**json.loads(found[0].removeprefix("RESULT ")), "log": steps}
+    started = time.perf_counter()
+    proc = subprocess.Popen(
+        [str(BIN / "hf2triton"), "release", str(spec)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    peak = PeakRss(proc.pid)
+    out, err = proc.communicate()
+    record: dict[str, Any] = {
+        "seconds": round(time.perf_counter() - started, 1),
+        "peak_rss_mb": round(peak.stop() / 2**20),
+    }
+    (home.parent / f"{spec.stem}.log").write_text(err)
+    try:
+        if proc.returncode:
+            raise SystemExit(f"the release failed ({proc.returncode}):\n{err[-4000:]}")
+        summary = json.loads(out.strip().splitlines()[-1])
+        ends = step_ends(err)
+        record.update(
+            peak_during=step_at(ends, peak.peak_at),
+            steps=step_seconds(ends),
+            variant=summary["variant"],
+            metrics=summary["metrics"],
+            disk_mb=disk(home, summary),
+        )
+        record["log"] = [ln for ln in err.splitlines() if "validate:" in ln or "tidy:" in ln]
+        return record
+    finally:
+        subprocess.run([str(BIN / "hf2triton"), "server", "stop"], env=env, capture_output=True)
+
+
+def disk(home: Path, summary: dict[str, Any]) -> dict[str, float]:
+    """MB the release keeps (work folder, MLflow artifacts, Triton's repository), what ships
+    (the served version folder) and what tidy removed."""
+    from hf2triton.util.workspace import tree_size
+
+    mb = 2**20
+    served = [p for p in (home / "triton" / "models").glob("*/*") if p.is_dir()]
+    return {
+        "work": round(tree_size(home / "work") / mb),
+        "mlflow_artifacts": round(sum(tree_size(p) for p in home.rglob("mlartifacts")) / mb),
+        "triton_models": round(tree_size(home / "triton" / "models") / mb),
+        "ships": round(max((tree_size(p) for p in served), default=0) / mb),
+        "tidied": round(summary.get("work", {}).get("removed_bytes", 0) / mb),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--model", type=Path, help="a causal LM directory (default: the random 25M Qwen2)"
-    )
+    parser.add_argument("--shape", nargs="+", default=["qwen2-25m"])
+    parser.add_argument("--model", type=Path, help="a causal LM directory instead of a shape")
+    parser.add_argument("--ab", action="store_true", help="also release with prune: false")
+    parser.add_argument("--objective", default="throughput", choices=("throughput", "latency"))
     args = parser.parse_args()
     from hf2triton.util.cpu import cpu_features
-    from tests.tiny_models import build_qwen2
 
     work = Path(tempfile.mkdtemp(prefix="generation-release-"))
-    model_dir = args.model or build_qwen2(work / "qwen2-25m")
-    started = time.perf_counter()
-    result = release(spec_for(model_dir, work), work / "home")
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    rows = []
+    for name in ["model"] if args.model else args.shape:
+        model_dir = args.model or build_shape(name)
+        fp32_mb = round(sum(p.stat().st_size for p in model_dir.glob("*.safetensors")) / 2**20)
+        for prune in (True, False) if args.ab else (True,):
+            spec = spec_for(model_dir, work, name, prune, args.objective)
+            result = release(spec, work / f"home-{name}-{prune}")
+            rows.append({"shape": name, "fp32_mb": fp32_mb, "prune": prune, **result})
+            print(json.dumps({k: v for k, v in rows[-1].items() if k != "log"}), flush=True)
     commit = subprocess.run(
         ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     record = {
         "when": stamp,
         "commit": commit,
         "machine": platform.processor(),
         "cpu": cpu_features(),
-        "model": str(args.model or "random Qwen2 25M"),
-        "wall_seconds": round(time.perf_counter() - started, 1),
-        **result,
-        "children_peak_rss_mb": round(
-            resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-        ),
+        "objective": args.objective,
+        "runs": rows,
     }
     out = ROOT / "benchmarks" / "results"
     out.mkdir(parents=True, exist_ok=True)
     (out / f"generation-release-{stamp}.json").write_text(json.dumps(record, indent=1))
-    print(json.dumps({k: v for k, v in record.items() if k != "log"}, indent=1))
-    print("\n".join(result["log"]))
+    print(table(rows))
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """The runs as a Markdown table."""
+    head = (
+        "| shape | fp32 MB | search | s | peak RSS MB | work MB | MLflow MB | ships MB "
+        "| tidied MB | shipped |\n|---|---|---|---|---|---|---|---|---|---|"
+    )
+    lines = [
+        f"| {r['shape']} | {r['fp32_mb']} | {'pruned' if r['prune'] else 'every'} | "
+        f"{r['seconds']} | {r['peak_rss_mb']} | {r['disk_mb']['work']} | "
+        f"{r['disk_mb']['mlflow_artifacts']} | {r['disk_mb']['ships']} | "
+        f"{r['disk_mb']['tidied']} | {r['variant']} |"
+        for r in rows
+    ]
+    return "\n".join([head, *lines])
 
 
 if __name__ == "__main__":
