@@ -225,13 +225,17 @@ def link_or_copy(src: str | Path, dst: str | Path) -> None:
 
 
 def tree_size(path: str | Path) -> int:
-    """Bytes of the files below `path` (0 when it is gone)."""
-    total = 0
+    """Bytes of the files below `path` (0 when it is gone), a file linked twice once: what
+    the folder takes on disk."""
+    total, seen = 0, set()
     for p in Path(path).rglob("*"):
         try:
-            total += p.stat().st_size if p.is_file() else 0
+            st = p.stat()
         except OSError:
-            pass
+            continue
+        if p.is_file() and (st.st_dev, st.st_ino) not in seen:
+            seen.add((st.st_dev, st.st_ino))
+            total += st.st_size
     return total
 
 

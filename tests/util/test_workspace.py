@@ -332,3 +332,13 @@ def test_a_large_file_is_linked_and_a_small_one_copied(tmp_path):
     assert (tmp_path / "big-linked").stat().st_ino == big.stat().st_ino
     assert (tmp_path / "small-copied").stat().st_ino != small.stat().st_ino
     assert (tmp_path / "small-copied").read_text() == small.read_text()
+
+
+def test_a_folder_counts_a_file_linked_twice_once(tmp_path):
+    from hf2triton.util.workspace import tree_size
+
+    (tmp_path / "a").write_bytes(b"\0" * 1000)
+    (tmp_path / "b").hardlink_to(tmp_path / "a")
+    (tmp_path / "c").write_bytes(b"\0" * 10)
+    assert tree_size(tmp_path) == 1010
+    assert tree_size(tmp_path / "gone") == 0
