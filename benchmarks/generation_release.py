@@ -75,10 +75,10 @@ def build_shape(name: str) -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    from tests.tiny_models import _save_causal
+    from tests.tiny_models import _save_causal, kjv_tokenizer
 
     arch, shape = SHAPES[name]
-    tok = kjv_tokenizer()
+    tok = kjv_tokenizer(8192)
     eos = tok.token_to_id("<|endoftext|>")
     config_cls, model_cls = (
         (LlamaConfig, LlamaForCausalLM) if arch == "llama" else (Qwen2Config, Qwen2ForCausalLM)
@@ -99,30 +99,6 @@ def build_shape(name: str) -> Path:
         model.get_output_embeddings().weight[tok.get_vocab_size() :] = 0.0
     out.mkdir(parents=True, exist_ok=True)
     return _save_causal(out, model, tok, 2048, eos_boost=0.0)
-
-
-def kjv_tokenizer(vocab_size: int = 8192) -> Any:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    text = ROOT / "releases" / "data" / "kjv-pentateuch.txt"
-    lines = [
-        ln
-        for ln in text.read_text(encoding="utf-8").splitlines()
-        if ln.strip() and not ln.startswith("#")
-    ]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(
-        lines,
-        trainers.BpeTrainer(
-            vocab_size=vocab_size,
-            special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-            show_progress=False,
-        ),
-    )
-    return tok
 
 
 def spec_for(model_dir: Path, work: Path, name: str, prune: bool, objective: str) -> Path:

@@ -452,6 +452,32 @@ def build_tiny_gpt2(out: Path, seed: int = 0, max_positions: int = 128) -> Path:
     return _save_causal(out, GPT2LMHeadModel(config), tok, max_positions, eos_boost=1.5)
 
 
+def kjv_tokenizer(vocab_size: int = 4096):
+    """A byte-level BPE of `vocab_size` trained on the shipped King James text, with
+    <|endoftext|> and ChatML markers: the tokenizer of the benchmarks' causal LMs."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    text = Path(__file__).resolve().parents[1] / "releases" / "data" / "kjv-pentateuch.txt"
+    lines = [
+        ln
+        for ln in text.read_text(encoding="utf-8").splitlines()
+        if ln.strip() and not ln.startswith("#")
+    ]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(
+        lines,
+        trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
+    return tok
+
+
 def build_qwen2(
     out: Path,
     seed: int = 0,
@@ -470,26 +496,7 @@ def build_qwen2(
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     out.mkdir(parents=True, exist_ok=True)
-    text = Path(__file__).resolve().parents[1] / "releases" / "data" / "kjv-pentateuch.txt"
-    lines = [
-        ln
-        for ln in text.read_text(encoding="utf-8").splitlines()
-        if ln.strip() and not ln.startswith("#")
-    ]
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(
-        lines,
-        trainers.BpeTrainer(
-            vocab_size=vocab_size,
-            special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-            show_progress=False,
-        ),
-    )
+    tok = kjv_tokenizer(vocab_size)
     eos = tok.token_to_id("<|endoftext|>")
     torch.manual_seed(seed)
     config = Qwen2Config(

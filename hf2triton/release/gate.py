@@ -75,11 +75,17 @@ def candidate_digest(
 
 def candidate_digests(gate: Gate, candidates: list[Candidate]) -> list[Digest]:
     """Each candidate's digest: its files' sha256, or why it could not be built, or (planned)
-    what builds it."""
+    what builds it: the runtimes' code (hf2triton/runtimes), from graphs whose bytes the key
+    holds (the export, each runtime's first variant)."""
+    planned = (
+        f"planned: built by {digest(hash_files(RUNTIMES_DIR))}"
+        if any(c.planned for c in candidates)
+        else ""
+    )
     return [
         (
             c.name,
-            c.error or planned_digest(c)
+            c.error or planned
             if c.error or c.planned
             else candidate_digest(gate.kind, c.onnx_path, gate.export_dir),
             c.runtime,
@@ -87,13 +93,6 @@ def candidate_digests(gate: Gate, candidates: list[Candidate]) -> list[Digest]:
         )
         for c in candidates
     ]
-
-
-def planned_digest(cand: Candidate) -> str:
-    """What stands for a planned candidate's files in the gate's key: it is made by the
-    runtimes' code (hf2triton/runtimes) from graphs whose bytes the key holds (the export, each
-    runtime's first variant)."""
-    return f"planned: built by {digest(hash_files(RUNTIMES_DIR))}"
 
 
 def serves(champion: Champion, files: dict[str, str], settings: dict[str, Any]) -> bool:

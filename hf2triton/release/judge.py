@@ -15,7 +15,7 @@ from hf2triton.errors import AccuracyGateError
 from hf2triton.kinds.base import Candidate, misses, worst_of
 from hf2triton.kinds.margin import Borderline, borderline
 from hf2triton.release.plan import Facing, Gate, Reference, candidate_settings
-from hf2triton.release.search import CandidateBroken, Search, refusal
+from hf2triton.release.search import CandidateBroken, Search, bare_entry, refusal
 from hf2triton.targets.smoke import groups
 from hf2triton.util.runs import step_logger
 
@@ -97,7 +97,6 @@ def measure_candidate(
     t0 = time.perf_counter()
     model = None
     try:
-        cand = cand.made()
         if cand.error:
             raise CandidateBroken(cand.error)
         model = gate.kind.open_candidate(
@@ -238,20 +237,13 @@ def record_smoke(gate: Gate, model: Any, ref: Reference) -> dict[str, Any]:
 
 def not_judged(cand: Candidate, speed: dict[str, float], shipping: str) -> dict[str, Any]:
     """The report entry of a candidate slower than one that passed: timed, not judged."""
-    return {
-        "name": cand.name,
-        "runtime": cand.runtime,
-        "gated_on": cand.gated_runtime,
-        "metrics": {},
-        "misses": {},
-        "judged": False,
-        "throughput": speed,
-        "status": f"not judged: slower than {shipping}, which passes (set "
+    return bare_entry(
+        cand,
+        judged=False,
+        throughput=speed,
+        status=f"not judged: slower than {shipping}, which passes (set "
         "validation.judge_all: true to judge every candidate)",
-        "details": {},
-        "worst": [],
-        "champion_verdict": None,
-    }
+    )
 
 
 def choose(

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hf2triton.kinds.base import Candidate, timing_items
@@ -98,7 +98,11 @@ class Search:
         """The candidate with its graph built (a planned one is built now, once)."""
         made = self.made[cand.name]
         if made.planned:
-            made = self.made[cand.name] = made.made()
+            try:
+                made = made.made()
+            except Exception as exc:  # noqa: BLE001 - a build that raises refuses its candidate
+                made = replace(made, error=f"building it failed: {type(exc).__name__}: {exc}")
+            self.made[cand.name] = made
         return made
 
     def timed(self, cand: Candidate) -> bool:
@@ -132,22 +136,31 @@ class Search:
         """The report entry of a candidate the pruned search never built nor timed: its
         runtime's first candidate ran slower than the runtime of the one that ships."""
         fastest = max(self.leaders.values(), default=0.0)
-        return {
-            "name": cand.name,
-            "runtime": cand.runtime,
-            "gated_on": cand.gated_runtime,
-            "metrics": {},
-            "misses": {},
-            "judged": False,
-            "timed": False,
-            "status": f"not timed: {family(cand)}'s first candidate ran at "
+        return bare_entry(
+            cand,
+            judged=False,
+            timed=False,
+            status=f"not timed: {family(cand)}'s first candidate ran at "
             f"{self.leaders.get(family(cand), 0):g} against {fastest:g}"
             + (f" on the runtime of {shipping}, which passes" if shipping else "")
             + " (quantization.prune: false times every candidate)",
-            "details": {},
-            "worst": [],
-            "champion_verdict": None,
-        }
+        )
+
+
+def bare_entry(cand: Candidate, **fields: Any) -> dict[str, Any]:
+    """A report entry of a candidate with no figures (refused, not judged, not timed), and
+    `fields` that say why."""
+    return {
+        "name": cand.name,
+        "runtime": cand.runtime,
+        "gated_on": cand.gated_runtime,
+        "metrics": {},
+        "misses": {},
+        "details": {},
+        "worst": [],
+        "champion_verdict": None,
+        **fields,
+    }
 
 
 class CandidateBroken(Exception):
@@ -164,14 +177,4 @@ def refusal(cand: Candidate, exc: BaseException, t0: float) -> dict[str, Any]:
     step_logger().warning(
         "validate: %s: refused, it raised: %s (%.0f s)", cand.name, why, time.perf_counter() - t0
     )
-    return {
-        "name": cand.name,
-        "runtime": cand.runtime,
-        "gated_on": cand.gated_runtime,
-        "metrics": {},
-        "misses": {"error": float("inf")},
-        "error": why,
-        "details": {},
-        "worst": [],
-        "champion_verdict": None,
-    }
+    return bare_entry(cand, misses={"error": float("inf")}, error=why)

@@ -70,18 +70,7 @@ class Recipe:
 
     def planned(self) -> Variant:
         """The variant before it is built: its name and format, no files yet."""
-        return Variant(
-            onnx_path="",
-            method=self.method,
-            graph=self.graph,
-            fallbacks={},
-            fp32_bytes=0,
-            size_bytes=0,
-            sha256="",
-            seconds=0.0,
-            reused=False,
-            planned=True,
-        )
+        return unbuilt_variant(self.method, self.graph)
 
 
 @dataclass(frozen=True)
@@ -174,10 +163,9 @@ def _size(path: Path) -> int:
     )
 
 
-def failed_variant(method: str, graph: str, exc: BaseException) -> Variant:
-    """A variant whose build raised: kept, with why, so the gate refuses it by name."""
-    first = str(exc).splitlines()[0][:300] if str(exc) else ""
-    return Variant(
+def unbuilt_variant(method: str, graph: str, error: str = "") -> Variant:
+    """A variant with no files: planned (built by the gate when needed), or failed (`error`)."""
+    v = Variant(
         onnx_path="",
         method=method,
         graph=graph,
@@ -187,7 +175,19 @@ def failed_variant(method: str, graph: str, exc: BaseException) -> Variant:
         sha256="",
         seconds=0.0,
         reused=False,
-        error=f"building it failed: {type(exc).__name__}: {first}",
+    )
+    if error:
+        v["error"] = error
+    else:
+        v["planned"] = True
+    return v
+
+
+def failed_variant(method: str, graph: str, exc: BaseException) -> Variant:
+    """A variant whose build raised: kept, with why, so the gate refuses it by name."""
+    first = str(exc).splitlines()[0][:300] if str(exc) else ""
+    return unbuilt_variant(
+        method, graph, error=f"building it failed: {type(exc).__name__}: {first}"
     )
 
 

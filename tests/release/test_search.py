@@ -168,10 +168,17 @@ def test_a_planned_candidate_whose_build_fails_is_refused_with_why(
     def broken() -> dict:
         return {"onnx_path": "", "error": "building it failed: ValueError: planted"}
 
+    def raises() -> dict:
+        raise ValueError("planted: the quantizer does not know the graph")
+
     candidates = [
         Candidate(name="fp32", onnx_path=exported["onnx_path"]),
         Candidate(name="broken (planned)", onnx_path="", build=broken),
+        Candidate(name="raises (planned)", onnx_path="", build=raises),
     ]
     result, by_name = gate_on(tiny_bert, exported, cfg, sentences_file, candidates, tmp_path)
     assert result["chosen"] == "fp32"
     assert by_name["broken (planned)"]["error"] == "building it failed: ValueError: planted"
+    assert by_name["raises (planned)"]["error"] == (
+        "building it failed: ValueError: planted: the quantizer does not know the graph"
+    )
