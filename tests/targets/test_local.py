@@ -129,7 +129,12 @@ def test_successful_rollout_answers_throughout_then_retires_the_old_version(
     thread.start()
     flowing.wait()  # requests were being answered before the rollout began
     try:
-        summary = release_model(_spec(rel, tmp_path, other_tiny_bert))
+        # The watch after the release compares the new version's p99 under this client's load
+        # with the old one's when idle: on a busy machine that alone can breach and roll back
+        # (a CI run did). The rollout is what this test checks, so latency is no breach here.
+        summary = release_model(
+            _spec(rel, tmp_path, other_tiny_bert, watch__p99_slack_ms=600_000)
+        )
     finally:
         released.set()
         thread.join()
@@ -144,7 +149,7 @@ def test_successful_rollout_answers_throughout_then_retires_the_old_version(
 
     seen = [which(emb) for _, emb in answers]
     assert "wrong" not in seen, seen
-    assert seen[0] == "old" and seen[-1] == "new" and answers[-1][0]
+    assert seen[0] == "old" and seen[-1] == "new" and answers[-1][0], (seen, summary["watch"])
     assert seen == ["old"] * seen.count("old") + ["new"] * seen.count("new"), (
         "an answer of the old version came after one of the new"
     )
