@@ -133,6 +133,8 @@ class PeakRss:
     def __init__(self, pid: int) -> None:
         self.pid, self.peak, self._stop = pid, 0, threading.Event()
         self.peak_at = time.time()  # when the peak was seen
+        self.peak_parts: dict[str, int] = {}  # MB per process (by its command) at the peak
+        self.trace: list[tuple[float, int]] = []  # (time, MB) every few seconds
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
@@ -143,14 +145,20 @@ class PeakRss:
             try:
                 root = psutil.Process(self.pid)
                 procs = [root, *root.children(recursive=True)]
-                total = 0
+                total, parts = 0, {}
                 for p in procs:
                     try:
-                        total += p.memory_info().rss
+                        rss = p.memory_info().rss
+                        name = " ".join(p.cmdline()[:3])[-60:] or p.name()
                     except psutil.Error:
-                        pass
+                        continue
+                    total += rss
+                    key = f"{p.pid} {name}"
+                    parts[key] = parts.get(key, 0) + rss // 2**20
                 if total > self.peak:
-                    self.peak, self.peak_at = total, time.time()
+                    self.peak, self.peak_at, self.peak_parts = total, time.time(), parts
+                if not self.trace or time.time() - self.trace[-1][0] >= 5:
+                    self.trace.append((round(time.time(), 1), total // 2**20))
             except psutil.Error:
                 pass
             self._stop.wait(0.5)
@@ -218,6 +226,8 @@ def release(spec: Path, home: Path) -> dict[str, Any]:
         ends = step_ends(err)
         record.update(
             peak_during=step_at(ends, peak.peak_at),
+            peak_parts_mb=peak.peak_parts,
+            rss_trace_mb=[(step_at(ends, t), mb) for t, mb in peak.trace[::6]],
             steps=step_seconds(ends),
             variant=summary["variant"],
             metrics=summary["metrics"],
