@@ -145,7 +145,7 @@ class PeakRss:
             try:
                 root = psutil.Process(self.pid)
                 procs = [root, *root.children(recursive=True)]
-                total, parts = 0, {}
+                total, parts = 0, dict[str, int]()
                 for p in procs:
                     try:
                         rss = p.memory_info().rss

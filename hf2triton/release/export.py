@@ -17,6 +17,7 @@ from hf2triton.kinds.config import KindConfig
 from hf2triton.sources import FetchResult
 from hf2triton.spec import ExportSpec
 from hf2triton.util import quiet
+from hf2triton.util.isolated import run_isolated
 from hf2triton.util.workspace import SpaceEstimate, cached_step, digest, sha256_module
 
 
@@ -104,6 +105,29 @@ def optimum_export(model_dir: str, out: Path, onnx_task: str, opset: int, main_f
         raise ExportError(f"ONNX export of {model_dir} produced no {main_file} in {out}")
 
 
+def export_checked(
+    kind: ModelKind[KindConfig],
+    model_dir: str,
+    out: Path,
+    opset: int,
+    atol: float,
+    cfg: KindConfig,
+    inputs: list[Any],
+) -> dict[str, Any]:
+    """Export into `out` and check the graph against PyTorch on `inputs` (ExportError when it
+    disagrees by more than `atol`): the export step's work, in whichever process runs it."""
+    optimum_export(model_dir, out, kind.onnx_task, opset, kind.main_file)
+    kind.prepare_export(model_dir, out, cfg)
+    found = kind.check_export(model_dir, out, cfg, inputs)
+    if not found["max_abs_diff"] <= atol:
+        raise ExportError(
+            f"the ONNX export disagrees with PyTorch: largest difference "
+            f"{found['max_abs_diff']:.2e} > export.atol {atol:.0e} on {len(inputs)} real "
+            f"{kind.item_word}; try another export.opset or report the model"
+        )
+    return {"max_abs_diff": found["max_abs_diff"], "checked": len(inputs)}
+
+
 def export_model(
     kind: ModelKind[KindConfig],
     src: FetchResult,
@@ -130,19 +154,25 @@ def export_model(
     )
     started = time.perf_counter()
 
-    def build(out: Path) -> dict[str, Any]:
-        optimum_export(model_dir, out, kind.onnx_task, opset, kind.main_file)
-        kind.prepare_export(model_dir, out, cfg)
-        found = kind.check_export(model_dir, out, cfg, inputs)
-        if not found["max_abs_diff"] <= atol:
-            raise ExportError(
-                f"the ONNX export disagrees with PyTorch: largest difference "
-                f"{found['max_abs_diff']:.2e} > export.atol {atol:.0e} on {len(inputs)} real "
-                f"{kind.item_word}; try another export.opset or report the model"
-            )
-        return {"max_abs_diff": found["max_abs_diff"], "checked": len(inputs)}
+    space = export_space(kind, model_dir)
 
-    done = cached_step(work_root, "export", key, build, needs=lambda: export_space(kind, model_dir))
+    def build(out: Path) -> dict[str, Any]:
+        # In a process of its own for a large model: the export's copies of the weights are
+        # returned to the system when it ends (hf2triton.util.isolated).
+        return run_isolated(
+            "ONNX export",
+            space.size,
+            export_checked,
+            kind,
+            model_dir,
+            out,
+            opset,
+            atol,
+            cfg,
+            inputs,
+        )
+
+    done = cached_step(work_root, "export", key, build, needs=lambda: space)
     return ExportResult(
         onnx_path=candidate_path(kind, done.path),
         export_dir=str(done.path),

@@ -26,10 +26,12 @@ from hf2triton.kinds.base import Candidate, Data, ModelKind, take, to_json
 from hf2triton.kinds.config import KindConfig
 from hf2triton.release import judge, verdict
 from hf2triton.release.champion import Champion, champion_limit
+from hf2triton.release.export import export_space
 from hf2triton.release.judge import answer_in_batches, judge_candidates
 from hf2triton.release.plan import Facing, Gate, GateSettings, Reference, candidate_settings
 from hf2triton.release.verdict import Written, new_report, write_report
 from hf2triton.targets import smoke
+from hf2triton.util.isolated import run_isolated
 from hf2triton.util.runs import step_logger
 from hf2triton.util.workspace import (
     atomic_write_text,
@@ -308,6 +310,14 @@ def pytorch_reference(gate: Gate, model_dir: str, work_root: str | None = None) 
     )
 
 
+def write_reference(
+    kind: ModelKind[Any], model_dir: str, cfg: KindConfig, data: Data, out: Path
+) -> None:
+    """PyTorch's answers on `data`'s items, into `out`/reference.json."""
+    outputs = kind.reference(model_dir, cfg, data)
+    atomic_write_text(out / "reference.json", json.dumps(to_json(outputs)))
+
+
 def reference_outputs(gate: Gate, model_dir: str, work_root: str) -> Any:
     """PyTorch's answers on the gate's items, kept in the work folder (step `reference`, keyed
     by the model's files, the kind's settings, the items and the kinds' code): a gate run again
@@ -330,8 +340,19 @@ def reference_outputs(gate: Gate, model_dir: str, work_root: str) -> Any:
     )
 
     def build(out: Path) -> dict[str, Any]:
-        outputs = kind.reference(model_dir, gate.cfg, gate.gate_data)
-        atomic_write_text(out / "reference.json", json.dumps(to_json(outputs)))
+        # In a process of its own for a large model: PyTorch's copy of the weights and its
+        # activations are returned to the system when it ends (hf2triton.util.isolated).
+        size = export_space(kind, model_dir).size
+        run_isolated(
+            "PyTorch reference",
+            size,
+            write_reference,
+            kind,
+            model_dir,
+            gate.cfg,
+            gate.gate_data,
+            out,
+        )
         return {}
 
     done = cached_step(work_root, "reference", key, build)

@@ -84,6 +84,24 @@ def test_export_is_reused_on_the_second_call(exported, tiny_bert, work):
     assert sha256(again["onnx_path"]) == sha256(exported["onnx_path"])
 
 
+def test_a_large_models_export_runs_in_a_child_process_and_writes_the_same_graph(
+    exported, tiny_bert, tmp_path, monkeypatch
+):
+    """Over HF2TRITON_ISOLATE_ABOVE_MB (256 MB of weights by default; 0 here) the export and its
+    check run in a process of their own: the same graph, the same check; and an export that
+    disagrees is refused from the child as from here, leaving nothing behind."""
+    from hf2triton.util.isolated import ENV
+
+    monkeypatch.setenv(ENV, "0")
+    child = do_export(tiny_bert, tmp_path / "work")
+    assert child["reused"] is False
+    assert sha256(child["onnx_path"]) == sha256(exported["onnx_path"])
+    assert child["max_abs_diff"] == exported["max_abs_diff"]
+    with pytest.raises(ExportError, match="disagrees with PyTorch"):
+        do_export(tiny_bert, tmp_path / "strict", atol=1e-12)
+    assert list((tmp_path / "strict" / "export").iterdir()) == []
+
+
 def test_changed_weights_are_exported_again(exported, tiny_bert, other_tiny_bert, work):
     other = do_export(other_tiny_bert, work)
     assert other["reused"] is False

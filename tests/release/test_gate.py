@@ -281,6 +281,20 @@ def test_when_every_candidate_raises_the_gate_names_each_reason(
     assert "b: refused, it raised building it failed: B" in str(info.value)
 
 
+def test_a_large_models_reference_runs_in_a_child_process_and_scores_the_same(
+    tiny_bert, exported, cfg, sentences_file, tmp_path, monkeypatch
+):
+    """Over HF2TRITON_ISOLATE_ABOVE_MB (0 here) PyTorch's answers are computed in a process of
+    their own (its memory returned when it ends): the gate scores the same figures."""
+    from hf2triton.util.isolated import ENV
+
+    fp32 = Candidate(name="fp32", onnx_path=exported["onnx_path"])
+    here = run_gate(tiny_bert, exported, cfg, sentences_file, [fp32], LENIENT, tmp_path / "a")
+    monkeypatch.setenv(ENV, "0")
+    child = run_gate(tiny_bert, exported, cfg, sentences_file, [fp32], LENIENT, tmp_path / "b")
+    assert child["metrics"] == here["metrics"]
+
+
 def test_a_gate_run_again_with_other_limits_reads_pytorchs_answers_back(
     tiny_bert, exported, cfg, sentences_file, tmp_path, monkeypatch
 ):
