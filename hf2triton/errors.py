@@ -86,6 +86,13 @@ class DiskFullError(ArtifactError):
     code = "DISK_FULL"
 
 
+class WorkerDiedError(Hf2TritonError):
+    """A step's work in a process of its own (a large model's export or PyTorch reference) ended
+    without an answer: killed, most often by the kernel for memory."""
+
+    code = "WORKER_DIED"
+
+
 class DeployError(Hf2TritonError):
     """Triton could not be set up or refused to load the model."""
 

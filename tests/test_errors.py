@@ -20,6 +20,7 @@ PERMANENT = {
     errors.AccuracyGateError: ("ACCURACY_GATE_FAILED", 1),
     errors.ArtifactError: ("ARTIFACT_ERROR", 1),
     errors.DiskFullError: ("DISK_FULL", 1),
+    errors.WorkerDiedError: ("WORKER_DIED", 1),
     errors.DeployError: ("DEPLOY_FAILED", 1),
     errors.SmokeTestError: ("SMOKE_TEST_FAILED", 1),
     errors.DockerUnavailableError: ("DOCKER_UNAVAILABLE", 1),

@@ -109,13 +109,14 @@ def export_checked(
     kind: ModelKind[KindConfig],
     model_dir: str,
     out: Path,
-    opset: int,
-    atol: float,
+    settings: ExportSpec,
     cfg: KindConfig,
     inputs: list[Any],
 ) -> dict[str, Any]:
-    """Export into `out` and check the graph against PyTorch on `inputs` (ExportError when it
-    disagrees by more than `atol`): the export step's work, in whichever process runs it."""
+    """Export into `out` at `settings.opset` and check the graph against PyTorch on `inputs`
+    (ExportError when it disagrees by more than `settings.atol`): the export step's work, in
+    whichever process runs it."""
+    opset, atol = settings.opset, settings.atol
     optimum_export(model_dir, out, kind.onnx_task, opset, kind.main_file)
     kind.prepare_export(model_dir, out, cfg)
     found = kind.check_export(model_dir, out, cfg, inputs)
@@ -160,16 +161,7 @@ def export_model(
         # In a process of its own for a large model: the export's copies of the weights are
         # returned to the system when it ends (hf2triton.util.isolated).
         return run_isolated(
-            "ONNX export",
-            space.size,
-            export_checked,
-            kind,
-            model_dir,
-            out,
-            opset,
-            atol,
-            cfg,
-            inputs,
+            "ONNX export", space.size, export_checked, kind, model_dir, out, settings, cfg, inputs
         )
 
     done = cached_step(work_root, "export", key, build, needs=lambda: space)

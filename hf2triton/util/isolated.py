@@ -13,19 +13,16 @@ import multiprocessing
 import os
 import signal
 from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import Any, ParamSpec, TypeVar, cast
 
-from hf2triton.errors import Hf2TritonError
+from hf2triton.errors import Hf2TritonError, SpecError, WorkerDiedError
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 # Weights of at least this many bytes (as fp32) are worked on in a child process.
 ISOLATE_ABOVE = 256 * 2**20
 ENV = "HF2TRITON_ISOLATE_ABOVE_MB"
-
-
-class ChildDied(Hf2TritonError):
-    """The child process ended without an answer (killed: most often for memory)."""
 
 
 def isolate_above() -> int:
@@ -37,13 +34,15 @@ def isolate_above() -> int:
     try:
         return int(float(raw) * 2**20)
     except ValueError:
-        raise Hf2TritonError(
+        raise SpecError(
             f"{ENV}={raw!r} is not a number of MB: set it to e.g. 256 (0: always in a child "
             "process), or unset it"
         ) from None
 
 
-def _child(conn: Any, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+def _child(
+    conn: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
     try:  # Linux: die with the release's process rather than work on for nobody
         import ctypes
 
@@ -51,7 +50,7 @@ def _child(conn: Any, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
     except (OSError, AttributeError):
         pass
     try:
-        result: tuple[str, Any] = ("ok", fn(*args))
+        result: tuple[str, Any] = ("ok", fn(*args, **kwargs))
     except BaseException as exc:  # noqa: BLE001 - sent to the parent, raised there
         result = ("raised", exc)
     try:
@@ -61,23 +60,25 @@ def _child(conn: Any, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
     conn.close()
 
 
-def run_isolated(what: str, weight_bytes: int, fn: Callable[..., T], *args: Any) -> T:
+def run_isolated(
+    what: str, weight_bytes: int, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs
+) -> T:
     """`fn(*args)`, in a child process when the weights it works on weigh `weight_bytes` or more
     (else here). `fn` and its arguments are pickled: a module-level function and plain data.
-    What it raises is raised here; a child that dies without answering raises `ChildDied`
+    What it raises is raised here; a child that dies without answering raises `WorkerDiedError`
     naming `what` and how it ended."""
     if weight_bytes < isolate_above():
-        return fn(*args)
+        return fn(*args, **kwargs)
     ctx = multiprocessing.get_context("spawn")
     receive, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(send, fn, args), name=f"hf2triton {what}")
+    proc = ctx.Process(target=_child, args=(send, fn, args, kwargs), name=f"hf2triton {what}")
     proc.start()
     send.close()
     try:
         status, value = receive.recv()
     except EOFError:
         proc.join()
-        raise ChildDied(
+        raise WorkerDiedError(
             f"the {what} process ended without an answer ({ending(proc.exitcode)}): "
             "see the kernel log (dmesg) for an out-of-memory kill, give the release "
             f"more memory, or set {ENV} above the model's size to run it in the "

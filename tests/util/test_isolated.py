@@ -9,8 +9,8 @@ import signal
 
 import pytest
 
-from hf2triton.errors import ExportError, Hf2TritonError
-from hf2triton.util.isolated import ENV, ChildDied, run_isolated
+from hf2triton.errors import ExportError, SpecError, WorkerDiedError
+from hf2triton.util.isolated import ENV, run_isolated
 
 
 def _pid_and(value: int) -> tuple[int, int]:
@@ -46,7 +46,7 @@ def test_what_the_child_raises_is_raised_here_with_its_type_and_text(monkeypatch
 
 def test_a_child_killed_by_the_kernel_is_named_with_how_it_died(monkeypatch):
     monkeypatch.setenv(ENV, "0")
-    with pytest.raises(ChildDied) as info:
+    with pytest.raises(WorkerDiedError) as info:
         run_isolated("ONNX export", 0, _killed)
     text = str(info.value)
     assert "the ONNX export process ended without an answer" in text
@@ -55,5 +55,5 @@ def test_a_child_killed_by_the_kernel_is_named_with_how_it_died(monkeypatch):
 
 def test_a_setting_that_is_not_a_number_says_what_to_set(monkeypatch):
     monkeypatch.setenv(ENV, "lots")
-    with pytest.raises(Hf2TritonError, match=f"{ENV}='lots' is not a number of MB"):
+    with pytest.raises(SpecError, match=f"{ENV}='lots' is not a number of MB"):
         run_isolated("test", 0, _pid_and, 1)
