@@ -132,9 +132,7 @@ def test_successful_rollout_answers_throughout_then_retires_the_old_version(
         # The watch after the release compares the new version's p99 under this client's load
         # with the old one's when idle: on a busy machine that alone can breach and roll back
         # (a CI run did). The rollout is what this test checks, so latency is no breach here.
-        summary = release_model(
-            _spec(rel, tmp_path, other_tiny_bert, watch__p99_slack_ms=600_000)
-        )
+        summary = release_model(_spec(rel, tmp_path, other_tiny_bert, watch__p99_slack_ms=600_000))
     finally:
         released.set()
         thread.join()
