@@ -155,16 +155,15 @@ def export_model(
     )
     started = time.perf_counter()
 
-    space = export_space(kind, model_dir)
-
     def build(out: Path) -> dict[str, Any]:
         # In a process of its own for a large model: the export's copies of the weights are
         # returned to the system when it ends (hf2triton.util.isolated).
+        size = export_space(kind, model_dir).size
         return run_isolated(
-            "ONNX export", space.size, export_checked, kind, model_dir, out, settings, cfg, inputs
+            "ONNX export", size, export_checked, kind, model_dir, out, settings, cfg, inputs
         )
 
-    done = cached_step(work_root, "export", key, build, needs=lambda: space)
+    done = cached_step(work_root, "export", key, build, needs=lambda: export_space(kind, model_dir))
     return ExportResult(
         onnx_path=candidate_path(kind, done.path),
         export_dir=str(done.path),

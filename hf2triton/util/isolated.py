@@ -1,7 +1,8 @@
 """Memory-heavy work (an ONNX export, PyTorch's reference answers) in a process of its own, so a
 release's own process keeps none of it: CPython, PyTorch and glibc hand little of a freed heap
 back to the system, and a 135M-parameter chat model's export left the release at 2.6 GB for the
-rest of its run (3.3 GB at the export's peak), under the gate's own peak. A child started fresh
+rest of its run. (The peak is another matter: the export's own is about 7x the model's fp32
+size wherever it runs; docs/benchmarks.md "What a release costs".) A child started fresh
 (`spawn`: no locks or thread pools inherited from the flow's threads) returns its memory when it
 exits. Starting one costs its imports (seconds), so work on weights under `isolate_above()`
 stays in this process: the tests' tiny models, and the small models whose copies cost little.

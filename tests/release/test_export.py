@@ -92,7 +92,12 @@ def test_a_large_models_export_runs_in_a_child_process_and_writes_the_same_graph
     disagrees is refused from the child as from here, leaving nothing behind."""
     from hf2triton.util.isolated import ENV
 
+    def not_here(*args, **kwargs):
+        raise AssertionError("the export ran in the release's own process")
+
     monkeypatch.setenv(ENV, "0")
+    # The child imports its own modules: this patch reaches only this process.
+    monkeypatch.setattr("hf2triton.release.export.optimum_export", not_here)
     child = do_export(tiny_bert, tmp_path / "work")
     assert child["reused"] is False
     assert sha256(child["onnx_path"]) == sha256(exported["onnx_path"])
