@@ -170,7 +170,8 @@ def run_check(args: argparse.Namespace, report: Report) -> None:
     meter = None if args.simulate_cpu else GpuMeter()
     data["gpu_meter"] = None if meter is None else meter.source
     data["served"] = []
-    for count in dict.fromkeys([1, u.instance_count]):
+    # The rendered count first (its cosines and the goals), then the others of the sweep.
+    for count in dict.fromkeys([u.instance_count, *sorted(args.counts)]):
         with report.stage(f"served at {count} instance(s)"):
             served_at(args, u, count, meter, data)
     data["goals"] = goals(data, args.simulate_cpu)
@@ -188,7 +189,10 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--work", default="/tmp/gpu-kit-work", help="where it unpacks (replaced)")
     c.add_argument("--simulate-cpu", action="store_true", help="the same path on a CPU host")
     c.add_argument("--clients", help="closed-loop client counts (default 64,128; 4,8 simulated)")
-    c.add_argument("--seconds", type=float, help="each load point (default 10; 1 simulated)")
+    c.add_argument(
+        "--counts", help="instance counts served besides the rendered one (default 1,2,8; 1)"
+    )
+    c.add_argument("--seconds", type=float, help="each load point (default 8; 1 simulated)")
     c.add_argument("--warm", type=float, help="traffic before each point counts (default 2; 0.3)")
     c.add_argument("--ort-seconds", type=float, help="each in-process rate (default 5; 0.5)")
     c.add_argument("--ready-timeout", type=float, default=120, help="a server's load, seconds")
@@ -213,7 +217,8 @@ def with_defaults(args: argparse.Namespace) -> argparse.Namespace:
     """`run`'s load settings: those given, else the GPU's (or, simulated, a CPU's) defaults."""
     sim = args.simulate_cpu
     args.clients = [int(x) for x in (args.clients or ("4,8" if sim else "64,128")).split(",")]
-    args.seconds = args.seconds or (1.0 if sim else 10.0)
+    args.counts = [int(x) for x in (args.counts or ("1" if sim else "1,2,8")).split(",")]
+    args.seconds = args.seconds or (1.0 if sim else 8.0)
     args.warm = args.warm if args.warm is not None else (0.3 if sim else 2.0)
     args.ort_seconds = args.ort_seconds or (0.5 if sim else 5.0)
     return args

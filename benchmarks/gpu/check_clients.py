@@ -120,6 +120,10 @@ def closed_loop(
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True))
     if meter is not None:
         meter.start(start_at, start_at + seconds)
+    time.sleep(max(0.0, start_at - time.time()))
+    cpu_before = cpu_times()
+    time.sleep(max(0.0, start_at + seconds - time.time()))
+    cpu_busy = busy_share(cpu_before, cpu_times())
     results = [json.loads(p.communicate(timeout=seconds + warm_s + 120)[0]) for p in procs]
     gpu = meter.stop() if meter is not None else None
     ok = sum(r["ok"] for r in results)
@@ -142,7 +146,27 @@ def closed_loop(
         "p50_ms": pct(0.5),
         "p99_ms": pct(0.99),
         "gpu_busy": gpu,
+        "host_cpu_busy": cpu_busy,  # all cores, clients and server together
     }
+
+
+def cpu_times() -> list[int] | None:
+    """The host's CPU times (/proc/stat's first line), None where there is none."""
+    try:
+        with open("/proc/stat") as f:
+            return [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+
+
+def busy_share(before: list[int] | None, after: list[int] | None) -> float | None:
+    """The share of every core's time not idle (idle and iowait) between two readings."""
+    if not before or not after:
+        return None
+    delta = [a - b for a, b in zip(after, before)]
+    total = sum(delta)
+    idle = delta[3] + (delta[4] if len(delta) > 4 else 0)
+    return round(1 - idle / total, 3) if total else None
 
 
 def served_embeddings(port: int, model: str, texts: list[str], threads: int = 8) -> list[bytes]:
