@@ -21,6 +21,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,7 @@ from gpu.check_kit import Refused, log  # noqa: E402
 from gpu.check_meter import GpuMeter  # noqa: E402
 from gpu.check_ort import ort_main  # noqa: E402
 from gpu.check_parts import join_and_unpack, receive, untar  # noqa: E402
+from gpu.check_probe import ServerCpu, profile, stub_pids  # noqa: E402
 from gpu.check_report import Report, goals, save_out  # noqa: E402
 from gpu.check_server import Triton  # noqa: E402
 
@@ -136,22 +138,40 @@ def ort_rates(args: argparse.Namespace, u: Unpacked, data: dict[str, Any]) -> No
 
 
 def served_at(
-    args: argparse.Namespace, u: Unpacked, count: int, meter: GpuMeter | None, data: dict[str, Any]
+    args: argparse.Namespace,
+    u: Unpacked,
+    count: int,
+    meter: GpuMeter | None,
+    data: dict[str, Any],
+    variant: str | None = None,
 ) -> None:
     """tritonserver at `count` instances: a closed loop at each client count; at the rendered
-    count, every text once more for the cosines with PyTorch's."""
+    count, every text once more for the cosines with PyTorch's. A `variant` (NAME=VALUE in the
+    server's environment) serves at the most clients only, its points marked with it."""
     set_instances(u.model_dir, count)
-    log_file = u.work / f"triton-{count}.log"
-    server = Triton(u.triton, u.work / "render" / "model_repository", u.model, u.env, log_file)
+    env = dict(u.env)
+    if variant:
+        name, _, value = variant.partition("=")
+        env[name] = value
+    log_file = u.work / (f"triton-{count}-variant.log" if variant else f"triton-{count}.log")
+    server = Triton(u.triton, u.work / "render" / "model_repository", u.model, env, log_file)
     try:
         ready_s = server.wait_ready(args.ready_timeout)
-        for clients in args.clients:
-            point = closed_loop(
-                server.port, u.model, u.texts_file, clients, args.seconds, args.warm, meter
+        for clients in [max(args.clients)] if variant else args.clients:
+            profiled = (
+                bool(args.py_spy)
+                and not variant
+                and count == u.instance_count
+                and clients == max(args.clients)
             )
-            data["served"].append({"instances": count, "ready_s": round(ready_s, 1), **point})
-            log(f"{count} instance(s), {clients} clients: {point['texts_per_s']} texts/s")
-        if count == u.instance_count:
+            probe = Probed(server.proc.pid, args, u.work / f"profile-{count}.txt", profiled)
+            point = closed_loop(
+                server.port, u.model, u.texts_file, clients, args.seconds, args.warm, meter, probe
+            )
+            row = {"instances": count, "ready_s": round(ready_s, 1), **point}
+            data["served"].append({**row, "variant": variant} if variant else row)
+            log(f"{count} instance(s) {variant or ''}, {clients} clients: {point['texts_per_s']}")
+        if count == u.instance_count and not variant:
             data["cosine"] = cosines(
                 served_embeddings(server.port, u.model, u.texts),
                 u.bundle / "reference.f32",
@@ -160,6 +180,40 @@ def served_at(
     finally:
         server.stop()
         save_out(log_file)
+
+
+class Probed:
+    """A load point's server side: each process's CPU over the window, and (`profiled`, with
+    py-spy carried) one stub's profile over most of it."""
+
+    def __init__(self, sid: int, args: argparse.Namespace, out: Path, profiled: bool):
+        self.cpu, self.args, self.out, self.profiled = ServerCpu(sid), args, out, profiled
+        self.sid = sid
+        self.thread: threading.Thread | None = None
+        self.found: dict[str, Any] = {}
+
+    def start(self) -> None:
+        self.cpu.start()
+        stubs = stub_pids(self.sid)
+        if self.profiled and stubs:
+            seconds = max(1.0, self.args.seconds - 1)
+
+            def run() -> None:
+                try:
+                    self.found = profile(Path(self.args.py_spy), stubs[0], seconds, self.out)
+                except Exception as exc:  # the point's figures stand without it
+                    self.found = {"error": repr(exc)}
+                save_out(self.out)
+
+            self.thread = threading.Thread(target=run, daemon=True)
+            self.thread.start()
+
+    def stop(self) -> dict[str, Any]:
+        result = self.cpu.stop()
+        if self.thread is not None:
+            self.thread.join(timeout=90)
+            result["profile"] = self.found
+        return result
 
 
 def run_check(args: argparse.Namespace, report: Report) -> None:
@@ -174,6 +228,9 @@ def run_check(args: argparse.Namespace, report: Report) -> None:
     for count in dict.fromkeys([u.instance_count, *sorted(args.counts)]):
         with report.stage(f"served at {count} instance(s)"):
             served_at(args, u, count, meter, data)
+    for variant in args.variant_env or []:
+        with report.stage(f"served at {u.instance_count} instance(s), {variant}"):
+            served_at(args, u, u.instance_count, meter, data, variant)
     data["goals"] = goals(data, args.simulate_cpu)
 
 
@@ -190,11 +247,17 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--simulate-cpu", action="store_true", help="the same path on a CPU host")
     c.add_argument("--clients", help="closed-loop client counts (default 64,128; 4,8 simulated)")
     c.add_argument(
-        "--counts", help="instance counts served besides the rendered one (default 1,2,8; 1)"
+        "--counts", help="instance counts served besides the rendered one (default 1,2,8,16; 1)"
     )
     c.add_argument("--seconds", type=float, help="each load point (default 8; 1 simulated)")
     c.add_argument("--warm", type=float, help="traffic before each point counts (default 2; 0.3)")
     c.add_argument("--ort-seconds", type=float, help="each in-process rate (default 5; 0.5)")
+    c.add_argument(
+        "--variant-env",
+        action="append",
+        help="NAME=VALUE: the rendered count served once more with it in tritonserver's env",
+    )
+    c.add_argument("--py-spy", help="py-spy's binary: profile a stub at the rendered count")
     c.add_argument("--ready-timeout", type=float, default=120, help="a server's load, seconds")
     w = sub.add_parser("_clients")  # one process of closed_loop's clients
     for flag in ("--port", "--threads"):
@@ -217,7 +280,7 @@ def with_defaults(args: argparse.Namespace) -> argparse.Namespace:
     """`run`'s load settings: those given, else the GPU's (or, simulated, a CPU's) defaults."""
     sim = args.simulate_cpu
     args.clients = [int(x) for x in (args.clients or ("4,8" if sim else "64,128")).split(",")]
-    args.counts = [int(x) for x in (args.counts or ("1" if sim else "1,2,8")).split(",")]
+    args.counts = [int(x) for x in (args.counts or ("1" if sim else "1,2,8,16")).split(",")]
     args.seconds = args.seconds or (1.0 if sim else 8.0)
     args.warm = args.warm if args.warm is not None else (0.3 if sim else 2.0)
     args.ort_seconds = args.ort_seconds or (0.5 if sim else 5.0)

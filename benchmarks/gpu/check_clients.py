@@ -98,9 +98,11 @@ def closed_loop(
     seconds: float,
     warm_s: float,
     meter: GpuMeter | None,
+    probe: Any = None,
 ) -> dict[str, Any]:
     """`clients` HTTP clients in a closed loop, one text per request, texts of every length, in
-    several processes (one Python process's threads cannot keep a GPU server busy)."""
+    several processes (one Python process's threads cannot keep a GPU server busy). `probe`
+    (start(), stop() -> dict): what else to watch over the measured window, as "server"."""
     procs_n = max(1, min(clients, 8, (os.cpu_count() or 2) // 2))
     start_at = time.time() + warm_s
     procs = []
@@ -122,8 +124,11 @@ def closed_loop(
         meter.start(start_at, start_at + seconds)
     time.sleep(max(0.0, start_at - time.time()))
     cpu_before = cpu_times()
+    if probe is not None:
+        probe.start()
     time.sleep(max(0.0, start_at + seconds - time.time()))
     cpu_busy = busy_share(cpu_before, cpu_times())
+    server = probe.stop() if probe is not None else None
     results = [json.loads(p.communicate(timeout=seconds + warm_s + 120)[0]) for p in procs]
     gpu = meter.stop() if meter is not None else None
     ok = sum(r["ok"] for r in results)
@@ -147,6 +152,7 @@ def closed_loop(
         "p99_ms": pct(0.99),
         "gpu_busy": gpu,
         "host_cpu_busy": cpu_busy,  # all cores, clients and server together
+        "server": server,
     }
 
 

@@ -48,7 +48,11 @@ class Report:
 
 def goals(data: dict[str, Any], simulate: bool) -> dict[str, Any]:
     """Issue 37's goals against what was measured; on a CPU (simulate) none is judged."""
-    served = [s for s in data.get("served", []) if s["instances"] == data.get("instance_count")]
+    served = [
+        s
+        for s in data.get("served", [])
+        if s["instances"] == data.get("instance_count") and not s.get("variant")
+    ]
     top = max(served, key=lambda s: s["clients"], default=None)
     graphs = (data.get("ort") or {}).get("graphs", {})
     shipped, plain = graphs.get("shipped"), graphs.get("plain_fp32")
@@ -90,7 +94,7 @@ def instance_sweep(data: dict[str, Any], simulate: bool) -> dict[str, Any]:
     rates = {
         s["instances"]: s["texts_per_s"]
         for s in data.get("served", [])
-        if s["clients"] == top_clients
+        if s["clients"] == top_clients and not s.get("variant")
     }
     rendered = data.get("instance_count")
     if not rates or rendered not in rates:

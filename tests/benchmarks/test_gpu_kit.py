@@ -129,6 +129,8 @@ def test_the_check_serves_the_pack_on_a_cpu_as_it_would_on_the_gpu(
     assert set(served) == {(1, 4), (1, 8), (4, 4), (4, 8)}
     assert all(s["texts_per_s"] > 0 and s["errors"] == 0 for s in served.values())
     assert all(0 < s["host_cpu_busy"] <= 1 for s in served.values())
+    # The server side of each point: every Python-backend stub's CPU, one per instance.
+    assert all(len(s["server"]["stub_cores"]) == n for (n, _), s in served.items())
     # The instance sweep names the count that served most at the most clients, and the rendered.
     sweep = result["goals"]["instance_count"]
     assert sweep["value"] == 4 and sweep["best"] in (1, 4) and sweep["at_clients"] == 8
