@@ -119,6 +119,7 @@ def ort_rates(args: argparse.Namespace, u: Unpacked, data: dict[str, Any]) -> No
         f"--tokenizer={u.model_dir / '1' / u.settings['tokenizer']}",
         f"--max-length={u.settings['max_length']}",
         "--batch=64",
+        f"--max-batch-tokens={u.settings.get('max_batch_tokens') or 0}",
         f"--seconds={args.ort_seconds}",
         f"--provider={'cpu' if simulate else 'cuda'}",
         *[f"--graph={g}" for g in graphs],
@@ -162,7 +163,7 @@ def served_at(
                 bool(args.py_spy)
                 and not variant
                 and count == u.instance_count
-                and clients == max(args.clients)
+                and clients == min(args.clients)  # a native profile slows the point it samples
             )
             probe = Probed(server.proc.pid, args, u.work / f"profile-{count}.txt", profiled)
             point = closed_loop(
@@ -257,7 +258,9 @@ def parser() -> argparse.ArgumentParser:
         action="append",
         help="NAME=VALUE: the rendered count served once more with it in tritonserver's env",
     )
-    c.add_argument("--py-spy", help="py-spy's binary: profile a stub at the rendered count")
+    c.add_argument(
+        "--py-spy", help="py-spy's binary: profile a stub at the rendered count, fewest clients"
+    )
     c.add_argument("--ready-timeout", type=float, default=120, help="a server's load, seconds")
     w = sub.add_parser("_clients")  # one process of closed_loop's clients
     for flag in ("--port", "--threads"):
@@ -272,6 +275,7 @@ def parser() -> argparse.ArgumentParser:
         o.add_argument(flag, required=True)
     for flag in ("--max-length", "--batch"):
         o.add_argument(flag, type=int, required=True)
+    o.add_argument("--max-batch-tokens", type=int, default=0)
     o.add_argument("--seconds", type=float, required=True)
     return p
 

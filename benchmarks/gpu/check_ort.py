@@ -56,8 +56,74 @@ def tokenized_batches(
     return enc, batches
 
 
+def served_like(enc: list[Any], batch: int, budget: int, n: int = 400) -> list[dict[str, Any]]:
+    """Batches as the serving core runs them: `n` dynamic batches of 1 to `batch` texts drawn at
+    random (seeded), each sorted by length and cut into sub-batches of at most `budget` padded
+    tokens (hf2triton.serving.text.plan_sub_batches), each padded to its longest: every shape
+    the served path meets, most of them once."""
+    import random
+
+    import numpy as np
+
+    rng = random.Random(0)
+    out = []
+    for _ in range(n):
+        rows = sorted(
+            rng.sample(enc, min(len(enc), rng.randint(1, batch))), key=lambda e: len(e.ids)
+        )
+        groups: list[list[Any]] = [[]]
+        for e in rows:
+            if groups[-1] and (len(groups[-1]) + 1) * len(e.ids) > budget:
+                groups.append([])
+            groups[-1].append(e)
+        for g in groups:
+            width = max(len(e.ids) for e in g)
+
+            def pad(rows: list[list[int]], width: int = width) -> Any:
+                return np.array([r + [0] * (width - len(r)) for r in rows], dtype=np.int64)
+
+            out.append(
+                {
+                    "input_ids": pad([e.ids for e in g]),
+                    "attention_mask": pad([e.attention_mask for e in g]),
+                    "token_type_ids": pad([e.type_ids for e in g]),
+                }
+            )
+    return out
+
+
+def bucketed(feed: dict[str, Any], multiple: int = 32) -> dict[str, Any]:
+    """One sub-batch padded to a bucket: its width up to a multiple of `multiple` tokens, its
+    rows up to a power of two (the extra rows one unmasked token each): far fewer shapes."""
+    import numpy as np
+
+    rows, width = feed["input_ids"].shape
+    new_rows, new_width = 1 << (rows - 1).bit_length(), -(-width // multiple) * multiple
+    out = {}
+    for k, v in feed.items():
+        grown = np.zeros((new_rows, new_width), dtype=v.dtype)
+        grown[:rows, :width] = v
+        if k == "attention_mask":
+            grown[rows:, 0] = 1  # a fully masked row can turn fp16 attention into NaN
+        out[k] = grown
+    return out
+
+
+def one_pass(session: Any, feeds: list[dict[str, Any]]) -> float:
+    """Texts/s of running each feed once (no warm-up: the shapes as they come)."""
+    started = time.perf_counter()
+    for f in feeds:
+        session.run(None, f)
+    return round(sum(len(f["input_ids"]) for f in feeds) / (time.perf_counter() - started), 1)
+
+
 def graph_rates(
-    graph: str, providers: list[Any], device: str, batches: list[dict[str, Any]], seconds: float
+    graph: str,
+    providers: list[Any],
+    device: str,
+    batches: list[dict[str, Any]],
+    seconds: float,
+    varied: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """One graph's session: the provider it runs on, how long it took to open, and its texts/s
     with session.run and with IO binding."""
@@ -86,6 +152,21 @@ def graph_rates(
             binding.bind_output(o.name, device)
         bound.append(partial(session.run_with_iobinding, binding))
     row["io_binding_texts_per_s"] = rate(bound, sizes, seconds)
+    if varied:  # the served path's shapes: first seen (cold), then seen again (warm)
+        mixed = [{k: b[k] for k in names} for b in varied]
+        row["served_like_cold_texts_per_s"] = one_pass(session, mixed)
+        row["served_like_warm_texts_per_s"] = one_pass(session, mixed)
+        row["served_like_shapes"] = len({b["input_ids"].shape for b in mixed})
+        row["served_like_runs"] = len(mixed)
+        buckets = [bucketed(f) for f in mixed]
+        texts = sum(len(f["input_ids"]) for f in mixed)
+        started = time.perf_counter()
+        for f in buckets:
+            session.run(None, f)
+        row["served_like_bucketed_cold_texts_per_s"] = round(
+            texts / (time.perf_counter() - started), 1
+        )
+        row["served_like_bucketed_shapes"] = len({b["input_ids"].shape for b in buckets})
     return row
 
 
@@ -116,7 +197,10 @@ def ort_main(args: argparse.Namespace) -> int:
         },
         "graphs": {},
     }
+    varied = served_like(enc, args.batch, args.max_batch_tokens) if args.max_batch_tokens else None
     for label, graph in (g.split("=", 1) for g in args.graph):
-        result["graphs"][label] = graph_rates(graph, providers, device, batches, args.seconds)
+        result["graphs"][label] = graph_rates(
+            graph, providers, device, batches, args.seconds, varied if label == "shipped" else None
+        )
     print(json.dumps(result))
     return 0

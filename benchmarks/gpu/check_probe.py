@@ -76,14 +76,20 @@ def stub_pids(sid: int) -> list[int]:
 
 def profile(py_spy: Path, pid: int, seconds: float, out: Path) -> dict[str, Any]:
     """py-spy's samples of one stub for `seconds` (idle frames kept): the share of samples in
-    each function (anywhere on the stack, and at its top), the 15 largest of each."""
-    cmd = [str(py_spy), "record", "-p", str(pid), "-d", str(max(1, int(seconds)))]
-    cmd += ["--idle", "--nonblocking", "-f", "raw", "-o", str(out), "-r", "200"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60)
+    each function (anywhere on the stack, and at its top), the 25 largest of each."""
+    cmd = [str(py_spy), "record", "-p", str(pid), "-d", str(max(1, int(seconds // 2)))]
+    cmd += ["--idle", "-f", "raw", "-o", str(out)]
+    # With the native frames first (where in ONNX Runtime the time goes; py-spy pauses the
+    # process for each sample then, so the profiled point is the lighter one), else Python's.
+    done = subprocess.run([*cmd, "--native", "-r", "100"], capture_output=True, text=True)
+    native = done.returncode == 0 and out.is_file()
+    if not native:
+        done = subprocess.run([*cmd, "--nonblocking", "-r", "200"], capture_output=True, text=True)
     if done.returncode != 0 or not out.is_file():
         return {"error": (done.stderr or done.stdout)[-800:]}
     anywhere: Counter[str] = Counter()
     top: Counter[str] = Counter()
+    libs: Counter[str] = Counter()  # the top frame's library (native) or file (Python)
     total = 0
     for line in out.read_text(errors="replace").splitlines():
         stack, _, n = line.rpartition(" ")
@@ -92,10 +98,17 @@ def profile(py_spy: Path, pid: int, seconds: float, out: Path) -> dict[str, Any]
         frames = stack.split(";")
         total += int(n)
         top[frames[-1]] += int(n)
+        libs[frames[-1].rpartition("(")[2].rstrip(")").split(":")[0]] += int(n)
         for frame in set(frames):
             anywhere[frame] += int(n)
 
     def shares(c: Counter[str]) -> list[tuple[str, float]]:
-        return [(f[:160], round(n / total, 3)) for f, n in c.most_common(15)]
+        return [(f[:160], round(n / total, 3)) for f, n in c.most_common(25)]
 
-    return {"samples": total, "anywhere": shares(anywhere), "top": shares(top)}
+    return {
+        "samples": total,
+        "native": native,
+        "anywhere": shares(anywhere),
+        "top": shares(top),
+        "top_by_library": shares(libs),
+    }
