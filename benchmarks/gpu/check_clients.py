@@ -122,13 +122,7 @@ def closed_loop(
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True))
     if meter is not None:
         meter.start(start_at, start_at + seconds)
-    time.sleep(max(0.0, start_at - time.time()))
-    cpu_before = cpu_times()
-    if probe is not None:
-        probe.start()
-    time.sleep(max(0.0, start_at + seconds - time.time()))
-    cpu_busy = busy_share(cpu_before, cpu_times())
-    server = probe.stop() if probe is not None else None
+    cpu_busy, server = watched_window(start_at, seconds, probe)
     results = [json.loads(p.communicate(timeout=seconds + warm_s + 120)[0]) for p in procs]
     gpu = meter.stop() if meter is not None else None
     ok = sum(r["ok"] for r in results)
@@ -154,6 +148,17 @@ def closed_loop(
         "host_cpu_busy": cpu_busy,  # all cores, clients and server together
         "server": server,
     }
+
+
+def watched_window(start_at: float, seconds: float, probe: Any) -> tuple[float | None, Any]:
+    """Waits out the measured window: the host's busy share over it, and what `probe` saw."""
+    time.sleep(max(0.0, start_at - time.time()))
+    cpu_before = cpu_times()
+    if probe is not None:
+        probe.start()
+    time.sleep(max(0.0, start_at + seconds - time.time()))
+    cpu_busy = busy_share(cpu_before, cpu_times())
+    return cpu_busy, probe.stop() if probe is not None else None
 
 
 def cpu_times() -> list[int] | None:

@@ -75,12 +75,14 @@ class Cpu:
 class Gpu(Cpu):
     name = "gpu"
     gpus = True
-    # Per GPU. One Python-backend instance tokenizes, pads and waits on the GPU in turn: on an
-    # H100 it kept the card 13-15 % busy (2,062 req/s at 64 HTTP clients, MiniLM fp32), four
-    # made it 67-75 % busy and served 3x (5,959; 7,564 at 128 clients). Each instance is a
-    # process of its own, so their tokenizing runs side by side. Threads 0 on a GPU: the serving
-    # host's cores shared among its instances (hf2triton.serving.share_threads).
-    default_instances = 4
+    # Per GPU. One Python-backend instance tokenizes, pads and waits on the GPU in turn, each a
+    # process of its own, so their CPU work runs side by side. On H200s with 16 cores
+    # (benchmarks/gpu/, 2026-11-27, MiniLM's fused fp16 graph, 128 HTTP clients on the same
+    # host), in two runs: 1, 2, 4, 8 and 16 instances served 917, 2,303, 4,602, 12,130 and 8,733
+    # texts/s, and 4 and 8 served 2,954 and 5,868: eight served most (sixteen left too little
+    # CPU). Threads 0 on a GPU: the serving host's cores shared among its instances
+    # (hf2triton.serving.share_threads).
+    default_instances = 8
     tuning_execution = ((1, 0), (2, 0), (4, 0), (8, 0))
     tuning_clients = (64, 128)  # a GPU needs many requests in flight to fill its batches
     # A dynamic batch of 64 texts up to 128 tokens in one run: each run is a round of kernel

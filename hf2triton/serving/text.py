@@ -23,6 +23,8 @@ INT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 # The most rows a shape-range runtime (TensorRT) is told to expect; it caps this by its own
 # max_rows setting.
 MAX_ROWS = 1 << 16
+# The most rows a bucketing runtime's shapes are warmed for (Triton's max_batch_size on a GPU).
+WARM_ROWS = 64
 
 
 def plan_sub_batches(lengths: Sequence[int], max_batch_tokens: int = 0) -> list[list[int]]:
@@ -98,17 +100,64 @@ class OnnxText:
         if odd:
             raise ValueError(f"{onnx_path} takes inputs {sorted(odd)} besides token ids")
         self.output_meta = self.session.outputs  # name -> Port(name, shape)
+        self.warm_buckets()
 
     def encode(self, rows: Sequence[str] | Sequence[tuple[str, str]]) -> list[Any]:
         """Encodings of texts, or of (text, text) pairs (special tokens as the model wants)."""
         return self.tokenizer.encode_batch(list(rows)) if rows else []
 
+    def bucket(self, rows: int, width: int) -> tuple[int, int]:
+        """The shape a sub-batch of `rows` x `width` tokens runs as: itself, or with a runtime
+        that asks for few shapes (`pad_to`), rows up to a power of two and the width up to a
+        multiple of pad_to (never past max_length, nor below the width itself).
+
+        Example (pad_to 32, max_length 256): 5 rows of 40 tokens run as 8 x 64.
+        """
+        pad_to = self.session.pad_to
+        if not pad_to:
+            return rows, width
+        wide = max(width, min(-(-width // pad_to) * pad_to, self.max_length))
+        return 1 << (rows - 1).bit_length(), wide
+
+    def bucket_shapes(self) -> list[tuple[int, int]]:
+        """Every shape a bucketing runtime meets (up to WARM_ROWS rows, within the token budget
+        where there is one); none for a runtime that does not bucket."""
+        pad_to = self.session.pad_to
+        if not pad_to:
+            return []
+        widths = sorted({self.bucket(1, w)[1] for w in range(1, self.max_length + 1)})
+        shapes = []
+        for width in widths:
+            rows = 1
+            while rows <= WARM_ROWS:
+                if self.max_batch_tokens and rows > 1 and rows * width > 2 * self.max_batch_tokens:
+                    break  # sub-batches stay within the budget before their rows are rounded up
+                shapes.append((rows, width))
+                rows *= 2
+        return shapes
+
+    def warm_buckets(self) -> int:
+        """Run every bucket shape once, so that no served request waits for its kernels to be
+        built; the number of shapes run."""
+        shapes = self.bucket_shapes()
+        names = [n for n in INT_INPUTS if n in self.input_names]
+        for rows, width in shapes:
+            mask = np.zeros((rows, width), dtype=np.int64)
+            mask[:, 0] = 1
+            feed = {"input_ids": np.full((rows, width), self.pad_id, dtype=np.int64)}
+            feed.update(attention_mask=mask, token_type_ids=np.zeros((rows, width), np.int64))
+            self.session.run(None, {n: feed[n] for n in names})
+        return len(shapes)
+
     def padded(self, encodings: list[Any]) -> dict[str, np.ndarray]:
-        """One sub-batch's token ids, attention mask and token types, padded to its longest."""
-        width = max(len(e.ids) for e in encodings)
-        ids = np.full((len(encodings), width), self.pad_id, dtype=np.int64)
-        mask = np.zeros((len(encodings), width), dtype=np.int64)
-        types = np.zeros((len(encodings), width), dtype=np.int64)
+        """One sub-batch's token ids, attention mask and token types, padded to its longest (or
+        to its bucket: the rows added hold one unmasked pad token each, as a fully masked row
+        can turn fp16 attention into NaN; callers read only their own rows)."""
+        rows, width = self.bucket(len(encodings), max(len(e.ids) for e in encodings))
+        ids = np.full((rows, width), self.pad_id, dtype=np.int64)
+        mask = np.zeros((rows, width), dtype=np.int64)
+        mask[len(encodings) :, 0] = 1
+        types = np.zeros((rows, width), dtype=np.int64)
         for row, e in enumerate(encodings):
             ids[row, : len(e.ids)] = e.ids
             mask[row, : len(e.ids)] = 1

@@ -99,7 +99,7 @@ def test_the_pack_is_parts_within_the_limit_that_join_to_the_manifests_bundle(pa
     import hashlib
 
     manifest, out = packed["manifest"], packed["out"]
-    assert manifest["render"]["device"] == "gpu" and manifest["instance_count"] == 4
+    assert manifest["render"]["device"] == "gpu" and manifest["instance_count"] == 8
     assert manifest["render"]["candidate"] == "fp16/fused on onnxruntime-cuda fp16"
     assert len(manifest["parts"]) >= 2 and manifest["join"] == sorted(manifest["join"])
     whole = hashlib.sha256()
@@ -126,15 +126,15 @@ def test_the_check_serves_the_pack_on_a_cpu_as_it_would_on_the_gpu(
     assert result["ok"] and not result["errors"] and result["simulate_cpu"]
     assert result["provider"] == "CPUExecutionProvider" and result["provider_ok"]
     served = {(s["instances"], s["clients"]): s for s in result["served"]}
-    assert set(served) == {(1, 4), (1, 8), (4, 4), (4, 8)}
+    assert set(served) == {(1, 4), (1, 8), (8, 4), (8, 8)}
     assert all(s["texts_per_s"] > 0 and s["errors"] == 0 for s in served.values())
     assert all(0 < s["host_cpu_busy"] <= 1 for s in served.values())
     # The server side of each point: every Python-backend stub's CPU, one per instance.
     assert all(len(s["server"]["stub_cores"]) == n for (n, _), s in served.items())
     # The instance sweep names the count that served most at the most clients, and the rendered.
     sweep = result["goals"]["instance_count"]
-    assert sweep["value"] == 4 and sweep["best"] in (1, 4) and sweep["at_clients"] == 8
-    assert set(sweep["texts_per_s"]) == {"1", "4"} and sweep["met"] is None
+    assert sweep["value"] == 8 and sweep["best"] in (1, 8) and sweep["at_clients"] == 8
+    assert set(sweep["texts_per_s"]) == {"1", "8"} and sweep["met"] is None
     # Served embeddings of every text against PyTorch's, computed where the pack was made.
     assert result["cosine"]["texts"] == 12 and result["cosine"]["min"] > 0.98
     graphs = result["ort"]["graphs"]

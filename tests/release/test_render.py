@@ -62,12 +62,12 @@ def test_a_gpu_spec_renders_its_gpu_repository_on_this_cpu_host(tmp_path, tiny_b
     )
     home, out = tmp_path / "home", tmp_path / "rendered"
     line = _line(_render(spec, out, home))
-    assert line["device"] == "gpu" and line["instance_count"] == 4
+    assert line["device"] == "gpu" and line["instance_count"] == 8
     assert line["candidate"] == "fp16/fused on onnxruntime-cuda fp16"
     assert "mlflow" not in line and "endpoint" not in line
     model = out / "model_repository" / "tiny-gpu"
     config = (model / "config.pbtxt").read_text()
-    assert "count: 4\n    kind: KIND_GPU" in config and "KIND_CPU" not in config
+    assert "count: 8\n    kind: KIND_GPU" in config and "KIND_CPU" not in config
     settings = json.loads((model / "1" / "serving.json").read_text())
     assert settings["runtime"]["name"] == "onnxruntime-cuda"
     assert settings["runtime"]["precision"] == "fp16" and settings["max_batch_tokens"] == 8192

@@ -52,10 +52,10 @@ def test_a_gpu_release_renders_gpu_instances_on_the_gpus_named(tmp_path):
 
 
 def test_a_gpu_release_defaults_to_several_instances_per_gpu(tmp_path):
-    """One Python-backend instance left an H100 13-15 % busy; four served 3x. What the spec
-    gives still rules, and a CPU release keeps one instance."""
+    """On an H200 eight Python-backend instances served most of 1, 2, 4, 8 and 16. What the
+    spec gives still rules, and a CPU release keeps one instance."""
     gpu = _config(tmp_path, device="gpu", instance_count=None)
-    assert "count: 4\n    kind: KIND_GPU" in gpu
+    assert "count: 8\n    kind: KIND_GPU" in gpu
     # Sub-batches of a dynamic batch sized for the GPU: 64 texts of up to 128 tokens in one run.
     assert _spec(tmp_path, device="gpu").deploy.max_batch_tokens == 8192
     assert _spec(tmp_path).deploy.max_batch_tokens == 512
@@ -78,7 +78,7 @@ def test_the_configuration_search_tries_instances_per_gpu_at_gpu_client_counts(t
     assert gpu.deploy.tuning.execution == [(1, 0), (2, 0), (4, 0), (8, 0)]
     assert gpu.deploy.tuning.clients == [64, 128]
     cells = grid(gpu.deploy.tuning, gpu.deploy)
-    assert cells[0]["instance_count"] == 4  # the deploy section's own first
+    assert cells[0]["instance_count"] == 8  # the deploy section's own first
     assert sorted({c["instance_count"] for c in cells}) == [1, 2, 4, 8]
     cpu = _spec(tmp_path, tuning={"search": True})
     assert cpu.deploy.tuning.execution == [(1, 0), (2, 1)] and cpu.deploy.tuning.clients == [16, 64]
@@ -100,7 +100,7 @@ def test_a_configuration_search_on_a_gpu_this_machine_lacks_stops_before_any_wor
     )
     with pytest.raises(EnvironmentSetupError, match="deploy.tuning.search measures") as err:
         check_gate_device(spec.deploy)
-    assert "deploy.tuning.search: false here (then deploy.instance_count, 4, ships)" in str(
+    assert "deploy.tuning.search: false here (then deploy.instance_count, 8, ships)" in str(
         err.value
     )
     check_gate_device(_spec(tmp_path, device="gpu", gpu_gate="cpu-numerics").deploy)  # no search

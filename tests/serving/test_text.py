@@ -80,3 +80,32 @@ def test_a_text_model_opens_its_directorys_files_on_the_runtime_named(files):
 )
 def test_sub_batches_keep_rows_times_longest_within_the_budget(lengths, budget, groups):
     assert plan_sub_batches(lengths, budget) == groups
+
+
+def test_a_runtime_that_compiles_per_shape_gets_few_shapes_warmed_and_the_same_answers(files):
+    """ONNX Runtime's CUDA provider asks for buckets (pad_to); the CPU session here is told the
+    same, and every run it then makes has a bucket's shape, warmed ahead, with unchanged rows."""
+    text = OnnxText(*files, max_length=16, max_batch_tokens=8)
+    text.session.pad_to = 4
+    shapes = text.bucket_shapes()
+    assert shapes[:3] == [(1, 4), (2, 4), (4, 4)] and (1, 16) in shapes
+    assert all(r & (r - 1) == 0 and w % 4 == 0 for r, w in shapes)
+    seen = []
+    run = text.session.run
+    text.session.run = lambda outputs, feeds: (
+        seen.append(feeds["input_ids"].shape) or run(outputs, feeds)
+    )
+    assert text.warm_buckets() == len(shapes) and seen == shapes
+    seen.clear()
+    assert logits(text, TEXTS).tolist() == expected_logits(IDS).tolist()
+    assert seen and set(seen) <= set(shapes)
+    assert text.bucket(5, 7) == (8, 8) and text.bucket(1, 15) == (1, 16)
+    text.session.pad_to = 0  # a runtime that does not bucket: each sub-batch as it is
+    assert text.bucket(5, 7) == (5, 7) and text.bucket_shapes() == []
+
+
+def test_the_cuda_runtime_pads_to_32_unless_told_otherwise():
+    assert RuntimeSettings("onnxruntime-cuda", "cuda", "fp16").options["pad_to"] == 32
+    assert RuntimeSettings("onnxruntime-cuda", "cuda", "fp16", {"pad_to": 0}).options["pad_to"] == 0
+    with pytest.raises(ValueError, match="pad_to must be a whole number >= 0"):
+        RuntimeSettings("onnxruntime-cuda", "cuda", "fp16", {"pad_to": -1})

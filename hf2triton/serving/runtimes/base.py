@@ -128,13 +128,16 @@ def settings_of(serving: Mapping[str, Any]) -> RuntimeSettings:
 class Session:
     """One opened model file. `inputs` and `outputs` are its ports in the file's order, `in_use`
     what actually runs it (checked when it was opened), `settings` what was asked for, and
-    `max_rows` the most rows one run may have (None: any; engines built for a shape range)."""
+    `max_rows` the most rows one run may have (None: any; engines built for a shape range),
+    `pad_to` the token multiple its callers pad each run's width to, rows to a power of two (0:
+    none; a runtime that compiles kernels per input shape asks for few shapes)."""
 
     settings: RuntimeSettings
     inputs: dict[str, Port]
     outputs: dict[str, Port]
     in_use: str
     max_rows: int | None = None
+    pad_to: int = 0
 
     def run(
         self, outputs: Sequence[str] | None, feeds: Mapping[str, np.ndarray]
