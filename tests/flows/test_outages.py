@@ -22,6 +22,8 @@ from tests.flows.test_faults import HF2TRITON, _cli, _error_line, _fresh_env
 
 pytestmark = pytest.mark.e2e  # every test here starts a server or runs a release
 
+# ONNX Runtime's fp32 alone: the outages are what these tests check, not the gate's choice.
+ORT_ONLY = [{"name": "onnxruntime", "precision": "fp32"}]
 RECORD_ARTIFACTS = {"triton_repository", "model", "validation_report.json", "reference.json"}
 
 
@@ -204,7 +206,14 @@ def outage_release(tmp_path_factory, tiny_bert):
         "metrics_port": free_port(),
         "openai": {"port": free_port()},
     }
-    spec = tiny_spec(tmp / "spec.yaml", tiny_bert, ports, name="tiny-outage", watch__enabled=False)
+    spec = tiny_spec(
+        tmp / "spec.yaml",
+        tiny_bert,
+        ports,
+        name="tiny-outage",
+        watch__enabled=False,
+        runtime__candidates=ORT_ONLY,
+    )
     home = tmp / "home"
     try:
         yield {"spec": spec, "home": home, "tmp": tmp}
@@ -363,6 +372,7 @@ def test_worker_killed_mid_release_then_the_rerun_finishes_with_one_version_and_
         name=name,
         registry__model_name=name,
         watch__enabled=False,
+        runtime__candidates=ORT_ONLY,
     )
     (tmp / "prefect.yaml").write_text(render([spec]))
     _run(

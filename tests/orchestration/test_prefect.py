@@ -85,7 +85,13 @@ def deployed_run(prefect_server, tiny_bert):
         "metrics_port": free_port(),
         "openai": {"port": free_port()},
     }
-    spec_path = tiny_spec(tmp / "tiny-embedder.yaml", tiny_bert, ports)
+    # ONNX Runtime's fp32 alone: the deployment run is what this checks, not the gate's choice.
+    spec_path = tiny_spec(
+        tmp / "tiny-embedder.yaml",
+        tiny_bert,
+        ports,
+        runtime__candidates=[{"name": "onnxruntime", "precision": "fp32"}],
+    )
     prefect_file = tmp / "prefect.yaml"
     prefect_file.write_text(render([spec_path]))
     _run(
