@@ -120,6 +120,7 @@ def ort_rates(args: argparse.Namespace, u: Unpacked, data: dict[str, Any]) -> No
         f"--max-length={u.settings['max_length']}",
         "--batch=64",
         f"--max-batch-tokens={u.settings.get('max_batch_tokens') or 0}",
+        f"--serving-core={u.model_dir / '1'}",
         f"--seconds={args.ort_seconds}",
         f"--provider={'cpu' if simulate else 'cuda'}",
         *[f"--graph={g}" for g in graphs],
@@ -276,6 +277,7 @@ def parser() -> argparse.ArgumentParser:
     for flag in ("--max-length", "--batch"):
         o.add_argument(flag, type=int, required=True)
     o.add_argument("--max-batch-tokens", type=int, default=0)
+    o.add_argument("--serving-core", required=True, help="the version folder: hf2triton_serving")
     o.add_argument("--seconds", type=float, required=True)
     return p
 

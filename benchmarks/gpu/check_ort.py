@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
+
+INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 def rate(calls: Sequence[Callable[[], Any]], sizes: list[int], seconds: float) -> float:
@@ -26,95 +29,67 @@ def rate(calls: Sequence[Callable[[], Any]], sizes: list[int], seconds: float) -
     return round(n / (time.perf_counter() - started), 1)
 
 
+def padded(encodings: list[Any], shape: tuple[int, int] | None = None) -> dict[str, Any]:
+    """A sub-batch's token ids, mask and types padded to `shape` (rows, width; default its own
+    rows and longest); the rows beyond its own hold one unmasked token, as the serving core's."""
+    import numpy as np
+
+    rows, width = shape or (len(encodings), max(len(e.ids) for e in encodings))
+    out = {k: np.zeros((rows, width), dtype=np.int64) for k in INPUTS}
+    out["attention_mask"][len(encodings) :, 0] = 1
+    for row, e in enumerate(encodings):
+        for name, values in zip(INPUTS, (e.ids, e.attention_mask, e.type_ids)):
+            out[name][row, : len(values)] = values
+    return out
+
+
 def tokenized_batches(
     texts: list[str], tokenizer: str, max_length: int, batch: int
 ) -> tuple[list[Any], list[dict[str, Any]]]:
     """The texts tokenized ahead (their encodings, shortest first) and sorted by length into
     batches of `batch`, each padded to its longest."""
-    import numpy as np
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(tokenizer)
     tok.no_padding()
     tok.enable_truncation(max_length)
     enc = sorted(tok.encode_batch(texts), key=lambda e: len(e.ids))
-    batches = []
-    for s in range(0, len(enc), batch):
-        chunk = enc[s : s + batch]
-        width = max(len(e.ids) for e in chunk)
-
-        def pad(rows: list[list[int]], width: int = width) -> Any:
-            return np.array([r + [0] * (width - len(r)) for r in rows], dtype=np.int64)
-
-        batches.append(
-            {
-                "input_ids": pad([e.ids for e in chunk]),
-                "attention_mask": pad([e.attention_mask for e in chunk]),
-                "token_type_ids": pad([e.type_ids for e in chunk]),
-            }
-        )
+    batches = [padded(enc[s : s + batch]) for s in range(0, len(enc), batch)]
     return enc, batches
 
 
-def served_like(enc: list[Any], batch: int, budget: int, n: int = 400) -> list[dict[str, Any]]:
+def served_like(
+    enc: list[Any], batch: int, budget: int, max_length: int, n: int = 400
+) -> dict[str, list[dict[str, Any]]]:
     """Batches as the serving core runs them: `n` dynamic batches of 1 to `batch` texts drawn at
-    random (seeded), each sorted by length and cut into sub-batches of at most `budget` padded
-    tokens (hf2triton.serving.text.plan_sub_batches), each padded to its longest: every shape
-    the served path meets, most of them once."""
+    random (seeded), cut into sub-batches by the served code's own plan (its token budget), each
+    padded to its longest ("plain": every shape the served path meets, most of them once) and to
+    the CUDA runtime's buckets ("bucketed", its default pad_to)."""
     import random
 
-    import numpy as np
+    from hf2triton_serving.runtimes.onnxruntime_cuda import OnnxRuntimeCuda  # type: ignore[import-not-found]
+    from hf2triton_serving.text import bucket_shape, plan_sub_batches  # type: ignore[import-not-found]
+
+    pad_to = OnnxRuntimeCuda.options["pad_to"]
 
     rng = random.Random(0)
-    out = []
+    out: dict[str, list[dict[str, Any]]] = {"plain": [], "bucketed": []}
     for _ in range(n):
-        rows = sorted(
-            rng.sample(enc, min(len(enc), rng.randint(1, batch))), key=lambda e: len(e.ids)
-        )
-        groups: list[list[Any]] = [[]]
-        for e in rows:
-            if groups[-1] and (len(groups[-1]) + 1) * len(e.ids) > budget:
-                groups.append([])
-            groups[-1].append(e)
-        for g in groups:
-            width = max(len(e.ids) for e in g)
-
-            def pad(rows: list[list[int]], width: int = width) -> Any:
-                return np.array([r + [0] * (width - len(r)) for r in rows], dtype=np.int64)
-
-            out.append(
-                {
-                    "input_ids": pad([e.ids for e in g]),
-                    "attention_mask": pad([e.attention_mask for e in g]),
-                    "token_type_ids": pad([e.type_ids for e in g]),
-                }
-            )
+        rows = rng.sample(enc, min(len(enc), rng.randint(1, batch)))
+        for group in plan_sub_batches([len(e.ids) for e in rows], budget):
+            sub = [rows[i] for i in group]
+            longest = max(len(e.ids) for e in sub)
+            out["plain"].append(padded(sub))
+            out["bucketed"].append(padded(sub, bucket_shape(len(sub), longest, pad_to, max_length)))
     return out
 
 
-def bucketed(feed: dict[str, Any], multiple: int = 32) -> dict[str, Any]:
-    """One sub-batch padded to a bucket: its width up to a multiple of `multiple` tokens, its
-    rows up to a power of two (the extra rows one unmasked token each): far fewer shapes."""
-    import numpy as np
-
-    rows, width = feed["input_ids"].shape
-    new_rows, new_width = 1 << (rows - 1).bit_length(), -(-width // multiple) * multiple
-    out = {}
-    for k, v in feed.items():
-        grown = np.zeros((new_rows, new_width), dtype=v.dtype)
-        grown[:rows, :width] = v
-        if k == "attention_mask":
-            grown[rows:, 0] = 1  # a fully masked row can turn fp16 attention into NaN
-        out[k] = grown
-    return out
-
-
-def one_pass(session: Any, feeds: list[dict[str, Any]]) -> float:
+def one_pass(session: Any, feeds: list[dict[str, Any]], texts: int) -> float:
     """Texts/s of running each feed once (no warm-up: the shapes as they come)."""
     started = time.perf_counter()
     for f in feeds:
         session.run(None, f)
-    return round(sum(len(f["input_ids"]) for f in feeds) / (time.perf_counter() - started), 1)
+    return round(texts / (time.perf_counter() - started), 1)
 
 
 def graph_rates(
@@ -123,7 +98,7 @@ def graph_rates(
     device: str,
     batches: list[dict[str, Any]],
     seconds: float,
-    varied: list[dict[str, Any]] | None = None,
+    varied: dict[str, list[dict[str, Any]]] | None = None,
 ) -> dict[str, Any]:
     """One graph's session: the provider it runs on, how long it took to open, and its texts/s
     with session.run and with IO binding."""
@@ -153,19 +128,13 @@ def graph_rates(
         bound.append(partial(session.run_with_iobinding, binding))
     row["io_binding_texts_per_s"] = rate(bound, sizes, seconds)
     if varied:  # the served path's shapes: first seen (cold), then seen again (warm)
-        mixed = [{k: b[k] for k in names} for b in varied]
-        row["served_like_cold_texts_per_s"] = one_pass(session, mixed)
-        row["served_like_warm_texts_per_s"] = one_pass(session, mixed)
-        row["served_like_shapes"] = len({b["input_ids"].shape for b in mixed})
-        row["served_like_runs"] = len(mixed)
-        buckets = [bucketed(f) for f in mixed]
-        texts = sum(len(f["input_ids"]) for f in mixed)
-        started = time.perf_counter()
-        for f in buckets:
-            session.run(None, f)
-        row["served_like_bucketed_cold_texts_per_s"] = round(
-            texts / (time.perf_counter() - started), 1
-        )
+        plain, buckets = ([{k: b[k] for k in names} for b in varied[key]] for key in varied)
+        texts = sum(len(b["input_ids"]) for b in plain)
+        row["served_like_cold_texts_per_s"] = one_pass(session, plain, texts)
+        row["served_like_warm_texts_per_s"] = one_pass(session, plain, texts)
+        row["served_like_shapes"] = len({b["input_ids"].shape for b in plain})
+        row["served_like_runs"] = len(plain)
+        row["served_like_bucketed_cold_texts_per_s"] = one_pass(session, buckets, texts)
         row["served_like_bucketed_shapes"] = len({b["input_ids"].shape for b in buckets})
     return row
 
@@ -197,7 +166,8 @@ def ort_main(args: argparse.Namespace) -> int:
         },
         "graphs": {},
     }
-    varied = served_like(enc, args.batch, args.max_batch_tokens) if args.max_batch_tokens else None
+    sys.path.insert(0, args.serving_core)  # the rendered version's own serving code
+    varied = served_like(enc, args.batch, args.max_batch_tokens, args.max_length)
     for label, graph in (g.split("=", 1) for g in args.graph):
         result["graphs"][label] = graph_rates(
             graph, providers, device, batches, args.seconds, varied if label == "shipped" else None

@@ -54,6 +54,21 @@ def plan_sub_batches(lengths: Sequence[int], max_batch_tokens: int = 0) -> list[
     return groups
 
 
+def bucket_shape(rows: int, width: int, pad_to: int, max_length: int) -> tuple[int, int]:
+    """The shape a sub-batch of `rows` x `width` tokens runs as: itself, or for a runtime that
+    asks for few shapes (`pad_to` > 0), rows up to a power of two and the width up to a multiple
+    of pad_to (never past max_length, nor below the width itself).
+
+    Example:
+        >>> bucket_shape(5, 40, pad_to=32, max_length=256), bucket_shape(5, 40, 0, 256)
+        ((8, 64), (5, 40))
+    """
+    if not pad_to:
+        return rows, width
+    wide = max(width, min(-(-width // pad_to) * pad_to, max_length))
+    return 1 << (rows - 1).bit_length(), wide
+
+
 def _pad_id(tokenizer: Any) -> int:
     """Padded positions are masked out of attention and pooling, so any valid id works; the
     tokenizer's own pad token when it names one."""
@@ -107,17 +122,8 @@ class OnnxText:
         return self.tokenizer.encode_batch(list(rows)) if rows else []
 
     def bucket(self, rows: int, width: int) -> tuple[int, int]:
-        """The shape a sub-batch of `rows` x `width` tokens runs as: itself, or with a runtime
-        that asks for few shapes (`pad_to`), rows up to a power of two and the width up to a
-        multiple of pad_to (never past max_length, nor below the width itself).
-
-        Example (pad_to 32, max_length 256): 5 rows of 40 tokens run as 8 x 64.
-        """
-        pad_to = self.session.pad_to
-        if not pad_to:
-            return rows, width
-        wide = max(width, min(-(-width // pad_to) * pad_to, self.max_length))
-        return 1 << (rows - 1).bit_length(), wide
+        """The shape a sub-batch of `rows` x `width` tokens runs as on this runtime."""
+        return bucket_shape(rows, width, self.session.pad_to, self.max_length)
 
     def bucket_shapes(self) -> list[tuple[int, int]]:
         """Every shape a bucketing runtime meets (up to WARM_ROWS rows, within the token budget

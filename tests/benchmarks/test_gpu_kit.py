@@ -140,6 +140,12 @@ def test_the_check_serves_the_pack_on_a_cpu_as_it_would_on_the_gpu(
     graphs = result["ort"]["graphs"]
     assert graphs["shipped"]["texts_per_s"] > 0 and graphs["shipped"]["io_binding_texts_per_s"] > 0
     assert graphs["plain_fp32"]["provider"] == "CPUExecutionProvider"
+    # Batches cut by the served code's own plan: as they come, again, and in the CUDA buckets.
+    shipped = graphs["shipped"]
+    assert shipped["served_like_runs"] >= 400 and shipped["served_like_cold_texts_per_s"] > 0
+    assert shipped["served_like_warm_texts_per_s"] > 0
+    assert shipped["served_like_bucketed_cold_texts_per_s"] > 0
+    assert shipped["served_like_bucketed_shapes"] < shipped["served_like_shapes"]
     # Every goal is measured; none is judged on a CPU.
     assert all(
         g["value"] is not None and g["met"] is None

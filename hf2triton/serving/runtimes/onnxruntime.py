@@ -14,6 +14,7 @@ class OrtSession(Session):
     def __init__(self, session: Any, settings: RuntimeSettings):
         self.session, self.settings = session, settings
         self.in_use = session.get_providers()[0]
+        self.pad_to = int(settings.options.get("pad_to", 0))  # a runtime that buckets shapes
         self.inputs = {i.name: Port(i.name, tuple(i.shape)) for i in session.get_inputs()}
         self.outputs = {o.name: Port(o.name, tuple(o.shape)) for o in session.get_outputs()}
 

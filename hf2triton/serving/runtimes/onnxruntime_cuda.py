@@ -31,9 +31,3 @@ class OnnxRuntimeCuda(OnnxRuntime):
             (cls.provider, {"device_id": settings.options["device_id"]}),
             "CPUExecutionProvider",
         ]
-
-    @classmethod
-    def open(cls, path, settings, shapes=None):
-        session = super().open(path, settings, shapes)
-        session.pad_to = int(settings.options["pad_to"])
-        return session
