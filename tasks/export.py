@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prefect import task
 
-from hf2triton.release.export import export_model
+from hf2triton.release.export import export_model, export_without_graph
 from hf2triton.release.results import Exported, ReleaseContext
 from hf2triton.sources import FetchResult
 from hf2triton.spec import ExportSpec
@@ -17,8 +17,12 @@ __all__ = ["Exported", "export"]
 @task(name="export", task_run_name="export {ctx.kind.name}", **NO_PREFECT_CACHE)
 def export(ctx: ReleaseContext, src: FetchResult, spec: ExportSpec) -> Exported:
     """Export the fetched model for the release's kind; fails when the graph disagrees with
-    PyTorch."""
+    PyTorch. Where no runtime tried reads an ONNX graph, none is exported: the kind's files
+    beside it (its tokenizer) are written and checked."""
     cfg = ctx.kind.resolve(src["model_dir"])
-    result = export_model(ctx.kind, src, spec, cfg, ctx.data, ctx.work)
+    if ctx.runtimes.read_export():
+        result = export_model(ctx.kind, src, spec, cfg, ctx.data, ctx.work)
+    else:
+        result = export_without_graph(ctx.kind, src, cfg, ctx.data, ctx.work)
     note_reuse("export", result)
     return Exported(**result, config=cfg.to_dict())

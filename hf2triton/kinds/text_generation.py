@@ -35,6 +35,7 @@ from hf2triton.serving.causal import (
     MAX_ROWS,
     STEP_TOKENS,
     STREAM_INTERVAL_MS,
+    ChatTokenizer,
     tool_style,
 )
 from hf2triton.serving.decoding import DecodeSettings
@@ -254,6 +255,35 @@ def tokenizer_plan(tok: Any, spec: TextGenerationSpec) -> dict[str, Any]:
     }
 
 
+def check_tokenizer(
+    tok: Any, served: ChatTokenizer, cfg: TextGenerationConfig, prompts: list[str]
+) -> None:
+    """The served tokenizer (`served`) encodes `prompts` as transformers' (`tok`) does and
+    renders a chat as its `apply_chat_template`, and every prompt leaves room in the context
+    for the tokens the gate generates (else UnsupportedModelError or SpecError, saying so)."""
+    for text in prompts:
+        want, got = list(tok(text)["input_ids"]), served.encode(text)
+        if want != got:
+            raise UnsupportedModelError(
+                f"the served tokenizer encodes {text[:40]!r} as {got[:12]}... but "
+                f"transformers as {want[:12]}...; it cannot be served faithfully"
+            )
+        if len(got) + cfg.gate_tokens > cfg.max_context:
+            raise SpecError(
+                f"validation prompt {text[:40]!r} cannot be served: its {len(got)} tokens and "
+                f"the gate's {cfg.gate_tokens} new ones are over text_generation.max_context "
+                f"{cfg.max_context}; every line of validation.sentences must fit"
+            )
+    if cfg.tokenizer["chat_template"]:
+        chat = [{"role": "user", "content": prompts[0]}]
+        want = tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
+        if list(want) != served.encode(served.render(chat), special=False):
+            raise UnsupportedModelError(
+                "the served chat template renders a chat other than transformers' "
+                "apply_chat_template; set text_generation.chat_template: none"
+            )
+
+
 # PyTorch's reference and the scores, in a module of their own.
 __all__ = ["TextGenerationKind", "TorchGenerator", "resolve_text_generation"]
 
@@ -289,30 +319,21 @@ class TextGenerationKind(TextToTextKind[TextGenerationConfig]):
         self, model_dir: str, out: Path, cfg: TextGenerationConfig, inputs: list[str]
     ) -> dict[str, float]:
         """The served tokenizer and chat template must give transformers' ids, and greedy
-        generation through the serving core on the fp32 export PyTorch's tokens exactly."""
+        generation through the serving core on the fp32 export PyTorch's tokens exactly. With
+        no ONNX graph in `out` (no runtime tried reads one) the tokenizer and template are
+        checked alone, and the gate judges each runtime's graph against PyTorch."""
+        if not (out / "model.onnx").is_file():
+            from transformers import AutoTokenizer
+
+            files = ChatTokenizer(str(out / "tokenizer.json"), cfg.tokenizer)
+            check_tokenizer(AutoTokenizer.from_pretrained(model_dir), files, cfg, inputs)
+            return {"max_abs_diff": 0.0}
         reference = TorchGenerator(model_dir, cfg)
         model = self.open_candidate(
             str(out / "model.onnx"), str(out), self.serving_json(cfg, str(out))
         )
         try:
-            tok = reference.tokenizer
-            for text in inputs:
-                want = tok(text)["input_ids"]
-                got = model.tokenizer.encode(text)
-                if list(want) != got:
-                    raise UnsupportedModelError(
-                        f"the served tokenizer encodes {text[:40]!r} as {got[:12]}... but "
-                        f"transformers as {list(want)[:12]}...; it cannot be served faithfully"
-                    )
-            if cfg.tokenizer["chat_template"]:
-                chat = [{"role": "user", "content": inputs[0]}]
-                want = tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
-                got = model.tokenizer.encode(model.tokenizer.render(chat), special=False)
-                if list(want) != got:
-                    raise UnsupportedModelError(
-                        "the served chat template renders a chat other than transformers' "
-                        "apply_chat_template; set text_generation.chat_template: none"
-                    )
+            check_tokenizer(reference.tokenizer, model.tokenizer, cfg, inputs)
             answers = model.answer(self.requests(inputs))
             refused = [(t, a) for t, a in zip(inputs, answers) if isinstance(a, str)]
             if refused:

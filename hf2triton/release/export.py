@@ -173,3 +173,39 @@ def export_model(
         seconds=round(time.perf_counter() - started, 3),
         reused=done.reused,
     )
+
+
+def export_without_graph(
+    kind: ModelKind[KindConfig], src: FetchResult, cfg: KindConfig, data: Data, work_root: str
+) -> ExportResult:
+    """The export step where no runtime tried reads an ONNX graph (each makes its own from the
+    source model, hf2triton.runtimes.base.FROM_SOURCE): the files the kind serves beside a graph
+    (its tokenizer) and the kind's checks of them on `data`'s export inputs; `onnx_path` is
+    empty and `opset` 0."""
+    model_dir, inputs = src["model_dir"], kind.export_inputs(data)
+    key = digest(
+        [
+            src["content_hash"],
+            kind.name,
+            "no graph",
+            to_json(cfg.to_dict()),
+            to_json(inputs),
+            [sha256_module(m) for m in (sys.modules[__name__], sys.modules[type(kind).__module__])],
+        ]
+    )
+    started = time.perf_counter()
+
+    def build(out: Path) -> dict[str, Any]:
+        kind.prepare_export(model_dir, out, cfg)
+        return {"checked": len(inputs), **kind.check_export(model_dir, out, cfg, inputs)}
+
+    done = cached_step(work_root, "export", key, build)
+    return ExportResult(
+        onnx_path="",
+        export_dir=str(done.path),
+        opset=0,
+        max_abs_diff=done.result["max_abs_diff"],
+        checked=done.result["checked"],
+        seconds=round(time.perf_counter() - started, 3),
+        reused=done.reused,
+    )

@@ -209,7 +209,7 @@ def decide(
     report = new_report(gate)
     report["not_offered"] = dict(gate.not_offered)
     for what, why in report["not_offered"].items():
-        log.info("validate: %s is not offered on this machine (%s): not tried", what, why)
+        log.info("validate: %s not tried: %s", what, why)
     floor = face_champion(gate, champion, same, len(candidates), ref, report)
     facing = Facing(report.get("champion", {}), floor, frozenset(same))
     chosen = judge_candidates(gate, candidates, ref, report, facing)

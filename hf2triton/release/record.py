@@ -140,16 +140,18 @@ def record_metrics(built: Built) -> dict[str, float]:
     """The run's metrics: the gate's figures for every candidate, sizes and step times, and
     the configuration search's figures of what ships."""
     exp, variants, val, tuned = built.exp, built.variants, built.val, built.tuned
-    # The export is the last variant; the first is the spec's own (when it is not the export).
-    export, first = variants[-1], variants[0]
+    # The export is the last variant, where there is an ONNX graph (hf2triton.release.export);
+    # the first is the spec's own (when it is not the export).
+    export = variants[-1] if exp["onnx_path"] else None
+    first = variants[0]
     metrics = {
         **val["metrics"],
         **{f"{n}.{k}": v for n, m in val["candidates"].items() for k, v in m.items()},
-        "export_max_abs_diff": exp["max_abs_diff"],
-        "onnx_fp32_bytes": export["size_bytes"],
+        **({"export_max_abs_diff": exp["max_abs_diff"]} if export else {}),
+        **({"onnx_fp32_bytes": export["size_bytes"]} if export else {}),
         **(
             {"onnx_int8_bytes": first["size_bytes"]}
-            if first is not export and first["size_bytes"]
+            if export and first is not export and first["size_bytes"]
             else {}
         ),
         **{f"variant.{v['method']}.bytes": v["size_bytes"] for v in variants if v["size_bytes"]},
@@ -177,7 +179,7 @@ def record_params(spec: ReleaseSpec, built: Built) -> dict[str, Any]:
         **spec.model_dump(mode="json"),
         "versions": library_versions(),
         "cpu": cpu_features(),
-        "opset": exp["opset"],
+        "opset": exp["opset"] or "no ONNX graph",
         "resolved": to_json(exp["config"]),
     }
     if tuned is not None:

@@ -128,7 +128,7 @@ def variants_table(report: dict[str, Any]) -> str:
         )
 
     not_offered = "".join(
-        f"\n- not offered here: {what} ({why})"
+        f"\n- not tried here: {what} ({why})"
         for what, why in (report.get("not_offered") or {}).items()
     )
     return "\n".join(row(c) for c in report["candidates"]) + "\n" + not_offered

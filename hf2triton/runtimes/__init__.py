@@ -32,6 +32,7 @@ from hf2triton.runtimes import (  # noqa: F401
     openvino_genai,
 )
 from hf2triton.runtimes.base import (
+    FROM_SOURCE,
     PLUGINS,
     Recipe,
     RuntimePlugin,
@@ -73,6 +74,13 @@ class RuntimeChoices:
     def plugins(self) -> list[type[RuntimePlugin]]:
         """The plug-ins of the runtimes tried, each once, in order."""
         return list(dict.fromkeys(plugin(r) for r in self.served))
+
+    def read_export(self) -> bool:
+        """Whether a runtime tried reads a graph made from the ONNX export (else the release
+        exports none: each graph is made from the source model by its runtime's recipe)."""
+        return any(
+            plugin(r).reads.get(r["precision"], frozenset()) - FROM_SOURCE for r in self.served
+        )
 
     def gated(self, served: dict[str, Any]) -> dict[str, Any]:
         """The runtime the gate runs for a served one (the same, but for a CPU numerics check
@@ -137,6 +145,8 @@ def runtime_choices(
             not_offered[runtime.label(served_runtime)] = offered.get("why") or "not available here"
             continue
         served.append(served_runtime)
+    if runtime_spec.candidates == "auto" and kind is not None:
+        served = _without_yielded(served, kind, not_offered)
     if not served:
         raise EnvironmentSetupError(
             f"none of the runtimes asked for can run here: "
@@ -144,6 +154,22 @@ def runtime_choices(
             "or list others in runtime.candidates"
         )
     return RuntimeChoices(served, not_offered, cpu_numerics, device.name)
+
+
+def _without_yielded(
+    served: list[dict[str, Any]], kind: ModelKind, not_offered: dict[str, str]
+) -> list[dict[str, Any]]:
+    """`served` less the runtimes that leave `kind` to another one offered among them (a
+    plug-in's `yields_to`), each reported with why."""
+    names = {r["name"] for r in served}
+    kept = []
+    for r in served:
+        other, why = plugin(r).yields_to.get(kind.name, ("", ""))
+        if other in names:
+            not_offered[label(r)] = why
+        else:
+            kept.append(r)
+    return kept
 
 
 def recipes(ctx: VariantContext, choices: RuntimeChoices) -> dict[str, Recipe]:
@@ -161,7 +187,8 @@ def build_variants(
     ctx: VariantContext, choices: RuntimeChoices, every: bool = True
 ) -> list[Variant]:
     """The graph variants the chosen runtimes build (each once; one whose build raises is kept
-    with its error, for the gate to refuse), then the export itself (`fp32`). With `every`
+    with its error, for the gate to refuse), then the export itself (`fp32`) where the release
+    exported a graph (RuntimeChoices.read_export). With `every`
     False only each plug-in's first variant is built (what the search times first); the others
     are `planned`, built by the gate when it needs them (hf2triton.release.search)."""
     firsts = {
@@ -170,7 +197,7 @@ def build_variants(
     return [
         r.make() if every or method in firsts else r.planned()
         for method, r in recipes(ctx, choices).items()
-    ] + [export_variant(ctx)]
+    ] + ([export_variant(ctx)] if ctx.onnx_path else [])
 
 
 __all__ = [

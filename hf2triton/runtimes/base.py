@@ -35,6 +35,19 @@ FP16 = "onnx-fp16"  # half-precision ONNX with fp32 inputs and outputs
 FP16_ORT = "onnx-fp16-ort"
 OPENVINO_IR = "openvino-ir"  # OpenVINO IR: model.xml and model.bin
 STATEFUL_IR = "openvino-stateful-ir"  # a decoder's OpenVINO IR with its KV cache as state
+# Why the ONNX-reading CPU runtimes leave generators to OpenVINO GenAI under `auto` (its
+# continuous batching over a paged KV cache; their generation loop is the serving core's own):
+# SmolLM2-135M's shape at 32 streams on a 2-core AVX2 EPYC (docs/data/
+# generation-release-idle-20261127.json), each the first candidate the pruned search timed.
+GENERATORS_TO_GENAI = (
+    "openvino-genai",
+    "OpenVINO GenAI serves generators here (SmolLM2-135M's shape at 32 streams: 145.7 "
+    "tokens/s at fp32 against ONNX Runtime's int8 86.2 and OpenVINO's fp32 59.9 on the ONNX "
+    "export); list it in runtime.candidates to try it",
+)
+# Formats a runtime's recipe makes from the source model itself, not from the ONNX export: a
+# release whose runtimes read only these exports no ONNX graph.
+FROM_SOURCE = frozenset({STATEFUL_IR})
 
 
 class Variant(TypedDict, total=False):
@@ -206,6 +219,9 @@ class RuntimePlugin:
     reads: ClassVar[dict[str, frozenset[str]]] = {}
     # The model kinds it serves (None: every kind).
     kinds: ClassVar[frozenset[str] | None] = None
+    # Kinds that `auto` leaves to another runtime where that one is offered here: kind name ->
+    # (the other runtime's name, why), the why measured.
+    yields_to: ClassVar[dict[str, tuple[str, str]]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

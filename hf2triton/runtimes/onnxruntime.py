@@ -10,6 +10,7 @@ from functools import partial
 from hf2triton.runtimes.base import (
     FP16,
     FP16_ORT,
+    GENERATORS_TO_GENAI,
     ORT_ONLY,
     PLAIN,
     PLUGINS,
@@ -35,6 +36,7 @@ class OnnxRuntimeCpu(RuntimePlugin):
     # fp16: the GPU graphs' numerics checked on the CPU (deploy.gpu_gate: cpu-numerics); its
     # fused operators run there too, through casts where a kernel has no fp16 version.
     reads = {"fp32": frozenset({PLAIN, ORT_ONLY}), "fp16": frozenset({FP16, FP16_ORT})}
+    yields_to = {"text_generation": GENERATORS_TO_GENAI}
 
     @classmethod
     def recipes(cls, ctx: VariantContext) -> list[Recipe]:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from hf2triton.runtimes.base import (
+    GENERATORS_TO_GENAI,
     OPENVINO_IR,
     PLAIN,
     PLUGINS,
@@ -32,6 +33,7 @@ class OpenVinoCpu(RuntimePlugin):
     device = "cpu"
     auto = ("fp32", "bf16")
     reads = {p: frozenset({PLAIN, OPENVINO_IR}) for p in ("fp32", "bf16", "fp16")}
+    yields_to = {"text_generation": GENERATORS_TO_GENAI}
 
     @classmethod
     def recipes(cls, ctx: VariantContext) -> list[Recipe]:

@@ -24,6 +24,7 @@ from hf2triton.runtimes.base import (
 )
 from hf2triton.serving import runtimes as serving_runtimes
 from hf2triton.serving.genai import TOKENIZER_IRS
+from hf2triton.util.isolated import run_isolated
 from hf2triton.util.workspace import hash_files, sha256_file
 
 IR = "openvino_model.xml"
@@ -69,20 +70,12 @@ def stateful_ir(ctx: VariantContext) -> Variant:
     src = Path(ctx.model_dir)
 
     def build(out: Path) -> dict:
-        from optimum.exporters.openvino import main_export
-        from optimum.intel import OVConfig
+        from hf2triton.release.export import export_space  # the weights as fp32
 
-        with contextlib.redirect_stdout(io.StringIO()):  # stdout carries the release's line
-            main_export(
-                str(src),
-                out,
-                task="text-generation-with-past",
-                stateful=True,
-                ov_config=OVConfig(dtype="fp32"),
-                convert_tokenizer=False,
-                local_files_only=True,
-                library_name="transformers",
-            )
+        # In a process of its own for a large model (hf2triton.util.isolated): the conversion
+        # holds about 1.6x the fp32 weights, returned to the system when it ends.
+        size = export_space(ctx.kind, str(src)).size
+        run_isolated("OpenVINO conversion", size, convert_stateful, str(src), out)
         return {"tokenizer_ir": tokenizer_ir(src, out)}
 
     return build_variant(
@@ -92,6 +85,46 @@ def stateful_ir(ctx: VariantContext) -> Variant:
         build,
         VariantId("openvino-ir", STATEFUL_IR, src / "config.json", IR),
     )
+
+
+def compress(src: Path, out: Path, mode: str, group_size: int) -> None:
+    """NNCF's data-free weight compression of the IR `src` into `out` (see `compressed`)."""
+    import nncf
+    import openvino as ov
+
+    nncf.set_log_level(logging.WARNING)
+    options: dict[str, Any] = {"mode": getattr(nncf.CompressWeightsMode, mode)}
+    if group_size:
+        options.update(
+            group_size=group_size,
+            ratio=1.0,
+            advanced_parameters=(
+                nncf.AdvancedCompressionParameters(
+                    group_size_fallback_mode=nncf.GroupSizeFallbackMode.ADJUST
+                )
+            ),
+        )
+    with contextlib.redirect_stdout(io.StringIO()):
+        model = nncf.compress_weights(ov.Core().read_model(str(src)), **options)
+    ov.save_model(model, str(out / IR), compress_to_fp16=False)
+
+
+def convert_stateful(src: str, out: Path) -> None:
+    """optimum-intel's conversion of the model in `src` to a stateful IR in `out`."""
+    from optimum.exporters.openvino import main_export
+    from optimum.intel import OVConfig
+
+    with contextlib.redirect_stdout(io.StringIO()):  # stdout carries the release's line
+        main_export(
+            src,
+            out,
+            task="text-generation-with-past",
+            stateful=True,
+            ov_config=OVConfig(dtype="fp32"),
+            convert_tokenizer=False,
+            local_files_only=True,
+            library_name="transformers",
+        )
 
 
 def tokenizer_ir(src: Path, out: Path) -> str:
@@ -125,24 +158,8 @@ def compressed(ctx: VariantContext, mode: str, group_size: int) -> Variant:
     def build(out: Path) -> dict:
         import shutil
 
-        import nncf
-        import openvino as ov
-
-        nncf.set_log_level(logging.WARNING)
-        options: dict[str, Any] = {"mode": getattr(nncf.CompressWeightsMode, mode)}
-        if group_size:
-            options.update(
-                group_size=group_size,
-                ratio=1.0,
-                advanced_parameters=(
-                    nncf.AdvancedCompressionParameters(
-                        group_size_fallback_mode=nncf.GroupSizeFallbackMode.ADJUST
-                    )
-                ),
-            )
-        with contextlib.redirect_stdout(io.StringIO()):
-            model = nncf.compress_weights(ov.Core().read_model(str(src)), **options)
-        ov.save_model(model, str(out / IR), compress_to_fp16=False)
+        size = src.with_suffix(".bin").stat().st_size  # the IR's f32 weights
+        run_isolated("weight compression", size, compress, src, out, mode, group_size)
         for p in src.parent.iterdir():  # the configs and tokenizer files beside it
             if p.is_file() and not p.name.startswith("openvino_model."):
                 shutil.copyfile(p, out / p.name)

@@ -339,6 +339,11 @@ def test_the_llama_is_served_by_openvino_genai(released):
     assert served["runtime"]["name"] == "openvino-genai"
     assert served["onnx"] == "openvino_model.xml"
     assert served["runtime"]["precision"] == "fp32"  # pinned, with the KV cache's
+    # No runtime tried reads an ONNX graph: none was exported (the IR is converted from the
+    # source model), the export folder holds the checked tokenizer alone.
+    exports = list((Path(rel["home"]) / "work" / rel["name"] / "export").glob("*/"))
+    assert exports and all(not list(d.glob("*.onnx")) for d in exports)
+    assert all((d / "tokenizer.json").is_file() for d in exports)
 
 
 def test_a_client_that_leaves_mid_stream_frees_its_place(released):

@@ -201,3 +201,44 @@ def test_a_listed_runtime_is_the_only_one_tried():
     assert [c.name for c in found] == ["fp32 on openvino fp32"]
     assert found[0].runtime["streams"] == 2 and found[0].runtime["hint"] == "THROUGHPUT"
     assert selection(spec.quantization, runtimes) == "first"
+
+
+def test_auto_leaves_a_generator_to_openvino_genai_and_exports_no_onnx_graph(monkeypatch):
+    """Under `auto` a generator's candidates are OpenVINO GenAI's alone where it is offered
+    (ONNX Runtime and plain OpenVINO are said not tried, with why), so the release needs no ONNX
+    export; without GenAI here, or with ONNX Runtime listed, they are tried and it does."""
+    from hf2triton.runtimes import runtime_choices
+    from hf2triton.serving import runtimes as serving_runtimes
+
+    spec = _spec(task="text-generation", embedding=None)
+    runtimes = runtime_choices(spec.deploy, spec.runtime, kind_for(spec))
+    assert {r["name"] for r in runtimes.served} == {"openvino-genai"}
+    assert "OpenVINO GenAI serves generators here" in runtimes.not_offered["onnxruntime fp32"]
+    assert "openvino fp32" in runtimes.not_offered
+    assert not runtimes.read_export()
+
+    listed = _spec(
+        task="text-generation",
+        embedding=None,
+        runtime__candidates=[
+            {"name": "onnxruntime", "precision": "fp32"},
+            {"name": "openvino-genai", "precision": "fp32"},
+        ],
+    )
+    both = runtime_choices(listed.deploy, listed.runtime, kind_for(listed))
+    assert [r["name"] for r in both.served] == ["onnxruntime", "openvino-genai"]
+    assert both.read_export()
+
+    real = serving_runtimes.runtime_info()
+    without = {**real, "openvino-genai": {"cpu": {"precisions": [], "why": "not installed"}}}
+    monkeypatch.setattr(serving_runtimes, "runtime_info", lambda: without)
+    alone = runtime_choices(spec.deploy, spec.runtime, kind_for(spec))
+    assert {r["name"] for r in alone.served} == {"onnxruntime", "openvino"}
+    assert alone.read_export()
+
+
+def test_an_embedder_under_auto_still_exports_its_graph():
+    from hf2triton.runtimes import runtime_choices
+
+    spec = _spec()
+    assert runtime_choices(spec.deploy, spec.runtime, kind_for(spec)).read_export()
