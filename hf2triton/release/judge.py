@@ -123,15 +123,19 @@ class Scored:
 
 
 def score_runs(gate: Gate, model: ServedModel, ref: Reference) -> Scored:
-    """The candidate scored one request at a time and in Triton's dynamic batches."""
+    """The candidate scored in Triton's dynamic batches, then one request at a time (`outputs`
+    in that order); a candidate that misses in batches misses the gate (the worst run counts),
+    so the slower run alone is left out unless the gate judges all."""
     kind, cfg, limits = gate.kind, gate.cfg, gate.limits
     runs, outputs = [], []
-    for size in (1, gate.batch):
+    for size in (gate.batch, 1):
         out = kind.extract(answer_in_batches(model, ref.requests, size))
         metrics_run, details_run = kind.score(ref.outputs, out, gate.gate_data, cfg)
         samples = kind.samples(ref.outputs, out, gate.gate_data, cfg)
         runs.append((metrics_run, details_run, *borderline(metrics_run, samples, limits)))
         outputs.append(out)
+        if misses(metrics_run, limits) and not gate.judge_all:
+            break
     # The details (worst examples) of the batching that did worst.
     details = (
         max(runs, key=lambda r: sum(misses(r[0], limits).values()))[1]
@@ -173,9 +177,12 @@ def judge(
     checks, failed = kind.served_checks(model, gate.gate_data)
     missed.update(failed)
     verdict = facing.judge(gate, cand.name, scored.metrics, missed)
-    # The same candidate alone and batched: 1.0 (or 0) where its answers do not move.
-    first, batched = scored.outputs
-    itself, _ = kind.score(kind.as_reference(first), batched, gate.gate_data, gate.cfg)
+    # The same candidate alone and batched: 1.0 (or 0) where its answers do not move (not
+    # measured where it missed in batches).
+    itself: dict[str, float] = {}
+    if len(scored.outputs) == 2:
+        batched, alone = scored.outputs
+        itself, _ = kind.score(kind.as_reference(alone), batched, gate.gate_data, gate.cfg)
     entry = {
         "name": cand.name,
         "runtime": cand.runtime,
@@ -186,6 +193,7 @@ def judge(
         "misses": missed,
         "served_checks": checks,
         "batch_invariance": {k: itself[k] for k in kind.agreement_limits(0.0) if k in itself},
+        "runs": ["in batches", "one at a time"][: len(scored.outputs)],
         "details": scored.details,
         "worst": scored.details.get("worst", []),
         "champion_verdict": verdict,
