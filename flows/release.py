@@ -6,6 +6,8 @@ docker, kserve) are chosen once from the spec; the steps live in `tasks/`, the w
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from prefect import flow
 from prefect.transactions import transaction
 
@@ -37,6 +39,8 @@ def build_repository(spec: ReleaseSpec, ctx: ReleaseContext) -> Built:
     """fetch, export, quantize, validate (the gate), tune, build-repository: the steps
     `release-model` and `render-release` (hf2triton render) share."""
     src = fetch(spec.source)
+    # A runtime `auto` left to another that cannot serve this model is tried after all.
+    ctx = replace(ctx, runtimes=ctx.runtimes.for_model(ctx.kind, src["model_dir"]))
     exp = export(ctx, src, spec.export)
     variants = quantize(ctx, src, exp, spec.quantization)
     val = validate(ctx, src, exp, variants, spec)

@@ -18,7 +18,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from hf2triton.errors import EnvironmentSetupError
@@ -70,10 +70,33 @@ class RuntimeChoices:
     # with gpu_gate cpu-numerics: the gate runs each on a CPU runtime at the same precision
     cpu_numerics: bool = False
     device: str = "cpu"  # deploy.device
+    # Under auto: each runtime left out because it yields the kind to another (a plug-in's
+    # `yields_to`), by its label: (its settings, the other's name). `for_model` takes them back
+    # where the other cannot serve the model.
+    yielded: dict[str, tuple[dict[str, Any], str]] = field(default_factory=dict)
 
     def plugins(self) -> list[type[RuntimePlugin]]:
         """The plug-ins of the runtimes tried, each once, in order."""
         return list(dict.fromkeys(plugin(r) for r in self.served))
+
+    def for_model(self, kind: ModelKind, model_dir: str) -> RuntimeChoices:
+        """These choices for the model in `model_dir`: a runtime that yielded to one which
+        cannot serve it faithfully (OpenVINO GenAI and a generation config it would not honour)
+        is tried again."""
+        refused = {
+            other: why
+            for other in {o for _, o in self.yielded.values()}
+            if (why := PLUGINS.load(other).refuses(kind, model_dir))
+        }
+        back = {name: r for name, (r, other) in self.yielded.items() if other in refused}
+        if not back:
+            return self
+        return replace(
+            self,
+            served=[*back.values(), *self.served],
+            not_offered={k: v for k, v in self.not_offered.items() if k not in back},
+            yielded={k: v for k, v in self.yielded.items() if k not in back},
+        )
 
     def read_export(self) -> bool:
         """Whether a runtime tried reads a graph made from the ONNX export (else the release
@@ -145,31 +168,33 @@ def runtime_choices(
             not_offered[runtime.label(served_runtime)] = offered.get("why") or "not available here"
             continue
         served.append(served_runtime)
+    yielded: dict[str, tuple[dict[str, Any], str]] = {}
     if runtime_spec.candidates == "auto" and kind is not None:
-        served = _without_yielded(served, kind, not_offered)
+        served, yielded = _without_yielded(served, kind, not_offered)
     if not served:
         raise EnvironmentSetupError(
             f"none of the runtimes asked for can run here: "
             f"{'; '.join(f'{k}: {v}' for k, v in not_offered.items())}. Install what they need, "
             "or list others in runtime.candidates"
         )
-    return RuntimeChoices(served, not_offered, cpu_numerics, device.name)
+    return RuntimeChoices(served, not_offered, cpu_numerics, device.name, yielded)
 
 
 def _without_yielded(
     served: list[dict[str, Any]], kind: ModelKind, not_offered: dict[str, str]
-) -> list[dict[str, Any]]:
+) -> tuple[list[dict[str, Any]], dict[str, tuple[dict[str, Any], str]]]:
     """`served` less the runtimes that leave `kind` to another one offered among them (a
-    plug-in's `yields_to`), each reported with why."""
+    plug-in's `yields_to`), each reported with why; and those left out."""
     names = {r["name"] for r in served}
-    kept = []
+    kept, yielded = [], {}
     for r in served:
         other, why = plugin(r).yields_to.get(kind.name, ("", ""))
         if other in names:
             not_offered[label(r)] = why
+            yielded[label(r)] = (r, other)
         else:
             kept.append(r)
-    return kept
+    return kept, yielded
 
 
 def recipes(ctx: VariantContext, choices: RuntimeChoices) -> dict[str, Recipe]:

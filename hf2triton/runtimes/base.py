@@ -238,6 +238,12 @@ class RuntimePlugin:
         return cls.kinds is None or kind.name in cls.kinds
 
     @classmethod
+    def refuses(cls, kind: ModelKind, model_dir: str) -> str:
+        """Why it cannot serve the model in `model_dir` faithfully ("" when it can): asked of a
+        runtime others yield to, which they then do not."""
+        return ""
+
+    @classmethod
     def runs(cls, variant: Variant, precision: str) -> bool:
         """Whether it runs `variant` at `precision`."""
         return variant["graph"] in cls.reads.get(precision, frozenset())

@@ -10,7 +10,7 @@ import contextlib
 import io
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hf2triton.runtimes.base import (
     PLUGINS,
@@ -23,9 +23,13 @@ from hf2triton.runtimes.base import (
     build_variant,
 )
 from hf2triton.serving import runtimes as serving_runtimes
-from hf2triton.serving.genai import TOKENIZER_IRS
+from hf2triton.serving.decoding import DecodeSettings
+from hf2triton.serving.genai import TOKENIZER_IRS, unfaithful
 from hf2triton.util.isolated import run_isolated
 from hf2triton.util.workspace import hash_files, sha256_file
+
+if TYPE_CHECKING:
+    from hf2triton.kinds.base import ModelKind
 
 IR = "openvino_model.xml"
 
@@ -38,6 +42,11 @@ class OpenVinoGenAI(RuntimePlugin):
     # The KV cache at the inference precision, then quantized to u8 (a quarter of f32's reads).
     auto = ("fp32", "bf16", ("fp32", {"kv_cache": "u8"}), ("bf16", {"kv_cache": "u8"}))
     reads = {"fp32": frozenset({STATEFUL_IR}), "bf16": frozenset({STATEFUL_IR})}
+
+    @classmethod
+    def refuses(cls, kind: ModelKind, model_dir: str) -> str:
+        processors = kind.resolve(model_dir).to_dict()["processors"]
+        return unfaithful(DecodeSettings.from_dict(processors))
 
     @staticmethod
     def label(runtime: dict[str, Any]) -> str:
@@ -73,7 +82,7 @@ def stateful_ir(ctx: VariantContext) -> Variant:
         from hf2triton.release.export import export_space  # the weights as fp32
 
         # In a process of its own for a large model (hf2triton.util.isolated): the conversion
-        # holds about 1.6x the fp32 weights, returned to the system when it ends.
+        # holds 1.7x the fp32 weights (SmolLM2-360M: 2.3 GB), returned to the system when it ends.
         size = export_space(ctx.kind, str(src)).size
         run_isolated("OpenVINO conversion", size, convert_stateful, str(src), out)
         return {"tokenizer_ir": tokenizer_ir(src, out)}

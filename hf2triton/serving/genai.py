@@ -78,13 +78,22 @@ class GenAIModel:
         processors: DecodeSettings,
         batching: Batching,
     ) -> GenAIEngine:
-        if processors.no_repeat_ngram_size or processors.bad_words_ids:
-            raise RuntimeUnavailable(
-                "runtime openvino-genai does not apply the model's no_repeat_ngram_size or "
-                "bad_words_ids outside beam search: it would not generate what the model's "
-                "generation config asks; serve it on onnxruntime or openvino"
-            )
+        why = unfaithful(processors)
+        if why:
+            raise RuntimeUnavailable(why)
         return GenAIEngine(self, tokenizer, eos, processors, batching)
+
+
+def unfaithful(processors: DecodeSettings) -> str:
+    """Why OpenVINO GenAI would not generate what the model's generation config asks ("" when
+    it would)."""
+    if processors.no_repeat_ngram_size or processors.bad_words_ids:
+        return (
+            "runtime openvino-genai does not apply the model's no_repeat_ngram_size or "
+            "bad_words_ids outside beam search: it would not generate what the model's "
+            "generation config asks; serve it on onnxruntime or openvino"
+        )
+    return ""
 
 
 class Running:

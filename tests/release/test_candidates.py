@@ -242,3 +242,26 @@ def test_an_embedder_under_auto_still_exports_its_graph():
 
     spec = _spec()
     assert runtime_choices(spec.deploy, spec.runtime, kind_for(spec)).read_export()
+
+
+def test_a_generator_openvino_genai_would_not_honour_gets_the_others_back(tmp_path):
+    """A generation config with no_repeat_ngram_size (which OpenVINO GenAI ignores outside beam
+    search): the runtimes that yielded to it are tried after all, and the export is made."""
+    import json
+
+    from hf2triton.runtimes import runtime_choices
+    from tests.tiny_models import build_tiny_llama
+
+    model = build_tiny_llama(tmp_path / "llama")
+    spec = _spec(task="text-generation", embedding=None)
+    kind = kind_for(spec)
+    runtimes = runtime_choices(spec.deploy, spec.runtime, kind)
+    assert runtimes.for_model(kind, str(model)) is runtimes  # GenAI serves it faithfully
+
+    gen = json.loads((model / "generation_config.json").read_text())
+    (model / "generation_config.json").write_text(json.dumps({**gen, "no_repeat_ngram_size": 3}))
+    back = runtimes.for_model(kind, str(model))
+    assert [r["name"] for r in back.served][:2] == ["onnxruntime", "openvino"]
+    # OpenVINO GenAI stays: the gate refuses its candidates, saying why.
+    assert "openvino-genai" in {r["name"] for r in back.served}
+    assert "onnxruntime fp32" not in back.not_offered and back.read_export()
