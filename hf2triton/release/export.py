@@ -5,7 +5,6 @@ check compares is the model kind's (token states, logits, encoder states and gre
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -18,7 +17,7 @@ from hf2triton.sources import FetchResult
 from hf2triton.spec import ExportSpec
 from hf2triton.util import quiet
 from hf2triton.util.isolated import run_isolated
-from hf2triton.util.workspace import SpaceEstimate, cached_step, digest, sha256_module
+from hf2triton.util.workspace import SpaceEstimate, cached_step, digest, fp32_weights, sha256_module
 
 
 class ExportResult(TypedDict):
@@ -46,29 +45,18 @@ def candidate_path(kind: ModelKind[KindConfig], directory: str | Path) -> str:
 # How many fp32 copies of the weights an export writes, by optimum task (others: one graph): a
 # seq2seq export with past writes the encoder, the decoder and the decoder with past again.
 WEIGHT_COPIES = {"text2text-generation-with-past": 2.0}
-# The checkpoint dtypes that an fp32 export writes at twice their size.
-HALF_DTYPES = {"float16", "bfloat16"}
 
 
 def export_space(kind: ModelKind[KindConfig], model_dir: str) -> SpaceEstimate:
     """About what an export of `model_dir` writes: its weights as fp32, once per graph."""
-    root = Path(model_dir)
-    weights = [p for p in root.glob("*.safetensors") if p.is_file()] or [
-        p for pattern in ("*.bin", "*.pt", "*.pth") for p in root.glob(pattern) if p.is_file()
-    ]
-    size = float(sum(p.stat().st_size for p in weights))
-    try:
-        config = json.loads((root / "config.json").read_text(encoding="utf-8"))
-        dtype = str(config.get("torch_dtype") or config.get("dtype") or "float32")
-    except (OSError, ValueError, AttributeError):
-        dtype = "float32"
-    basis = "the source model's weights as fp32 ONNX"
-    if dtype in HALF_DTYPES:
-        size, basis = size * 2, f"the source model's {dtype} weights as fp32 ONNX"
+    size, basis = fp32_weights(model_dir)
+    basis = f"{basis} ONNX"
     copies = WEIGHT_COPIES.get(kind.onnx_task, 1.0)
     if copies != 1.0:
-        size, basis = size * copies, f"{basis}, {copies:g} times for its {kind.onnx_task} graphs"
-    return SpaceEstimate(int(size), basis)
+        return SpaceEstimate(
+            int(size * copies), f"{basis}, {copies:g} times for its {kind.onnx_task} graphs"
+        )
+    return SpaceEstimate(size, basis)
 
 
 def optimum_export(model_dir: str, out: Path, onnx_task: str, opset: int, main_file: str) -> None:

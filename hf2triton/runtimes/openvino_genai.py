@@ -26,7 +26,7 @@ from hf2triton.serving import runtimes as serving_runtimes
 from hf2triton.serving.decoding import DecodeSettings
 from hf2triton.serving.genai import TOKENIZER_IRS, unfaithful
 from hf2triton.util.isolated import run_isolated
-from hf2triton.util.workspace import hash_files, sha256_file
+from hf2triton.util.workspace import fp32_weights, hash_files, sha256_file
 
 if TYPE_CHECKING:
     from hf2triton.kinds.base import ModelKind
@@ -79,11 +79,9 @@ def stateful_ir(ctx: VariantContext) -> Variant:
     src = Path(ctx.model_dir)
 
     def build(out: Path) -> dict:
-        from hf2triton.release.export import export_space  # the weights as fp32
-
         # In a process of its own for a large model (hf2triton.util.isolated): the conversion
         # holds 1.7x the fp32 weights (SmolLM2-360M: 2.3 GB), returned to the system when it ends.
-        size = export_space(ctx.kind, str(src)).size
+        size = fp32_weights(src).size
         run_isolated("OpenVINO conversion", size, convert_stateful, str(src), out)
         return {"tokenizer_ir": tokenizer_ir(src, out)}
 

@@ -183,6 +183,28 @@ class SpaceEstimate(NamedTuple):
     basis: str  # "the source model's weights as fp32 ONNX"
 
 
+# The checkpoint dtypes whose weights are twice their size as fp32.
+HALF_DTYPES = {"float16", "bfloat16"}
+
+
+def fp32_weights(model_dir: str | Path) -> SpaceEstimate:
+    """About what the weights of the Hugging Face model in `model_dir` weigh as fp32: its
+    safetensors (else its .bin/.pt files), twice over where config.json says half precision."""
+    root = Path(model_dir)
+    weights = [p for p in root.glob("*.safetensors") if p.is_file()] or [
+        p for pattern in ("*.bin", "*.pt", "*.pth") for p in root.glob(pattern) if p.is_file()
+    ]
+    size = sum(p.stat().st_size for p in weights)
+    try:
+        config = json.loads((root / "config.json").read_text(encoding="utf-8"))
+        dtype = str(config.get("torch_dtype") or config.get("dtype") or "float32")
+    except (OSError, ValueError, AttributeError):
+        dtype = "float32"
+    if dtype in HALF_DTYPES:
+        return SpaceEstimate(size * 2, f"the source model's {dtype} weights as fp32")
+    return SpaceEstimate(size, "the source model's weights as fp32")
+
+
 # A full disk, or a full quota: what no retry fixes until someone frees space.
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
