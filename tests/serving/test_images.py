@@ -16,8 +16,6 @@ import pytest
 from hf2triton.kinds.image_plan import image_plan
 from hf2triton.serving.images import ImageRefused, decode
 
-PIL = pytest.importorskip("PIL")  # the pipeline's environment always has it (transformers[vision])
-
 
 def photo() -> Path:
     import matplotlib
