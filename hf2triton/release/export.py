@@ -17,7 +17,14 @@ from hf2triton.sources import FetchResult
 from hf2triton.spec import ExportSpec
 from hf2triton.util import quiet
 from hf2triton.util.isolated import run_isolated
-from hf2triton.util.workspace import SpaceEstimate, cached_step, digest, fp32_weights, sha256_module
+from hf2triton.util.workspace import (
+    SpaceEstimate,
+    StepOutput,
+    cached_step,
+    digest,
+    fp32_weights,
+    sha256_module,
+)
 
 
 class ExportResult(TypedDict):
@@ -117,6 +124,41 @@ def export_checked(
     return {"max_abs_diff": found["max_abs_diff"], "checked": len(inputs)}
 
 
+def export_key(
+    kind: ModelKind[KindConfig],
+    src: FetchResult,
+    cfg: KindConfig,
+    inputs: list[Any],
+    what: list[str | int | float],
+) -> str:
+    """The export step's cache key: the source, the kind, what is made (task, opset and atol,
+    or no graph), the resolved config, the export inputs and this code."""
+    modules = (sys.modules[__name__], sys.modules[type(kind).__module__])
+    return digest(
+        [
+            src["content_hash"],
+            kind.name,
+            *what,
+            to_json(cfg.to_dict()),
+            to_json(inputs),
+            [sha256_module(m) for m in modules],
+        ]
+    )
+
+
+def step_result(done: StepOutput, onnx_path: str, opset: int, started: float) -> ExportResult:
+    """The export step's result from its cached step's output."""
+    return ExportResult(
+        onnx_path=onnx_path,
+        export_dir=str(done.path),
+        opset=opset,
+        max_abs_diff=done.result["max_abs_diff"],
+        checked=done.result["checked"],
+        seconds=round(time.perf_counter() - started, 3),
+        reused=done.reused,
+    )
+
+
 def export_model(
     kind: ModelKind[KindConfig],
     src: FetchResult,
@@ -129,18 +171,7 @@ def export_model(
     PyTorch within `settings.atol` on `data`'s export inputs."""
     model_dir, opset, atol = src["model_dir"], settings.opset, settings.atol
     inputs = kind.export_inputs(data)
-    key = digest(
-        [
-            src["content_hash"],
-            kind.name,
-            kind.onnx_task,
-            opset,
-            atol,
-            to_json(cfg.to_dict()),
-            to_json(inputs),
-            [sha256_module(m) for m in (sys.modules[__name__], sys.modules[type(kind).__module__])],
-        ]
-    )
+    key = export_key(kind, src, cfg, inputs, [kind.onnx_task, opset, atol])
     started = time.perf_counter()
 
     def build(out: Path) -> dict[str, Any]:
@@ -152,15 +183,7 @@ def export_model(
         )
 
     done = cached_step(work_root, "export", key, build, needs=lambda: export_space(kind, model_dir))
-    return ExportResult(
-        onnx_path=candidate_path(kind, done.path),
-        export_dir=str(done.path),
-        opset=opset,
-        max_abs_diff=done.result["max_abs_diff"],
-        checked=done.result["checked"],
-        seconds=round(time.perf_counter() - started, 3),
-        reused=done.reused,
-    )
+    return step_result(done, candidate_path(kind, done.path), opset, started)
 
 
 def export_without_graph(
@@ -171,16 +194,7 @@ def export_without_graph(
     (its tokenizer) and the kind's checks of them on `data`'s export inputs; `onnx_path` is
     empty and `opset` 0."""
     model_dir, inputs = src["model_dir"], kind.export_inputs(data)
-    key = digest(
-        [
-            src["content_hash"],
-            kind.name,
-            "no graph",
-            to_json(cfg.to_dict()),
-            to_json(inputs),
-            [sha256_module(m) for m in (sys.modules[__name__], sys.modules[type(kind).__module__])],
-        ]
-    )
+    key = export_key(kind, src, cfg, inputs, ["no graph"])
     started = time.perf_counter()
 
     def build(out: Path) -> dict[str, Any]:
@@ -188,12 +202,4 @@ def export_without_graph(
         return {"checked": len(inputs), **kind.check_export(model_dir, out, cfg, inputs)}
 
     done = cached_step(work_root, "export", key, build)
-    return ExportResult(
-        onnx_path="",
-        export_dir=str(done.path),
-        opset=0,
-        max_abs_diff=done.result["max_abs_diff"],
-        checked=done.result["checked"],
-        seconds=round(time.perf_counter() - started, 3),
-        reused=done.reused,
-    )
+    return step_result(done, "", 0, started)

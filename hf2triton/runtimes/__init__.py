@@ -84,9 +84,9 @@ class RuntimeChoices:
         cannot serve it faithfully (OpenVINO GenAI and a generation config it would not honour)
         is tried again."""
         refused = {
-            other: why
+            other
             for other in {o for _, o in self.yielded.values()}
-            if (why := PLUGINS.load(other).refuses(kind, model_dir))
+            if PLUGINS.load(other).refuses(kind, model_dir)
         }
         back = {name: r for name, (r, other) in self.yielded.items() if other in refused}
         if not back:
