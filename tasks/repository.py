@@ -32,7 +32,7 @@ def repository(
         Shipped.judged(ctx.kind, exp, val),
         model_name,
         knobs,
-        warmup_items(ctx.data.items),
+        warmup_items(ctx.data.items, ctx.kind.item_size),
         ctx.work,
     )
     note_reuse("build-repository", built)

@@ -74,6 +74,7 @@ SERVER_FIXTURES = {
     "marian_release",
     "classification_release",
     "reranker",
+    "image_classifier",
     "released",
 }
 

@@ -514,3 +514,52 @@ def build_qwen2(
         initializer_range=0.05,
     )
     return _save_causal(out, Qwen2ForCausalLM(config), tok, max_positions, eos_boost=0.0)
+
+
+# Ten labels, so that top-5 overlap means something; names as ImageNet's read.
+IMAGE_LABELS = {
+    i: name
+    for i, name in enumerate(
+        [
+            "tabby cat",
+            "espresso",
+            "rocket",
+            "astronaut",
+            "coin",
+            "horse",
+            "daisy",
+            "pagoda",
+            "galaxy",
+            "cameraman",
+        ]
+    )
+}
+# The repository's validation photographs (releases/data/images/LICENSE.md).
+PHOTOS = Path(__file__).resolve().parents[1] / "releases" / "data" / "images"
+
+
+def build_tiny_vit(out: Path, seed: int = 0, image_size: int = 32) -> Path:
+    """Save a 2-layer ViT image classifier (ten labels, `image_size` pixels, patches of 8) and
+    its image processor (ViT's: resize to the square, rescale, normalise): the shape of
+    google/vit-base-patch16-224, with random weights."""
+    import torch
+    from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
+
+    config = ViTConfig(
+        image_size=image_size,
+        patch_size=8,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        id2label=IMAGE_LABELS,
+        label2id={v: k for k, v in IMAGE_LABELS.items()},
+        initializer_range=0.2,
+    )
+    torch.manual_seed(seed)
+    model = ViTForImageClassification(config).eval()
+    with torch.no_grad():  # spread the logits so labels differ between images
+        model.classifier.weight.mul_(8.0)
+    model.save_pretrained(out)
+    ViTImageProcessor(size={"height": image_size, "width": image_size}).save_pretrained(out)
+    return out

@@ -13,7 +13,14 @@ Example:
 from __future__ import annotations
 
 # The plug-in modules, imported so that each registers its kind in KINDS.
-from hf2triton.kinds import classification, embedding, reranking, text_generation, translation  # noqa: F401
+from hf2triton.kinds import (  # noqa: F401
+    classification,
+    embedding,
+    image_classification,
+    reranking,
+    text_generation,
+    translation,
+)
 from hf2triton.kinds.base import KINDS, Candidate, Data, ModelKind
 
 DEFAULT_TASK = KINDS.default

@@ -9,15 +9,16 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 from pydantic import Field, model_validator
 
 from hf2triton.errors import SpecError, UnsupportedModelError
-from hf2triton.kinds.base import KINDS, Data, Limits, model_max_length, read_lines
+from hf2triton.kinds.base import KINDS, Data, KindConfig, Limits, model_max_length, read_lines
 from hf2triton.kinds.margin import Sample
 from hf2triton.kinds.modality import TextEncoderKind
+from hf2triton.kinds.roles import GateRole
 from hf2triton.kinds.torch_reference import TorchReference, largest_difference
 from hf2triton.serving.classification import Classifier, activate, label_names
 from hf2triton.util.specbase import MaxLength, Probability, SpecPath, Strict, unless
@@ -67,23 +68,27 @@ class ClassificationConfig:
         return asdict(self)
 
 
-def resolve_classification_config(
-    model_dir: str | Path, max_length: int | None = None
-) -> ClassificationConfig:
-    model_dir = Path(model_dir)
-    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+def read_labels(model_dir: str | Path, task: str) -> tuple[list[str], str]:
+    """The model's label names (index i is id2label[i]) and how its logits become scores:
+    "softmax" (single label) or "sigmoid" (a multi-label model)."""
+    config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
     id2label = config.get("id2label")
     if not id2label:
         raise UnsupportedModelError(
-            f"{model_dir}/config.json has no id2label: it is not a sequence-classification "
-            "model, so task 'text-classification' cannot serve labels from it"
+            f"{model_dir}/config.json has no id2label: it is not a classification model, so "
+            f"task {task!r} cannot serve labels from it"
         )
     labels = [str(id2label[k]) for k in sorted(id2label, key=int)]
     multi = config.get("problem_type") == "multi_label_classification"
+    return labels, "sigmoid" if multi else "softmax"
+
+
+def resolve_classification_config(
+    model_dir: str | Path, max_length: int | None = None
+) -> ClassificationConfig:
+    labels, activation = read_labels(model_dir, "text-classification")
     return ClassificationConfig(
-        labels=labels,
-        max_length=model_max_length(model_dir, max_length),
-        activation="sigmoid" if multi else "softmax",
+        labels=labels, max_length=model_max_length(model_dir, max_length), activation=activation
     )
 
 
@@ -139,8 +144,92 @@ def predicted(probs: np.ndarray, activation: str) -> np.ndarray:
     return probs.argmax(axis=1)
 
 
+class Labelled(KindConfig, Protocol):
+    """A classifier's config as the shared gate reads it."""
+
+    @property
+    def labels(self) -> list[str]: ...
+
+    @property
+    def activation(self) -> str: ...
+
+
+L = TypeVar("L", bound=Labelled)
+
+
+class LabelGate(GateRole[L]):
+    """What every classifier's gate shares, whatever its input (text, an image): served LABEL and
+    SCORES read back, label agreement and probability differences against PyTorch's scores, the
+    margin's samples, and the worst case for the report. A kind adds its labelled data's
+    metrics (`labelled_scores`) and metrics of its own."""
+
+    def extract(self, answers: list[dict[str, np.ndarray]]) -> dict[str, Any]:
+        return {
+            "probs": np.concatenate([a["SCORES"] for a in answers]).astype(np.float32),
+            "labels": [
+                a["LABEL"][i][0].decode("utf-8")
+                if isinstance(a["LABEL"][i][0], bytes)
+                else str(a["LABEL"][i][0])
+                for a in answers
+                for i in range(len(a["LABEL"]))
+            ],
+        }
+
+    def score(
+        self, reference: Any, outputs: dict[str, Any], data: Data, cfg: L
+    ) -> tuple[dict[str, float], dict]:
+        activation = cfg.activation
+        reference = np.asarray(reference, dtype=np.float32)
+        probs = outputs["probs"]
+        diff = np.abs(probs - reference).max(axis=1)
+        labels, ref_labels = predicted(probs, activation), predicted(reference, activation)
+        metrics = {
+            "label_agreement": float((labels == ref_labels).mean()),
+            "max_prob_diff": float(diff.max()) if np.isfinite(diff).all() else float("inf"),
+            "mean_prob_diff": float(diff.mean()),
+        }
+        metrics.update(self.labelled_scores(outputs, data, cfg))
+        worst = np.argsort(-diff)[:10]
+        return metrics, {
+            "disagreements": [
+                str(data.items[i])[:200] for i in np.flatnonzero(labels != ref_labels)
+            ][:20],
+            "worst": [
+                {"text": str(data.items[i])[:200], "prob_diff": float(diff[i])} for i in worst
+            ],
+        }
+
+    def agreement_limits(self, tolerance: float) -> Limits:
+        return {"label_agreement": (">=", 1.0), "max_prob_diff": ("<=", tolerance)}
+
+    def as_reference(self, outputs: dict[str, Any]) -> np.ndarray:
+        return outputs["probs"]
+
+    def samples(
+        self, reference: Any, outputs: dict[str, Any], data: Data, cfg: L
+    ) -> dict[str, Sample]:
+        reference = np.asarray(reference, dtype=np.float32)
+        agree = predicted(outputs["probs"], cfg.activation) == predicted(reference, cfg.activation)
+        return {"label_agreement": Sample.mean(agree.astype(np.float64))}
+
+    def example(self, details: dict[str, Any], against: str = "PyTorch") -> str:
+        if details.get("disagreements"):
+            return (
+                f"first label that differs from {against}'s: {details['disagreements'][0][:40]!r}"
+            )
+        worst = (details.get("worst") or [None])[0]
+        if not worst:
+            return ""
+        return f"largest difference from {against}'s {worst['prob_diff']:.4f} on " + repr(
+            worst["text"][:40]
+        )
+
+    def from_json(self, reference: Any) -> np.ndarray:
+        return np.asarray(reference, dtype=np.float32)
+
+
 @KINDS.register
-class ClassificationKind(TextEncoderKind[ClassificationConfig]):
+class ClassificationKind(LabelGate[ClassificationConfig], TextEncoderKind[ClassificationConfig]):
     name = "classification"
     task = "text-classification"
     Options = ClassificationSpec
@@ -171,18 +260,6 @@ class ClassificationKind(TextEncoderKind[ClassificationConfig]):
 
     def config_values(self, cfg: ClassificationConfig, info: dict[str, Any]) -> dict[str, Any]:
         return {"num_labels": len(cfg.labels)}
-
-    def extract(self, answers: list[dict[str, np.ndarray]]) -> dict[str, Any]:
-        return {
-            "probs": np.concatenate([a["SCORES"] for a in answers]).astype(np.float32),
-            "labels": [
-                a["LABEL"][i][0].decode("utf-8")
-                if isinstance(a["LABEL"][i][0], bytes)
-                else str(a["LABEL"][i][0])
-                for a in answers
-                for i in range(len(a["LABEL"]))
-            ],
-        }
 
     def config_parameters(self, cfg: ClassificationConfig) -> dict[str, str]:
         return {"labels": json.dumps(list(cfg.labels), ensure_ascii=False)}
@@ -230,47 +307,16 @@ class ClassificationKind(TextEncoderKind[ClassificationConfig]):
     def config_from_dict(self, data: dict[str, Any]) -> ClassificationConfig:
         return ClassificationConfig(**data)
 
-    def score(
-        self, reference: Any, outputs: dict[str, Any], data: Data, cfg: ClassificationConfig
-    ) -> tuple[dict[str, float], dict]:
-        activation = cfg.activation
-        reference = np.asarray(reference, dtype=np.float32)
-        probs = outputs["probs"]
-        diff = np.abs(probs - reference).max(axis=1)
-        labels, ref_labels = predicted(probs, activation), predicted(reference, activation)
-        metrics = {
-            "label_agreement": float((labels == ref_labels).mean()),
-            "max_prob_diff": float(diff.max()) if np.isfinite(diff).all() else float("inf"),
-            "mean_prob_diff": float(diff.mean()),
-        }
-        metrics.update(self.labelled_scores(outputs, data, cfg))
-        worst = np.argsort(-diff)[:10]
-        return metrics, {
-            "disagreements": [
-                str(data.items[i])[:200] for i in np.flatnonzero(labels != ref_labels)
-            ][:20],
-            "worst": [
-                {"text": str(data.items[i])[:200], "prob_diff": float(diff[i])} for i in worst
-            ],
-        }
-
-    def agreement_limits(self, tolerance: float) -> Limits:
-        return {"label_agreement": (">=", 1.0), "max_prob_diff": ("<=", tolerance)}
-
-    def as_reference(self, outputs: dict[str, Any]) -> np.ndarray:
-        return outputs["probs"]
-
     def samples(
         self, reference: Any, outputs: dict[str, Any], data: Data, cfg: ClassificationConfig
     ) -> dict[str, Sample]:
-        reference = np.asarray(reference, dtype=np.float32)
-        agree = predicted(outputs["probs"], cfg.activation) == predicted(reference, cfg.activation)
-        found = {"label_agreement": Sample.mean(agree.astype(np.float64))}
+        found = super().samples(reference, outputs, data, cfg)
+        n = len(outputs["labels"])
         if "gold" in data.extra:  # the labelled items are the last ones
             gold = [cfg.labels[g] for g in data.extra["gold"]]
             served = outputs["labels"][-len(gold) :]
-            correct = np.zeros(len(agree))
-            labelled = np.zeros(len(agree))
+            correct = np.zeros(n)
+            labelled = np.zeros(n)
             correct[-len(gold) :] = [s == g for s, g in zip(served, gold)]
             labelled[-len(gold) :] = 1.0
             found["accuracy"] = Sample.ratio(correct.tolist(), labelled.tolist())
@@ -285,18 +331,3 @@ class ClassificationKind(TextEncoderKind[ClassificationConfig]):
         if t.min_accuracy is not None:
             out["accuracy"] = (">=", t.min_accuracy)
         return out
-
-    def example(self, details: dict[str, Any], against: str = "PyTorch") -> str:
-        if details.get("disagreements"):
-            return (
-                f"first label that differs from {against}'s: {details['disagreements'][0][:40]!r}"
-            )
-        worst = (details.get("worst") or [None])[0]
-        if not worst:
-            return ""
-        return f"largest difference from {against}'s {worst['prob_diff']:.4f} on " + repr(
-            worst["text"][:40]
-        )
-
-    def from_json(self, reference: Any) -> np.ndarray:
-        return np.asarray(reference, dtype=np.float32)

@@ -21,7 +21,10 @@ class ValidationSettings(Protocol):
     """What a kind reads of the spec's `validation` section."""
 
     @property
-    def sentences(self) -> str: ...
+    def sentences(self) -> str | None: ...
+
+    @property
+    def images(self) -> str | None: ...
 
     @property
     def smoke_sentences(self) -> int: ...
@@ -75,8 +78,10 @@ class Candidate:
         )
 
 
-def read_lines(path: str | Path, what: str, items: str = "sentences") -> list[str]:
+def read_lines(path: str | Path | None, what: str, items: str = "sentences") -> list[str]:
     """Non-empty lines of a UTF-8 file; SpecError naming `what` (the spec key) otherwise."""
+    if path is None:
+        raise SpecError(f"{what} is not set: this kind reads its {items} from it")
     p = Path(path)
     try:
         lines = p.read_text(encoding="utf-8").splitlines()

@@ -21,8 +21,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from hf2triton.errors import ExportError
-from hf2triton.kinds.base import Data, ModelKind, save_fast_tokenizer
+from hf2triton.errors import ExportError, SpecError
+from hf2triton.kinds.base import Data, ModelKind, read_lines, save_fast_tokenizer
 from hf2triton.kinds.roles import C
 
 
@@ -125,12 +125,46 @@ class _ProcessedKind(ModelKind[C]):
         return {"onnx": graph_setting(files), "preprocessor": files[PREPROCESSOR_FILE]}
 
 
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif")
+
+
+def read_images(path: str | Path | None, what: str = "validation.images") -> list[str]:
+    """The image files `path` names (a folder's, sorted, or a list file's lines, relative to the
+    file), each checked to be one image the served path takes; SpecError naming the file and
+    why otherwise."""
+    from hf2triton.serving.images import ImageRefused, decode
+
+    if path is None:
+        raise SpecError(f"{what} is not set: an image kind reads its validation images from it")
+    where = Path(path)
+    if where.is_dir():
+        files = sorted(f for f in where.iterdir() if f.suffix.lower() in IMAGE_SUFFIXES)
+    elif where.is_file():
+        files = [where.parent / line.strip() for line in read_lines(where, what, "image paths")]
+    else:
+        raise SpecError(f"{what} {str(where)!r} does not exist: give a folder of image files")
+    if not files:
+        raise SpecError(f"{what} {str(where)!r} holds no image files ({', '.join(IMAGE_SUFFIXES)})")
+    for f in files:
+        try:
+            decode(f.read_bytes())
+        except OSError as exc:
+            raise SpecError(f"{what}: {str(f)!r} cannot be read: {exc.strerror}") from None
+        except ImageRefused as exc:
+            raise SpecError(f"{what}: {str(f)!r} is refused: {exc}") from None
+    return [str(f) for f in files]
+
+
 class VisionKind(_ProcessedKind[C]):
-    """An image in (encoded PNG, JPEG, ... as the IMAGE input)."""
+    """An image in (encoded PNG, JPEG, ... as the IMAGE input); validation data is
+    `validation.images`."""
 
     modality: ClassVar[str] = "image"
     item_word: ClassVar[str] = "images"
     input_name: ClassVar[str] = "IMAGE"
+
+    def read_data(self) -> Data:
+        return Data(read_images(self.validation.images))
 
 
 class AudioKind(_ProcessedKind[C]):

@@ -86,7 +86,7 @@ def resolve_reranking_config(
     )
 
 
-def read_groups(path: str) -> list[tuple[str, list[str]]]:
+def read_groups(path: str | None) -> list[tuple[str, list[str]]]:
     """(query, passages) groups of a `query<TAB>passage` file, queries in order of appearance."""
     groups: dict[str, list[str]] = {}
     for n, line in enumerate(read_lines(path, "validation.sentences"), 1):

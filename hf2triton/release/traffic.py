@@ -3,6 +3,7 @@ warm-up requests its repository carries, and the requests the configuration sear
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 WARMUP_ITEMS = 2
@@ -14,10 +15,13 @@ def sendable(items: list[Any]) -> list[Any]:
     return [x for x in items if str(x).strip()]
 
 
-def warmup_items(items: list[Any], n: int = WARMUP_ITEMS) -> list[Any]:
-    """The `n` longest items: Triton's warm-up then allocates for long inputs before the first
-    user's request needs it."""
-    return sorted(sendable(items), key=lambda x: len(str(x)))[-n:]
+def warmup_items(
+    items: list[Any], size: Callable[[Any], int] = lambda x: len(str(x)), n: int = WARMUP_ITEMS
+) -> list[Any]:
+    """The `n` largest items by the kind's `size` (ModelKind.item_size: characters, a file's
+    bytes): Triton's warm-up then allocates for long inputs before the first user's request
+    needs it."""
+    return sorted(sendable(items), key=size)[-n:]
 
 
 def search_items(items: list[Any], n: int = SEARCH_ITEMS) -> list[Any]:

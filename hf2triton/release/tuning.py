@@ -241,7 +241,12 @@ def tune_config(
     cells = grid(tuning, deploy)
     knobs = {k: getattr(deploy, k) for k in BATCHING}
     search = _Search(
-        shipped, model_name, deploy, warmup_items(data.items), kind.requests(items), knobs
+        shipped,
+        model_name,
+        deploy,
+        warmup_items(data.items, kind.item_size),
+        kind.requests(items),
+        knobs,
     )
     key = digest(
         [

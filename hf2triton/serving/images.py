@@ -102,6 +102,15 @@ class PixelPlan:
             }
         )
 
+    def out_size(self) -> tuple[int, int]:
+        """The (height, width) of every pixel tensor; for a plan whose size follows the image
+        (shortest_edge, no crop) the smallest it can be."""
+        if self.crop is not None:
+            return self.crop
+        if self.resize == "exact":
+            return self.height, self.width
+        return self.shortest_edge, self.shortest_edge
+
     def size_for(self, width: int, height: int) -> tuple[int, int]:
         """The (width, height) the image is resized to."""
         if self.resize == "exact":

@@ -12,6 +12,7 @@ from typing import Any, ClassVar, NotRequired, TypedDict
 from pydantic import Field
 
 from hf2triton.errors import SourceError
+from hf2triton.kinds.modality import PREPROCESSOR_FILE
 from hf2triton.util import plugins
 from hf2triton.util.specbase import Strict
 from hf2triton.util.workspace import digest, hash_files
@@ -148,15 +149,18 @@ def inspect_model_dir(model_dir: Path) -> dict[str, str]:
     weights = _weight_files(model_dir)
     _check_weights(model_dir, weights)
     tokenizer = [t for t in TOKENIZER_FILES if (model_dir / t).is_file()]
-    if not tokenizer:
+    # An image or audio model reads its input through its processor's configuration instead.
+    processor = [p for p in (PREPROCESSOR_FILE,) if (model_dir / p).is_file()]
+    if not tokenizer and not processor:
         raise SourceError(
-            f"{model_dir} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}): save the "
-            "tokenizer beside the model with tokenizer.save_pretrained(dir)"
+            f"{model_dir} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}) and no "
+            f"{PREPROCESSOR_FILE}: save the tokenizer (or the image processor, the feature "
+            "extractor) beside the model with .save_pretrained(dir)"
         )
     extras = [
         f for f in (*TOKENIZER_EXTRAS, *SENTENCE_TRANSFORMERS_FILES) if (model_dir / f).is_file()
     ]
-    names = ["config.json", *weights, *tokenizer, *extras]
+    names = ["config.json", *weights, *tokenizer, *processor, *extras]
     _check_json(model_dir, [n for n in names if n.endswith(".json")])
     return hash_files(model_dir, names)
 

@@ -96,9 +96,18 @@ class RuntimeSpec(Strict):
 
 
 class ValidationSpec(Strict):
-    sentences: SpecPath = Field(description="UTF-8 text file, one sentence per line")
+    sentences: SpecPath | None = Field(
+        None,
+        description="text kinds: UTF-8 text file, one sentence per line (a TSV where the kind "
+        "says so)",
+    )
+    images: SpecPath | None = Field(
+        None,
+        description="image kinds: a folder of image files (JPEG, PNG, WebP, BMP, GIF), or a "
+        "UTF-8 text file listing them one per line (paths relative to the file)",
+    )
     smoke_sentences: int = Field(
-        16, ge=1, le=256, description="how many validation sentences the smoke test sends"
+        16, ge=1, le=256, description="how many validation items the smoke test sends"
     )
     max_drop: float = Field(
         0.0,
@@ -114,6 +123,15 @@ class ValidationSpec(Strict):
         "are timed, they are judged fastest first and the first that passes ships, the slower "
         "ones left unjudged; true judges them all, for the report (slower)",
     )
+
+    @model_validator(mode="after")
+    def _some_data(self) -> ValidationSpec:
+        return unless(
+            self.sentences is None and self.images is None,
+            self,
+            "give the validation data: validation.sentences (a text file) for a text kind, "
+            "validation.images (a folder of image files) for an image kind",
+        )
 
 
 class RegistrySpec(Strict):

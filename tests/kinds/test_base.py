@@ -19,6 +19,7 @@ from hf2triton.kinds.classification import ClassificationConfig
 from hf2triton.kinds.modality import TextEncoderKind
 from hf2triton.serving.base import ServedModel, Tensor
 from hf2triton.serving.embedding import Embedder
+from tests.tiny_models import PHOTOS
 
 VALIDATION = SimpleNamespace(sentences="unused.txt", smoke_sentences=4)
 
@@ -29,6 +30,7 @@ ITEMS: dict[str, Any] = {
     "text-ranking": ("what is a fox?", ["a fox is an animal", "the sky is blue"]),
     "translation": "the quick brown fox",
     "text-generation": "Once upon a time",
+    "image-classification": str(PHOTOS / "coffee.jpg"),
 }
 
 # What each route of the OpenAI-compatible API answers (one item), for the kinds that have one.

@@ -41,8 +41,9 @@ def test_every_registered_kind_has_a_modality_base():
         "text-ranking": TextEncoderKind,
         "translation": TextToTextKind,
         "text-generation": TextToTextKind,
+        "image-classification": VisionKind,
     }
-    assert {k.modality for k in kind_classes()} == {"text"}
+    assert {k.modality for k in kind_classes()} == {"text", "image"}
 
 
 def _complete(base: type[ModelKind]) -> dict[str, Any]:

@@ -138,7 +138,7 @@ REJECTED = [
         "validation.sentences",
         None,
         True,
-        ["missing key 'validation.sentences'"],
+        ["validation.sentences (a text file) for a text kind", "validation.images"],
     ),
     (
         "min-cosine-above-1",

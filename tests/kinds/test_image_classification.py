@@ -1,0 +1,202 @@
+"""Kind `image_classification` (task: image-classification) end to end on a tiny random-weight
+ViT: real export, int8 quantization, the gate against PyTorch on real photographs
+(releases/data/images: JPEG, PNG, WebP, BMP, GIF, grayscale, palette, transparent, EXIF-rotated,
+64 to 640 pixels), MLflow (SQLite) and a real Triton server on free ports. Clients send image
+files and get the label and every label's score; a file that is not an image the model takes is
+refused with the reason, and the others are served."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from hf2triton.errors import SpecError
+from hf2triton.spec import load_spec
+from tests.conftest import free_port, tiny_spec
+from tests.kinds.kind_release import report
+from tests.tiny_models import IMAGE_LABELS, PHOTOS, build_tiny_vit
+
+
+def photos() -> list[Path]:
+    return sorted(p for p in PHOTOS.iterdir() if p.suffix not in (".py", ".md"))
+
+
+def _spec(tmp: Path, model_dir: Path, ports: dict, **overrides) -> Path:
+    overrides = {"validation__sentences": None, "validation__images": str(PHOTOS), **overrides}
+    return tiny_spec(
+        tmp / "vit.yaml",
+        model_dir,
+        ports,
+        name="tiny-vit",
+        task="image-classification",
+        embedding=None,
+        registry__model_name="tiny-vit",
+        source__model_id="fixtures/tiny-vit",
+        validation__smoke_sentences=6,
+        **overrides,
+    )
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return build_tiny_vit(tmp_path_factory.mktemp("models") / "tiny-vit")
+
+
+@pytest.fixture(scope="module")
+def image_classifier(tmp_path_factory, model_dir):
+    from hf2triton.flows.release import release_model
+    from hf2triton.targets import triton_local
+
+    tmp = tmp_path_factory.mktemp("image-classifier")
+    ports = {
+        "http_port": free_port(),
+        "grpc_port": free_port(),
+        "metrics_port": free_port(),
+        "openai": {"port": free_port()},
+    }
+    # Every candidate judged: the tests read int8's metrics from the report.
+    spec = load_spec(_spec(tmp, model_dir, ports, validation__judge_all=True))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF2TRITON_HOME", str(tmp / "home"))
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        try:
+            yield {"summary": release_model(spec), "ports": ports, "home": tmp / "home"}
+        finally:
+            triton_local.stop_server()
+
+
+def torch_scores(model_dir: Path, files: list[Path]) -> np.ndarray:
+    from hf2triton.kinds.image_classification import TorchImages
+    from hf2triton.serving.classification import activate
+
+    logits = TorchImages(model_dir, "AutoModelForImageClassification").outputs(
+        [str(f) for f in files], "logits"
+    )
+    return activate(logits, "softmax")
+
+
+def image_array(blobs: list[bytes]) -> np.ndarray:
+    return np.array([[b] for b in blobs], dtype=np.object_)
+
+
+def http_infer(port: int, blobs: list[bytes]) -> dict[str, np.ndarray]:
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
+    arr = image_array(blobs)
+    inp = httpclient.InferInput("IMAGE", list(arr.shape), "BYTES")
+    inp.set_data_from_numpy(arr)
+    res = client.infer("tiny-vit", [inp])
+    return {"LABEL": res.as_numpy("LABEL"), "SCORES": res.as_numpy("SCORES")}
+
+
+def grpc_infer(port: int, blobs: list[bytes]) -> dict[str, np.ndarray]:
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+    arr = image_array(blobs)
+    inp = grpcclient.InferInput("IMAGE", list(arr.shape), "BYTES")
+    inp.set_data_from_numpy(arr)
+    res = client.infer("tiny-vit", [inp])
+    return {"LABEL": res.as_numpy("LABEL"), "SCORES": res.as_numpy("SCORES")}
+
+
+def test_served_labels_and_scores_are_pytorchs_on_every_photo(image_classifier, model_dir):
+    files = photos()
+    expected = torch_scores(model_dir, files)
+    labels = [IMAGE_LABELS[i] for i in expected.argmax(axis=1)]
+    blobs = [f.read_bytes() for f in files]
+    for infer, port in ((http_infer, "http_port"), (grpc_infer, "grpc_port")):
+        # One image a request, and all of them in one request.
+        one = [infer(image_classifier["ports"][port], [b]) for b in blobs]
+        # As many as a request may hold (deploy.max_batch_size, 8) in one request.
+        whole = infer(image_classifier["ports"][port], blobs[:8])
+        np.testing.assert_allclose(np.stack([a["SCORES"][0] for a in one]), expected, atol=1e-4)
+        np.testing.assert_allclose(whole["SCORES"], expected[:8], atol=1e-4)
+        assert [a["LABEL"][0][0].decode() for a in one] == labels
+        assert [x[0].decode() for x in whole["LABEL"]] == labels[:8]
+    assert len(set(labels)) > 1  # the photos are told apart
+
+
+def test_the_gate_judged_the_candidates_on_their_own_metrics(image_classifier):
+    rep = report(image_classifier)
+    assert rep["kind"] == "image_classification" and rep["items"] == len(photos())
+    by_name = {c["name"]: c for c in rep["candidates"]}
+    for name, entry in by_name.items():
+        assert {"label_agreement", "top5_overlap", "logit_cosine", "max_prob_diff"} <= set(
+            entry["metrics"]
+        ), name
+    shipped = image_classifier["summary"]["variant"]
+    assert not by_name[shipped]["misses"]
+    # Dynamic int8 moves this random ViT's scores far more than the limits allow: not shipped.
+    int8 = [c for n, c in by_name.items() if "int8" in n]
+    assert int8 and all(c["misses"] for c in int8)
+    assert "int8" not in shipped
+
+
+def _png(width: int, height: int) -> bytes:
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (width, height), (200, 30, 30)).save(out, "PNG")
+    return out.getvalue()
+
+
+def _animated_gif() -> bytes:
+    from PIL import Image
+
+    out = io.BytesIO()
+    frames = [Image.new("RGB", (8, 8), c) for c in ((255, 0, 0), (0, 0, 255))]
+    frames[0].save(out, "GIF", save_all=True, append_images=frames[1:])
+    return out.getvalue()
+
+
+def _bomb() -> bytes:
+    """A 20,000 x 20,000 PNG header (400 MP): refused before its pixels are decoded."""
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("1", (20_000, 20_000)).save(out, "PNG")
+    return out.getvalue()
+
+
+BAD = {
+    "not an image": (b"hello, I am text", "not an image file"),
+    "empty": (b"", "empty"),
+    "1x1": (_png(1, 1), "1 x 1"),
+    "animated": (_animated_gif(), "animated"),
+    "bomb": (_bomb(), "decompression bomb"),
+}
+
+
+def test_bad_images_are_refused_with_the_reason_and_the_rest_served(image_classifier):
+    port = image_classifier["ports"]["http_port"]
+    good = photos()[0].read_bytes()
+    truncated = good[: len(good) // 2]
+    for blob, reason in [*BAD.values(), (truncated, "truncated")]:
+        with pytest.raises(InferenceServerException, match=reason):
+            http_infer(port, [blob])
+    # A bad row names itself; the server goes on serving good images.
+    with pytest.raises(InferenceServerException, match=r"IMAGE\[1\]: .*not an image file"):
+        http_infer(port, [good, b"not an image"])
+    with pytest.raises(InferenceServerException, match="batch-size must be <= 8"):
+        http_infer(port, [good] * 9)  # more images than a request may hold
+    assert http_infer(port, [good])["SCORES"].shape == (1, len(IMAGE_LABELS))
+
+
+def test_an_image_kind_without_validation_images_is_refused(tmp_path, model_dir):
+    spec = load_spec(
+        _spec(
+            tmp_path,
+            model_dir,
+            {"http_port": 1, "grpc_port": 2, "metrics_port": 3},
+            validation__images=None,
+            validation__sentences=str(tmp_path / "x.txt"),
+        )
+    )
+    from hf2triton.spec import kind_for
+
+    with pytest.raises(SpecError, match="validation.images is not set"):
+        kind_for(spec).read_data()
