@@ -1,7 +1,8 @@
 """The served path's image decoding and pixels (hf2triton.serving.images) against transformers'
-own image processors, on a real photograph (matplotlib's bundled portrait of Grace Hopper, a
-US Navy photograph in the public domain) cut and re-encoded at several sizes, aspect ratios,
-modes and formats; and the inputs it refuses, each with why."""
+own loading (`load_image`) and image processors, on real photographs: the release's validation
+set (releases/data/images) and matplotlib's bundled portrait of Grace Hopper (a US Navy
+photograph in the public domain) cut and re-encoded at several sizes, aspect ratios, modes and
+formats; and the inputs it refuses, each with why."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 
 from hf2triton.kinds.image_plan import image_plan
 from hf2triton.serving.images import ImageRefused, decode
+from tests.tiny_models import PHOTOS
 
 
 def photo() -> Path:
@@ -39,7 +41,13 @@ def photographs() -> dict[str, bytes]:
     w, h = whole.size
     exif = Image.Exif()
     exif[0x0112] = 6  # orientation: rotate 90 clockwise to view
+    shipped = {
+        f"validation {p.name}": p.read_bytes()
+        for p in sorted(PHOTOS.iterdir())
+        if p.suffix not in (".py", ".md")
+    }
     return {
+        **shipped,
         "jpeg whole": photo().read_bytes(),
         "thumbnail 64": encoded(whole.resize((64, 75)), "JPEG"),
         "panorama": encoded(whole.crop((0, h // 3, w, h // 3 + w // 5)), "PNG"),
@@ -82,11 +90,16 @@ def processors() -> dict[str, object]:
 def test_served_pixels_are_the_processors_pixel_values_on_every_photograph(name):
     processor = processors()[name]
     plan = image_plan(processor)
+    from PIL import Image
+    from transformers.image_utils import load_image
+
     for what, data in photographs().items():
-        image = decode(data)
+        # transformers' own opening (EXIF orientation, RGB) and processor on one side, the
+        # served path's on the other.
+        theirs = load_image(Image.open(io.BytesIO(data)))
         # channels_last: a 3-pixel-high image is otherwise read as channels first.
-        want = processor(image, return_tensors="np", input_data_format="channels_last")
-        got = plan.pixels(image)
+        want = processor(theirs, return_tensors="np", input_data_format="channels_last")
+        got = plan.pixels(decode(data))
         assert got.dtype == np.float32 and got.shape == want["pixel_values"][0].shape, what
         assert np.abs(got - want["pixel_values"][0]).max() <= 1e-5, what
 
