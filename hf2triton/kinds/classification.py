@@ -144,6 +144,21 @@ def predicted(probs: np.ndarray, activation: str) -> np.ndarray:
     return probs.argmax(axis=1)
 
 
+def label_answer(body: Any, cfg: Labelled) -> dict[str, np.ndarray]:
+    """text-embeddings-inference's /predict answer (every label with its score, per item) back
+    in the label order, LABEL named as the served model names it."""
+    at = {name: i for i, name in enumerate(cfg.labels)}
+    scores = np.full((len(body), len(cfg.labels)), np.nan, np.float32)
+    for row, labelled in enumerate(body):
+        for item in labelled:
+            scores[row, at[item["label"]]] = item["score"]
+    names = label_names(scores, list(cfg.labels), cfg.activation)
+    return {
+        "SCORES": scores,
+        "LABEL": np.array([[n.encode("utf-8")] for n in names], dtype=np.object_),
+    }
+
+
 class Labelled(KindConfig, Protocol):
     """A classifier's config as the shared gate reads it."""
 
@@ -272,18 +287,7 @@ class ClassificationKind(LabelGate[ClassificationConfig], TextEncoderKind[Classi
     def openai_answer(
         self, body: Any, request: dict[str, np.ndarray], cfg: ClassificationConfig
     ) -> dict[str, np.ndarray]:
-        """text-embeddings-inference's answer (every label with its score, per text) back in
-        the label order, LABEL named as the served model names it."""
-        at = {name: i for i, name in enumerate(cfg.labels)}
-        scores = np.full((len(body), len(cfg.labels)), np.nan, np.float32)
-        for row, labelled in enumerate(body):
-            for item in labelled:
-                scores[row, at[item["label"]]] = item["score"]
-        names = label_names(scores, list(cfg.labels), cfg.activation)
-        return {
-            "SCORES": scores,
-            "LABEL": np.array([[n.encode("utf-8")] for n in names], dtype=np.object_),
-        }
+        return label_answer(body, cfg)
 
     def reference(self, model_dir: str, cfg: ClassificationConfig, data: Data) -> np.ndarray:
         return activate(

@@ -20,7 +20,7 @@ import numpy as np
 from pydantic import Field
 
 from hf2triton.kinds.base import KINDS, Data, Limits
-from hf2triton.kinds.classification import LabelGate, read_labels
+from hf2triton.kinds.classification import LabelGate, label_answer, read_labels
 from hf2triton.kinds.image_plan import image_plan
 from hf2triton.kinds.margin import Sample
 from hf2triton.kinds.modality import VisionKind
@@ -111,6 +111,17 @@ class TorchImages:
         )
 
 
+def data_uri(data: bytes) -> str:
+    """An image file's bytes as a base64 data URI (its type read off its first bytes)."""
+    import base64
+
+    kinds = {b"\xff\xd8": "jpeg", b"\x89PNG": "png", b"GIF8": "gif", b"BM": "bmp"}
+    found = next((v for k, v in kinds.items() if data.startswith(k)), None)
+    if found is None and data[8:12] == b"WEBP":
+        found = "webp"
+    return f"data:image/{found or 'octet-stream'};base64,{base64.b64encode(data).decode()}"
+
+
 def logits_of(probs: np.ndarray, activation: str) -> np.ndarray:
     """The logits scores came from, centered per row for softmax (which loses their mean)."""
     p = np.clip(probs.astype(np.float64), 1e-300, 1.0)
@@ -176,6 +187,17 @@ class ImageClassificationKind(
 
     def config_parameters(self, cfg: ImageClassificationConfig) -> dict[str, str]:
         return {"labels": json.dumps(list(cfg.labels), ensure_ascii=False)}
+
+    openai_route = "/predict"
+
+    def openai_body(self, request: dict[str, np.ndarray]) -> dict[str, Any]:
+        """The images as base64 data URIs, as a browser or an HTTP client sends them."""
+        return {"inputs": [data_uri(bytes(b)) for b in request["IMAGE"][:, 0]]}
+
+    def openai_answer(
+        self, body: Any, request: dict[str, np.ndarray], cfg: ImageClassificationConfig
+    ) -> dict[str, np.ndarray]:
+        return label_answer(body, cfg)
 
     def reference(self, model_dir: str, cfg: ImageClassificationConfig, data: Data) -> np.ndarray:
         logits = TorchImages(model_dir, "AutoModelForImageClassification").outputs(

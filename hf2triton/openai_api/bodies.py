@@ -56,6 +56,43 @@ def text_array(text: str) -> np.ndarray:
     return np.array([[text.encode("utf-8")]], dtype=np.object_)
 
 
+def image_bytes(item: str, where: str) -> bytes:
+    """An image sent as a base64 data URI ("data:image/png;base64,...") or bare base64, as the
+    file's bytes; 400 naming `where` for a remote URL (not fetched: the server reaches out to
+    nothing a client names) or what is not base64."""
+    import base64
+    import binascii
+
+    text = item.strip()
+    if text.startswith(("http://", "https://")):
+        raise bad_request(
+            f"{where} is a URL: this server does not fetch remote images; send the image "
+            "file as a base64 data URI (data:image/jpeg;base64,...)",
+            param="inputs",
+        )
+    if text.startswith("data:"):
+        header, sep, text = text.partition(",")
+        if not sep or not header.endswith(";base64"):
+            raise bad_request(
+                f"{where} is a data URI that is not base64: send data:image/...;base64,...",
+                param="inputs",
+            )
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise bad_request(
+            f"{where} is not base64: send the image file as a base64 data URI", param="inputs"
+        ) from None
+
+
+def images_array(items: list[str]) -> np.ndarray:
+    """One encoded image per row: a batch for a model's IMAGE input."""
+    where = (lambda i: "inputs") if len(items) == 1 else (lambda i: f"inputs[{i}]")
+    return np.array(
+        [[image_bytes(item, where(i))] for i, item in enumerate(items)], dtype=np.object_
+    )
+
+
 def texts_array(texts: list[str]) -> np.ndarray:
     """One text per row: a batch for a model's TEXT input."""
     return np.array([[t.encode("utf-8")] for t in texts], dtype=np.object_)

@@ -64,6 +64,7 @@ PARAMS = (
     ("the prompt", "prompt"),
     ("text_input", "prompt"),
     ("TEXT", "input"),
+    ("IMAGE", "inputs"),
     ("QUERY", "query"),
     ("PASSAGES", "documents"),
 )

@@ -1,31 +1,38 @@
 """/predict (and /v1/predict): a classifier's labels with their scores, the best first, in
-text-embeddings-inference's shape."""
+text-embeddings-inference's shape. A text classifier's `inputs` are texts; an image
+classifier's are images, each a base64 data URI (or bare base64) of the image file."""
 
 from __future__ import annotations
 
 import numpy as np
 from fastapi import APIRouter, Request
 
-from .bodies import Json, parse, read_json, texts_array
+from .bodies import Json, images_array, parse, read_json, texts_array
 from .errors import bad_request
 from .schemas import PredictRequest
 from .state import only_model, timed, triton_of
 
 router = APIRouter()
+# The classifiers' kinds: the input their items go to, and how.
+CLASSIFIERS = {
+    "classification": ("TEXT", texts_array),
+    "image_classification": ("IMAGE", images_array),
+}
 
 
 @router.post("/predict")
 @router.post("/v1/predict")
 async def predict(request: Request) -> Json:
     body = parse(PredictRequest, await read_json(request))
-    model_name = body.model or await only_model(request, "classification")
+    model_name = body.model or await only_model(request, *CLASSIFIERS)
     request.state.model = model_name
     triton = triton_of(request)
-    model = await triton.model(model_name, ("classification",), "/predict")
-    texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
-    if not texts:
-        raise bad_request("inputs is empty: send at least one text", param="inputs")
-    out = await timed(request, triton.infer(model, {"TEXT": texts_array(texts)}))
+    model = await triton.model(model_name, tuple(CLASSIFIERS), "/predict")
+    items = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+    if not items:
+        raise bad_request("inputs is empty: send at least one item", param="inputs")
+    name, as_array = CLASSIFIERS[model.kind]
+    out = await timed(request, triton.infer(model, {name: as_array(items)}))
     scores = out["SCORES"]
     names = (
         model.labels

@@ -67,9 +67,10 @@ async def timed(request: Request, answer: Awaitable[T]) -> T:
         ) from None
 
 
-async def only_model(request: Request, kind: str) -> str:
-    """The one model of `kind` served (TEI's requests name none)."""
-    found = [m.name for m in await triton_of(request).models() if m.kind == kind]
+async def only_model(request: Request, *kinds: str) -> str:
+    """The one model of `kinds` served (TEI's requests name none)."""
+    found = [m.name for m in await triton_of(request).models() if m.kind in kinds]
     if len(found) != 1:
-        raise bad_request(f"name the model: {len(found)} {kind} models are served", param="model")
+        what = " or ".join(kinds)
+        raise bad_request(f"name the model: {len(found)} {what} models are served", param="model")
     return found[0]

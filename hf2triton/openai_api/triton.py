@@ -21,6 +21,7 @@ KINDS = (
     ("text_generation", {"text_input"}, {"text_output"}),
     ("reranking", {"QUERY", "PASSAGES"}, {"SCORES"}),
     ("classification", {"TEXT"}, {"LABEL", "SCORES"}),
+    ("image_classification", {"IMAGE"}, {"LABEL", "SCORES"}),
     ("translation", {"TEXT"}, {"TRANSLATION"}),
 )
 DTYPES = {

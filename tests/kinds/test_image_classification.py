@@ -200,3 +200,29 @@ def test_an_image_kind_without_validation_images_is_refused(tmp_path, model_dir)
 
     with pytest.raises(SpecError, match="validation.images is not set"):
         kind_for(spec).read_data()
+
+
+def test_the_openai_compatible_predict_route_takes_images_as_data_uris(image_classifier, model_dir):
+    import httpx
+
+    from hf2triton.kinds.image_classification import data_uri
+
+    files = photos()[:4]
+    expected = torch_scores(model_dir, files)
+    url = f"http://127.0.0.1:{image_classifier['ports']['openai']['port']}/v1/predict"
+    body = {"model": "tiny-vit", "inputs": [data_uri(f.read_bytes()) for f in files]}
+    answer = httpx.post(url, json=body, timeout=60).json()
+    for row, want in zip(answer, expected):
+        assert row[0]["label"] == IMAGE_LABELS[int(want.argmax())]  # the best first
+        got = {item["label"]: item["score"] for item in row}
+        np.testing.assert_allclose(
+            [got[IMAGE_LABELS[i]] for i in range(len(want))], want, atol=1e-4
+        )
+    # A remote URL is not fetched, bad base64 and a bad file are named; 400s all.
+    for bad, says in (
+        ("https://example.com/cat.jpg", "does not fetch remote images"),
+        ("data:image/png;base64,@@@", "not base64"),
+        (data_uri(b"GIF89a not really"), "IMAGE"),
+    ):
+        refused = httpx.post(url, json={"model": "tiny-vit", "inputs": [bad]}, timeout=60)
+        assert refused.status_code == 400 and says in refused.text, refused.text
