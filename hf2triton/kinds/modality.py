@@ -48,6 +48,7 @@ class TextKind(ModelKind[C]):
 
     modality: ClassVar[str] = "text"
     item_word: ClassVar[str] = "texts"
+    input_files: ClassVar[tuple[str, ...]] = ("tokenizer.json",)
 
     def item_size(self, item: Any) -> int:
         return len(str(item))
@@ -61,6 +62,27 @@ class TextKind(ModelKind[C]):
         """The texts, as the serving core encodes them; None for a kind of several graph files
         (calibrated file by file it would not be: they are not quantized that way)."""
         return [str(x) for x in data.items] if self.main_file == "model.onnx" else None
+
+    def calibration_feeds(
+        self,
+        items: list[Any],
+        onnx_path: str,
+        export_dir: str,
+        max_length: int,
+        max_batch_tokens: int = 512,
+    ) -> list[dict[str, np.ndarray]]:
+        """The texts (or pairs) tokenized with the served tokenizer, sorted by length into
+        token-bounded sub-batches, padded within each."""
+        from hf2triton.serving.text import OnnxText, plan_sub_batches
+
+        tokenizer = str(Path(export_dir) / "tokenizer.json")
+        text = OnnxText(onnx_path, tokenizer, max_length, max_batch_tokens=max_batch_tokens)
+        encodings = text.encode(items)
+        lengths = [len(e.ids) for e in encodings]
+        return [
+            text.feeds([encodings[i] for i in group])
+            for group in plan_sub_batches(lengths, max_batch_tokens)
+        ]
 
     def prepare_export(self, model_dir: str, out: Path, cfg: C) -> None:
         """tokenizer.json beside the exported graph."""
@@ -94,6 +116,7 @@ class _ProcessedKind(ModelKind[C]):
     preprocessor_config.json beside the graph for the serving core to read."""
 
     input_name: ClassVar[str]
+    input_files: ClassVar[tuple[str, ...]] = (PREPROCESSOR_FILE,)
 
     def item_size(self, item: Any) -> int:
         return len(item) if isinstance(item, bytes) else Path(item).stat().st_size
@@ -165,6 +188,31 @@ class VisionKind(_ProcessedKind[C]):
 
     def read_data(self) -> Data:
         return Data(read_images(self.validation.images))
+
+    def calibration(self, data: Data) -> list[Any] | None:
+        """The image files, for a kind of one graph."""
+        return list(data.items) if self.main_file == "model.onnx" else None
+
+    def calibration_feeds(
+        self, items: list[Any], onnx_path: str, export_dir: str, max_length: int, rows: int = 8
+    ) -> list[dict[str, np.ndarray]]:
+        """The images decoded and preprocessed by the served path (the processor's steps read
+        off its preprocessor_config.json beside the graph), `rows` a run."""
+        from transformers import AutoImageProcessor
+
+        from hf2triton.kinds.image_plan import image_plan
+        from hf2triton.serving.images import decode
+
+        plan = image_plan(AutoImageProcessor.from_pretrained(export_dir, use_fast=False))
+        pixels = [plan.pixels(decode(Path(p).read_bytes())) for p in items]
+        by_shape: dict[tuple[int, ...], list[np.ndarray]] = {}
+        for p in pixels:
+            by_shape.setdefault(p.shape, []).append(p)
+        return [
+            {"pixel_values": np.stack(same[i : i + rows])}
+            for same in by_shape.values()
+            for i in range(0, len(same), rows)
+        ]
 
 
 class AudioKind(_ProcessedKind[C]):

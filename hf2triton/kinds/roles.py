@@ -99,10 +99,21 @@ class ExportRole(KindBase[C]):
         if is_kind(cls):
             cls.onnx_task = cls.__dict__.get("onnx_task") or cls.task
 
+    # The files beside the graph the serving core reads its input with (tokenizer.json, the
+    # image processor's preprocessor_config.json): set by the modality bases.
+    input_files: ClassVar[tuple[str, ...]] = ()
+
     def calibration(self, data: Data) -> list[Any] | None:
         """What post-training quantization calibrates on, as the serving core encodes it;
         None: the kind's graph is not calibrated."""
         return None
+
+    def calibration_feeds(
+        self, items: list[Any], onnx_path: str, export_dir: str, max_length: int
+    ) -> list[dict[str, np.ndarray]]:
+        """The graph's inputs for calibration `items` (`calibration`'s), as the serving core
+        feeds them, one dict a run."""
+        raise NotImplementedError(f"{self.name} is not calibrated")
 
     def export_inputs(self, data: Data) -> list[Any]:
         """What the export's check against PyTorch runs on: ordinary items and the longest."""

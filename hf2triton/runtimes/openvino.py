@@ -23,7 +23,6 @@ from hf2triton.runtimes.base import (
     build_variant,
 )
 from hf2triton.serving import runtimes as serving_runtimes
-from hf2triton.serving.text import OnnxText, plan_sub_batches
 from hf2triton.util.workspace import sha256_file
 
 
@@ -42,16 +41,7 @@ class OpenVinoCpu(RuntimePlugin):
         calibration = ctx.calibration
         if ctx.quantization.method == "none" or not calibration or not ctx.single_file:
             return []
-        tokenizer = str(Path(ctx.export_dir) / "tokenizer.json")
-        return [
-            Recipe(
-                "openvino-int8",
-                OPENVINO_IR,
-                lambda: openvino_int8(
-                    ctx.onnx_path, tokenizer, ctx.max_length or 512, calibration, ctx.work
-                ),
-            )
-        ]
+        return [Recipe("openvino-int8", OPENVINO_IR, lambda: openvino_int8(ctx, calibration))]
 
 
 def after_activation(onnx_path: str) -> list[str]:
@@ -83,40 +73,24 @@ def after_activation(onnx_path: str) -> list[str]:
     ]
 
 
-def calibration_feeds(
-    onnx_path: str,
-    tokenizer_path: str,
-    max_length: int,
-    texts: list[Any],
-    max_batch_tokens: int = 512,
-) -> list[dict[str, Any]]:
-    """The graph's inputs for `texts` as the serving core feeds them: tokenized with the served
-    tokenizer, sorted by length into token-bounded sub-batches, padded within each."""
-    text = OnnxText(onnx_path, tokenizer_path, max_length, max_batch_tokens=max_batch_tokens)
-    encodings = text.encode(texts)
-    lengths = [len(e.ids) for e in encodings]
-    return [
-        text.feeds([encodings[i] for i in group])
-        for group in plan_sub_batches(lengths, max_batch_tokens)
-    ]
-
-
-def openvino_int8(
-    onnx_path: str, tokenizer_path: str, max_length: int, texts: list[Any], work_root: str
-) -> Variant:
+def openvino_int8(ctx: VariantContext, items: list[Any]) -> Variant:
     """NNCF post-training int8 of the graph as OpenVINO IR (model.xml + model.bin), calibrated
-    on `texts` (the validation texts), the MatMuls after an activation kept in higher precision
+    on the kind's `items` (the validation texts, images) fed as the serving core feeds them
+    (`ModelKind.calibration_feeds`), the MatMuls after an activation kept in higher precision
     (`after_activation`). OpenVINO runs it; the gate decides whether it is accurate enough."""
     # Its telemetry is off: importing hf2triton made openvino_telemetry unimportable
     # (hf2triton.serving.openvino_telemetry_off), so NNCF uses its no-op stub.
     import nncf
     import openvino as ov
 
-    src = Path(onnx_path)
-    keep = after_activation(onnx_path)
+    src = Path(ctx.onnx_path)
+    keep = after_activation(ctx.onnx_path)
+    max_length = ctx.max_length or 512
+    # What the feeds are made with beside the items: the tokenizer, the image processor.
+    reads = [Path(ctx.export_dir) / name for name in ctx.kind.input_files]
 
     def build(out: Path) -> dict:
-        feeds = calibration_feeds(onnx_path, tokenizer_path, max_length, texts)
+        feeds = ctx.kind.calibration_feeds(items, ctx.onnx_path, ctx.export_dir, max_length)
         model = ov.Core().read_model(str(src))
         # NNCF logs each node it leaves out at INFO and draws progress bars on stdout: noise in
         # a release's log (and stdout carries the release's one JSON line).
@@ -133,13 +107,13 @@ def openvino_int8(
         return {}
 
     return build_variant(
-        work_root,
+        ctx.work,
         "openvino-int8",
         [
             sha256_file(src),
-            sha256_file(tokenizer_path),
+            *(sha256_file(f) for f in reads),
             max_length,
-            texts,
+            items,
             keep,
             nncf.__version__,
             ov.__version__,

@@ -130,10 +130,14 @@ def test_the_gate_judged_the_candidates_on_their_own_metrics(image_classifier):
         ), name
     shipped = image_classifier["summary"]["variant"]
     assert not by_name[shipped]["misses"]
-    # Dynamic int8 moves this random ViT's scores far more than the limits allow: not shipped.
-    int8 = [c for n, c in by_name.items() if "int8" in n]
-    assert int8 and all(c["misses"] for c in int8)
+    # ONNX Runtime's dynamic int8 and OpenVINO's int8 (NNCF, calibrated on the photographs as
+    # the served path decodes them) move this random ViT's scores far more than the limits
+    # allow (OpenVINO's changes a top-1 label here): neither ships.
+    int8 = {n: c for n, c in by_name.items() if "int8" in n}
+    assert "openvino-int8 on openvino fp32" in int8 and len(int8) == 2
+    assert all(c["misses"] for c in int8.values())
     assert "int8" not in shipped
+    assert by_name[shipped]["metrics"]["label_agreement"] == 1.0
 
 
 def _png(width: int, height: int) -> bytes:
