@@ -178,6 +178,13 @@ class LabelGate(GateRole[L]):
     margin's samples, and the worst case for the report. A kind adds its labelled data's
     metrics (`labelled_scores`) and metrics of its own."""
 
+    def config_values(self, cfg: L, info: dict[str, Any]) -> dict[str, Any]:
+        return {"num_labels": len(cfg.labels)}
+
+    def config_parameters(self, cfg: L) -> dict[str, str]:
+        """The label names, for the OpenAI-compatible API's /predict."""
+        return {"labels": json.dumps(list(cfg.labels), ensure_ascii=False)}
+
     def extract(self, answers: list[dict[str, np.ndarray]]) -> dict[str, Any]:
         return {
             "probs": np.concatenate([a["SCORES"] for a in answers]).astype(np.float32),
@@ -272,12 +279,6 @@ class ClassificationKind(LabelGate[ClassificationConfig], TextEncoderKind[Classi
         self, model_dir: str, out: Path, cfg: ClassificationConfig, inputs: list[str]
     ) -> dict[str, float]:
         return check_logits(model_dir, out / self.main_file, cfg.max_length, inputs)
-
-    def config_values(self, cfg: ClassificationConfig, info: dict[str, Any]) -> dict[str, Any]:
-        return {"num_labels": len(cfg.labels)}
-
-    def config_parameters(self, cfg: ClassificationConfig) -> dict[str, str]:
-        return {"labels": json.dumps(list(cfg.labels), ensure_ascii=False)}
 
     openai_route = "/predict"
 

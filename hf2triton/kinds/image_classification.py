@@ -11,7 +11,6 @@ difference.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -181,12 +180,6 @@ class ImageClassificationKind(
             (onnx,) = session.run(["logits"], {"pixel_values": pixels})
             worst = max(worst, float(np.abs(onnx - torch_model.output(pixels, "logits")).max()))
         return {"max_abs_diff": worst}
-
-    def config_values(self, cfg: ImageClassificationConfig, info: dict[str, Any]) -> dict[str, Any]:
-        return {"num_labels": len(cfg.labels)}
-
-    def config_parameters(self, cfg: ImageClassificationConfig) -> dict[str, str]:
-        return {"labels": json.dumps(list(cfg.labels), ensure_ascii=False)}
 
     openai_route = "/predict"
 

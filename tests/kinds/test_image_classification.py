@@ -85,22 +85,18 @@ def image_array(blobs: list[bytes]) -> np.ndarray:
     return np.array([[b] for b in blobs], dtype=np.object_)
 
 
+def infer(client_module, port: int, blobs: list[bytes]) -> dict[str, np.ndarray]:
+    """One request of `blobs` over tritonclient.http or tritonclient.grpc."""
+    client = client_module.InferenceServerClient(f"127.0.0.1:{port}")
+    arr = image_array(blobs)
+    inp = client_module.InferInput("IMAGE", list(arr.shape), "BYTES")
+    inp.set_data_from_numpy(arr)
+    res = client.infer("tiny-vit", [inp])
+    return {"LABEL": res.as_numpy("LABEL"), "SCORES": res.as_numpy("SCORES")}
+
+
 def http_infer(port: int, blobs: list[bytes]) -> dict[str, np.ndarray]:
-    client = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
-    arr = image_array(blobs)
-    inp = httpclient.InferInput("IMAGE", list(arr.shape), "BYTES")
-    inp.set_data_from_numpy(arr)
-    res = client.infer("tiny-vit", [inp])
-    return {"LABEL": res.as_numpy("LABEL"), "SCORES": res.as_numpy("SCORES")}
-
-
-def grpc_infer(port: int, blobs: list[bytes]) -> dict[str, np.ndarray]:
-    client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
-    arr = image_array(blobs)
-    inp = grpcclient.InferInput("IMAGE", list(arr.shape), "BYTES")
-    inp.set_data_from_numpy(arr)
-    res = client.infer("tiny-vit", [inp])
-    return {"LABEL": res.as_numpy("LABEL"), "SCORES": res.as_numpy("SCORES")}
+    return infer(httpclient, port, blobs)
 
 
 def test_served_labels_and_scores_are_pytorchs_on_every_photo(image_classifier, model_dir):
@@ -108,11 +104,11 @@ def test_served_labels_and_scores_are_pytorchs_on_every_photo(image_classifier, 
     expected = torch_scores(model_dir, files)
     labels = [IMAGE_LABELS[i] for i in expected.argmax(axis=1)]
     blobs = [f.read_bytes() for f in files]
-    for infer, port in ((http_infer, "http_port"), (grpc_infer, "grpc_port")):
+    for client, port in ((httpclient, "http_port"), (grpcclient, "grpc_port")):
         # One image a request, and all of them in one request.
-        one = [infer(image_classifier["ports"][port], [b]) for b in blobs]
+        one = [infer(client, image_classifier["ports"][port], [b]) for b in blobs]
         # As many as a request may hold (deploy.max_batch_size, 8) in one request.
-        whole = infer(image_classifier["ports"][port], blobs[:8])
+        whole = infer(client, image_classifier["ports"][port], blobs[:8])
         np.testing.assert_allclose(np.stack([a["SCORES"][0] for a in one]), expected, atol=1e-4)
         np.testing.assert_allclose(whole["SCORES"], expected[:8], atol=1e-4)
         assert [a["LABEL"][0][0].decode() for a in one] == labels
