@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import yaml
@@ -98,7 +99,12 @@ def image_inputs(data: bytes) -> dict[str, np.ndarray]:
 
 def served(grpc: str, images: list[bytes], clients: int, seconds: float, pid: int | None) -> dict:
     r = run_point(
-        lambda n: TritonGrpc(grpc, "vit-base-classifier", output="SCORES", inputs=image_inputs),
+        lambda n: TritonGrpc(
+            grpc,
+            "vit-base-classifier",
+            output="SCORES",
+            inputs=image_inputs,  # type: ignore[arg-type] # images, not texts
+        ),
         images,  # type: ignore[arg-type] # the call takes what the list holds
         clients,
         seconds,
@@ -184,7 +190,7 @@ def main() -> None:
         tmp, home = Path(tmp_name), Path(tmp_name) / "home"
         model = build_model(tmp / "vit-base-shape")
         http, grpc, metrics, openai = free_ports(4)
-        ports = {"http_port": http, "grpc_port": grpc, "metrics_port": metrics}
+        ports: dict[str, Any] = {"http_port": http, "grpc_port": grpc, "metrics_port": metrics}
         ports["openai"] = {"port": openai}
         summary, release_s = bench.release(
             cli, spec_file(tmp / "vit.yaml", model, ports), home, ROOT
@@ -205,10 +211,19 @@ def main() -> None:
             bench.stop_server(cli, home, ROOT)
         limit = in_process(version, images, args.seconds)
         torch_rate = pytorch(model, images, args.seconds)
+    measured = {"points": points, "limit": limit, "torch_rate": torch_rate}
+    path = write_record(summary, release_s, candidates, measured, {**described, "quiet": quiet})
+    bench.log(f"wrote {path}")
+
+
+def write_record(
+    summary: dict, release_s: float, candidates: dict, measured: dict, described: dict
+) -> Path:
+    """The record (JSON) and its summary (Markdown, printed) under benchmarks/results."""
+    points, limit, torch_rate = measured["points"], measured["limit"], measured["torch_rate"]
     record = {
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "cpu": cpu_flags(),
-        "quiet": quiet,
         "command": "benchmarks/images.py " + " ".join(sys.argv[1:]),
         "traffic": described,
         "shipped": summary["variant"],
@@ -239,10 +254,5 @@ def main() -> None:
         f"served@16 / PyTorch: {record['ratios']['served_16_over_pytorch']:.2f}; "
         f"decode + preprocess share of in-process time: {limit['preprocess_share']:.2f}",
     ]
-    path = bench.save_record("images", record, lines)
     print("\n".join(lines))
-    bench.log(f"wrote {path}")
-
-
-if __name__ == "__main__":
-    main()
+    return bench.save_record("images", record, lines)
