@@ -194,24 +194,21 @@ class VisionKind(_ProcessedKind[C]):
         return list(data.items) if self.main_file == "model.onnx" else None
 
     def calibration_feeds(
-        self, items: list[Any], onnx_path: str, export_dir: str, max_length: int, rows: int = 8
+        self, items: list[Any], onnx_path: str, export_dir: str, max_length: int
     ) -> list[dict[str, np.ndarray]]:
         """The images decoded and preprocessed by the served path (the processor's steps read
-        off its preprocessor_config.json beside the graph), `rows` a run."""
+        off its preprocessor_config.json beside the graph), in the served path's runs."""
         from transformers import AutoImageProcessor
 
         from hf2triton.kinds.image_plan import image_plan
-        from hf2triton.serving.images import decode
+        from hf2triton.serving.image_classification import MAX_ROWS
+        from hf2triton.serving.images import decode, pixel_runs
 
         plan = image_plan(AutoImageProcessor.from_pretrained(export_dir, use_fast=False))
         pixels = [plan.pixels(decode(Path(p).read_bytes())) for p in items]
-        by_shape: dict[tuple[int, ...], list[np.ndarray]] = {}
-        for p in pixels:
-            by_shape.setdefault(p.shape, []).append(p)
         return [
-            {"pixel_values": np.stack(same[i : i + rows])}
-            for same in by_shape.values()
-            for i in range(0, len(same), rows)
+            {"pixel_values": np.stack([pixels[i] for i in part])}
+            for part in pixel_runs(pixels, MAX_ROWS)
         ]
 
 

@@ -87,9 +87,12 @@ def image_bytes(item: str, where: str) -> bytes:
 
 def images_array(items: list[str]) -> np.ndarray:
     """One encoded image per row: a batch for a model's IMAGE input."""
-    where = (lambda i: "inputs") if len(items) == 1 else (lambda i: f"inputs[{i}]")
     return np.array(
-        [[image_bytes(item, where(i))] for i, item in enumerate(items)], dtype=np.object_
+        [
+            [image_bytes(item, "inputs" if len(items) == 1 else f"inputs[{i}]")]
+            for i, item in enumerate(items)
+        ],
+        dtype=np.object_,
     )
 
 

@@ -17,7 +17,7 @@ import numpy as np
 from . import runtimes
 from .base import ServedModel, Tensor, column
 from .classification import activate, label_names
-from .images import MAX_PIXELS, ImageRefused, PixelPlan, decode
+from .images import MAX_PIXELS, ImageRefused, PixelPlan, decode, pixel_runs
 
 IMAGE = Tensor("IMAGE", "STRING")
 # The most images one run of the graph takes: a dynamic batch runs in parts of this many, which
@@ -73,15 +73,8 @@ class ImagePixels:
 
     def run(self, pixels: list[np.ndarray], output: str) -> np.ndarray:
         """`output` for every image, in order (images of one shape run together)."""
-        feeds, order = [], []
-        by_shape: dict[tuple[int, ...], list[int]] = {}
-        for i, p in enumerate(pixels):
-            by_shape.setdefault(p.shape, []).append(i)
-        for rows in by_shape.values():
-            for start in range(0, len(rows), self.rows):
-                part = rows[start : start + self.rows]
-                feeds.append({"pixel_values": np.stack([pixels[i] for i in part])})
-                order.append(part)
+        order = pixel_runs(pixels, self.rows)
+        feeds = [{"pixel_values": np.stack([pixels[i] for i in part])} for part in order]
         result: list[Any] = [None] * len(pixels)
         for part, (out,) in zip(order, self.session.run_many([output], feeds)):
             for row, i in enumerate(part):

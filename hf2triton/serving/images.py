@@ -135,6 +135,15 @@ class PixelPlan:
         return np.ascontiguousarray(values.transpose(2, 0, 1), dtype=np.float32)
 
 
+def pixel_runs(pixels: list[np.ndarray], rows: int) -> list[list[int]]:
+    """Which images run together through the graph: those of one shape, at most `rows` a run
+    (indices into `pixels`)."""
+    by_shape: dict[tuple[int, ...], list[int]] = {}
+    for i, p in enumerate(pixels):
+        by_shape.setdefault(p.shape, []).append(i)
+    return [same[i : i + rows] for same in by_shape.values() for i in range(0, len(same), rows)]
+
+
 def center_crop(array: np.ndarray, height: int, width: int) -> np.ndarray:
     """The center `height` x `width` of an (H, W, C) array, the top-left corner floored; where
     the image is smaller it is first centered on zeros (transformers' `center_crop`)."""
