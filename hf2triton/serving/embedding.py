@@ -17,18 +17,24 @@ TOKEN_OUTPUTS = ("last_hidden_state", "token_embeddings")
 
 
 def pool(hidden: np.ndarray, mask: np.ndarray, pooling: str, normalize: bool) -> np.ndarray:
-    """Pool token states [B, T, D] with attention mask [B, T] into [B, D] float32."""
-    hidden = hidden.astype(np.float32)
+    """Pool token states [B, T, D] with attention mask [B, T] into [B, D] float32.
+
+    The mean is one einsum of the mask with the states: no [B, T, D] copy (on an H200 the
+    elementwise form was a fifth of a served stub's busy time; this is 4-6x faster) and no BLAS:
+    np.matmul's batched product ran on OpenBLAS's threads, and 8 stubs each spinning 16 threads
+    on 16 cores served 2,759 texts/s against 13,660 (docs/benchmarks.md, GPU)."""
+    hidden = hidden.astype(np.float32, copy=False)
     if pooling == "cls":
-        out = hidden[:, 0]
+        out = hidden[:, 0].copy()
     elif pooling == "mean":
-        m = mask[..., None].astype(np.float32)
-        out = (hidden * m).sum(axis=1) / np.clip(m.sum(axis=1), 1e-9, None)
+        m = mask.astype(np.float32)
+        out = np.einsum("btd,bt->bd", hidden, m)
+        out /= np.clip(m.sum(axis=1, keepdims=True), 1e-9, None)
     else:
         raise ValueError(f"unknown pooling {pooling!r}")
     if normalize:
-        out = out / np.clip(np.linalg.norm(out, axis=1, keepdims=True), 1e-12, None)
-    return out.astype(np.float32)
+        out /= np.clip(np.linalg.norm(out, axis=1, keepdims=True), 1e-12, None)
+    return out
 
 
 class Embedder(TextModel):
