@@ -75,6 +75,7 @@ SERVER_FIXTURES = {
     "classification_release",
     "reranker",
     "image_classifier",
+    "clip",
     "released",
 }
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 CORPUS = [
     "the quick brown fox jumps over the lazy dog",
@@ -562,4 +563,71 @@ def build_tiny_vit(out: Path, seed: int = 0, image_size: int = 32) -> Path:
         model.classifier.weight.mul_(8.0)
     model.save_pretrained(out)
     ViTImageProcessor(size={"height": image_size, "width": image_size}).save_pretrained(out)
+    return out
+
+
+def clip_tokenizer(out: Path) -> Any:
+    """A CLIP tokenizer (byte-level BPE, lower-cased, `<|startoftext|>` and `<|endoftext|>`) with
+    a vocabulary of every byte alone and at a word's end and a few merges: CLIPTokenizerFast's
+    own code, a tiny vocabulary, nothing downloaded."""
+    from transformers import CLIPTokenizerFast
+    from transformers.models.clip.tokenization_clip import bytes_to_unicode
+
+    chars = list(bytes_to_unicode().values())
+    merges = ["t h", "th e</w>", "o f</w>", "p h", "ph o", "pho t", "phot o</w>"]
+    words = ["th", "the</w>", "of</w>", "ph", "pho", "phot", "photo</w>"]
+    vocab: dict[str, int] = {}
+    for token in [*chars, *(c + "</w>" for c in chars), *words]:
+        vocab.setdefault(token, len(vocab))
+    vocab["<|startoftext|>"] = len(vocab)
+    vocab["<|endoftext|>"] = len(vocab)
+    src = out / "bpe"
+    src.mkdir(parents=True, exist_ok=True)
+    (src / "vocab.json").write_text(json.dumps(vocab))
+    (src / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n")
+    return CLIPTokenizerFast(
+        vocab_file=str(src / "vocab.json"), merges_file=str(src / "merges.txt")
+    )
+
+
+def build_tiny_clip(out: Path, seed: int = 0, image_size: int = 32) -> Path:
+    """Save a CLIP model (2-layer text and image towers of width 32, images of `image_size`
+    pixels in patches of 8, embeddings of 16), its image processor (CLIP's: resize the shorter
+    side, center crop, normalise) and its tokenizer, with random weights: the shape of
+    openai/clip-vit-base-patch32."""
+    import shutil
+
+    import torch
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel
+
+    tokenizer = clip_tokenizer(out)
+    shutil.rmtree(out / "bpe")
+    config = CLIPConfig(
+        text_config={
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "vocab_size": len(tokenizer),
+            "max_position_embeddings": 77,
+            "bos_token_id": tokenizer.bos_token_id,
+            "eos_token_id": tokenizer.eos_token_id,
+            "pad_token_id": tokenizer.pad_token_id,
+        },
+        vision_config={
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "image_size": image_size,
+            "patch_size": 8,
+        },
+        projection_dim=16,
+    )
+    torch.manual_seed(seed)
+    CLIPModel(config).eval().save_pretrained(out)
+    CLIPImageProcessor(
+        size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size}
+    ).save_pretrained(out)
+    tokenizer.save_pretrained(out)
     return out

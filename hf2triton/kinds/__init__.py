@@ -17,6 +17,7 @@ from hf2triton.kinds import (  # noqa: F401
     classification,
     embedding,
     image_classification,
+    image_text_embedding,
     reranking,
     text_generation,
     translation,

@@ -120,6 +120,11 @@ class ExportRole(KindBase[C]):
         longest = sorted(data.items, key=self.item_size, reverse=True)[:4]
         return list({repr(x): x for x in [*data.items[:20], *longest]}.values())
 
+    def export_graph(self, model_dir: str, out: Path, opset: int) -> bool:
+        """Export the kind's graphs into `out` itself (True), or leave it to optimum's
+        `main_export` of `onnx_task` (False, the default)."""
+        return False
+
     @abstractmethod
     def prepare_export(self, model_dir: str, out: Path, cfg: C) -> None:
         """Write what serving needs beside the exported graph (a tokenizer, a preprocessor's

@@ -85,11 +85,12 @@ def image_bytes(item: str, where: str) -> bytes:
         ) from None
 
 
-def images_array(items: list[str]) -> np.ndarray:
-    """One encoded image per row: a batch for a model's IMAGE input."""
+def images_array(items: list[str], param: str = "inputs") -> np.ndarray:
+    """One encoded image per row: a batch for a model's IMAGE input (`param`: the body's key
+    that held them, for the errors)."""
     return np.array(
         [
-            [image_bytes(item, "inputs" if len(items) == 1 else f"inputs[{i}]")]
+            [image_bytes(item, param if len(items) == 1 else f"{param}[{i}]")]
             for i, item in enumerate(items)
         ],
         dtype=np.object_,

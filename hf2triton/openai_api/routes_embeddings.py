@@ -1,27 +1,37 @@
 """/v1/embeddings: an embedder's vectors for up to 2048 texts, sent to Triton in batches of its
-max_batch_size, as floats or base64 (little-endian float32), with the tokens embedded as usage."""
+max_batch_size, as floats or base64 (little-endian float32), with the tokens embedded as usage.
+An image-text embedder (CLIP) takes texts, or images with `modality: image` (as infinity does):
+each a base64 data URI (or bare base64) of the image file."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+from functools import partial
 
 import numpy as np
 from fastapi import APIRouter, Request
 
-from .bodies import Json, texts_array
+from .bodies import Json, images_array, texts_array
 from .errors import bad_request
 from .schemas import EmbeddingRequest
 from .state import timed, triton_of
 
 router = APIRouter()
+EMBEDDERS = ("embedding", "image_text_embedding")  # the kinds this route serves
 
 
 @router.post("/v1/embeddings")
 async def embeddings(body: EmbeddingRequest, request: Request) -> Json:
     request.state.model = body.model
     triton = triton_of(request)
-    model = await triton.model(body.model, ("embedding",), "/v1/embeddings")
+    model = await triton.model(body.model, EMBEDDERS, "/v1/embeddings")
+    if body.modality == "image" and model.kind != "image_text_embedding":
+        raise bad_request(
+            f"modality image: model {model.name!r} embeds texts only; send texts, or name an "
+            "image-text embedder",
+            param="modality",
+        )
     # A size the model does not make is refused before any inference is run.
     if body.dimensions is not None and model.width and body.dimensions != model.width:
         raise bad_request(
@@ -29,12 +39,16 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> Json:
             param="dimensions",
         )
     texts = [body.input] if isinstance(body.input, str) else body.input
+    image = body.modality == "image"
+    name, as_array = (
+        ("IMAGE", partial(images_array, param="input")) if image else ("TEXT", texts_array)
+    )
     chunk = model.max_batch_size or len(texts)
     parts = await timed(
         request,
         asyncio.gather(
             *(
-                triton.infer(model, {"TEXT": texts_array(texts[i : i + chunk])})
+                triton.infer(model, {name: as_array(texts[i : i + chunk])})
                 for i in range(0, len(texts), chunk)
             )
         ),

@@ -4,6 +4,8 @@ classifier's are images, each a base64 data URI (or bare base64) of the image fi
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from fastapi import APIRouter, Request
 
@@ -14,7 +16,7 @@ from .state import only_model, timed, triton_of
 
 router = APIRouter()
 # The classifiers' kinds: the input their items go to, and how.
-CLASSIFIERS = {
+CLASSIFIERS: dict[str, tuple[str, Callable[[list[str]], np.ndarray]]] = {
     "classification": ("TEXT", texts_array),
     "image_classification": ("IMAGE", images_array),
 }

@@ -28,6 +28,9 @@ class Request(BaseModel):
 
 class EmbeddingRequest(Request):
     input: str | list[str]
+    # What the inputs are, as infinity takes it: texts, or images (base64 data URIs) for an
+    # image-text embedder.
+    modality: Literal["text", "image"] = "text"
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1)
     user: str | None = None

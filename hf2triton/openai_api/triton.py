@@ -17,6 +17,7 @@ from .errors import ApiError, bad_request, not_found, param_of, unavailable
 
 # What each kind of served model declares (hf2triton/serving/*.py).
 KINDS = (
+    ("image_text_embedding", {"IMAGE", "TEXT"}, {"EMBEDDING"}),
     ("embedding", {"TEXT"}, {"EMBEDDING"}),
     ("text_generation", {"text_input"}, {"text_output"}),
     ("reranking", {"QUERY", "PASSAGES"}, {"SCORES"}),

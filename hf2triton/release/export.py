@@ -112,7 +112,8 @@ def export_checked(
     (ExportError when it disagrees by more than `settings.atol`): the export step's work, in
     whichever process runs it."""
     opset, atol = settings.opset, settings.atol
-    optimum_export(model_dir, out, kind.onnx_task, opset, kind.main_file)
+    if not kind.export_graph(model_dir, out, opset):
+        optimum_export(model_dir, out, kind.onnx_task, opset, kind.main_file)
     kind.prepare_export(model_dir, out, cfg)
     found = kind.check_export(model_dir, out, cfg, inputs)
     if not found["max_abs_diff"] <= atol:

@@ -31,6 +31,7 @@ ITEMS: dict[str, Any] = {
     "translation": "the quick brown fox",
     "text-generation": "Once upon a time",
     "image-classification": str(PHOTOS / "coffee.jpg"),
+    "image-text-embedding": {"image": str(PHOTOS / "coffee.jpg")},
 }
 
 # What each route of the OpenAI-compatible API answers (one item), for the kinds that have one.

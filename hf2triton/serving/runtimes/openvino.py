@@ -38,9 +38,9 @@ class OpenVinoSession(Session):
         # An infer request (and the queue) serves one caller at a time; ONNX Runtime's run is
         # thread-safe, so callers may share a session between threads.
         self.lock = threading.Lock()
-        self.inputs = {
-            p.get_any_name(): Port(p.get_any_name(), _ov_shape(p)) for p in compiled.inputs
-        }
+        # Inputs too under the model file's names: compiling folds a no-op Cast of CLIP's
+        # pixel_values and the input port answers "/vision_model/embeddings/Cast_output_0".
+        self.inputs = {_file_name(p): Port(_file_name(p), _ov_shape(p)) for p in compiled.inputs}
         # Outputs under the names the model file gives them, in its order, as ONNX Runtime
         # hands them back. Not the compiled ports' get_any_name(): compiling may fold the node
         # that made an output (an Add of an all-zero bias, an Identity) and merge its
