@@ -239,10 +239,16 @@ class JsonHttp:
     """POST a JSON body for each text to an HTTP embedding server (aiohttp): the FastAPI
     baseline's {"text": ...}, or an OpenAI-style {"model": ..., "input": [...]} (infinity-emb)."""
 
-    def __init__(self, url: str, conn_limit: int = 100, openai_model: str | None = None):
+    def __init__(
+        self,
+        url: str,
+        conn_limit: int = 100,
+        openai_model: str | None = None,
+        extra: dict[str, Any] | None = None,
+    ):
         import aiohttp
 
-        self.url, self.openai_model = url, openai_model
+        self.url, self.openai_model, self.extra = url, openai_model, extra or {}
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=conn_limit),
             timeout=aiohttp.ClientTimeout(total=None),
@@ -252,7 +258,7 @@ class JsonHttp:
         body = (
             {"text": text}
             if self.openai_model is None
-            else {"model": self.openai_model, "input": [text]}
+            else {"model": self.openai_model, "input": [text], **self.extra}
         )
         async with self.session.post(self.url, json=body) as resp:
             if resp.status != 200:

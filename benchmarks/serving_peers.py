@@ -80,19 +80,24 @@ def infinity_env() -> Path:
     """benchmarks/.venv-infinity (git-ignored): torch 2.13.0 from this machine's CPU wheel first,
     so nothing pulls a CUDA build, then infinity-emb."""
     env = ROOT / "benchmarks" / ".venv-infinity"
-    if (env / "bin" / "infinity_emb").is_file():
-        return env
-    log("infinity-emb: creating its environment (once)")
-    subprocess.run([sys.executable, "-m", "venv", str(env)], check=True)
     pip = [str(env / "bin" / "pip"), "install", "-q", "--disable-pip-version-check"]
-    cache = {"PIP_CACHE_DIR": str(ROOT / ".cache" / "pip")}
-    subprocess.run([*pip, "torch==2.13.0"], check=True, env={**os.environ, **cache})
-    subprocess.run([*pip, INFINITY, "torch==2.13.0"], check=True, env={**os.environ, **cache})
+    cache = {**os.environ, "PIP_CACHE_DIR": str(ROOT / ".cache" / "pip")}
+    if not (env / "bin" / "infinity_emb").is_file():
+        log("infinity-emb: creating its environment (once)")
+        subprocess.run([sys.executable, "-m", "venv", str(env)], check=True)
+        subprocess.run([*pip, "torch==2.13.0"], check=True, env=cache)
+        subprocess.run([*pip, INFINITY, "torch==2.13.0"], check=True, env=cache)
+    # Images (CLIP): infinity fetches and decodes them with aiohttp and Pillow. Not its [vision]
+    # extra: that pulls PyPI's torchvision, built for CUDA torch, which breaks transformers'
+    # import on the CPU torch ("operator torchvision::nms does not exist").
+    if not list((env / "lib").glob("python*/site-packages/aiohttp")):
+        subprocess.run([*pip, "aiohttp", "pillow"], check=True, env=cache)
     return env
 
 
 @contextlib.contextmanager
-def infinity_server(port: int):
+def infinity_server(port: int, model: Path | None = None, batch_size: int = 32):
+    """infinity-emb serving `model` (default: the MiniLM of the text benchmarks) on `port`."""
     env = infinity_env()
     (ROOT / "benchmarks" / "results").mkdir(parents=True, exist_ok=True)
     log_file = open(ROOT / "benchmarks" / "results" / "infinity.log", "wb")
@@ -101,11 +106,11 @@ def infinity_server(port: int):
             str(env / "bin" / "infinity_emb"),
             "v2",
             "--model-id",
-            str(minilm_dir()),
+            str(model or minilm_dir()),
             "--engine",
             "torch",
             "--batch-size",
-            "32",
+            str(batch_size),
             "--device",
             "cpu",
             "--port",

@@ -28,6 +28,8 @@ def functions(folders: tuple[str, ...] = CODE):
     """(path relative to the root, function node) of every function in `folders`."""
     for folder in folders:
         for path in sorted((ROOT / folder).rglob("*.py")):
+            if any(part.startswith(".") for part in path.relative_to(ROOT).parts):
+                continue  # a git-ignored environment (benchmarks/.venv-infinity): not ours
             tree = ast.parse(path.read_text(encoding="utf-8"))
             for node in ast.walk(tree):
                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):

@@ -1,6 +1,6 @@
 """The Triton server behind the API, over gRPC (asyncio): which models it serves, of which kind
-(read off the tensors each declares: the serving core's classes are the contract), and requests
-to them, streamed for a decoupled model. Triton's refusals become API errors by status code."""
+(the `kind` parameter each release's config.pbtxt declares), and requests to them, streamed for
+a decoupled model. Triton's refusals become API errors by status code."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import numpy as np
 
 from .errors import ApiError, bad_request, not_found, param_of, unavailable
 
-# What each kind of served model declares (hf2triton/serving/*.py).
-KINDS = (
-    ("image_text_embedding", {"IMAGE", "TEXT"}, {"EMBEDDING"}),
+# Versions released before config.pbtxt declared its kind: the kind told by the tensors the
+# serving classes of that time declared (hf2triton/serving/*.py). New kinds need no line here.
+LEGACY_KINDS = (
     ("embedding", {"TEXT"}, {"EMBEDDING"}),
     ("text_generation", {"text_input"}, {"text_output"}),
     ("reranking", {"QUERY", "PASSAGES"}, {"SCORES"}),
@@ -50,8 +50,15 @@ class Model:
     chat_tools: str = ""
 
 
-def kind_of(inputs: set[str], outputs: set[str]) -> str | None:
-    for kind, needs_in, needs_out in KINDS:
+def kind_of(cfg: dict[str, Any]) -> str | None:
+    """A model's kind: its config's `kind` parameter, or (released before there was one) the
+    kind its tensors tell."""
+    declared = cfg.get("parameters", {}).get("kind", {}).get("string_value")
+    if declared:
+        return str(declared)
+    inputs = {t["name"] for t in cfg.get("input", [])}
+    outputs = {t["name"] for t in cfg.get("output", [])}
+    for kind, needs_in, needs_out in LEGACY_KINDS:
         if needs_in <= inputs and needs_out <= outputs:
             return kind
     return None
@@ -154,9 +161,8 @@ class Triton:
             cfg = (await self.client.get_model_config(name, version, as_json=True))["config"]
         except Exception:  # noqa: BLE001 - unloaded meanwhile: not listed
             return None
-        inputs = {t["name"] for t in cfg.get("input", [])}
         outputs = tuple(t["name"] for t in cfg.get("output", []))
-        kind = kind_of(inputs, set(outputs))
+        kind = kind_of(cfg)
         if kind is None:
             return None
         labels = cfg.get("parameters", {}).get("labels", {}).get("string_value")

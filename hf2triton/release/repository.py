@@ -131,7 +131,8 @@ def render_config(
         max_queue_delay_us=serving_knobs["max_queue_delay_us"],
         instance_group=instance_group(serving_knobs),
         model_warmup=warmup_blocks,
-        parameters=config_parameters(kind.config_parameters(cfg)),
+        # The kind, declared: the OpenAI-compatible API serves a model by it.
+        parameters=config_parameters({"kind": kind.name, **kind.config_parameters(cfg)}),
     )
 
 

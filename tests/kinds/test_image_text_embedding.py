@@ -120,8 +120,12 @@ def test_the_gate_judged_image_and_text_cosines_and_zero_shot_labels(clip):
             "min_text_cosine",
             "zero_shot_agreement",
         } <= set(entry["metrics"]), name
+    # ONNX Runtime's dynamic int8 and OpenVINO's int8 (calibrated on the photographs) of this
+    # random CLIP move the nearest label prompt of some photographs: neither ships.
+    int8 = {n: c for n, c in by_name.items() if "int8" in n}
+    assert len(int8) == 2 and all("zero_shot_agreement" in c["misses"] for c in int8.values())
     shipped = by_name[clip["summary"]["variant"]]
-    assert not shipped["misses"]
+    assert "int8" not in clip["summary"]["variant"] and not shipped["misses"]
     assert shipped["metrics"]["zero_shot_agreement"] == 1.0
     assert shipped["metrics"]["min_cosine"] > 0.999
 

@@ -156,7 +156,23 @@ def test_tritons_refusals_become_api_errors_by_status(status, message, code, par
     assert message in error.message
 
 
-def test_kinds_are_read_off_the_declared_tensors():
-    assert kind_of({"QUERY", "PASSAGES"}, {"SCORES"}) == "reranking"
-    assert kind_of({"TEXT", "NUM_BEAMS"}, {"TRANSLATION", "TRUNCATED"}) == "translation"
-    assert kind_of({"TEXT"}, {"SCORES"}) is None
+def _config(inputs: set[str], outputs: set[str], **parameters: str) -> dict:
+    return {
+        "input": [{"name": n} for n in sorted(inputs)],
+        "output": [{"name": n} for n in sorted(outputs)],
+        "parameters": {k: {"string_value": v} for k, v in parameters.items()},
+    }
+
+
+def test_a_models_kind_is_the_one_its_config_declares():
+    assert kind_of(_config({"IMAGE", "TEXT"}, {"EMBEDDING"}, kind="image_text_embedding")) == (
+        "image_text_embedding"
+    )
+    # The declaration wins over what the tensors would tell.
+    assert kind_of(_config({"TEXT"}, {"EMBEDDING"}, kind="embedding")) == "embedding"
+
+
+def test_versions_released_before_the_declaration_are_told_by_their_tensors():
+    assert kind_of(_config({"QUERY", "PASSAGES"}, {"SCORES"})) == "reranking"
+    assert kind_of(_config({"TEXT", "NUM_BEAMS"}, {"TRANSLATION", "TRUNCATED"})) == "translation"
+    assert kind_of(_config({"TEXT"}, {"SCORES"})) is None
