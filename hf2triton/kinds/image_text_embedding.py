@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from hf2triton.errors import SpecError
+from hf2triton.errors import SpecError, UnsupportedModelError
 from hf2triton.kinds.base import KINDS, Data, Limits
 from hf2triton.kinds.data import read_lines, save_fast_tokenizer
 from hf2triton.kinds.embedding import cosine_rows
@@ -236,9 +236,18 @@ class ImageTextEmbeddingKind(VisionKind[ImageTextEmbeddingConfig]):
     def resolve(self, model_dir: str) -> ImageTextEmbeddingConfig:
         from transformers import AutoConfig
 
+        config = AutoConfig.from_pretrained(model_dir)
+        if config.model_type != "clip":
+            # SigLIP's text tower pools the last position of texts padded to a fixed length with
+            # no attention mask: served as CLIP is, its text embeddings would be wrong.
+            raise UnsupportedModelError(
+                f"task image-text-embedding serves CLIP models (model_type 'clip'); "
+                f"{model_dir} is {config.model_type!r}"
+            )
         plan = image_plan(load_processor(model_dir))
-        text = AutoConfig.from_pretrained(model_dir).text_config
-        return ImageTextEmbeddingConfig(plan.to_dict(), int(text.max_position_embeddings))
+        return ImageTextEmbeddingConfig(
+            plan.to_dict(), int(config.text_config.max_position_embeddings)
+        )
 
     def config_from_dict(self, data: dict[str, Any]) -> ImageTextEmbeddingConfig:
         return ImageTextEmbeddingConfig(**data)
@@ -257,7 +266,7 @@ class ImageTextEmbeddingKind(VisionKind[ImageTextEmbeddingConfig]):
                 f"image_text_embedding.label_template {options.label_template!r} has no {{}} "
                 "where the label goes: write e.g. 'a photo of {}.'"
             )
-        prompts = [options.label_template.format(label) for label in options.labels]
+        prompts = [options.label_template.replace("{}", label) for label in options.labels]
         items = [*images, *({"text": t} for t in dict.fromkeys([*texts, *prompts]))]
         at = {x["text"]: i for i, x in enumerate(items) if "text" in x}
         extra = (

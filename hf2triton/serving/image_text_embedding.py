@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 
-from . import runtimes
 from .base import TEXT, ServedModel, Tensor, text_column
 from .image_classification import IMAGE, ImagePixels, image_column
 from .text import OnnxText
@@ -37,13 +36,7 @@ class ImageTextEmbedder(ServedModel):
 
     def __init__(self, image_graph: str, text_graph: str, tokenizer: str, settings: dict[str, Any]):
         self.images = ImagePixels(image_graph, settings)
-        self.text = OnnxText(
-            text_graph,
-            tokenizer,
-            settings["max_length"],
-            max_batch_tokens=int(settings.get("max_batch_tokens", 0)),
-            runtime=runtimes.settings_of(settings),
-        )
+        self.text = OnnxText.of(text_graph, tokenizer, settings)
 
     @classmethod
     def from_directory(cls, directory: str, settings: dict[str, Any]) -> ImageTextEmbedder:

@@ -117,6 +117,18 @@ class OnnxText:
         self.output_meta = self.session.outputs  # name -> Port(name, shape)
         self.warm_buckets()
 
+    @classmethod
+    def of(cls, onnx_path: str, tokenizer_path: str, settings: dict[str, Any]) -> OnnxText:
+        """The graph and tokenizer as serving.json sets them up: max_length, max_batch_tokens
+        and the runtime."""
+        return cls(
+            onnx_path,
+            tokenizer_path,
+            settings["max_length"],
+            max_batch_tokens=int(settings.get("max_batch_tokens", 0)),
+            runtime=runtimes.settings_of(settings),
+        )
+
     def encode(self, rows: Sequence[str] | Sequence[tuple[str, str]]) -> list[Any]:
         """Encodings of texts, or of (text, text) pairs (special tokens as the model wants)."""
         return self.tokenizer.encode_batch(list(rows)) if rows else []
@@ -210,13 +222,7 @@ class TextModel(ServedModel):
 
     def __init__(self, onnx_path: str, tokenizer_path: str, settings: dict[str, Any]):
         self.settings = settings
-        self.text = OnnxText(
-            onnx_path,
-            tokenizer_path,
-            settings["max_length"],
-            max_batch_tokens=int(settings.get("max_batch_tokens", 0)),
-            runtime=runtimes.settings_of(settings),
-        )
+        self.text = OnnxText.of(onnx_path, tokenizer_path, settings)
 
     @classmethod
     def from_directory(cls, directory: str, settings: dict[str, Any]) -> TextModel:

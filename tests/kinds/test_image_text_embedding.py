@@ -169,3 +169,35 @@ def test_the_openai_sdk_embeds_images_and_texts(clip, model_dir):
             input=["https://example.com/cat.jpg"],
             extra_body={"modality": "image"},
         )
+
+
+def _kind(**options):
+    from types import SimpleNamespace
+
+    from hf2triton.kinds.image_text_embedding import ImageTextEmbeddingKind, ImageTextEmbeddingSpec
+
+    validation = SimpleNamespace(images=str(PHOTOS), sentences=None, smoke_sentences=4)
+    return ImageTextEmbeddingKind(ImageTextEmbeddingSpec(**options), validation)
+
+
+def test_a_model_that_is_not_clip_is_refused_naming_its_type(tmp_path):
+    from transformers import SiglipConfig
+
+    from hf2triton.errors import UnsupportedModelError
+
+    SiglipConfig().save_pretrained(tmp_path)
+    with pytest.raises(UnsupportedModelError, match="serves CLIP models .* is 'siglip'"):
+        _kind().resolve(str(tmp_path))
+
+
+def test_zero_shot_prompts_come_from_the_labels_and_a_template_without_a_slot_is_refused():
+    from hf2triton.errors import SpecError
+
+    data = _kind(labels=["cat", "dog"], label_template="{} {x}").read_data()
+    texts = [x["text"] for x in data.items if "text" in x]
+    assert texts == ["cat {x}", "dog {x}"]  # braces other than {} are kept as written
+    assert data.extra["zero_shot"]["images"] == list(range(len(photos())))
+    assert [data.items[i]["text"] for i in data.extra["zero_shot"]["prompts"]] == texts
+    with pytest.raises(SpecError, match="label_template 'a photo' has no {}"):
+        _kind(labels=["cat"], label_template="a photo").read_data()
+    assert "zero_shot" not in _kind().read_data().extra  # no labels: no zero-shot check
