@@ -56,10 +56,10 @@ def text_array(text: str) -> np.ndarray:
     return np.array([[text.encode("utf-8")]], dtype=np.object_)
 
 
-def image_bytes(item: str, where: str) -> bytes:
+def image_bytes(item: str, where: str, param: str = "inputs") -> bytes:
     """An image sent as a base64 data URI ("data:image/png;base64,...") or bare base64, as the
-    file's bytes; 400 naming `where` for a remote URL (not fetched: the server reaches out to
-    nothing a client names) or what is not base64."""
+    file's bytes; 400 naming `where` (in the body's `param`) for a remote URL (not fetched: the
+    server reaches out to nothing a client names) or what is not base64."""
     import base64
     import binascii
 
@@ -68,20 +68,20 @@ def image_bytes(item: str, where: str) -> bytes:
         raise bad_request(
             f"{where} is a URL: this server does not fetch remote images; send the image "
             "file as a base64 data URI (data:image/jpeg;base64,...)",
-            param="inputs",
+            param=param,
         )
     if text.startswith("data:"):
         header, sep, text = text.partition(",")
         if not sep or not header.endswith(";base64"):
             raise bad_request(
                 f"{where} is a data URI that is not base64: send data:image/...;base64,...",
-                param="inputs",
+                param=param,
             )
     try:
         return base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
         raise bad_request(
-            f"{where} is not base64: send the image file as a base64 data URI", param="inputs"
+            f"{where} is not base64: send the image file as a base64 data URI", param=param
         ) from None
 
 
@@ -90,7 +90,7 @@ def images_array(items: list[str], param: str = "inputs") -> np.ndarray:
     that held them, for the errors)."""
     return np.array(
         [
-            [image_bytes(item, param if len(items) == 1 else f"{param}[{i}]")]
+            [image_bytes(item, param if len(items) == 1 else f"{param}[{i}]", param)]
             for i, item in enumerate(items)
         ],
         dtype=np.object_,

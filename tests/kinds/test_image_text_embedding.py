@@ -163,12 +163,13 @@ def test_the_openai_sdk_embeds_images_and_texts(clip, model_dir):
     text = api.embeddings.create(model="tiny-clip", input="a photo of a horse.")
     got = np.array([d.embedding for d in [*images.data, *text.data]], np.float32)
     np.testing.assert_allclose(got, expected, atol=1e-4)
-    with pytest.raises(BadRequestError, match="does not fetch remote images"):
+    with pytest.raises(BadRequestError, match="does not fetch remote images") as refused:
         api.embeddings.create(
             model="tiny-clip",
             input=["https://example.com/cat.jpg"],
             extra_body={"modality": "image"},
         )
+    assert refused.value.param == "input"  # the body's own key
 
 
 def _kind(**options):
