@@ -53,6 +53,12 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--keys-file", type=Path, help="sha256 hashes of the accepted keys")
     parser.add_argument("--max-body-mb", type=float, default=4.0)
     parser.add_argument("--timeout-s", type=float, default=600.0)
+    parser.add_argument(
+        "--remote-image-host",
+        action="append",
+        default=[],
+        help="a host whose image URLs the API may fetch (repeat for more; default: none)",
+    )
     return parser.parse_args(argv), command
 
 
@@ -62,7 +68,11 @@ async def serve(args: argparse.Namespace, command: list[str]) -> int:
     from .app import create_app
 
     app = create_app(
-        args.triton, key_hashes(args.keys_file), int(args.max_body_mb * (1 << 20)), args.timeout_s
+        args.triton,
+        key_hashes(args.keys_file),
+        int(args.max_body_mb * (1 << 20)),
+        args.timeout_s,
+        tuple(args.remote_image_host),
     )
     config = uvicorn.Config(
         app,

@@ -41,6 +41,7 @@ def create_app(
     key_hashes: tuple[str, ...] = (),
     max_body: int = 4 << 20,
     timeout_s: float = 600.0,
+    remote_image_hosts: tuple[str, ...] = (),
 ) -> Any:
     """The API over the Triton gRPC endpoint `triton_url` (host:port)."""
     app = FastAPI(
@@ -50,7 +51,7 @@ def create_app(
         openapi_url="/v1/openapi.json",
         lifespan=lifespan,
     )
-    app.state.settings = Settings(triton_url, max_body, timeout_s)
+    app.state.settings = Settings(triton_url, max_body, timeout_s, remote_image_hosts)
     app.state.keys = tuple(key_hashes)
     app.state.metrics = Metrics()
     app.state.triton = None  # a state.TritonClient, made on first use (state.triton_of)

@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from functools import partial
 
 import numpy as np
 from fastapi import APIRouter, Request
 
-from .bodies import Json, images_array, texts_array
+from .bodies import Json, input_array
 from .errors import bad_request
 from .schemas import EmbeddingRequest
-from .state import timed, triton_of
+from .state import remote_images, timed, triton_of
 
 router = APIRouter()
 EMBEDDERS = ("embedding", "image_text_embedding")  # the kinds this route serves
@@ -39,16 +38,15 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> Json:
             param="dimensions",
         )
     texts = [body.input] if isinstance(body.input, str) else body.input
-    image = body.modality == "image"
-    name, as_array = (
-        ("IMAGE", partial(images_array, param="input")) if image else ("TEXT", texts_array)
-    )
+    name = "IMAGE" if body.modality == "image" else "TEXT"
+    # Every item read (an image decoded from base64 or fetched) before any inference.
+    batch = await input_array(name, texts, "input", remote_images(request))
     chunk = model.max_batch_size or len(texts)
     parts = await timed(
         request,
         asyncio.gather(
             *(
-                triton.infer(model, {name: as_array(texts[i : i + chunk])})
+                triton.infer(model, {name: batch[i : i + chunk]})
                 for i in range(0, len(texts), chunk)
             )
         ),

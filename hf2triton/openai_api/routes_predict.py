@@ -4,22 +4,17 @@ classifier's are images, each a base64 data URI (or bare base64) of the image fi
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 from fastapi import APIRouter, Request
 
-from .bodies import Json, images_array, parse, read_json, texts_array
+from .bodies import Json, input_array, parse, read_json
 from .errors import bad_request
 from .schemas import PredictRequest
-from .state import only_model, timed, triton_of
+from .state import only_model, remote_images, timed, triton_of
 
 router = APIRouter()
-# The classifiers' kinds: the input their items go to, and how.
-CLASSIFIERS: dict[str, tuple[str, Callable[[list[str]], np.ndarray]]] = {
-    "classification": ("TEXT", texts_array),
-    "image_classification": ("IMAGE", images_array),
-}
+# The classifiers' kinds: the input their items go to.
+CLASSIFIERS = {"classification": "TEXT", "image_classification": "IMAGE"}
 
 
 @router.post("/predict")
@@ -33,8 +28,9 @@ async def predict(request: Request) -> Json:
     items = [body.inputs] if isinstance(body.inputs, str) else body.inputs
     if not items:
         raise bad_request("inputs is empty: send at least one item", param="inputs")
-    name, as_array = CLASSIFIERS[model.kind]
-    out = await timed(request, triton.infer(model, {name: as_array(items)}))
+    name = CLASSIFIERS[model.kind]
+    batch = await input_array(name, items, "inputs", remote_images(request))
+    out = await timed(request, triton.infer(model, {name: batch}))
     scores = out["SCORES"]
     names = (
         model.labels

@@ -11,6 +11,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 from fastapi import Request
 
+from .bodies import RemoteImages
 from .errors import ApiError, bad_request
 from .triton import Model, Triton
 
@@ -22,6 +23,9 @@ class Settings:
     triton_url: str  # Triton's gRPC endpoint, host:port
     max_body: int  # bytes in a request's body
     timeout_s: float  # for an answer (each of a generation's pieces before it streams)
+    # Hosts whose image URLs the API fetches for a client (deploy.openai.remote_image_hosts);
+    # empty: a URL is refused and images come as base64.
+    remote_image_hosts: tuple[str, ...] = ()
 
 
 class TritonClient(Protocol):
@@ -46,6 +50,12 @@ class TritonClient(Protocol):
 
 def settings_of(request: Request) -> Settings:
     return request.app.state.settings
+
+
+def remote_images(request: Request) -> RemoteImages:
+    """The image URLs this API fetches: the operator's hosts, at most a body's size each."""
+    settings = settings_of(request)
+    return RemoteImages(settings.remote_image_hosts, settings.max_body)
 
 
 def triton_of(request: Request) -> TritonClient:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any, ClassVar, Literal, NotRequired, TypedDict
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from hf2triton.clients.credentials import ApiKeys, resolve
 from hf2triton.errors import DeployError
@@ -86,13 +86,33 @@ class OpenAISpec(Strict):
     )
     max_body_mb: float = Field(4, gt=0, le=1024, description="the largest request body (MB)")
     timeout_s: float = Field(600, gt=0, description="the longest a request may take")
+    remote_image_hosts: list[str] = Field(
+        default_factory=list,
+        description="hosts whose image URLs (http or https) the API fetches for a client, "
+        "redirects not followed, at most max_body_mb; empty: a URL is refused and images come "
+        "as base64 data URIs",
+    )
+
+    @field_validator("remote_image_hosts")
+    @classmethod
+    def _hosts(cls, hosts: list[str]) -> list[str]:
+        bad = [h for h in hosts if not h or "/" in h or ":" in h or h != h.strip()]
+        if bad:
+            raise ValueError(
+                f"remote_image_hosts takes host names alone (images.example.com), got {bad}"
+            )
+        return [h.lower() for h in hosts]
 
     def url(self, host: str) -> str:
         return f"http://{host}:{self.port}/v1"
 
     def arguments(self) -> list[str]:
         """The API server's arguments for these limits."""
-        return [f"--max-body-mb={self.max_body_mb:g}", f"--timeout-s={self.timeout_s:g}"]
+        return [
+            f"--max-body-mb={self.max_body_mb:g}",
+            f"--timeout-s={self.timeout_s:g}",
+            *(f"--remote-image-host={h}" for h in self.remote_image_hosts),
+        ]
 
     def key_hashes(self) -> list[str]:
         """sha256 of each key the API is to accept (the block's, else the environment's);
