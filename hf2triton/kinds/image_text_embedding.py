@@ -68,9 +68,22 @@ class ImageTextEmbeddingConfig:
 
     pixels: dict[str, Any]  # hf2triton.serving.images.PixelPlan.to_dict()
     max_length: int
+    logit_scale: float  # exp of the model's learned logit scale: zero-shot logits = it x cosine
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def read_logit_scale(model_dir: str | Path, config: Any) -> float:
+    """exp of the learned `logit_scale` in the model's safetensors weights (the config's initial
+    value for a model without them)."""
+    from safetensors import safe_open
+
+    for path in sorted(Path(model_dir).glob("*.safetensors")):
+        with safe_open(str(path), "np") as weights:
+            if "logit_scale" in weights.keys():  # noqa: SIM118 - safe_open has no __contains__
+                return float(np.exp(weights.get_tensor("logit_scale")).reshape(-1)[0])
+    return float(np.exp(config.logit_scale_init_value))
 
 
 def modality_of(item: dict[str, str]) -> str:
@@ -246,7 +259,9 @@ class ImageTextEmbeddingKind(VisionKind[ImageTextEmbeddingConfig]):
             )
         plan = image_plan(load_processor(model_dir))
         return ImageTextEmbeddingConfig(
-            plan.to_dict(), int(config.text_config.max_position_embeddings)
+            plan.to_dict(),
+            int(config.text_config.max_position_embeddings),
+            read_logit_scale(model_dir, config),
         )
 
     def config_from_dict(self, data: dict[str, Any]) -> ImageTextEmbeddingConfig:
@@ -356,6 +371,10 @@ class ImageTextEmbeddingKind(VisionKind[ImageTextEmbeddingConfig]):
 
     def config_values(self, cfg: ImageTextEmbeddingConfig, info: dict[str, Any]) -> dict[str, Any]:
         return {"embedding_dim": info["embedding_dim"]}
+
+    def config_parameters(self, cfg: ImageTextEmbeddingConfig) -> dict[str, str]:
+        """The zero-shot temperature, for the OpenAI-compatible API's /v1/predict."""
+        return {"logit_scale": f"{cfg.logit_scale:.9g}"}
 
     def reference(self, model_dir: str, cfg: ImageTextEmbeddingConfig, data: Data) -> np.ndarray:
         return normalized(TorchClip(model_dir, cfg.max_length).features(data.items))

@@ -262,9 +262,26 @@ class RerankRequest(Request):
 
 
 class PredictRequest(BaseModel):
-    """text-embeddings-inference's /predict: `inputs` a text or a list of texts."""
+    """text-embeddings-inference's /predict: `inputs` a text or a list of texts (images for an
+    image model); for an image-text embedder, the zero-shot `labels` and their template."""
 
     model_config = ConfigDict(extra="allow")
 
     inputs: str | list[str]
     model: str | None = None
+    labels: list[str] | None = Field(None, min_length=1, max_length=MAX_INPUTS)
+    label_template: str = "a photo of {}."
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and not all(x.strip() for x in v):
+            raise ValueError("a label is empty: give each label as text")
+        return v
+
+    @field_validator("label_template")
+    @classmethod
+    def _template(cls, v: str) -> str:
+        if "{}" not in v:
+            raise ValueError(f"{v!r} has no {{}} where the label goes: e.g. 'a photo of {{}}.'")
+        return v

@@ -48,6 +48,8 @@ class Model:
     width: int | None = None  # an embedder's embedding size, as its config declares it
     # How a text generator's chat template calls tools ("hermes", "json"; "": it takes none).
     chat_tools: str = ""
+    # An image-text embedder's zero-shot temperature: its logits are this times the cosines.
+    logit_scale: float = 0.0
 
 
 def kind_of(cfg: dict[str, Any]) -> str | None:
@@ -180,6 +182,9 @@ class Triton:
             labels=tuple(json.loads(labels or "[]")),
             width=width,
             chat_tools=cfg.get("parameters", {}).get("chat_tools", {}).get("string_value", ""),
+            logit_scale=float(
+                cfg.get("parameters", {}).get("logit_scale", {}).get("string_value") or 0.0
+            ),
         )
         self.known[(name, version)] = model
         return model

@@ -172,6 +172,41 @@ def test_the_openai_sdk_embeds_images_and_texts(clip, model_dir):
     assert refused.value.param == "input"  # the body's own key
 
 
+def test_predict_classifies_images_zero_shot_as_clips_logits_per_image(clip, model_dir):
+    import httpx
+    import torch
+    from transformers import CLIPModel, CLIPTokenizerFast
+
+    from hf2triton.kinds.image_classification import data_uri
+    from hf2triton.kinds.image_text_embedding import TorchClip
+
+    files = photos()[:4]
+    labels = ["cat", "horse", "rocket"]
+    torch_model = TorchClip(model_dir, 77)
+    tokens = CLIPTokenizerFast.from_pretrained(model_dir)(
+        [f"a picture of {x}" for x in labels], padding=True, return_tensors="pt"
+    )
+    with torch.inference_mode():
+        logits = CLIPModel.from_pretrained(model_dir)(
+            **tokens, pixel_values=torch.from_numpy(torch_model.pixel_values(list(map(str, files))))
+        ).logits_per_image
+    expected = logits.softmax(dim=-1).numpy()
+    url = f"http://127.0.0.1:{clip['ports']['openai']['port']}/v1/predict"
+    body = {
+        "model": "tiny-clip",
+        "inputs": [data_uri(f.read_bytes()) for f in files],
+        "labels": labels,
+        "label_template": "a picture of {}",
+    }
+    answer = httpx.post(url, json=body, timeout=60).json()
+    for row, want in zip(answer, expected):
+        assert row[0]["label"] == labels[int(want.argmax())]  # the best first
+        got = {item["label"]: item["score"] for item in row}
+        np.testing.assert_allclose([got[x] for x in labels], want, atol=1e-4)
+    refused = httpx.post(url, json={"model": "tiny-clip", "inputs": body["inputs"]}, timeout=60)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "labels"
+
+
 def _kind(**options):
     from types import SimpleNamespace
 

@@ -196,3 +196,14 @@ def test_message_text_joins_text_parts_and_refuses_others():
     image = Message(role="user", content=[{"type": "image_url", "image_url": {"url": "x"}}])
     with pytest.raises(ValueError, match="a content part of type 'image_url' is not served"):
         image.text()
+
+
+def test_zero_shot_labels_and_their_template_are_checked():
+    from hf2triton.openai_api.schemas import PredictRequest
+
+    ok = PredictRequest(inputs=["x"], labels=["cat"], label_template="an image of {}")
+    assert ok.labels == ["cat"] and ok.label_template == "an image of {}"
+    with pytest.raises(ValueError, match="a label is empty"):
+        PredictRequest(inputs=["x"], labels=["cat", " "])
+    with pytest.raises(ValueError, match="has no {} where the label goes"):
+        PredictRequest(inputs=["x"], labels=["cat"], label_template="a photo")
