@@ -46,3 +46,11 @@ def test_the_models_own_size_is_taken_and_another_refused_before_inference():
         and error["message"] == "dimensions 3: this model's embeddings have 4"
     )
     assert fake.batches == []
+
+
+def test_images_sent_to_a_text_embedder_are_refused_naming_the_modality():
+    api, fake = client()
+    body = {"model": "emb", "input": ["data:image/png;base64,iVBORw0KGgo="], "modality": "image"}
+    error = error_of(api.post("/v1/embeddings", json=body), 400)
+    assert error["param"] == "modality" and "embeds texts only" in error["message"]
+    assert fake.batches == []
