@@ -42,6 +42,7 @@ def test_every_registered_kind_has_a_modality_base():
         "translation": TextToTextKind,
         "text-generation": TextToTextKind,
         "image-classification": VisionKind,
+        "image-text-embedding": VisionKind,
     }
     assert {k.modality for k in kind_classes()} == {"text", "image"}
 
