@@ -14,7 +14,6 @@ import pytest
 from fastapi.testclient import TestClient
 
 from hf2triton.openai_api.app import create_app
-from hf2triton.openai_api.errors import bad_request, not_found
 from hf2triton.openai_api.triton import Model
 from hf2triton.targets.base import OpenAISpec
 from tests.openai_api.test_routes import FakeTriton, error_of
@@ -50,20 +49,11 @@ class Files(BaseHTTPRequestHandler):
 class ImageTriton(FakeTriton):
     """An image classifier and an image-text embedder that answer with each image's size."""
 
+    served = MODELS
+
     def __init__(self) -> None:
         super().__init__()
         self.images: list[bytes] = []
-
-    async def models(self) -> list[Model]:
-        return list(MODELS)
-
-    async def model(self, name: str, kinds: tuple[str, ...], route: str) -> Model:
-        found = next((m for m in MODELS if m.name == name), None)
-        if found is None:
-            raise not_found(name)
-        if found.kind not in kinds:
-            raise bad_request(f"The model '{name}' is a {found.kind} model", param="model")
-        return found
 
     async def infer(self, model: Model, arrays: dict[str, np.ndarray], prompt_param: str = "input"):
         images = [bytes(row[0]) for row in arrays["IMAGE"]]

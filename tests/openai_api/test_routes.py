@@ -35,6 +35,8 @@ class FakeTriton:
     """A Triton serving MODELS: an embedder whose vector starts with the text's length, a
     generator that streams PIECES, a reranker scoring a passage by its length, a classifier."""
 
+    served: tuple[Model, ...] = MODELS
+
     def __init__(self) -> None:
         self.batches: list[int] = []  # the texts in each embedding request sent
         self.closed = False
@@ -43,10 +45,10 @@ class FakeTriton:
         return True
 
     async def models(self) -> list[Model]:
-        return list(MODELS)
+        return list(self.served)
 
     async def model(self, name: str, kinds: tuple[str, ...], route: str) -> Model:
-        found = next((m for m in MODELS if m.name == name), None)
+        found = next((m for m in self.served if m.name == name), None)
         if found is None:
             raise not_found(name)
         if found.kind not in kinds:
