@@ -23,7 +23,7 @@ from hf2triton.errors import SpecError, UnsupportedModelError
 from hf2triton.kinds.base import KINDS, Data, Limits
 from hf2triton.kinds.data import read_lines, save_fast_tokenizer
 from hf2triton.kinds.embedding import cosine_rows
-from hf2triton.kinds.image_classification import data_uri, load_processor
+from hf2triton.kinds.image_classification import TorchImages, data_uri, load_processor
 from hf2triton.kinds.image_plan import image_plan
 from hf2triton.kinds.margin import Sample
 from hf2triton.kinds.modality import VisionKind, read_images
@@ -91,25 +91,16 @@ def modality_of(item: dict[str, str]) -> str:
     return "image" if "image" in item else "text"
 
 
-class TorchClip:
+class TorchClip(TorchImages):
     """The original PyTorch model's image and text features, on its own processor's tensors
-    (images opened as transformers opens them) and its own tokenizer's ids."""
+    (images opened as transformers opens them: TorchImages) and its own tokenizer's ids."""
 
     def __init__(self, model_dir: str | Path, max_length: int):
-        import torch
-        from transformers import AutoModel, AutoTokenizer
+        from transformers import AutoTokenizer
 
-        self._torch = torch
-        self.processor = load_processor(model_dir)
+        super().__init__(model_dir, "AutoModel")
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-        self.model = AutoModel.from_pretrained(str(model_dir)).eval()
         self.max_length = max_length
-
-    def pixel_values(self, paths: list[str]) -> np.ndarray:
-        from transformers.image_utils import load_image
-
-        images = [load_image(p) for p in paths]
-        return self.processor(images=images, return_tensors="np")["pixel_values"]
 
     def image_features(self, pixels: np.ndarray) -> np.ndarray:
         with self._torch.inference_mode():
