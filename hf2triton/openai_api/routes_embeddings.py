@@ -5,7 +5,6 @@ each a base64 data URI (or bare base64) of the image file."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 
 import numpy as np
@@ -14,7 +13,7 @@ from fastapi import APIRouter, Request
 from .bodies import Json, input_array
 from .errors import bad_request
 from .schemas import EmbeddingRequest
-from .state import remote_images, timed, triton_of
+from .state import infer_in_parts, remote_images, triton_of
 
 router = APIRouter()
 EMBEDDERS = ("embedding", "image_text_embedding")  # the kinds this route serves
@@ -41,16 +40,7 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> Json:
     name = "IMAGE" if body.modality == "image" else "TEXT"
     # Every item read (an image decoded from base64 or fetched) before any inference.
     batch = await input_array(name, texts, "input", remote_images(request))
-    chunk = model.max_batch_size or len(texts)
-    parts = await timed(
-        request,
-        asyncio.gather(
-            *(
-                triton.infer(model, {name: batch[i : i + chunk]})
-                for i in range(0, len(texts), chunk)
-            )
-        ),
-    )
+    parts = await infer_in_parts(request, model, name, batch)
     vectors = np.concatenate([p["EMBEDDING"] for p in parts]).astype(np.float32)
     if body.dimensions is not None and body.dimensions != vectors.shape[1]:
         raise bad_request(

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Request
 from .bodies import Json, input_array, parse, read_json, texts_array
 from .errors import bad_request
 from .schemas import PredictRequest
-from .state import only_model, remote_images, timed, triton_of
+from .state import infer_in_parts, only_model, remote_images, timed, triton_of
 from .triton import Model
 
 router = APIRouter()
@@ -58,16 +58,7 @@ async def predict(request: Request) -> Json:
 
 async def embed(request: Request, model: Model, name: str, batch: np.ndarray) -> np.ndarray:
     """The model's embeddings of a batch, sent in requests of its max_batch_size."""
-    triton, chunk = triton_of(request), model.max_batch_size or len(batch)
-    parts = await timed(
-        request,
-        asyncio.gather(
-            *(
-                triton.infer(model, {name: batch[i : i + chunk]})
-                for i in range(0, len(batch), chunk)
-            )
-        ),
-    )
+    parts = await infer_in_parts(request, model, name, batch)
     return np.concatenate([p["EMBEDDING"] for p in parts]).astype(np.float32)
 
 

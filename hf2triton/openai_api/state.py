@@ -77,6 +77,16 @@ async def timed(request: Request, answer: Awaitable[T]) -> T:
         ) from None
 
 
+async def infer_in_parts(
+    request: Request, model: Model, name: str, batch: np.ndarray
+) -> list[dict[str, np.ndarray]]:
+    """The answers to `batch` (the model's input `name`), sent side by side in requests of the
+    model's max_batch_size, in order; a 504 past the API's time limit."""
+    triton, size = triton_of(request), model.max_batch_size or len(batch)
+    parts = (triton.infer(model, {name: batch[i : i + size]}) for i in range(0, len(batch), size))
+    return await timed(request, asyncio.gather(*parts))
+
+
 async def only_model(request: Request, *kinds: str) -> str:
     """The one model of `kinds` served (TEI's requests name none)."""
     found = [m.name for m in await triton_of(request).models() if m.kind in kinds]
