@@ -24,6 +24,17 @@ if ! "$PY" -m venv --help >/dev/null 2>&1 || ! "$PY" -c 'import ensurepip' 2>/de
   fi
 fi
 
+# The speech-recognition releases validate on English speech synthesised here (below) with
+# Debian's espeak-ng: nothing recorded, nothing downloaded.
+if ! command -v espeak-ng >/dev/null; then
+  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+    echo "setup: espeak-ng (the validation speech)" >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq espeak-ng >/dev/null
+  else
+    echo "setup: espeak-ng is missing (sudo apt-get install espeak-ng); no validation speech is made" >&2
+  fi
+fi
+
 # The image tests need a Docker engine, a registry and debootstrap (for a base image without
 # pulling). The tests start and stop them themselves (infra/docker-env.sh); here they are installed.
 if [[ -n "$extras" ]]; then
@@ -65,6 +76,10 @@ if [[ -n "$extras" ]] && [[ ! -d .cache/kserve-sdk/kserve ]]; then
   # pandas<3, which clashes with this environment's pins, so it is unpacked beside it without its
   # dependencies; the tests import only kserve.models (which needs six and urllib3).
   .venv/bin/pip install -q --no-deps --target .cache/kserve-sdk kserve==0.21.0
+fi
+# The validation speech (releases/data/speech): made once, kept while its sentences are unchanged.
+if command -v espeak-ng >/dev/null; then
+  .venv/bin/python infra/speech_clips.py
 fi
 
 echo "setup: serving environment (.venv-serving)" >&2

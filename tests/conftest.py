@@ -76,6 +76,7 @@ SERVER_FIXTURES = {
     "reranker",
     "image_classifier",
     "clip",
+    "whisper",
     "released",
 }
 

@@ -631,3 +631,159 @@ def build_tiny_clip(out: Path, seed: int = 0, image_size: int = 32) -> Path:
     ).save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+# Whisper's special tokens after <|endoftext|>, in the real checkpoints' order: the language
+# tokens (99, as whisper-tiny has them; large-v3's <|yue|> is not among them) sit between
+# <|startoftranscript|> and <|translate|>, in English-only checkpoints too.
+WHISPER_TASK_TOKENS = [
+    "<|translate|>",
+    "<|transcribe|>",
+    "<|startoflm|>",
+    "<|startofprev|>",
+    "<|nospeech|>",
+    "<|notimestamps|>",
+]
+# GPT-2's ids of the symbols Whisper never writes (OpenAI's `non_speech_tokens`, single bytes
+# only): the same ids here, since the vocabulary starts with the bytes in GPT-2's order.
+WHISPER_SYMBOL_IDS = [1, 2, 7, 8, 9, 10, 14, 25, 26, 27, 28, 29, 31, 58, 59, 60, 61, 62, 63]
+WHISPER_SYMBOL_IDS += [90, 91, 92, 93]
+
+
+def whisper_tokenizer(out: Path) -> Any:
+    """A Whisper tokenizer (WhisperTokenizerFast's own code) over a tiny byte-level BPE: every
+    byte in GPT-2's order (so the space, `Ġ`, is 220 as in Whisper), a few merges, then
+    <|endoftext|>, Whisper's special tokens and the 1501 timestamp tokens <|0.00|> ... <|30.00|>
+    (added tokens that are not special, as the real checkpoints' tokenizers have them)."""
+    from tokenizers import AddedToken
+    from transformers import WhisperTokenizerFast
+    from transformers.models.clip.tokenization_clip import bytes_to_unicode
+    from transformers.models.whisper.tokenization_whisper import LANGUAGES
+
+    merges = ["Ġ t", "h e", "Ġt he", "Ġ a", "i n", "e r", "o n", "Ġ s", "r e", "Ġ w"]
+    vocab = {c: i for i, c in enumerate(bytes_to_unicode().values())}
+    for merge in merges:
+        vocab.setdefault(merge.replace(" ", ""), len(vocab))
+    vocab["<|endoftext|>"] = len(vocab)
+    src = out / "bpe"
+    src.mkdir(parents=True, exist_ok=True)
+    (src / "vocab.json").write_text(json.dumps(vocab))
+    (src / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n")
+    languages = [f"<|{code}|>" for code in LANGUAGES if code != "yue"]
+    tok = WhisperTokenizerFast(
+        vocab_file=str(src / "vocab.json"),
+        merges_file=str(src / "merges.txt"),
+        additional_special_tokens=[
+            "<|endoftext|>",
+            "<|startoftranscript|>",
+            *languages,
+            *WHISPER_TASK_TOKENS,
+        ],
+        model_max_length=448,
+    )
+    shutil.rmtree(src)
+    tok.add_tokens(
+        [AddedToken(f"<|{i * 0.02:.2f}|>", normalized=False, special=False) for i in range(1501)]
+    )
+    return tok
+
+
+def whisper_generation_config(tok: Any, multilingual: bool) -> Any:
+    """The generation config of openai/whisper-tiny (`multilingual`) or whisper-tiny.en, with
+    this tokenizer's ids: what WhisperForConditionalGeneration.generate reads."""
+    from transformers import GenerationConfig
+
+    ids = dict(zip(tok.additional_special_tokens, tok.additional_special_tokens_ids))
+    eot, sot = ids["<|endoftext|>"], ids["<|startoftranscript|>"]
+    extra: dict[str, Any] = {"forced_decoder_ids": [[1, ids["<|notimestamps|>"]]]}
+    if multilingual:
+        lang_to_id = {t: i for t, i in ids.items() if i > sot and i < ids["<|translate|>"]}
+        extra = {
+            "forced_decoder_ids": [[1, None], [2, ids["<|transcribe|>"]]],
+            "lang_to_id": lang_to_id,
+            "task_to_id": {"transcribe": ids["<|transcribe|>"], "translate": ids["<|translate|>"]},
+        }
+    return GenerationConfig(
+        # OpenAI's tiny has six; here the last decoder layer's two heads.
+        alignment_heads=[[1, 0], [1, 1]],
+        begin_suppress_tokens=[tok.convert_tokens_to_ids("Ġ"), eot],
+        bos_token_id=eot if multilingual else sot,
+        decoder_start_token_id=sot,
+        eos_token_id=eot,
+        pad_token_id=eot,
+        is_multilingual=multilingual,
+        max_initial_timestamp_index=50,
+        max_length=448,
+        no_timestamps_token_id=ids["<|notimestamps|>"],
+        prev_sot_token_id=ids["<|startofprev|>"],
+        return_timestamps=False,
+        suppress_tokens=WHISPER_SYMBOL_IDS + [sot, *(ids[t] for t in WHISPER_TASK_TOKENS[:-1])],
+        **extra,
+    )
+
+
+def _lift_whisper_text(model: Any, eot: int) -> None:
+    """Random weights would mostly write special and timestamp tokens and never <|endoftext|>
+    (the padding row, zero at init): shrink the rows of those and of the bytes that are not
+    letters or the space, and point <|endoftext|>'s row where the decoder's states lean, so that
+    the text differs between clips and some of it ends early. The rows are tied to the decoder's
+    input embeddings, as in Whisper."""
+    import torch
+    from transformers.models.clip.tokenization_clip import bytes_to_unicode
+
+    letters = {ord(" "), *range(ord("A"), ord("Z") + 1), *range(ord("a"), ord("z") + 1)}
+    other = [i for i, b in enumerate(bytes_to_unicode()) if b not in letters]
+    with torch.no_grad():
+        head = model.get_output_embeddings().weight
+        head[eot + 1 :] *= 0.05
+        head[other] *= 0.3
+        prompt = torch.tensor([[eot + 1, *range(20, 60)]])  # <|startoftranscript|>, then text
+        features = torch.zeros(1, model.config.num_mel_bins, 2 * model.config.max_source_positions)
+        states = model.model(input_features=features, decoder_input_ids=prompt).last_hidden_state
+        lean = states[0].mean(0)
+        head[eot] = 1.4 * lean / lean.norm()
+
+
+def build_tiny_whisper(out: Path, seed: int = 0, multilingual: bool = False) -> Path:
+    """Save a Whisper speech recogniser (2+2 layers of width 32, 80 mel bins, 1500 encoder
+    positions: 30 s of audio as the real ones take), its feature extractor (Whisper's defaults:
+    16 kHz, 30 s windows), its tokenizer and generation config, with random weights: the shape
+    of openai/whisper-tiny (`multilingual`) or openai/whisper-tiny.en."""
+    import torch
+    from transformers import (
+        WhisperConfig,
+        WhisperFeatureExtractor,
+        WhisperForConditionalGeneration,
+        WhisperProcessor,
+    )
+
+    out.mkdir(parents=True, exist_ok=True)
+    tok = whisper_tokenizer(out)
+    generation = whisper_generation_config(tok, multilingual)
+    config = WhisperConfig(
+        vocab_size=len(tok),
+        num_mel_bins=80,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_source_positions=1500,
+        max_target_positions=448,
+        bos_token_id=generation.bos_token_id,
+        eos_token_id=generation.eos_token_id,
+        pad_token_id=generation.pad_token_id,
+        decoder_start_token_id=generation.decoder_start_token_id,
+        begin_suppress_tokens=generation.begin_suppress_tokens,
+        suppress_tokens=generation.suppress_tokens,
+        init_std=0.5,  # large enough that the text depends on the audio
+    )
+    torch.manual_seed(seed)
+    model = WhisperForConditionalGeneration(config).eval()
+    _lift_whisper_text(model, generation.eos_token_id)
+    model.generation_config = generation
+    model.save_pretrained(out)
+    WhisperProcessor(WhisperFeatureExtractor(), tok).save_pretrained(out)
+    return out

@@ -10,6 +10,7 @@ import json
 import time
 import urllib.error
 import urllib.request
+import uuid
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -36,6 +37,24 @@ class OpenAIKind(Protocol[C_contra]):
     def openai_answer(
         self, body: dict[str, Any], request: dict[str, np.ndarray], cfg: C_contra
     ) -> dict[str, np.ndarray]: ...
+
+
+def encoded(body: dict[str, Any] | None) -> tuple[bytes | None, str]:
+    """A request body and its content type: JSON, or a multipart/form-data upload when a value
+    is a file's bytes (the audio routes)."""
+    if body is None or not any(isinstance(v, bytes) for v in body.values()):
+        return (None if body is None else json.dumps(body).encode()), "application/json"
+    boundary = uuid.uuid4().hex
+    parts = []
+    for name, value in body.items():
+        head = f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"'
+        if isinstance(value, bytes):
+            head += f'; filename="{name}"\r\nContent-Type: application/octet-stream'
+        else:
+            value = str(value).encode("utf-8")
+        parts.append(head.encode() + b"\r\n\r\n" + value + b"\r\n")
+    data = b"".join(parts) + f"--{boundary}--\r\n".encode()
+    return data, f"multipart/form-data; boundary={boundary}"
 
 
 @dataclass(frozen=True)
@@ -72,12 +91,11 @@ class OpenAIInference(Generic[C]):
     ) -> tuple[int, Any]:
         # /predict is text-embeddings-inference's route: at the root, not under /v1.
         url = self.url.removesuffix("/v1") + path if path == "/predict" else self.url + path
-        headers = {"Content-Type": "application/json"}
+        data, content_type = encoded(body)
+        headers = {"Content-Type": content_type}
         if self.key:
             headers["Authorization"] = f"Bearer {self.key}"
-        req = urllib.request.Request(
-            url, headers=headers, data=None if body is None else json.dumps(body).encode()
-        )
+        req = urllib.request.Request(url, headers=headers, data=data)
         try:
             with urllib.request.urlopen(req, timeout=timeout_s or self.timeout_s) as resp:
                 return resp.status, json.loads(resp.read())

@@ -19,6 +19,7 @@ from hf2triton.kinds import (  # noqa: F401
     image_classification,
     image_text_embedding,
     reranking,
+    speech_recognition,
     text_generation,
     translation,
 )

@@ -27,6 +27,9 @@ class ValidationSettings(Protocol):
     def images(self) -> str | None: ...
 
     @property
+    def audio(self) -> str | None: ...
+
+    @property
     def smoke_sentences(self) -> int: ...
 
 

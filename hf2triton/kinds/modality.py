@@ -212,9 +212,40 @@ class VisionKind(_ProcessedKind[C]):
         ]
 
 
+AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".opus", ".mp3", ".m4a", ".webm")
+
+
+def read_audio(
+    path: str | Path | None, max_seconds: float = 600.0, what: str = "validation.audio"
+) -> list[str]:
+    """The audio files in the folder `path` names (sorted), each checked to be one clip the
+    served path decodes, `max_seconds` long at most; SpecError naming the file and why
+    otherwise."""
+    from hf2triton.serving.audio import AudioRefused, decode
+
+    if path is None:
+        raise SpecError(f"{what} is not set: a speech kind reads its validation clips from it")
+    where = Path(path)
+    if not where.is_dir():
+        raise SpecError(f"{what} {str(where)!r} is not a folder: give a folder of audio files")
+    files = sorted(f for f in where.iterdir() if f.suffix.lower() in AUDIO_SUFFIXES)
+    if not files:
+        raise SpecError(f"{what} {str(where)!r} holds no audio files ({', '.join(AUDIO_SUFFIXES)})")
+    for f in files:
+        try:
+            decode(f.read_bytes(), max_seconds=max_seconds)
+        except AudioRefused as exc:
+            raise SpecError(f"{what}: {str(f)!r} is refused: {exc}") from None
+    return [str(f) for f in files]
+
+
 class AudioKind(_ProcessedKind[C]):
-    """An audio clip in (encoded WAV, FLAC, ... as the AUDIO input)."""
+    """An audio clip in (encoded WAV, FLAC, OGG, MP3, ... as the AUDIO input); validation data
+    is `validation.audio`."""
 
     modality: ClassVar[str] = "audio"
     item_word: ClassVar[str] = "clips"
     input_name: ClassVar[str] = "AUDIO"
+
+    def read_data(self) -> Data:
+        return Data(read_audio(self.validation.audio))

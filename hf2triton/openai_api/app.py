@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import (
+    routes_audio,
     routes_embeddings,
     routes_generation,
     routes_health,
@@ -33,6 +34,7 @@ ROUTERS = (
     routes_generation.router,
     routes_ranking.router,
     routes_predict.router,
+    routes_audio.router,
 )
 
 

@@ -51,7 +51,10 @@ def candidate_path(kind: ModelKind[KindConfig], directory: str | Path) -> str:
 
 # How many fp32 copies of the weights an export writes, by optimum task (others: one graph): a
 # seq2seq export with past writes the encoder, the decoder and the decoder with past again.
-WEIGHT_COPIES = {"text2text-generation-with-past": 2.0}
+WEIGHT_COPIES = {
+    "text2text-generation-with-past": 2.0,
+    "automatic-speech-recognition-with-past": 2.0,
+}
 
 
 def export_space(kind: ModelKind[KindConfig], model_dir: str) -> SpaceEstimate:

@@ -177,6 +177,9 @@ class Seq2SeqModel:
         self.first_outputs = list(self.sessions["decoder"].outputs)
         self.past_outputs = list(self.sessions["decoder_with_past"].outputs)
         self.encoder_inputs = set(self.sessions["encoder"].inputs)
+        # Whisper's decoders take no encoder mask (every frame is real): feeds are filtered by
+        # what each graph declares.
+        self.takes = {role: set(session.inputs) for role, session in self.sessions.items()}
 
     # one forward step -------------------------------------------------------------------------
     def encode(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -185,9 +188,14 @@ class Seq2SeqModel:
             None, {k: v for k, v in feeds.items() if k in self.encoder_inputs}
         )[0]
 
-    def _first(self, tokens: np.ndarray, hidden: np.ndarray, mask: np.ndarray):
-        out = self.sessions["decoder"].run(
-            None,
+    def run(self, role: str, feeds: dict[str, Any]) -> list[np.ndarray]:
+        """One graph's outputs on the feeds it declares (others dropped)."""
+        takes = self.takes[role]
+        return self.sessions[role].run(None, {k: v for k, v in feeds.items() if k in takes})
+
+    def _first(self, tokens: np.ndarray, hidden: np.ndarray, mask: np.ndarray | None):
+        out = self.run(
+            "decoder",
             {"input_ids": tokens, "encoder_hidden_states": hidden, "encoder_attention_mask": mask},
         )
         named = dict(zip(self.first_outputs, out))
@@ -198,10 +206,10 @@ class Seq2SeqModel:
         }
         return named["logits"][:, -1, :], past
 
-    def _next(self, tokens: np.ndarray, mask: np.ndarray, past: dict[str, np.ndarray]):
+    def _next(self, tokens: np.ndarray, mask: np.ndarray | None, past: dict[str, np.ndarray]):
         feeds = {"input_ids": tokens, "encoder_attention_mask": mask}
         feeds.update({n: past[n] for n in self.past_inputs})
-        out = self.sessions["decoder_with_past"].run(None, feeds)
+        out = self.run("decoder_with_past", feeds)
         named = dict(zip(self.past_outputs, out))
         for n, v in named.items():
             if n.startswith("present."):

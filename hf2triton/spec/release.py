@@ -106,6 +106,12 @@ class ValidationSpec(Strict):
         description="image kinds: a folder of image files (JPEG, PNG, WebP, BMP, GIF), or a "
         "UTF-8 text file listing them one per line (paths relative to the file)",
     )
+    audio: SpecPath | None = Field(
+        None,
+        description="speech kinds: a folder of audio files (WAV, FLAC, OGG, MP3, M4A, WebM), "
+        "with a transcripts.tsv beside them (file name TAB reference transcript) where the "
+        "clips have reference transcripts",
+    )
     smoke_sentences: int = Field(
         16, ge=1, le=256, description="how many validation items the smoke test sends"
     )
@@ -127,10 +133,11 @@ class ValidationSpec(Strict):
     @model_validator(mode="after")
     def _some_data(self) -> ValidationSpec:
         return unless(
-            self.sentences is None and self.images is None,
+            self.sentences is None and self.images is None and self.audio is None,
             self,
             "give the validation data: validation.sentences (a text file) for a text kind, "
-            "validation.images (a folder of image files) for an image kind",
+            "validation.images (a folder of image files) for an image kind, validation.audio "
+            "(a folder of audio files) for a speech kind",
         )
 
 

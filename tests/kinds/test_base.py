@@ -32,12 +32,14 @@ ITEMS: dict[str, Any] = {
     "text-generation": "Once upon a time",
     "image-classification": str(PHOTOS / "coffee.jpg"),
     "image-text-embedding": {"image": str(PHOTOS / "coffee.jpg")},
+    "automatic-speech-recognition": str(PHOTOS.parent / "speech-sentences.txt"),
 }
 
 # What each route of the OpenAI-compatible API answers (one item), for the kinds that have one.
 OPENAI_BODIES: dict[str, Any] = {
     "/embeddings": {"data": [{"index": 0, "embedding": [0.5, 0.5]}]},
     "/predict": [[{"label": "a", "score": 0.75}, {"label": "b", "score": 0.25}]],
+    "/audio/transcriptions": {"text": " hello", "language": "en", "duration": 2.5},
     "/rerank": {
         "results": [{"index": 1, "relevance_score": 0.2}, {"index": 0, "relevance_score": 0.9}]
     },

@@ -43,8 +43,9 @@ def test_every_registered_kind_has_a_modality_base():
         "text-generation": TextToTextKind,
         "image-classification": VisionKind,
         "image-text-embedding": VisionKind,
+        "automatic-speech-recognition": AudioKind,
     }
-    assert {k.modality for k in kind_classes()} == {"text", "image"}
+    assert {k.modality for k in kind_classes()} == {"text", "image", "audio"}
 
 
 def _complete(base: type[ModelKind]) -> dict[str, Any]:

@@ -1,0 +1,378 @@
+"""Kind `speech_recognition` (`task: automatic-speech-recognition`): Whisper checkpoints
+(`WhisperForConditionalGeneration`: English-only `.en` models and multilingual ones) served with
+an encoded audio file in and its transcript out (hf2triton.serving.speech), on optimum's
+`automatic-speech-recognition-with-past` export: encoder, decoder and decoder with past.
+
+The gate scores each candidate's transcripts by word error rate against PyTorch `generate`'s
+(greedy) on the validation clips, with the margin's bound over clips, and against the clips'
+reference transcripts where `validation.audio` has a transcripts.tsv (both reported). Clips are
+decoded by the served path's decoder (hf2triton.serving.audio) for PyTorch too; PyTorch's
+features are the model's own `WhisperFeatureExtractor`'s, so the served log-mel is judged
+against them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field
+
+from hf2triton.errors import ExportError, SpecError, UnsupportedModelError
+from hf2triton.kinds.base import KINDS, Data, Limits, read_json, save_fast_tokenizer
+from hf2triton.kinds.margin import Sample
+from hf2triton.kinds.modality import AudioKind, read_audio
+from hf2triton.kinds.torch_reference import batched
+from hf2triton.kinds.translation import onnx_files_with_data, serving_files
+from hf2triton.serving.audio import decode
+from hf2triton.serving.seq2seq import ONNX_FILES, Seq2SeqModel
+from hf2triton.serving.speech import Transcriber
+from hf2triton.util.specbase import Strict
+
+TRANSCRIPTS_FILE = "transcripts.tsv"  # beside the validation clips: name TAB reference
+
+
+class SpeechThresholds(Strict):
+    max_wer: float = Field(
+        0.05,
+        ge=0,
+        le=10,
+        description="largest word error rate of the served transcripts against PyTorch "
+        "generate's (greedy) on the validation clips, at the margin's 95% bound over clips",
+    )
+    max_reference_wer: float | None = Field(
+        None,
+        ge=0,
+        le=10,
+        description="largest word error rate against the clips' reference transcripts "
+        "(validation.audio's transcripts.tsv); unset: reported, not judged",
+    )
+
+
+class SpeechSpec(Strict):
+    """`task: automatic-speech-recognition`: how clips are transcribed by default (a request
+    may name its own language and task)."""
+
+    language: str | None = Field(
+        None,
+        description="language code of the speech ('en', 'de'); unset: a multilingual model "
+        "detects it per clip, an English-only one speaks English",
+    )
+    task: Literal["transcribe", "translate"] = Field(
+        "transcribe", description="transcribe, or translate into English (multilingual models)"
+    )
+    max_new_tokens: int = Field(
+        128, ge=1, le=448, description="most tokens of one 30-second window's transcript"
+    )
+    max_seconds: float = Field(
+        30.0,
+        gt=0,
+        le=30.0,
+        description="longest clip served (seconds); one 30-second window per clip for now",
+    )
+    max_bytes: int = Field(
+        25_000_000, ge=1000, description="largest audio file served (bytes), as OpenAI's limit"
+    )
+    thresholds: SpeechThresholds = SpeechThresholds()
+
+
+@dataclass(frozen=True)
+class SpeechConfig:
+    """What serving needs: the decoding settings read off generation_config.json, the
+    tokenizer's clean-up, the defaults and limits."""
+
+    decode: dict[str, Any]  # hf2triton.serving.speech.WhisperDecode's fields
+    max_target_positions: int
+    clean_up_tokenization_spaces: bool
+    language: str | None
+    task: str | None
+    max_seconds: float
+    max_bytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def whisper_decode(model_dir: str, options: SpeechSpec) -> tuple[dict[str, Any], int]:
+    """WhisperDecode's fields from the model's generation_config.json, and its decoder's
+    positions; UnsupportedModelError for a model that is not a Whisper."""
+    config = read_json(Path(model_dir) / "config.json")
+    if config.get("model_type") != "whisper":
+        raise UnsupportedModelError(
+            f"{model_dir} is a {config.get('model_type')!r} model: automatic-speech-"
+            "recognition releases Whisper checkpoints (WhisperForConditionalGeneration)"
+        )
+    gen = read_json(Path(model_dir) / "generation_config.json")
+    eos = gen.get("eos_token_id", config.get("eos_token_id"))
+    multilingual = bool(gen.get("is_multilingual"))
+    languages = {k.strip("<|>"): int(v) for k, v in (gen.get("lang_to_id") or {}).items()}
+    decode = {
+        "decoder_start_token_id": int(gen["decoder_start_token_id"]),
+        "eos_token_id": int(eos[0] if isinstance(eos, list) else eos),
+        "max_new_tokens": options.max_new_tokens,
+        "no_timestamps_token_id": gen.get("no_timestamps_token_id"),
+        "suppress_tokens": list(gen.get("suppress_tokens") or []),
+        "begin_suppress_tokens": list(gen.get("begin_suppress_tokens") or []),
+        "languages": languages if multilingual else {},
+        "tasks": dict(gen.get("task_to_id") or {}) if multilingual else {},
+    }
+    return decode, int(config.get("max_target_positions", 448))
+
+
+def word_errors(hypothesis: str, reference: str) -> tuple[int, int]:
+    """(word edits, reference words) of one transcript, both normalised as Whisper's English
+    evaluations compare them roughly: lower case, no punctuation, single spaces."""
+    import jiwer
+
+    clean = jiwer.Compose(
+        [
+            jiwer.ToLowerCase(),
+            jiwer.RemovePunctuation(),
+            jiwer.RemoveMultipleSpaces(),
+            jiwer.Strip(),
+        ]
+    )
+    ref, hyp = clean(reference), clean(hypothesis)
+    if not ref:
+        return len(hyp.split()), 0
+    if not hyp:
+        return len(ref.split()), len(ref.split())
+    found = jiwer.process_words(ref, hyp)
+    edits = found.substitutions + found.deletions + found.insertions
+    return edits, len(ref.split())
+
+
+def wer(hypotheses: list[str], references: list[str]) -> tuple[float, Sample]:
+    """Corpus word error rate (edits over reference words, over every clip) and its Sample."""
+    pairs = [word_errors(h, r) for h, r in zip(hypotheses, references)]
+    edits, words = [p[0] for p in pairs], [p[1] for p in pairs]
+    total = sum(words)
+    value = sum(edits) / total if total else float(sum(edits) > 0)
+    return float(value), Sample.ratio(edits, [max(w, 0) for w in words])
+
+
+class TorchWhisper:
+    """The original PyTorch Whisper: clips decoded by the served path's decoder, features by the
+    model's own feature extractor, greedy `generate`, the processor's own decoding."""
+
+    def __init__(self, model_dir: str | Path, cfg: SpeechConfig):
+        import torch
+        from transformers import AutoProcessor, WhisperForConditionalGeneration
+
+        self._torch = torch
+        self.cfg = cfg
+        self.processor = AutoProcessor.from_pretrained(str(model_dir))
+        self.model = WhisperForConditionalGeneration.from_pretrained(str(model_dir)).eval()
+
+    def features(self, clips: list[Any]) -> np.ndarray:
+        waves = [decode(Path(c).read_bytes() if not isinstance(c, bytes) else c) for c in clips]
+        fe = self.processor.feature_extractor
+        return fe(waves, sampling_rate=fe.sampling_rate, return_tensors="np").input_features
+
+    def generate(self, features: np.ndarray, max_new_tokens: int) -> list[str]:
+        torch, cfg = self._torch, self.cfg
+        multilingual = bool(cfg.decode["languages"])
+        with torch.inference_mode():
+            ids = self.model.generate(
+                torch.from_numpy(features),
+                max_new_tokens=max_new_tokens,
+                num_beams=1,
+                do_sample=False,
+                language=cfg.language if multilingual else None,
+                task=cfg.task if multilingual else None,
+            )
+        return self.processor.batch_decode(ids, skip_special_tokens=True)
+
+    def transcribe(self, clips: list[Any], size: int = 8) -> list[str]:
+        budget = self.cfg.decode["max_new_tokens"]
+        prompt = 4 if self.cfg.decode["languages"] else 2
+        budget = max(1, min(budget, self.cfg.max_target_positions - prompt))
+        return [
+            t for part in batched(clips, size) for t in self.generate(self.features(part), budget)
+        ]
+
+
+@KINDS.register
+class SpeechRecognitionKind(AudioKind[SpeechConfig]):
+    name = "speech_recognition"
+    task = "automatic-speech-recognition"
+    section = "speech"
+    Options = SpeechSpec
+    onnx_task = "automatic-speech-recognition-with-past"
+    serving_class = Transcriber
+    main_file = ONNX_FILES["encoder"]
+    tunable = False
+    input_files = ("preprocessor_config.json", "tokenizer.json")
+
+    def resolve(self, model_dir: str) -> SpeechConfig:
+        decode_fields, positions = whisper_decode(model_dir, self.options)
+        tok = read_json(Path(model_dir) / "tokenizer_config.json")
+        language = self.options.language
+        if language and decode_fields["languages"] and language not in decode_fields["languages"]:
+            raise SpecError(
+                f"speech.language {language!r} is not one of the model's languages "
+                f"({', '.join(sorted(decode_fields['languages'])[:20])}, ...)"
+            )
+        if not decode_fields["languages"] and (language not in (None, "en")):
+            raise SpecError(f"speech.language {language!r}: {model_dir} is English-only")
+        if not decode_fields["tasks"] and self.options.task == "translate":
+            raise SpecError("speech.task translate: an English-only model cannot translate")
+        return SpeechConfig(
+            decode=decode_fields,
+            max_target_positions=positions,
+            clean_up_tokenization_spaces=bool(tok.get("clean_up_tokenization_spaces", False)),
+            language=language if decode_fields["languages"] else None,
+            task=self.options.task if decode_fields["tasks"] else None,
+            max_seconds=self.options.max_seconds,
+            max_bytes=self.options.max_bytes,
+        )
+
+    def config_from_dict(self, data: dict[str, Any]) -> SpeechConfig:
+        return SpeechConfig(**data)
+
+    def read_data(self) -> Data:
+        clips = read_audio(self.validation.audio, self.options.max_seconds)
+        listed = Path(clips[0]).parent / TRANSCRIPTS_FILE
+        if not listed.is_file():
+            return Data(clips)
+        said: dict[str, str] = {}
+        for line in listed.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                name, _, text = line.partition("\t")
+                said[name.strip()] = text.strip()
+        missing = [Path(c).name for c in clips if Path(c).name not in said]
+        if missing:
+            raise SpecError(
+                f"{listed} has no transcript for {', '.join(missing[:5])}: give one line per "
+                "clip (file name TAB transcript; an empty transcript for a silent clip)"
+            )
+        return Data(clips, {"references": [said[Path(c).name] for c in clips]})
+
+    def prepare_export(self, model_dir: str, out: Path, cfg: SpeechConfig) -> None:
+        super().prepare_export(model_dir, out, cfg)
+        save_fast_tokenizer(model_dir, out)
+
+    def check_export(
+        self, model_dir: str, out: Path, cfg: SpeechConfig, inputs: list[Any]
+    ) -> dict[str, float]:
+        """The encoder's states within reach of PyTorch's, and the fp32 graphs' greedy
+        transcripts equal to PyTorch `generate`'s on `inputs`."""
+        reference = TorchWhisper(model_dir, cfg)
+        encoder = Seq2SeqModel(serving_files(out))
+        worst = 0.0
+        torch = reference._torch
+        for part in batched(list(inputs), 4):
+            feats = reference.features(part).astype(np.float32)
+            with torch.inference_mode():
+                want = reference.model.get_encoder()(torch.from_numpy(feats)).last_hidden_state
+            got = encoder.run("encoder", {"input_features": feats})[0]
+            worst = max(worst, float(np.abs(want.float().numpy() - got).max()))
+        served = self.open_candidate(str(out), str(out), self.serving_json(cfg, str(out)))
+        got_text = served.transcribe([Path(p).read_bytes() for p in inputs])
+        want_text = reference.transcribe(list(inputs))
+        differ = [i for i, (a, b) in enumerate(zip(got_text, want_text)) if a != b]
+        if differ:
+            i = differ[0]
+            raise ExportError(
+                f"greedy transcripts of the fp32 ONNX files differ from PyTorch generate's on "
+                f"{len(differ)} of {len(inputs)} clips (first: {Path(inputs[i]).name}: "
+                f"{got_text[i][:40]!r}, PyTorch {want_text[i][:40]!r}); try another "
+                "export.opset or report the model"
+            )
+        return {"max_abs_diff": worst}
+
+    def version_files(self, candidate: str, export_dir: str) -> dict[str, Path]:
+        files = onnx_files_with_data(candidate)
+        for name in self.input_files:
+            files[name] = Path(export_dir) / name
+        return files
+
+    def file_settings(self, files: dict[str, str]) -> dict[str, Any]:
+        return {
+            "files": {role: files[name] for role, name in ONNX_FILES.items()},
+            "preprocessor": files["preprocessor_config.json"],
+            "tokenizer_file": files["tokenizer.json"],
+        }
+
+    def settings(self, cfg: SpeechConfig, export_dir: str) -> dict[str, Any]:
+        found = cfg.to_dict()
+        found["tokenizer"] = {
+            "kind": "tokenizers",
+            "clean_up_tokenization_spaces": found.pop("clean_up_tokenization_spaces", False),
+        }
+        return found
+
+    openai_route = "/audio/transcriptions"
+
+    def openai_body(self, request: dict[str, np.ndarray]) -> dict[str, Any]:
+        """The clip uploaded as a client uploads a file (multipart), verbose_json asked."""
+        return {"file": bytes(request["AUDIO"][0, 0]), "response_format": "verbose_json"}
+
+    def openai_answer(
+        self, body: Any, request: dict[str, np.ndarray], cfg: SpeechConfig
+    ) -> dict[str, np.ndarray]:
+        return {
+            "TRANSCRIPT": np.array([[body["text"].encode("utf-8")]], dtype=np.object_),
+            "SPOKEN_LANGUAGE": np.array([[body["language"].encode("utf-8")]], dtype=np.object_),
+            "DURATION": np.array([[body["duration"]]], dtype=np.float32),
+        }
+
+    def extract(self, answers: list[dict[str, np.ndarray]]) -> list[str]:
+        return [
+            (v.decode("utf-8") if isinstance(v, bytes) else str(v))
+            for a in answers
+            for v in a["TRANSCRIPT"][:, 0]
+        ]
+
+    def reference(self, model_dir: str, cfg: SpeechConfig, data: Data) -> list[str]:
+        return TorchWhisper(model_dir, cfg).transcribe(data.items)
+
+    def score(
+        self, reference: list[str], outputs: list[str], data: Data, cfg: SpeechConfig
+    ) -> tuple[dict[str, float], dict]:
+        same = [h == r for h, r in zip(outputs, reference)]
+        metrics = {
+            "wer": wer(outputs, list(reference))[0],
+            "exact_match": sum(same) / max(1, len(same)),
+        }
+        if "references" in data.extra:
+            metrics["reference_wer"] = wer(outputs, data.extra["references"])[0]
+        differ = [
+            {
+                "clip": Path(str(data.items[i])).name,
+                "pytorch": reference[i][:200],
+                "candidate": outputs[i][:200],
+            }
+            for i in range(len(same))
+            if not same[i]
+        ]
+        return metrics, {"differ": differ[:10]}
+
+    def agreement_limits(self, tolerance: float) -> Limits:
+        return {"exact_match": (">=", 1.0)}  # greedy text is equal, or it is not what was judged
+
+    def samples(
+        self, reference: list[str], outputs: list[str], data: Data, cfg: SpeechConfig
+    ) -> dict[str, Sample]:
+        found = {"wer": wer(outputs, list(reference))[1]}
+        if "references" in data.extra:
+            found["reference_wer"] = wer(outputs, data.extra["references"])[1]
+        return found
+
+    def limits(self) -> Limits:
+        t = self.options.thresholds
+        out = {"wer": ("<=", t.max_wer)}
+        if t.max_reference_wer is not None:
+            out["reference_wer"] = ("<=", t.max_reference_wer)
+        return out
+
+    def example(self, details: dict[str, Any], against: str = "PyTorch") -> str:
+        first = (details.get("differ") or [None])[0]
+        if not first:
+            return ""
+        return (
+            f"e.g. {first['clip']}: {first['candidate'][:40]!r}, {against} "
+            f"{first['pytorch'][:40]!r}"
+        )

@@ -1,0 +1,228 @@
+"""Served speech recognition (Whisper): AUDIO [batch, 1] in, an encoded audio file as BYTES (WAV,
+FLAC, OGG, MP3, M4A, WebM), with optional per-clip LANGUAGE and TASK (BYTES); TRANSCRIPT,
+SPOKEN_LANGUAGE (the one given, or detected) and DURATION (seconds of audio) out.
+
+Each clip is decoded to 16 kHz mono and turned into the model's log-mel features by
+hf2triton.serving.audio (the gate and Triton share it). A dynamic batch runs together: the
+encoder over every clip of the batch in sub-batches of `MAX_ROWS`, the language of the clips
+that do not name one detected in one decoder step over all of them (as transformers'
+`detect_language`: the likeliest language token after `<|startoftranscript|>`), then greedy
+decoding of each group of clips that share a prompt (start, language, task, `<|notimestamps|>`)
+with transformers' Whisper logits processors (suppress_tokens at every step,
+begin_suppress_tokens at the first), on the encoder, decoder and decoder-with-past graphs of
+optimum's `automatic-speech-recognition-with-past` export (hf2triton.serving.seq2seq).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from . import runtimes
+from .audio import LogMel, decode
+from .base import ServedModel, Tensor, column, texts
+from .seq2seq import Seq2SeqModel, Seq2SeqTokenizer
+
+MAX_ROWS = 8  # clips encoded in one run of the encoder (30 s of features each)
+NEG_INF = np.float32(-np.inf)
+# Timestamp tokens (`<|1.08|>`) are added tokens that are not special: transformers' Whisper
+# tokenizer takes them out of the decoded text (`_filter_timestamp_ids`), and so does serving.
+TIMESTAMP = re.compile(r"<\|(\d+\.\d+)\|>")
+
+
+@dataclass(frozen=True)
+class WhisperDecode:
+    """What greedy decoding needs of the model's generation_config: the prompt's tokens, the
+    suppressed ones, the end, and how many tokens a transcript may have."""
+
+    decoder_start_token_id: int
+    eos_token_id: int
+    max_new_tokens: int
+    no_timestamps_token_id: int | None = None
+    suppress_tokens: list[int] = field(default_factory=list)
+    begin_suppress_tokens: list[int] = field(default_factory=list)
+    languages: dict[str, int] = field(default_factory=dict)  # "en" -> <|en|>'s id
+    tasks: dict[str, int] = field(default_factory=dict)  # "transcribe" -> its id
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def prompt(self, language: str | None, task: str | None) -> list[int]:
+        """The decoder prompt, as transformers' `_retrieve_init_tokens` builds it for short-form
+        greedy decoding without timestamps."""
+        tokens = [self.decoder_start_token_id]
+        if language is not None:
+            tokens.append(self.languages[language])
+            tokens.append(self.tasks[task or "transcribe"])
+        elif task is not None and self.tasks:
+            tokens.append(self.tasks[task])
+        if self.no_timestamps_token_id is not None:
+            tokens.append(self.no_timestamps_token_id)
+        return tokens
+
+    def budget(self, prompt: list[int], max_positions: int) -> int:
+        """New tokens allowed after `prompt`: max_new_tokens, within the decoder's positions."""
+        return max(1, min(self.max_new_tokens, max_positions - len(prompt)))
+
+
+@dataclass
+class Clip:
+    """One parsed row: its features, its duration and the language and task asked for."""
+
+    features: np.ndarray
+    seconds: float
+    language: str | None
+    task: str | None
+
+
+def greedy(
+    model: Seq2SeqModel, hidden: np.ndarray, prompt: list[int], s: WhisperDecode, budget: int
+) -> list[list[int]]:
+    """transformers' greedy search from `prompt` for every row of `hidden`: the generated ids
+    (prompt excluded, ended at the eos or the budget)."""
+    n = hidden.shape[0]
+    seqs = np.tile(np.asarray(prompt, dtype=np.int64), (n, 1))
+    unfinished = np.ones(n, dtype=bool)
+    logits, past = model._first(seqs, hidden, None)
+    while True:
+        scores = logits.astype(np.float32, copy=True)
+        if s.suppress_tokens:
+            scores[:, s.suppress_tokens] = NEG_INF
+        if s.begin_suppress_tokens and seqs.shape[1] == len(prompt):
+            scores[:, s.begin_suppress_tokens] = NEG_INF
+        nxt = np.where(unfinished, scores.argmax(axis=-1), s.eos_token_id).astype(np.int64)
+        seqs = np.concatenate([seqs, nxt[:, None]], axis=1)
+        unfinished &= nxt != s.eos_token_id
+        if seqs.shape[1] - len(prompt) >= budget or not unfinished.any():
+            break
+        logits, past = model._next(seqs[:, -1:], None, past)
+    out = []
+    for row in seqs[:, len(prompt) :].tolist():
+        out.append(row[: row.index(s.eos_token_id)] if s.eos_token_id in row else row)
+    return out
+
+
+class Transcriber(ServedModel):
+    inputs = (
+        Tensor("AUDIO", "STRING"),
+        Tensor("LANGUAGE", "STRING", optional=True),
+        Tensor("TASK", "STRING", optional=True),
+    )
+    outputs = (
+        Tensor("TRANSCRIPT", "STRING"),
+        Tensor("SPOKEN_LANGUAGE", "STRING"),
+        Tensor("DURATION", "FP32"),
+    )
+
+    def __init__(self, directory: str, settings: dict[str, Any]):
+        runtime = runtimes.settings_of(
+            {"intra_op_threads": int(settings.get("intra_op_threads", 0)), **settings}
+        )
+        # File names are relative to the version directory (paths where the gate reads them).
+        files = {role: os.path.join(directory, name) for role, name in settings["files"].items()}
+        self.model = Seq2SeqModel(files, runtime=runtime)
+        self.max_positions = int(settings["max_target_positions"])
+        plan = {**settings["tokenizer"], "file": settings["tokenizer_file"]}
+        self.tokenizer = Seq2SeqTokenizer(directory, plan, self.max_positions)
+        with open(os.path.join(directory, settings["preprocessor"]), encoding="utf-8") as f:
+            self.log_mel = LogMel(json.load(f))
+        self.decode_settings = WhisperDecode(**settings["decode"])
+        self.language = settings.get("language")
+        self.task = settings.get("task")
+        self.max_seconds = float(settings["max_seconds"])
+        self.max_bytes = int(settings["max_bytes"])
+
+    @classmethod
+    def from_directory(cls, directory: str, settings: dict[str, Any]) -> Transcriber:
+        return cls(directory, settings)
+
+    def _choice(self, arrays: dict[str, np.ndarray], name: str, n: int) -> list[str | None]:
+        arr = column(arrays, name, required=False)
+        if arr is None:
+            return [None] * n
+        if arr.shape != (n, 1):
+            raise ValueError(f"{name} needs one value per clip: shape [{n}, 1], got {arr.shape}")
+        return [row[0] or None for row in texts(arr, name)]
+
+    def _check(self, language: str | None, task: str | None) -> tuple[str | None, str | None]:
+        s = self.decode_settings
+        language, task = language or self.language, task or self.task
+        if language is not None and not s.languages:
+            if language == "en":
+                return None, task  # an English-only model speaks English
+            raise ValueError(f"LANGUAGE {language!r}: this model transcribes English only")
+        if language is not None and language not in s.languages:
+            known = ", ".join(sorted(s.languages)[:30])
+            raise ValueError(f"LANGUAGE {language!r} is not one of this model's ({known}, ...)")
+        if task is not None and task not in (s.tasks or {"transcribe": 0}):
+            can = ", ".join(sorted(s.tasks)) or "transcribe"
+            raise ValueError(f"TASK {task!r} is not one this model does ({can})")
+        return language, task
+
+    def parse(self, arrays: dict[str, np.ndarray]) -> list[Clip]:
+        audio = column(arrays, "AUDIO")
+        if audio.shape[1] != 1:
+            raise ValueError(f"AUDIO must have shape [batch, 1], got {list(audio.shape)}")
+        n = audio.shape[0]
+        languages = self._choice(arrays, "LANGUAGE", n)
+        tasks = self._choice(arrays, "TASK", n)
+        clips = []
+        for raw, language, task in zip(audio[:, 0], languages, tasks):
+            wave = decode(bytes(raw), max_seconds=self.max_seconds, max_bytes=self.max_bytes)
+            language, task = self._check(language, task)
+            seconds = len(wave) / 16000.0
+            clips.append(Clip(self.log_mel.features(wave), seconds, language, task))
+        return clips
+
+    def encode(self, clips: list[Clip]) -> np.ndarray:
+        """The encoder's states of every clip, MAX_ROWS clips a run."""
+        parts = []
+        for start in range(0, len(clips), MAX_ROWS):
+            feats = np.stack([c.features for c in clips[start : start + MAX_ROWS]])
+            parts.append(self.model.run("encoder", {"input_features": feats})[0])
+        return np.concatenate(parts)
+
+    def detect(self, hidden: np.ndarray) -> list[str]:
+        """The likeliest language of each clip (transformers' `detect_language`)."""
+        s = self.decode_settings
+        start = np.full((hidden.shape[0], 1), s.decoder_start_token_id, dtype=np.int64)
+        logits, _ = self.model._first(start, hidden, None)
+        names = list(s.languages)
+        ids = np.array([s.languages[k] for k in names])
+        return [names[i] for i in logits[:, ids].argmax(axis=-1)]
+
+    def run(self, rows: list[Clip]) -> dict[str, list[np.ndarray]]:
+        hidden = self.encode(rows)
+        unknown = [k for k, c in enumerate(rows) if c.language is None]
+        if unknown and self.decode_settings.languages:
+            for k, lang in zip(unknown, self.detect(hidden[unknown])):
+                rows[k].language = lang
+        groups: dict[tuple, list[int]] = {}
+        for k, c in enumerate(rows):
+            groups.setdefault((c.language, c.task), []).append(k)
+        said: list[str] = [""] * len(rows)
+        for (language, task), members in groups.items():
+            prompt = self.decode_settings.prompt(language, task)
+            budget = self.decode_settings.budget(prompt, self.max_positions)
+            for start in range(0, len(members), MAX_ROWS):
+                part = members[start : start + MAX_ROWS]
+                ids = greedy(self.model, hidden[part], prompt, self.decode_settings, budget)
+                for k, text in zip(part, self.tokenizer.decode(ids)):
+                    said[k] = TIMESTAMP.sub("", text)
+        return {
+            "TRANSCRIPT": [np.array([t.encode("utf-8")], dtype=np.object_) for t in said],
+            "SPOKEN_LANGUAGE": [
+                np.array([(c.language or "en").encode("utf-8")], dtype=np.object_) for c in rows
+            ],
+            "DURATION": [np.array([c.seconds], dtype=np.float32) for c in rows],
+        }
+
+    def transcribe(self, clips: list[bytes]) -> list[str]:
+        """Transcripts of encoded `clips`, run as one dynamic batch (the gate's in-process path)."""
+        answers = self.answer([{"AUDIO": np.array([[c]], dtype=np.object_)} for c in clips])
+        return [a if isinstance(a, str) else a["TRANSCRIPT"][0, 0].decode("utf-8") for a in answers]

@@ -1,0 +1,220 @@
+"""Kind `speech_recognition` (task: automatic-speech-recognition) end to end on a tiny
+random-weight Whisper: encoder, decoder and decoder-with-past exported, the gate's word error
+rate against PyTorch `generate` (greedy) on speech synthesised at set-up (releases/data/speech:
+espeak-ng, several voices and speeds, WAV, FLAC, MP3 and Ogg/Opus files), MLflow (SQLite) and a
+real Triton server on free ports. Clients send audio files and get PyTorch's transcripts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from hf2triton.kinds.modality import AUDIO_SUFFIXES
+from hf2triton.kinds.speech_recognition import SpeechRecognitionKind, SpeechSpec, TorchWhisper
+from hf2triton.spec import load_spec
+from tests.conftest import free_port, tiny_spec
+from tests.kinds.kind_release import RELEASES, report
+from tests.tiny_models import PHOTOS, build_tiny_whisper
+
+SPEECH = RELEASES / "data" / "speech"
+MAX_NEW_TOKENS = 24  # random weights ramble: a short budget keeps greedy steps clear of ties
+
+
+def clips() -> list[Path]:
+    """The synthesised validation clips (made by infra/setup.sh; made here if missing)."""
+    from infra.speech_clips import build
+
+    build(SPEECH)
+    return sorted(p for p in SPEECH.iterdir() if p.suffix in AUDIO_SUFFIXES)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return build_tiny_whisper(tmp_path_factory.mktemp("models") / "tiny-whisper")
+
+
+@pytest.fixture(scope="module")
+def whisper(tmp_path_factory, model_dir):
+    from hf2triton.flows.release import release_model
+    from hf2triton.targets import triton_local
+
+    clips()
+    tmp = tmp_path_factory.mktemp("whisper")
+    ports = {
+        "http_port": free_port(),
+        "grpc_port": free_port(),
+        "metrics_port": free_port(),
+        "openai": {"port": free_port()},
+    }
+    path = tiny_spec(
+        tmp / "whisper.yaml",
+        model_dir,
+        ports,
+        name="tiny-whisper",
+        task="automatic-speech-recognition",
+        embedding=None,
+        speech={"max_new_tokens": MAX_NEW_TOKENS},
+        registry__model_name="tiny-whisper",
+        source__model_id="fixtures/tiny-whisper",
+        validation__audio=str(SPEECH),
+        validation__sentences=None,
+        validation__smoke_sentences=6,
+        validation__judge_all=True,
+    )
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF2TRITON_HOME", str(tmp / "home"))
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        try:
+            yield {"summary": release_model(load_spec(path)), "ports": ports, "home": tmp / "home"}
+        finally:
+            triton_local.stop_server()
+
+
+def pytorch_transcripts(model_dir: Path, files: list[Path], **options) -> list[str]:
+    kind = SpeechRecognitionKind(SpeechSpec(max_new_tokens=MAX_NEW_TOKENS, **options), None)
+    return TorchWhisper(model_dir, kind.resolve(str(model_dir))).transcribe([str(f) for f in files])
+
+
+def infer(client_module, port: int, blobs: list[bytes]) -> tuple[list[str], np.ndarray]:
+    """Transcripts and durations of one request of `blobs` as AUDIO."""
+    client = client_module.InferenceServerClient(f"127.0.0.1:{port}")
+    arr = np.array([[b] for b in blobs], dtype=np.object_)
+    inp = client_module.InferInput("AUDIO", list(arr.shape), "BYTES")
+    inp.set_data_from_numpy(arr)
+    out = client.infer("tiny-whisper", [inp])
+    said = [t.decode("utf-8") for t in out.as_numpy("TRANSCRIPT")[:, 0]]
+    return said, out.as_numpy("DURATION")[:, 0]
+
+
+def test_served_transcripts_of_every_format_are_pytorch_generates(whisper, model_dir):
+    files = clips()
+    assert {f.suffix for f in files} == {".wav", ".flac", ".mp3", ".ogg"}
+    expected = pytorch_transcripts(model_dir, files)
+    assert len(set(expected)) > len(files) // 2  # the random model says different things
+    blobs = [f.read_bytes() for f in files]
+    for client, port in ((httpclient, "http_port"), (grpcclient, "grpc_port")):
+        at = whisper["ports"][port]
+        one_by_one = [t for b in blobs for t in infer(client, at, [b])[0]]
+        together, seconds = infer(client, at, blobs[:8])  # deploy.max_batch_size clips at once
+        assert one_by_one == expected
+        assert together == expected[:8]
+    assert 2.5 < seconds.min() and seconds.max() < 6.0  # the clips are 2.6 to 5.6 s
+
+
+def test_the_gate_judged_word_error_rate_against_pytorch_and_the_transcripts(whisper):
+    rep = report(whisper)
+    assert rep["kind"] == "speech_recognition"
+    assert rep["items"] == len(clips())
+    by_name = {c["name"]: c for c in rep["candidates"]}
+    for name, entry in by_name.items():
+        assert {"wer", "reference_wer", "exact_match"} <= set(entry["metrics"]), name
+        if entry["metrics"]["wer"] > 0.05:  # beyond the limit: it does not ship
+            assert "wer" in entry["misses"], name
+    shipped = by_name[whisper["summary"]["variant"]]
+    assert not shipped["misses"] and shipped["metrics"]["wer"] == 0.0
+    assert shipped["metrics"]["exact_match"] == 1.0
+    # random weights say nothing of the sentences spoken: reported, not judged by default
+    assert shipped["metrics"]["reference_wer"] > 0.5
+
+
+def test_bad_audio_gets_a_clear_error_and_the_server_serves_on(whisper):
+    port = whisper["ports"]["http_port"]
+    bad = {
+        b"": "empty",
+        b"hello, this is not audio at all" * 4: "not an audio file",
+        sorted(PHOTOS.glob("*.png"))[0].read_bytes(): "no audio stream",
+        (SPEECH / "long" / "long-45s.wav").read_bytes(): "30",
+    }
+    for blob, words in bad.items():
+        with pytest.raises(InferenceServerException) as err:
+            infer(httpclient, port, [blob])
+        assert words in str(err.value), str(err.value)
+    said, _ = infer(httpclient, port, [clips()[0].read_bytes()])
+    assert len(said) == 1
+
+
+def test_a_multilingual_model_detects_the_language_or_takes_the_one_asked(tmp_path, model_dir):
+    """In-process (no Triton): the served path of a multilingual Whisper against PyTorch
+    `generate`, with the language detected per clip, given in the spec, and asked per request."""
+    from hf2triton.release.export import optimum_export
+
+    multi = build_tiny_whisper(tmp_path / "multi", seed=1, multilingual=True)
+    files = clips()[:6]
+    blobs = [f.read_bytes() for f in files]
+    out = tmp_path / "export"
+    kind = SpeechRecognitionKind(SpeechSpec(max_new_tokens=MAX_NEW_TOKENS), None)
+    optimum_export(str(multi), out, kind.onnx_task, 18, kind.main_file)
+    cfg = kind.resolve(str(multi))
+    kind.prepare_export(str(multi), out, cfg)
+    served = kind.open_candidate(str(out), str(out), kind.serving_json(cfg, str(out)))
+    assert served.transcribe(blobs) == pytorch_transcripts(multi, files)  # detected
+    german = pytorch_transcripts(multi, files, language="de")
+    asked = served.answer(
+        [
+            {
+                "AUDIO": np.array([[b]], dtype=np.object_),
+                "LANGUAGE": np.array([[b"de"]], dtype=np.object_),
+            }
+            for b in blobs
+        ]
+    )
+    assert [a["TRANSCRIPT"][0, 0].decode() for a in asked] == german
+    assert {a["SPOKEN_LANGUAGE"][0, 0] for a in asked} == {b"de"}
+    refused = served.answer(
+        [
+            {
+                "AUDIO": np.array([[blobs[0]]], dtype=np.object_),
+                "LANGUAGE": np.array([[b"xx"]], dtype=np.object_),
+            }
+        ]
+    )
+    assert "LANGUAGE 'xx' is not one of this model's" in refused[0]
+
+
+def test_the_openai_sdk_transcribes_uploads_in_every_response_format(whisper, model_dir):
+    from openai import BadRequestError, OpenAI
+
+    port = whisper["ports"]["openai"]["port"]
+    client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+    files = clips()
+    wav, mp3 = (next(f for f in files if f.suffix == s) for s in (".wav", ".mp3"))
+    expected = pytorch_transcripts(model_dir, [wav, mp3])
+    for path, want in zip((wav, mp3), expected):
+        with path.open("rb") as f:
+            assert client.audio.transcriptions.create(model="tiny-whisper", file=f).text == want
+    with wav.open("rb") as f:
+        verbose = client.audio.transcriptions.create(
+            model="tiny-whisper",
+            file=f,
+            response_format="verbose_json",
+            timestamp_granularities=["segment"],
+        )
+    assert verbose.text == expected[0] and 4.9 < verbose.duration < 5.1
+    assert [(s.start, s.end, s.text) for s in verbose.segments] == [
+        (0.0, verbose.duration, expected[0])
+    ]
+    with wav.open("rb") as f:
+        srt = client.audio.transcriptions.create(
+            model="tiny-whisper", file=f, response_format="srt"
+        )
+    end = f"{verbose.duration:06.3f}".replace(".", ",")
+    assert srt == f"1\n00:00:00,000 --> 00:00:{end}\n{expected[0].strip()}\n"
+    with wav.open("rb") as f:  # no model named: the one speech model served
+        plain = client.audio.transcriptions.create(model="", file=f, response_format="text")
+    assert plain.strip() == expected[0].strip()
+    refused = {
+        "temperature": {"temperature": 0.7},
+        "prompt": {"prompt": "a glossary of terms"},
+        "timestamp_granularities": {"timestamp_granularities": ["word"]},
+    }
+    for words, extra in refused.items():
+        with wav.open("rb") as f, pytest.raises(BadRequestError) as err:
+            client.audio.transcriptions.create(model="tiny-whisper", file=f, **extra)
+        assert words in str(err.value), str(err.value)
+    with wav.open("rb") as f, pytest.raises(BadRequestError, match="translate"):
+        client.audio.translations.create(model="tiny-whisper", file=f)  # English-only
