@@ -4,10 +4,10 @@ espeak-ng from releases/data/speech-sentences.txt: nothing recorded, nothing dow
     .venv/bin/python infra/speech_clips.py [OUT]     (default releases/data/speech)
 
 OUT gets one clip per sentence in several voices and speeds (most as WAV at espeak-ng's 22.05 kHz,
-some re-encoded with PyAV: FLAC at 16 kHz, MP3 at 22.05 kHz, Ogg/Opus at 48 kHz), 2 s of
-silence, and transcripts.tsv (file name TAB reference text, no header; the silence's text is
-empty); OUT/long/ holds two clips past Whisper's 30 s window (about 45 s and 60 s, sentences one
-after another in one voice) with their own transcripts.tsv. A run is written beside OUT and
+some re-encoded with PyAV: FLAC at 16 kHz, MP3 at 22.05 kHz, Ogg/Opus at 48 kHz), two clips
+past Whisper's 30 s window (about 45 s as WAV and 60 s as MP3, sentences one after another in one
+voice), 2 s of silence, and transcripts.tsv (file name TAB reference text, no header; the
+silence's text is empty). A run is written beside OUT and
 renamed into place when complete, with a stamp of what made it (the sentences, this plan,
 espeak-ng's and PyAV's versions): a rerun that finds the same stamp does nothing, and a killed
 run never leaves a folder that looks finished."""
@@ -43,9 +43,8 @@ ENCODINGS = {
     "opus": (".ogg", "ogg", "libopus", 48000, 32000),
 }
 # The long clips: (name, voice, speed, first sentence, least seconds).
-LONG = (("long-45s.wav", "en-us", 175, 0, 45.0), ("long-60s.flac", "en-gb+m3", 160, 12, 60.0))
+LONG = (("long-45s.wav", "en-us", 175, 0, 45.0), ("long-60s.mp3", "en-gb+m3", 160, 12, 60.0))
 PAUSE_S = 0.4  # between the long clips' sentences
-LONG_DIR = "long"  # where the long clips go, beside the short ones
 
 
 @dataclass(frozen=True)
@@ -164,20 +163,14 @@ def make(out_dir: Path, sentences: list[str]) -> list[tuple[str, str, float]]:
         pcm, rate = synthesise(exe, clip.text, clip.voice, clip.speed, out_dir)
         write_clip(out_dir / clip.name, pcm, rate)
         made.append((clip.name, clip.text, len(pcm) / rate))
+    for spec in LONG:
+        text, seconds = long_clip(exe, sentences, spec, out_dir)
+        made.append((spec[0], text, seconds))
     write_wav(out_dir / "silence-2s.wav", np.zeros(32000, dtype="<i2"), 16000)
     made.append(("silence-2s.wav", "", 2.0))
     rows = "".join(f"{name}\t{text}\n" for name, text, _ in made)
     (out_dir / "transcripts.tsv").write_text(rows, encoding="utf-8")
-    # Clips over one 30-second window, in a folder of their own with their own transcripts.
-    long_dir = out_dir / LONG_DIR
-    long_dir.mkdir()
-    long_made = []
-    for spec in LONG:
-        text, seconds = long_clip(exe, sentences, spec, long_dir)
-        long_made.append((spec[0], text, seconds))
-    rows = "".join(f"{name}\t{text}\n" for name, text, _ in long_made)
-    (long_dir / "transcripts.tsv").write_text(rows, encoding="utf-8")
-    return made + [(f"{LONG_DIR}/{name}", text, sec) for name, text, sec in long_made]
+    return made
 
 
 def stamp(sentences: list[str]) -> str:
@@ -194,13 +187,8 @@ def up_to_date(out: Path, want: str) -> bool:
     """Whether `out` was made from `want`'s stamp and still has every clip it lists."""
     if not (out / STAMP).exists() or (out / STAMP).read_text().strip() != want:
         return False
-    for folder in (out, out / LONG_DIR):
-        if not (folder / "transcripts.tsv").is_file():
-            return False
-        rows = (folder / "transcripts.tsv").read_text(encoding="utf-8").splitlines()
-        if not all((folder / row.split("\t")[0]).is_file() for row in rows):
-            return False
-    return True
+    rows = (out / "transcripts.tsv").read_text(encoding="utf-8").splitlines()
+    return all((out / row.split("\t")[0]).is_file() for row in rows)
 
 
 def build(out: Path = DEFAULT_OUT, sentences_path: Path = SENTENCES) -> bool:

@@ -64,13 +64,15 @@ class SpeechSpec(Strict):
         "transcribe", description="transcribe, or translate into English (multilingual models)"
     )
     max_new_tokens: int = Field(
-        128, ge=1, le=448, description="most tokens of one 30-second window's transcript"
+        128, ge=1, le=440, description="most tokens of one 30-second window's transcript"
     )
     max_seconds: float = Field(
-        30.0,
+        600.0,
         gt=0,
-        le=30.0,
-        description="longest clip served (seconds); one 30-second window per clip for now",
+        le=4 * 3600,
+        description="longest clip served (seconds); a clip past one 30-second window is "
+        "transcribed whole, window after window (Whisper's sequential long-form decoding, with "
+        "segment timestamps)",
     )
     max_bytes: int = Field(
         25_000_000, ge=1000, description="largest audio file served (bytes), as OpenAI's limit"
@@ -117,6 +119,7 @@ def whisper_decode(model_dir: str, options: SpeechSpec) -> tuple[dict[str, Any],
         "begin_suppress_tokens": list(gen.get("begin_suppress_tokens") or []),
         "languages": languages if multilingual else {},
         "tasks": dict(gen.get("task_to_id") or {}) if multilingual else {},
+        "max_initial_timestamp_index": gen.get("max_initial_timestamp_index"),
     }
     return decode, int(config.get("max_target_positions", 448))
 
@@ -166,12 +169,17 @@ class TorchWhisper:
         self.processor = AutoProcessor.from_pretrained(str(model_dir))
         self.model = WhisperForConditionalGeneration.from_pretrained(str(model_dir)).eval()
 
-    def features(self, clips: list[Any]) -> np.ndarray:
-        waves = [decode(Path(c).read_bytes() if not isinstance(c, bytes) else c) for c in clips]
-        fe = self.processor.feature_extractor
-        return fe(waves, sampling_rate=fe.sampling_rate, return_tensors="np").input_features
+    def waves(self, clips: list[Any]) -> list[np.ndarray]:
+        return [decode(Path(c).read_bytes() if not isinstance(c, bytes) else c) for c in clips]
 
-    def generate(self, features: np.ndarray, max_new_tokens: int) -> list[str]:
+    def features(self, clips: list[Any]) -> np.ndarray:
+        fe = self.processor.feature_extractor
+        found = fe(self.waves(clips), sampling_rate=fe.sampling_rate, return_tensors="np")
+        return found.input_features
+
+    def generate(self, features: np.ndarray, max_new_tokens: int, **long_form: Any) -> list[str]:
+        """Greedy `generate` of a batch of windows, or (with `attention_mask` and
+        `return_timestamps`) of one long clip's whole features."""
         torch, cfg = self._torch, self.cfg
         multilingual = bool(cfg.decode["languages"])
         with torch.inference_mode():
@@ -182,16 +190,44 @@ class TorchWhisper:
                 do_sample=False,
                 language=cfg.language if multilingual else None,
                 task=cfg.task if multilingual else None,
+                **long_form,
             )
         return self.processor.batch_decode(ids, skip_special_tokens=True)
 
+    def transcribe_long(self, clip: Any, budget: int) -> str:
+        """One clip past a window, as transformers transcribes it: its whole features, the
+        attention mask, timestamps predicted (sequential long-form decoding)."""
+        fe = self.processor.feature_extractor
+        found = fe(
+            self.waves([clip]),
+            sampling_rate=fe.sampling_rate,
+            return_tensors="np",
+            truncation=False,
+            padding="longest",
+            return_attention_mask=True,
+        )
+        mask = self._torch.from_numpy(found.attention_mask)
+        return self.generate(
+            found.input_features, budget, attention_mask=mask, return_timestamps=True
+        )[0]
+
     def transcribe(self, clips: list[Any], size: int = 8) -> list[str]:
+        """Each clip's transcript: clips of one window in batches of `size`, longer ones alone."""
         budget = self.cfg.decode["max_new_tokens"]
         prompt = 4 if self.cfg.decode["languages"] else 2
         budget = max(1, min(budget, self.cfg.max_target_positions - prompt))
-        return [
-            t for part in batched(clips, size) for t in self.generate(self.features(part), budget)
-        ]
+        window = self.processor.feature_extractor.n_samples
+        lengths = [len(w) for w in self.waves(clips)]
+        said: list[str] = [""] * len(clips)
+        short = [i for i, n in enumerate(lengths) if n <= window]
+        for part in batched(short, size):
+            texts = self.generate(self.features([clips[i] for i in part]), budget)
+            for i, text in zip(part, texts):
+                said[i] = text
+        for i, n in enumerate(lengths):
+            if n > window:
+                said[i] = self.transcribe_long(clips[i], budget)
+        return said
 
 
 @KINDS.register

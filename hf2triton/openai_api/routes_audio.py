@@ -2,13 +2,15 @@
 speech recognition release (Whisper). A multipart upload: `file` (WAV, FLAC, OGG, MP3, M4A,
 WebM), `model`, `language`, `response_format` (json, text, srt, vtt, verbose_json),
 `timestamp_granularities[]` and `temperature`. The release decodes greedily, one 30-second
-window a clip, without a prompt: `temperature` above 0, a `prompt`, word timestamps, `stream`
-and any field OpenAI's API does not define are each a 400 naming the field, never silently
-ignored. Segments (verbose_json, srt, vtt) are the clip's window: one segment from 0 to the
-clip's duration."""
+window after another for a longer clip, without a prompt: `temperature` above 0, a `prompt`,
+word timestamps, `stream` and any field OpenAI's API does not define are each a 400 naming the
+field, never silently ignored. Segments (verbose_json, srt, vtt) are the release's SEGMENTS: a
+clip of one window is one segment from 0 to its duration, a longer clip's are the segments its
+predicted timestamps mark."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -44,28 +46,42 @@ def clock(seconds: float, comma: bool) -> str:
     return f"{h:02d}:{m:02d}:{s:02d}{',' if comma else '.'}{ms:03d}"
 
 
-def formatted(fmt: str, task: str, text: str, language: str, seconds: float) -> Response:
-    """The answer in `fmt`: OpenAI's shapes, the segments being the clip's one window."""
-    segment = {"id": 0, "seek": 0, "start": 0.0, "end": round(seconds, 3), "text": text}
-    segment.update(temperature=0.0, tokens=[])
+def subtitles(fmt: str, segments: list[dict[str, Any]]) -> str:
+    """The segments as SRT or WebVTT cues."""
+    srt = fmt == "srt"
+    cues = [
+        f"{clock(g['start'], srt)} --> {clock(g['end'], srt)}\n{g['text'].strip()}\n"
+        for g in segments
+    ]
+    if srt:
+        return "\n".join(f"{i}\n{cue}" for i, cue in enumerate(cues, 1))
+    return "WEBVTT\n\n" + "\n".join(cues)
+
+
+def formatted(fmt: str, task: str, out: dict[str, np.ndarray]) -> Response:
+    """The answer in `fmt`, in OpenAI's shapes."""
+    text = out["TRANSCRIPT"][0, 0].decode("utf-8")
     if fmt == "json":
         return Json({"text": text})
     if fmt == "text":
         return PlainTextResponse(text)
-    if fmt == "verbose_json":
-        return Json(
-            {
-                "task": task,
-                "language": language,
-                "duration": round(seconds, 3),
-                "text": text,
-                "segments": [segment] if text else [],
-            }
-        )
-    cue = f"{clock(0.0, fmt == 'srt')} --> {clock(seconds, fmt == 'srt')}\n{text.strip()}\n"
-    if fmt == "srt":
-        return PlainTextResponse(f"1\n{cue}" if text else "")
-    return PlainTextResponse(f"WEBVTT\n\n{cue}" if text else "WEBVTT\n", media_type="text/vtt")
+    found = json.loads(out["SEGMENTS"][0, 0])
+    if fmt in ("srt", "vtt"):
+        media = "text/plain" if fmt == "srt" else "text/vtt"
+        return PlainTextResponse(subtitles(fmt, found), media_type=media)
+    segments = [
+        {"id": i, "seek": int(round(g["start"] * 100)), **g, "temperature": 0.0, "tokens": []}
+        for i, g in enumerate(found)
+    ]
+    return Json(
+        {
+            "task": task,
+            "language": out["SPOKEN_LANGUAGE"][0, 0].decode("utf-8"),
+            "duration": round(float(out["DURATION"][0, 0]), 3),
+            "text": text,
+            "segments": segments,
+        }
+    )
 
 
 def check_fields(form: Any) -> None:
@@ -127,9 +143,7 @@ async def speech_to_text(request: Request, task: str) -> Response:
     if task == "translate":
         arrays["TASK"] = np.array([[b"translate"]], dtype=np.object_)
     out = await timed(request, triton.infer(model, arrays, prompt_param="file"))
-    text = out["TRANSCRIPT"][0, 0].decode("utf-8")
-    spoken = out["SPOKEN_LANGUAGE"][0, 0].decode("utf-8")
-    return formatted(fmt, task, text, spoken, float(out["DURATION"][0, 0]))
+    return formatted(fmt, task, out)
 
 
 @router.post("/v1/audio/transcriptions")

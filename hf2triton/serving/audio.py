@@ -210,10 +210,23 @@ class LogMel:
             )
         padded = np.zeros(self.n_samples, dtype=np.float64)
         padded[: len(wave)] = wave
+        return self._log_mel(padded)
+
+    def whole(self, wave: np.ndarray) -> np.ndarray:
+        """The float32 (feature_size, len(wave) // hop_length) features of a whole clip of any
+        length, unpadded: what the feature extractor gives for long-form decoding
+        (`padding="longest"`, `truncation=False`), one clip at a time."""
+        wave = np.asarray(wave, dtype=np.float32)
+        if wave.ndim != 1 or len(wave) < self.n_fft:
+            raise ValueError(f"a clip is one channel of at least {self.n_fft} samples")
+        return self._log_mel(wave.astype(np.float64))
+
+    def _log_mel(self, samples: np.ndarray) -> np.ndarray:
         half = self.n_fft // 2
-        signal = np.pad(padded, half, mode="reflect")
+        signal = np.pad(samples, half, mode="reflect")
         frames = np.lib.stride_tricks.sliding_window_view(signal, self.n_fft)[:: self.hop_length]
-        spectrum = np.fft.rfft(frames[: self.frames] * self.window, axis=-1)  # the last dropped
+        count = len(samples) // self.hop_length  # the STFT's last frame dropped
+        spectrum = np.fft.rfft(frames[:count] * self.window, axis=-1)
         power = spectrum.real**2 + spectrum.imag**2
         log_spec = np.log10(np.maximum(power @ self.mel_filters, MEL_FLOOR)).T
         log_spec = np.maximum(log_spec, log_spec.max() - 8.0)

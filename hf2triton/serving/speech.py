@@ -48,20 +48,26 @@ class WhisperDecode:
     begin_suppress_tokens: list[int] = field(default_factory=list)
     languages: dict[str, int] = field(default_factory=dict)  # "en" -> <|en|>'s id
     tasks: dict[str, int] = field(default_factory=dict)  # "transcribe" -> its id
+    max_initial_timestamp_index: int | None = None  # the first timestamp's latest (x 0.02 s)
+
+    @property
+    def timestamp_begin(self) -> int:
+        """The id of <|0.00|>: the timestamp tokens follow <|notimestamps|>."""
+        return int(self.no_timestamps_token_id or 0) + 1
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def prompt(self, language: str | None, task: str | None) -> list[int]:
-        """The decoder prompt, as transformers' `_retrieve_init_tokens` builds it for short-form
-        greedy decoding without timestamps."""
+    def prompt(self, language: str | None, task: str | None, timestamps: bool = False) -> list[int]:
+        """The decoder prompt, as transformers' `_retrieve_init_tokens` builds it for greedy
+        decoding: <|notimestamps|> last unless timestamps are predicted (long-form)."""
         tokens = [self.decoder_start_token_id]
         if language is not None:
             tokens.append(self.languages[language])
             tokens.append(self.tasks[task or "transcribe"])
         elif task is not None and self.tasks:
             tokens.append(self.tasks[task])
-        if self.no_timestamps_token_id is not None:
+        if self.no_timestamps_token_id is not None and not timestamps:
             tokens.append(self.no_timestamps_token_id)
         return tokens
 
@@ -72,19 +78,69 @@ class WhisperDecode:
 
 @dataclass
 class Clip:
-    """One parsed row: its features, its duration and the language and task asked for."""
+    """One parsed row: its features (one padded 30-second window, or for a longer clip the
+    whole clip's), its duration and the language and task asked for."""
 
     features: np.ndarray
     seconds: float
     language: str | None
     task: str | None
+    long: bool = False
+
+
+@dataclass(frozen=True)
+class Segment:
+    start: float
+    end: float
+    tokens: list[int]
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    top = np.max(np.where(np.isfinite(x), x, -np.inf), axis=-1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        shifted = x - top
+        return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def timestamp_rules(scores: np.ndarray, generated: np.ndarray, s: WhisperDecode) -> None:
+    """transformers' WhisperTimeStampLogitsProcessor on `scores` [N, V] (in place), after the
+    `generated` tokens [N, cur]: timestamps come in pairs and never go back, the first token is
+    a timestamp (within max_initial_timestamp_index), and a timestamp is taken whenever the
+    timestamps together are likelier than the best text token."""
+    begin = s.timestamp_begin
+    scores[:, s.no_timestamps_token_id] = NEG_INF
+    for k, seq in enumerate(generated.tolist()):
+        last = len(seq) >= 1 and seq[-1] >= begin
+        penultimate = len(seq) < 2 or seq[-2] >= begin
+        if last:
+            if penultimate:
+                scores[k, begin:] = NEG_INF
+            else:
+                scores[k, : s.eos_token_id] = NEG_INF
+        stamps = [t for t in seq if t >= begin]
+        if stamps:
+            scores[k, begin : stamps[-1] + (0 if last and not penultimate else 1)] = NEG_INF
+    if generated.shape[1] == 0:
+        scores[:, :begin] = NEG_INF
+        if s.max_initial_timestamp_index is not None:
+            scores[:, begin + s.max_initial_timestamp_index + 1 :] = NEG_INF
+    logp = log_softmax(scores.astype(np.float32))
+    with np.errstate(divide="ignore"):
+        stamp = np.log(np.exp(logp[:, begin:]).sum(axis=-1))
+    text = logp[:, :begin].max(axis=-1)
+    scores[stamp > text, :begin] = NEG_INF
 
 
 def greedy(
-    model: Seq2SeqModel, hidden: np.ndarray, prompt: list[int], s: WhisperDecode, budget: int
+    model: Seq2SeqModel,
+    hidden: np.ndarray,
+    prompt: list[int],
+    s: WhisperDecode,
+    budget: int,
+    timestamps: bool = False,
 ) -> list[list[int]]:
     """transformers' greedy search from `prompt` for every row of `hidden`: the generated ids
-    (prompt excluded, ended at the eos or the budget)."""
+    (prompt excluded, ended at the eos or the budget); `timestamps`: with the timestamp rules."""
     n = hidden.shape[0]
     seqs = np.tile(np.asarray(prompt, dtype=np.int64), (n, 1))
     unfinished = np.ones(n, dtype=bool)
@@ -95,6 +151,8 @@ def greedy(
             scores[:, s.suppress_tokens] = NEG_INF
         if s.begin_suppress_tokens and seqs.shape[1] == len(prompt):
             scores[:, s.begin_suppress_tokens] = NEG_INF
+        if timestamps:
+            timestamp_rules(scores, seqs[:, len(prompt) :], s)
         nxt = np.where(unfinished, scores.argmax(axis=-1), s.eos_token_id).astype(np.int64)
         seqs = np.concatenate([seqs, nxt[:, None]], axis=1)
         unfinished &= nxt != s.eos_token_id
@@ -107,6 +165,39 @@ def greedy(
     return out
 
 
+PRECISION = 0.02  # seconds a timestamp token counts
+FRAME = 0.01  # seconds a feature frame covers (hop 160 at 16 kHz)
+
+
+def window_segments(
+    tokens: list[int], seek: int, frames: int, begin: int
+) -> tuple[list[Segment], int]:
+    """The segments of one window's tokens (decoded from feature frame `seek`, `frames` of them
+    real) and how many frames the next window starts after, as transformers'
+    `_retrieve_segment`: split at each pair of timestamps; past the last pair the tail is decoded
+    again from there, unless the window ended with a single timestamp (no more speech)."""
+    stamp = [t >= begin for t in tokens]
+    single_end = stamp[-2:] == [False, True]
+    pairs = [i + 1 for i in range(len(tokens) - 1) if stamp[i] and stamp[i + 1]]
+    offset = seek * FRAME
+    if not pairs:
+        stamps = [t for t in tokens if t >= begin]
+        last = int(frames * FRAME / PRECISION)
+        if stamps and stamps[-1] != begin:
+            last = stamps[-1] - begin
+        return [Segment(offset, offset + last * PRECISION, tokens)], frames
+    slices = pairs + [len(tokens)] if single_end else pairs[:-1] + [pairs[-1] + 1]
+    segments, start = [], 0
+    for i, stop in enumerate(slices):
+        part = tokens[start:stop]
+        end = part[-1 if i < len(slices) - 1 or single_end else -2]
+        t0, t1 = (part[0] - begin) * PRECISION, (end - begin) * PRECISION
+        segments.append(Segment(offset + t0, offset + t1, part))
+        start = stop
+    advance = frames if single_end else (tokens[start - 2] - begin) * 2
+    return segments, advance
+
+
 class Transcriber(ServedModel):
     inputs = (
         Tensor("AUDIO", "STRING"),
@@ -117,6 +208,9 @@ class Transcriber(ServedModel):
         Tensor("TRANSCRIPT", "STRING"),
         Tensor("SPOKEN_LANGUAGE", "STRING"),
         Tensor("DURATION", "FP32"),
+        # JSON: [{"start": s, "end": s, "text": ...}]: a clip of one window is one segment;
+        # a longer clip's are the segments its timestamps mark.
+        Tensor("SEGMENTS", "STRING"),
     )
 
     def __init__(self, directory: str, settings: dict[str, Any]):
@@ -175,15 +269,27 @@ class Transcriber(ServedModel):
         for raw, language, task in zip(audio[:, 0], languages, tasks):
             wave = decode(bytes(raw), max_seconds=self.max_seconds, max_bytes=self.max_bytes)
             language, task = self._check(language, task)
-            seconds = len(wave) / 16000.0
-            clips.append(Clip(self.log_mel.features(wave), seconds, language, task))
+            seconds = len(wave) / self.log_mel.sampling_rate
+            if len(wave) > self.log_mel.n_samples:  # past one window: long-form
+                clips.append(Clip(self.log_mel.whole(wave), seconds, language, task, long=True))
+            else:
+                clips.append(Clip(self.log_mel.features(wave), seconds, language, task))
         return clips
 
-    def encode(self, clips: list[Clip]) -> np.ndarray:
-        """The encoder's states of every clip, MAX_ROWS clips a run."""
+    def window(self, clip: Clip, seek: int = 0) -> np.ndarray:
+        """The 30-second window of features from frame `seek`, zero-padded (as transformers pads
+        a long clip's last window)."""
+        frames = self.log_mel.frames
+        part = clip.features[:, seek : seek + frames]
+        if part.shape[1] < frames:
+            part = np.pad(part, ((0, 0), (0, frames - part.shape[1])))
+        return part
+
+    def encode(self, windows: list[np.ndarray]) -> np.ndarray:
+        """The encoder's states of every window, MAX_ROWS windows a run."""
         parts = []
-        for start in range(0, len(clips), MAX_ROWS):
-            feats = np.stack([c.features for c in clips[start : start + MAX_ROWS]])
+        for start in range(0, len(windows), MAX_ROWS):
+            feats = np.stack(windows[start : start + MAX_ROWS])
             parts.append(self.model.run("encoder", {"input_features": feats})[0])
         return np.concatenate(parts)
 
@@ -196,30 +302,64 @@ class Transcriber(ServedModel):
         ids = np.array([s.languages[k] for k in names])
         return [names[i] for i in logits[:, ids].argmax(axis=-1)]
 
+    def text(self, ids: list[list[int]]) -> list[str]:
+        """The tokenizer's text of each row of ids, timestamps taken out."""
+        return [TIMESTAMP.sub("", t) for t in self.tokenizer.decode(ids)]
+
+    def long_form(self, clip: Clip) -> list[Segment]:
+        """transformers' sequential long-form decoding of one clip: 30-second windows with
+        timestamps, each from where the last complete segment of the one before ended."""
+        s = self.decode_settings
+        prompt = s.prompt(clip.language, clip.task, timestamps=True)
+        budget = s.budget(prompt, self.max_positions)
+        total, seek, segments = clip.features.shape[1], 0, []
+        while seek < total:
+            frames = min(total - seek, self.log_mel.frames)
+            hidden = self.encode([self.window(clip, seek)])
+            tokens = greedy(self.model, hidden, prompt, s, budget, timestamps=True)[0]
+            found, advance = window_segments(tokens, seek, frames, s.timestamp_begin)
+            segments += found
+            seek += advance
+        return segments
+
     def run(self, rows: list[Clip]) -> dict[str, list[np.ndarray]]:
-        hidden = self.encode(rows)
+        s = self.decode_settings
+        hidden = self.encode([c.features if not c.long else self.window(c) for c in rows])
         unknown = [k for k, c in enumerate(rows) if c.language is None]
-        if unknown and self.decode_settings.languages:
+        if unknown and s.languages:
             for k, lang in zip(unknown, self.detect(hidden[unknown])):
                 rows[k].language = lang
+        said: list[str] = [""] * len(rows)
+        pieces: list[list[dict[str, Any]]] = [[] for _ in rows]
         groups: dict[tuple, list[int]] = {}
         for k, c in enumerate(rows):
-            groups.setdefault((c.language, c.task), []).append(k)
-        said: list[str] = [""] * len(rows)
+            if c.long:
+                segments = self.long_form(c)
+                said[k] = self.text([[t for seg in segments for t in seg.tokens]])[0]
+                texts_ = self.text([seg.tokens for seg in segments])
+                pieces[k] = [
+                    {"start": round(g.start, 3), "end": round(g.end, 3), "text": t}
+                    for g, t in zip(segments, texts_)
+                ]
+            else:
+                groups.setdefault((c.language, c.task), []).append(k)
         for (language, task), members in groups.items():
-            prompt = self.decode_settings.prompt(language, task)
-            budget = self.decode_settings.budget(prompt, self.max_positions)
+            prompt = s.prompt(language, task)
+            budget = s.budget(prompt, self.max_positions)
             for start in range(0, len(members), MAX_ROWS):
                 part = members[start : start + MAX_ROWS]
-                ids = greedy(self.model, hidden[part], prompt, self.decode_settings, budget)
-                for k, text in zip(part, self.tokenizer.decode(ids)):
-                    said[k] = TIMESTAMP.sub("", text)
+                ids = greedy(self.model, hidden[part], prompt, s, budget)
+                for k, text in zip(part, self.text(ids)):
+                    said[k] = text
+                    end = round(rows[k].seconds, 3)
+                    pieces[k] = [{"start": 0.0, "end": end, "text": text}] if text else []
         return {
             "TRANSCRIPT": [np.array([t.encode("utf-8")], dtype=np.object_) for t in said],
             "SPOKEN_LANGUAGE": [
                 np.array([(c.language or "en").encode("utf-8")], dtype=np.object_) for c in rows
             ],
             "DURATION": [np.array([c.seconds], dtype=np.float32) for c in rows],
+            "SEGMENTS": [np.array([json.dumps(p).encode()], dtype=np.object_) for p in pieces],
         }
 
     def transcribe(self, clips: list[bytes]) -> list[str]:

@@ -103,7 +103,26 @@ def test_served_transcripts_of_every_format_are_pytorch_generates(whisper, model
         together, seconds = infer(client, at, blobs[:8])  # deploy.max_batch_size clips at once
         assert one_by_one == expected
         assert together == expected[:8]
-    assert 2.5 < seconds.min() and seconds.max() < 6.0  # the clips are 2.6 to 5.6 s
+    assert 2.5 < seconds.min() and seconds.max() < 6.0  # the first eight are 2.6 to 5.6 s
+
+
+def test_a_clip_past_one_window_is_transcribed_whole_with_timestamped_segments(whisper):
+    import json
+
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{whisper['ports']['http_port']}")
+    for name, seconds in (("long-45s.wav", 45.7), ("long-60s.mp3", 62.1)):
+        arr = np.array([[(SPEECH / name).read_bytes()]], dtype=np.object_)
+        inp = httpclient.InferInput("AUDIO", [1, 1], "BYTES")
+        inp.set_data_from_numpy(arr)
+        out = client.infer("tiny-whisper", [inp])
+        segments = json.loads(out.as_numpy("SEGMENTS")[0, 0])
+        transcript = out.as_numpy("TRANSCRIPT")[0, 0].decode()
+        assert abs(float(out.as_numpy("DURATION")[0, 0]) - seconds) < 0.1
+        # several windows, their segments in order, their texts the transcript
+        assert len(segments) > 2 and segments[-1]["start"] > 30.0, segments
+        starts = [g["start"] for g in segments]
+        assert starts == sorted(starts) and all(g["end"] >= g["start"] for g in segments)
+        assert "".join(g["text"] for g in segments) == transcript
 
 
 def test_the_gate_judged_word_error_rate_against_pytorch_and_the_transcripts(whisper):
@@ -122,13 +141,27 @@ def test_the_gate_judged_word_error_rate_against_pytorch_and_the_transcripts(whi
     assert shipped["metrics"]["reference_wer"] > 0.5
 
 
+def eleven_minutes() -> bytes:
+    """A WAV of 11 minutes of silence (8 kHz, 8-bit: 5 MB), over speech.max_seconds."""
+    import io
+    import wave
+
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(1)
+        w.setframerate(8000)
+        w.writeframes(b"\x80" * 8000 * 660)
+    return buf.getvalue()
+
+
 def test_bad_audio_gets_a_clear_error_and_the_server_serves_on(whisper):
     port = whisper["ports"]["http_port"]
     bad = {
         b"": "empty",
         b"hello, this is not audio at all" * 4: "not an audio file",
         sorted(PHOTOS.glob("*.png"))[0].read_bytes(): "no audio stream",
-        (SPEECH / "long" / "long-45s.wav").read_bytes(): "30",
+        eleven_minutes(): "longer than 600 s",
     }
     for blob, words in bad.items():
         with pytest.raises(InferenceServerException) as err:
@@ -216,5 +249,13 @@ def test_the_openai_sdk_transcribes_uploads_in_every_response_format(whisper, mo
         with wav.open("rb") as f, pytest.raises(BadRequestError) as err:
             client.audio.transcriptions.create(model="tiny-whisper", file=f, **extra)
         assert words in str(err.value), str(err.value)
+    long_ones = [SPEECH / "long-45s.wav", SPEECH / "long-60s.mp3"]  # past one window
+    for path, want in zip(long_ones, pytorch_transcripts(model_dir, long_ones)):
+        with path.open("rb") as f:
+            found = client.audio.transcriptions.create(
+                model="tiny-whisper", file=f, response_format="verbose_json"
+            )
+        assert found.text == want and found.duration > 45.0
+        assert len(found.segments) > 2 and found.segments[-1].start > 30.0
     with wav.open("rb") as f, pytest.raises(BadRequestError, match="translate"):
         client.audio.translations.create(model="tiny-whisper", file=f)  # English-only

@@ -123,6 +123,24 @@ def test_a_batch_stacks_clips_and_a_clip_over_the_window_is_for_the_caller_to_sp
         features.features(np.zeros(30 * SAMPLE_RATE + 1, np.float32))
 
 
+def test_a_whole_long_clip_is_the_extractors_long_form_features(extractor, speech):
+    """Past one window, the whole clip unpadded: what transformers' long-form decoding reads
+    (`padding="longest"`, `truncation=False`), frame for frame, its mask all real frames."""
+    samples = decode(wav(np.resize(decode(speech), 47 * SAMPLE_RATE + 77)))
+    want = extractor(
+        samples,
+        sampling_rate=SAMPLE_RATE,
+        return_tensors="np",
+        truncation=False,
+        padding="longest",
+        return_attention_mask=True,
+    )
+    got = LogMel(extractor.to_dict()).whole(samples)
+    assert got.shape == want.input_features[0].shape == (80, len(samples) // 160)
+    assert int(want.attention_mask.sum()) == got.shape[1]
+    assert np.abs(got - want.input_features[0]).max() <= PARITY
+
+
 FORMATS = {
     # name: (container, codec, rate, channels, encoder options, samples of codec delay allowed)
     "wav": ("wav", "pcm_s16le", 16000, 1, {}, 0),
