@@ -306,16 +306,17 @@ class Transcriber(ServedModel):
         """The tokenizer's text of each row of ids, timestamps taken out."""
         return [TIMESTAMP.sub("", t) for t in self.tokenizer.decode(ids)]
 
-    def long_form(self, clip: Clip) -> list[Segment]:
+    def long_form(self, clip: Clip, first: np.ndarray) -> list[Segment]:
         """transformers' sequential long-form decoding of one clip: 30-second windows with
-        timestamps, each from where the last complete segment of the one before ended."""
+        timestamps, each from where the last complete segment of the one before ended
+        (`first`: the encoder's states of the first window)."""
         s = self.decode_settings
         prompt = s.prompt(clip.language, clip.task, timestamps=True)
         budget = s.budget(prompt, self.max_positions)
         total, seek, segments = clip.features.shape[1], 0, []
         while seek < total:
             frames = min(total - seek, self.log_mel.frames)
-            hidden = self.encode([self.window(clip, seek)])
+            hidden = first if seek == 0 else self.encode([self.window(clip, seek)])
             tokens = greedy(self.model, hidden, prompt, s, budget, timestamps=True)[0]
             found, advance = window_segments(tokens, seek, frames, s.timestamp_begin)
             segments += found
@@ -334,7 +335,7 @@ class Transcriber(ServedModel):
         groups: dict[tuple, list[int]] = {}
         for k, c in enumerate(rows):
             if c.long:
-                segments = self.long_form(c)
+                segments = self.long_form(c, hidden[k : k + 1])
                 said[k] = self.text([[t for seg in segments for t in seg.tokens]])[0]
                 texts_ = self.text([seg.tokens for seg in segments])
                 pieces[k] = [
