@@ -29,6 +29,7 @@ from hf2triton.kinds.translation import onnx_files_with_data, serving_files
 from hf2triton.serving.audio import decode
 from hf2triton.serving.seq2seq import ONNX_FILES, Seq2SeqModel
 from hf2triton.serving.speech import Transcriber
+from hf2triton.util import quiet
 from hf2triton.util.specbase import Strict
 
 TRANSCRIPTS_FILE = "transcripts.tsv"  # beside the validation clips: name TAB reference
@@ -166,6 +167,11 @@ class TorchWhisper:
 
         self._torch = torch
         self.cfg = cfg
+        # transformers' Whisper `generate` passes its own logits processors to the generic
+        # `generate` and warns of it on every call, and of the attention mask a window of
+        # features does not need (every frame is real): nothing a user can act on.
+        for prefix in ("A custom logits processor", "The attention mask is not set"):
+            quiet.drop_log_message("transformers.generation.utils", prefix)
         self.processor = AutoProcessor.from_pretrained(str(model_dir))
         self.model = WhisperForConditionalGeneration.from_pretrained(str(model_dir)).eval()
 
