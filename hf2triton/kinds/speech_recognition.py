@@ -28,7 +28,7 @@ from hf2triton.kinds.torch_reference import batched
 from hf2triton.kinds.translation import onnx_files_with_data, serving_files
 from hf2triton.serving.audio import decode
 from hf2triton.serving.seq2seq import ONNX_FILES, Seq2SeqModel
-from hf2triton.serving.speech import Transcriber
+from hf2triton.serving.speech import Transcriber, WhisperDecode
 from hf2triton.util import quiet
 from hf2triton.util.specbase import Strict
 
@@ -65,12 +65,12 @@ class SpeechSpec(Strict):
         "transcribe", description="transcribe, or translate into English (multilingual models)"
     )
     max_new_tokens: int = Field(
-        128, ge=1, le=440, description="most tokens of one 30-second window's transcript"
+        224, ge=1, le=440, description="most tokens of one 30-second window's transcript"
     )
     max_seconds: float = Field(
         600.0,
         gt=0,
-        le=4 * 3600,
+        le=3600,
         description="longest clip served (seconds); a clip past one 30-second window is "
         "transcribed whole, window after window (Whisper's sequential long-form decoding, with "
         "segment timestamps)",
@@ -108,6 +108,11 @@ def whisper_decode(model_dir: str, options: SpeechSpec) -> tuple[dict[str, Any],
             "recognition releases Whisper checkpoints (WhisperForConditionalGeneration)"
         )
     gen = read_json(Path(model_dir) / "generation_config.json")
+    if gen.get("no_timestamps_token_id") is None:
+        raise UnsupportedModelError(
+            f"{model_dir}'s generation_config.json has no no_timestamps_token_id, which "
+            "Whisper's decoding needs: save the model again with a current transformers"
+        )
     eos = gen.get("eos_token_id", config.get("eos_token_id"))
     multilingual = bool(gen.get("is_multilingual"))
     languages = {k.strip("<|>"): int(v) for k, v in (gen.get("lang_to_id") or {}).items()}
@@ -148,13 +153,17 @@ def word_errors(hypothesis: str, reference: str) -> tuple[int, int]:
     return edits, len(ref.split())
 
 
+def wer_of(edits: float, words: float) -> float:
+    """Word edits over reference words; with no reference words (silence), 0 if nothing was
+    said and 1 otherwise."""
+    return float(edits / words) if words else float(edits > 0)
+
+
 def wer(hypotheses: list[str], references: list[str]) -> tuple[float, Sample]:
     """Corpus word error rate (edits over reference words, over every clip) and its Sample."""
-    pairs = [word_errors(h, r) for h, r in zip(hypotheses, references)]
-    edits, words = [p[0] for p in pairs], [p[1] for p in pairs]
-    total = sum(words)
-    value = sum(edits) / total if total else float(sum(edits) > 0)
-    return float(value), Sample.ratio(edits, [max(w, 0) for w in words])
+    pairs = np.array([word_errors(h, r) for h, r in zip(hypotheses, references)], np.float64)
+    sample = Sample(pairs.reshape(-1, 2), lambda s: wer_of(s[0], s[1]))
+    return wer_of(*pairs.sum(axis=0)), sample
 
 
 class TorchWhisper:
@@ -219,11 +228,14 @@ class TorchWhisper:
 
     def transcribe(self, clips: list[Any], size: int = 8) -> list[str]:
         """Each clip's transcript: clips of one window in batches of `size`, longer ones alone."""
-        budget = self.cfg.decode["max_new_tokens"]
-        prompt = 4 if self.cfg.decode["languages"] else 2
-        budget = max(1, min(budget, self.cfg.max_target_positions - prompt))
-        window = self.processor.feature_extractor.n_samples
-        lengths = [len(w) for w in self.waves(clips)]
+        # The served path's budget (one rule): a window's tokens within the decoder's positions.
+        s = WhisperDecode(**self.cfg.decode)
+        prompt = s.prompt("en" if s.languages else None, "transcribe" if s.tasks else None)
+        budget = s.budget(prompt, self.cfg.max_target_positions)
+        fe = self.processor.feature_extractor
+        window = fe.n_samples
+        # Past one window's frames: long-form, as the served path and transformers tell it.
+        lengths = [len(w) // fe.hop_length * fe.hop_length for w in self.waves(clips)]
         said: list[str] = [""] * len(clips)
         short = [i for i, n in enumerate(lengths) if n <= window]
         for part in batched(short, size):

@@ -84,8 +84,14 @@ def formatted(fmt: str, task: str, out: dict[str, np.ndarray]) -> Response:
     )
 
 
-def check_fields(form: Any) -> None:
-    """A 400 for each field the release cannot honour, or does not know."""
+def check_fields(form: Any, task: str) -> None:
+    """A 400 for each field the release cannot honour, or the route does not know."""
+    if task == "translate" and form.get("language"):
+        raise bad_request(
+            "language is not a field of translations (the speech is translated into English "
+            "from whatever language it is in)",
+            param="language",
+        )
     for name in form:
         if name in NOT_HONOURED and str(form.get(name) or "").strip() not in ("", "false"):
             raise bad_request(f"{name}: {NOT_HONOURED[name]}", param=name)
@@ -113,20 +119,22 @@ def check_fields(form: Any) -> None:
             )
 
 
-async def read_form(request: Request) -> tuple[Any, bytes]:
-    """The upload's fields and its file's bytes; a 400 for a body that is not one."""
+async def read_form(request: Request, task: str) -> tuple[dict[str, Any], bytes]:
+    """The upload's fields and its file's bytes (its spooled file closed); a 400 for a body
+    that is not one."""
     if "multipart/form-data" not in request.headers.get("content-type", ""):
         raise bad_request("send a multipart/form-data upload with the audio as `file`", "file")
-    form = await request.form(max_files=1, max_fields=MAX_FIELDS)
-    upload = form.get("file")
-    if not isinstance(upload, UploadFile):
-        raise bad_request("file is missing: upload the audio file as `file`", param="file")
-    check_fields(form)
-    return form, await upload.read()
+    async with request.form(max_files=1, max_fields=MAX_FIELDS) as form:
+        upload = form.get("file")
+        if not isinstance(upload, UploadFile):
+            raise bad_request("file is missing: upload the audio file as `file`", param="file")
+        check_fields(form, task)
+        fields = {k: v for k, v in form.items() if isinstance(v, str)}
+        return fields, await upload.read()
 
 
 async def speech_to_text(request: Request, task: str) -> Response:
-    form, data = await read_form(request)
+    form, data = await read_form(request, task)
     fmt = str(form.get("response_format") or "json")
     if fmt not in FORMATS:
         raise bad_request(

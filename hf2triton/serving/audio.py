@@ -26,6 +26,8 @@ import numpy as np
 
 SAMPLE_RATE = 16000  # what every Whisper checkpoint hears
 FORMATS = "WAV, FLAC, MP3, OGG (Vorbis or Opus), M4A (AAC) or WebM"
+# Sample rates a clip may have: a lower one turns each sample into thousands at 16 kHz.
+MIN_RATE, MAX_RATE = 1_000, 384_000
 MEL_FLOOR = 1e-10  # the power under which log10 is not taken
 MAX_FREQUENCY = 8000.0  # transformers' filter bank stops here whatever the rate
 
@@ -127,6 +129,15 @@ class Mono:
     def add(self, frame: Any) -> None:
         import av
 
+        rate = int(frame.sample_rate or 0)
+        if not MIN_RATE <= rate <= MAX_RATE:
+            raise AudioRefused(
+                f"the audio's sample rate is {rate:,} Hz, outside {MIN_RATE:,} to {MAX_RATE:,} "
+                "Hz: re-encode it at a usual rate (16, 44.1 or 48 kHz)"
+            )
+        # Checked before resampling: a frame of a low rate becomes many samples at 16 kHz.
+        if self.count + frame.samples * SAMPLE_RATE / rate > self.limit:
+            self.refuse(self.count + int(frame.samples * SAMPLE_RATE / rate))
         setup = (frame.format.name, frame.layout.name, frame.sample_rate)
         if setup != self._setup:
             self.flush()
@@ -146,10 +157,14 @@ class Mono:
             self.chunks.append(samples)
             self.count += len(samples)
             if self.count > self.limit:
-                raise AudioRefused(
-                    f"the audio is longer than {self.limit / SAMPLE_RATE:g} s (decoding stopped "
-                    f"at {self.count / SAMPLE_RATE:.2f} s): send a shorter clip or split it"
-                )
+                self.refuse(self.count)
+
+    def refuse(self, count: int) -> None:
+        """The clip is over the limit: `count` samples in (or about to be)."""
+        raise AudioRefused(
+            f"the audio is longer than {self.limit / SAMPLE_RATE:g} s (decoding stopped at "
+            f"{count / SAMPLE_RATE:.2f} s): send a shorter clip or split it"
+        )
 
 
 def slaney_mel_filters(n_fft: int, n_mels: int, sampling_rate: int) -> np.ndarray:
@@ -226,9 +241,12 @@ class LogMel:
         signal = np.pad(samples, half, mode="reflect")
         frames = np.lib.stride_tricks.sliding_window_view(signal, self.n_fft)[:: self.hop_length]
         count = len(samples) // self.hop_length  # the STFT's last frame dropped
-        spectrum = np.fft.rfft(frames[:count] * self.window, axis=-1)
-        power = spectrum.real**2 + spectrum.imag**2
-        log_spec = np.log10(np.maximum(power @ self.mel_filters, MEL_FLOOR)).T
+        log_spec = np.empty((self.feature_size, count), dtype=np.float64)
+        for start in range(0, count, self.frames):  # a window's frames at a time: bounded memory
+            stop = min(count, start + self.frames)
+            spectrum = np.fft.rfft(frames[start:stop] * self.window, axis=-1)
+            power = spectrum.real**2 + spectrum.imag**2
+            log_spec[:, start:stop] = np.log10(np.maximum(power @ self.mel_filters, MEL_FLOOR)).T
         log_spec = np.maximum(log_spec, log_spec.max() - 8.0)
         return ((log_spec + 4.0) / 4.0).astype(np.float32)
 

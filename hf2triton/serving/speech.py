@@ -270,10 +270,12 @@ class Transcriber(ServedModel):
             wave = decode(bytes(raw), max_seconds=self.max_seconds, max_bytes=self.max_bytes)
             language, task = self._check(language, task)
             seconds = len(wave) / self.log_mel.sampling_rate
-            if len(wave) > self.log_mel.n_samples:  # past one window: long-form
+            # Past one window's frames: long-form (transformers tells by frames, not samples).
+            if len(wave) // self.log_mel.hop_length > self.log_mel.frames:
                 clips.append(Clip(self.log_mel.whole(wave), seconds, language, task, long=True))
             else:
-                clips.append(Clip(self.log_mel.features(wave), seconds, language, task))
+                window = wave[: self.log_mel.n_samples]  # as the extractor truncates it
+                clips.append(Clip(self.log_mel.features(window), seconds, language, task))
         return clips
 
     def window(self, clip: Clip, seek: int = 0) -> np.ndarray:
@@ -314,7 +316,12 @@ class Transcriber(ServedModel):
         prompt = s.prompt(clip.language, clip.task, timestamps=True)
         budget = s.budget(prompt, self.max_positions)
         total, seek, segments = clip.features.shape[1], 0, []
-        while seek < total:
+        # A window advances to its last complete segment: at least a few seconds on speech. A
+        # model that keeps closing segments at once would loop for ever on a long clip: bounded
+        # at four windows per 30 seconds (what is left then is not transcribed).
+        for _ in range(4 * (total // self.log_mel.frames + 1)):
+            if seek >= total:
+                break
             frames = min(total - seek, self.log_mel.frames)
             hidden = first if seek == 0 else self.encode([self.window(clip, seek)])
             tokens = greedy(self.model, hidden, prompt, s, budget, timestamps=True)[0]
@@ -366,4 +373,7 @@ class Transcriber(ServedModel):
     def transcribe(self, clips: list[bytes]) -> list[str]:
         """Transcripts of encoded `clips`, run as one dynamic batch (the gate's in-process path)."""
         answers = self.answer([{"AUDIO": np.array([[c]], dtype=np.object_)} for c in clips])
-        return [a if isinstance(a, str) else a["TRANSCRIPT"][0, 0].decode("utf-8") for a in answers]
+        refused = next((a for a in answers if isinstance(a, str)), None)
+        if refused is not None:
+            raise ValueError(refused)
+        return [a["TRANSCRIPT"][0, 0].decode("utf-8") for a in answers if not isinstance(a, str)]

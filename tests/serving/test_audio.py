@@ -250,6 +250,12 @@ REFUSED = {
         {"max_bytes": 1000},
         "96,078 bytes, over the 1,000",
     ),
+    # A rate that would turn each sample into 160 at 16 kHz: refused before resampling.
+    "a sample rate of 100 Hz": (
+        lambda: wav(np.zeros(60_000, np.float32), rate=100),
+        {},
+        "sample rate is 100 Hz, outside 1,000 to 384,000 Hz",
+    ),
     # Refused once 600 s are decoded, not after decoding the three hours.
     "three hours": (three_hours, {}, r"longer than 600 s \(decoding stopped at 600\.\d\d s\)"),
 }
