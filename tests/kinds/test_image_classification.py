@@ -60,8 +60,18 @@ def image_classifier(tmp_path_factory, model_dir):
         "metrics_port": free_port(),
         "openai": {"port": free_port()},
     }
-    # Every candidate judged: the tests read int8's metrics from the report.
-    spec = load_spec(_spec(tmp, model_dir, ports, validation__judge_all=True))
+    # Every candidate judged: the tests read int8's metrics from the report. Scores within 0.002
+    # of PyTorch's: fp32 keeps them (1e-6), int8 does not on any CPU (0.03 with VNNI, more on
+    # AVX2 alone), so what ships, and what the tests compare with PyTorch at 1e-4, is fp32.
+    spec = load_spec(
+        _spec(
+            tmp,
+            model_dir,
+            ports,
+            validation__judge_all=True,
+            image_classification={"thresholds": {"max_prob_diff": 0.002}},
+        )
+    )
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF2TRITON_HOME", str(tmp / "home"))
         mp.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -127,13 +137,15 @@ def test_the_gate_judged_the_candidates_on_their_own_metrics(image_classifier):
     shipped = image_classifier["summary"]["variant"]
     assert not by_name[shipped]["misses"]
     # ONNX Runtime's dynamic int8 and OpenVINO's int8 (NNCF, calibrated on the photographs as
-    # the served path decodes them) move this random ViT's scores far more than the limits
-    # allow (OpenVINO's changes a top-1 label here): neither ships.
+    # the served path decodes them) move this random ViT's scores past the fixture's limit
+    # (OpenVINO's also changes a top-1 label on an AVX2-only CPU): none ships.
     int8 = {n: c for n, c in by_name.items() if "int8" in n}
-    assert "openvino-int8 on openvino fp32" in int8 and len(int8) == 2
-    assert all(c["misses"] for c in int8.values())
-    assert "int8" not in shipped
-    assert by_name[shipped]["metrics"]["label_agreement"] == 1.0
+    assert {"dynamic-int8/qint8/per-channel", "openvino-int8 on openvino fp32"} <= set(int8)
+    assert all(c["misses"] for c in int8.values()) and "int8" not in shipped
+    for name, entry in by_name.items():  # a top label moved is a miss
+        if entry["metrics"]["label_agreement"] < 1.0:
+            assert "label_agreement" in entry["misses"], name
+    assert by_name[shipped]["metrics"]["label_agreement"] == 1.0  # all 12 photographs
 
 
 def _png(width: int, height: int) -> bytes:

@@ -50,7 +50,10 @@ def clip(tmp_path_factory, model_dir):
         name="tiny-clip",
         task="image-text-embedding",
         embedding=None,
-        image_text_embedding={"labels": LABELS},
+        # Embeddings within cosine 0.99999 of PyTorch's: fp32 keeps them (1.0), int8 does not
+        # on any CPU (0.99995 with VNNI, zero-shot labels moved on AVX2 alone), so what ships,
+        # and what the tests compare with PyTorch at 1e-4, is fp32.
+        image_text_embedding={"labels": LABELS, "thresholds": {"min_cosine": 0.99999}},
         registry__model_name="tiny-clip",
         source__model_id="fixtures/tiny-clip",
         validation__images=str(PHOTOS),
@@ -121,11 +124,16 @@ def test_the_gate_judged_image_and_text_cosines_and_zero_shot_labels(clip):
             "zero_shot_agreement",
         } <= set(entry["metrics"]), name
     # ONNX Runtime's dynamic int8 and OpenVINO's int8 (calibrated on the photographs) of this
-    # random CLIP move the nearest label prompt of some photographs: neither ships.
+    # random CLIP miss the fixture's cosine (and on an AVX2-only CPU move the nearest label
+    # prompt of some photographs): none ships.
     int8 = {n: c for n, c in by_name.items() if "int8" in n}
-    assert len(int8) == 2 and all("zero_shot_agreement" in c["misses"] for c in int8.values())
+    assert {"dynamic-int8/qint8/per-channel", "openvino-int8 on openvino fp32"} <= set(int8)
+    assert all(c["misses"] for c in int8.values())
     shipped = by_name[clip["summary"]["variant"]]
     assert "int8" not in clip["summary"]["variant"] and not shipped["misses"]
+    for entry in by_name.values():  # a label moved is a miss
+        if entry["metrics"]["zero_shot_agreement"] < 1.0:
+            assert "zero_shot_agreement" in entry["misses"], entry["name"]
     assert shipped["metrics"]["zero_shot_agreement"] == 1.0
     assert shipped["metrics"]["min_cosine"] > 0.999
 
