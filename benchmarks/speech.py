@@ -78,50 +78,24 @@ CT2 = ROOT / ".cache" / "ct2"
 PEER = "faster-whisper 1.2.1"
 
 Clip = tuple[bytes, float]  # an audio file and its length in seconds
+# openai/whisper-tiny.en's sizes (transformers' default init_std: its own random weights).
+WHISPER_TINY_EN = {
+    "d_model": 384,
+    "encoder_layers": 4,
+    "decoder_layers": 4,
+    "encoder_attention_heads": 6,
+    "decoder_attention_heads": 6,
+    "encoder_ffn_dim": 1536,
+    "decoder_ffn_dim": 1536,
+}
 
 
 def build_whisper_tiny_en(out: Path) -> Path:
     """openai/whisper-tiny.en's shape (39M parameters but for the output layer), random, with
     tests/tiny_models' tokenizer and whisper-tiny.en's generation config on its ids."""
-    import torch
-    from transformers import (
-        WhisperConfig,
-        WhisperFeatureExtractor,
-        WhisperForConditionalGeneration,
-        WhisperProcessor,
-    )
+    from tests.tiny_models import build_tiny_whisper
 
-    from tests.tiny_models import _lift_whisper_text, whisper_generation_config, whisper_tokenizer
-
-    out.mkdir(parents=True, exist_ok=True)
-    tok = whisper_tokenizer(out)
-    generation = whisper_generation_config(tok, multilingual=False)
-    config = WhisperConfig(
-        vocab_size=len(tok),
-        num_mel_bins=80,
-        d_model=384,
-        encoder_layers=4,
-        decoder_layers=4,
-        encoder_attention_heads=6,
-        decoder_attention_heads=6,
-        encoder_ffn_dim=1536,
-        decoder_ffn_dim=1536,
-        max_source_positions=1500,
-        max_target_positions=448,
-        bos_token_id=generation.bos_token_id,
-        eos_token_id=generation.eos_token_id,
-        pad_token_id=generation.pad_token_id,
-        decoder_start_token_id=generation.decoder_start_token_id,
-        begin_suppress_tokens=generation.begin_suppress_tokens,
-        suppress_tokens=generation.suppress_tokens,
-    )
-    torch.manual_seed(0)
-    model = WhisperForConditionalGeneration(config).eval()
-    _lift_whisper_text(model, generation.eos_token_id)
-    model.generation_config = generation
-    model.save_pretrained(out)
-    WhisperProcessor(WhisperFeatureExtractor(), tok).save_pretrained(out)
-    return out
+    return build_tiny_whisper(out, seed=0, sizes=WHISPER_TINY_EN)
 
 
 def speech_files() -> list[Path]:

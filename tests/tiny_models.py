@@ -744,11 +744,26 @@ def _lift_whisper_text(model: Any, eot: int) -> None:
         head[eot] = 1.4 * lean / lean.norm()
 
 
-def build_tiny_whisper(out: Path, seed: int = 0, multilingual: bool = False) -> Path:
-    """Save a Whisper speech recogniser (2+2 layers of width 32, 80 mel bins, 1500 encoder
-    positions: 30 s of audio as the real ones take), its feature extractor (Whisper's defaults:
-    16 kHz, 30 s windows), its tokenizer and generation config, with random weights: the shape
-    of openai/whisper-tiny (`multilingual`) or openai/whisper-tiny.en."""
+# The tests' Whisper: 2+2 layers of width 32 (`sizes` of build_tiny_whisper replace these).
+TINY_WHISPER = {
+    "d_model": 32,
+    "encoder_layers": 2,
+    "decoder_layers": 2,
+    "encoder_attention_heads": 2,
+    "decoder_attention_heads": 2,
+    "encoder_ffn_dim": 64,
+    "decoder_ffn_dim": 64,
+    "init_std": 0.5,  # large enough that the text depends on the audio
+}
+
+
+def build_tiny_whisper(
+    out: Path, seed: int = 0, multilingual: bool = False, sizes: dict[str, Any] | None = None
+) -> Path:
+    """Save a Whisper speech recogniser (TINY_WHISPER's sizes, or `sizes`; 80 mel bins, 1500
+    encoder positions: 30 s of audio as the real ones take), its feature extractor (Whisper's
+    defaults: 16 kHz, 30 s windows), its tokenizer and generation config, with random weights:
+    the shape of openai/whisper-tiny (`multilingual`) or openai/whisper-tiny.en."""
     import torch
     from transformers import (
         WhisperConfig,
@@ -763,13 +778,6 @@ def build_tiny_whisper(out: Path, seed: int = 0, multilingual: bool = False) -> 
     config = WhisperConfig(
         vocab_size=len(tok),
         num_mel_bins=80,
-        d_model=32,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=64,
         max_source_positions=1500,
         max_target_positions=448,
         bos_token_id=generation.bos_token_id,
@@ -778,7 +786,7 @@ def build_tiny_whisper(out: Path, seed: int = 0, multilingual: bool = False) -> 
         decoder_start_token_id=generation.decoder_start_token_id,
         begin_suppress_tokens=generation.begin_suppress_tokens,
         suppress_tokens=generation.suppress_tokens,
-        init_std=0.5,  # large enough that the text depends on the audio
+        **(TINY_WHISPER if sizes is None else sizes),
     )
     torch.manual_seed(seed)
     model = WhisperForConditionalGeneration(config).eval()

@@ -187,10 +187,10 @@ class TorchWhisper:
     def waves(self, clips: list[Any]) -> list[np.ndarray]:
         return [decode(Path(c).read_bytes() if not isinstance(c, bytes) else c) for c in clips]
 
-    def features(self, clips: list[Any]) -> np.ndarray:
+    def features(self, waves: list[np.ndarray]) -> np.ndarray:
+        """The extractor's features of clips of one window (`waves`, decoded)."""
         fe = self.processor.feature_extractor
-        found = fe(self.waves(clips), sampling_rate=fe.sampling_rate, return_tensors="np")
-        return found.input_features
+        return fe(waves, sampling_rate=fe.sampling_rate, return_tensors="np").input_features
 
     def generate(self, features: np.ndarray, max_new_tokens: int, **long_form: Any) -> list[str]:
         """Greedy `generate` of a batch of windows, or (with `attention_mask` and
@@ -209,12 +209,12 @@ class TorchWhisper:
             )
         return self.processor.batch_decode(ids, skip_special_tokens=True)
 
-    def transcribe_long(self, clip: Any, budget: int) -> str:
-        """One clip past a window, as transformers transcribes it: its whole features, the
-        attention mask, timestamps predicted (sequential long-form decoding)."""
+    def transcribe_long(self, wave: np.ndarray, budget: int) -> str:
+        """One decoded clip past a window, as transformers transcribes it: its whole features,
+        the attention mask, timestamps predicted (sequential long-form decoding)."""
         fe = self.processor.feature_extractor
         found = fe(
-            self.waves([clip]),
+            [wave],
             sampling_rate=fe.sampling_rate,
             return_tensors="np",
             truncation=False,
@@ -234,17 +234,16 @@ class TorchWhisper:
         budget = s.budget(prompt, self.cfg.max_target_positions)
         fe = self.processor.feature_extractor
         window = fe.n_samples
+        waves = self.waves(clips)
         # Past one window's frames: long-form, as the served path and transformers tell it.
-        lengths = [len(w) // fe.hop_length * fe.hop_length for w in self.waves(clips)]
+        long = [len(w) // fe.hop_length * fe.hop_length > window for w in waves]
         said: list[str] = [""] * len(clips)
-        short = [i for i, n in enumerate(lengths) if n <= window]
-        for part in batched(short, size):
-            texts = self.generate(self.features([clips[i] for i in part]), budget)
+        for part in batched([i for i in range(len(clips)) if not long[i]], size):
+            texts = self.generate(self.features([waves[i] for i in part]), budget)
             for i, text in zip(part, texts):
                 said[i] = text
-        for i, n in enumerate(lengths):
-            if n > window:
-                said[i] = self.transcribe_long(clips[i], budget)
+        for i in (i for i in range(len(clips)) if long[i]):
+            said[i] = self.transcribe_long(waves[i], budget)
         return said
 
 
@@ -318,7 +317,7 @@ class SpeechRecognitionKind(AudioKind[SpeechConfig]):
         worst = 0.0
         torch = reference._torch
         for part in batched(list(inputs), 4):
-            feats = reference.features(part).astype(np.float32)
+            feats = reference.features(reference.waves(part)).astype(np.float32)
             with torch.inference_mode():
                 want = reference.model.get_encoder()(torch.from_numpy(feats)).last_hidden_state
             got = encoder.run("encoder", {"input_features": feats})[0]

@@ -19,7 +19,7 @@ to each format's duration.
 from __future__ import annotations
 
 import io
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -249,10 +249,3 @@ class LogMel:
             log_spec[:, start:stop] = np.log10(np.maximum(power @ self.mel_filters, MEL_FLOOR)).T
         log_spec = np.maximum(log_spec, log_spec.max() - 8.0)
         return ((log_spec + 4.0) / 4.0).astype(np.float32)
-
-    def batch(self, waves: Sequence[np.ndarray]) -> np.ndarray:
-        """The (B, feature_size, frames) float32 features of `waves`, each as `features` makes
-        them."""
-        if not waves:
-            return np.zeros((0, self.feature_size, self.frames), dtype=np.float32)
-        return np.stack([self.features(w) for w in waves])

@@ -176,17 +176,13 @@ class Seq2SeqModel:
         ]
         self.first_outputs = list(self.sessions["decoder"].outputs)
         self.past_outputs = list(self.sessions["decoder_with_past"].outputs)
-        self.encoder_inputs = set(self.sessions["encoder"].inputs)
         # Whisper's decoders take no encoder mask (every frame is real): feeds are filtered by
         # what each graph declares.
         self.takes = {role: set(session.inputs) for role, session in self.sessions.items()}
 
     # one forward step -------------------------------------------------------------------------
     def encode(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        feeds = {"input_ids": ids, "attention_mask": mask}
-        return self.sessions["encoder"].run(
-            None, {k: v for k, v in feeds.items() if k in self.encoder_inputs}
-        )[0]
+        return self.run("encoder", {"input_ids": ids, "attention_mask": mask})[0]
 
     def run(self, role: str, feeds: dict[str, Any]) -> list[np.ndarray]:
         """One graph's outputs on the feeds it declares (others dropped)."""

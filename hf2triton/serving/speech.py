@@ -26,10 +26,10 @@ import numpy as np
 from . import runtimes
 from .audio import LogMel, decode
 from .base import ServedModel, Tensor, column, texts
+from .decoding import NEG_INF, log_softmax
 from .seq2seq import Seq2SeqModel, Seq2SeqTokenizer
 
 MAX_ROWS = 8  # clips encoded in one run of the encoder (30 s of features each)
-NEG_INF = np.float32(-np.inf)
 # Timestamp tokens (`<|1.08|>`) are added tokens that are not special: transformers' Whisper
 # tokenizer takes them out of the decoded text (`_filter_timestamp_ids`), and so does serving.
 TIMESTAMP = re.compile(r"<\|(\d+\.\d+)\|>")
@@ -93,13 +93,6 @@ class Segment:
     start: float
     end: float
     tokens: list[int]
-
-
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    top = np.max(np.where(np.isfinite(x), x, -np.inf), axis=-1, keepdims=True)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        shifted = x - top
-        return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
 def timestamp_rules(scores: np.ndarray, generated: np.ndarray, s: WhisperDecode) -> None:
