@@ -6,11 +6,11 @@ default, and left serving after the release ends; beside it, the OpenAI-compatib
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from hf2triton.clients.triton import TritonAdmin
 from hf2triton.errors import DeployError, Hf2TritonError, ServiceUnavailableError
+from hf2triton.util.processes import alive, reap_group, running, spawn, stop_group
 from hf2triton.util.waiting import wait_until
 from hf2triton.util.workspace import CHECKOUT, atomic_write_text, digest, home, sha256_file
 
@@ -91,30 +92,44 @@ def _state_file() -> Path:
     return state_dir() / "server.json"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child still answers kill(0); /proc says whether it really runs.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return True
-
-
 T = TypeVar("T", bound=Any)
+
+
+def _read_recorded(path: Path, cls: type[T]) -> T | None:
+    """The state a process left in `path`, whether or not that process still lives."""
+    try:
+        return cls(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
 
 
 def _read_live(path: Path, cls: type[T]) -> T | None:
     """The state a process left in `path`, while that process lives."""
-    try:
-        state = cls(**json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError):
-        return None
-    return state if _alive(state.pid) else None
+    state = _read_recorded(path, cls)
+    return state if state is not None and alive(state.pid) else None
+
+
+def _reap_dead(path: Path, cls: type[T], what: str) -> None:
+    """What is left of the process recorded in `path` once it died (its Python-backend stubs,
+    for a tritonserver), reaped; the record removed."""
+    state = _read_recorded(path, cls)
+    if state is not None and not alive(state.pid):
+        reap_group(state.pid, what)
+        path.unlink(missing_ok=True)
+
+
+def reap_orphans() -> None:
+    """Reap the process groups of dead servers started from this home: a Python-backend stub
+    from its backends directory (see `_backends`) whose tritonserver, the leader of its group,
+    is dead. A live server's stubs are never touched, nor those of another home's servers."""
+    stubs = str(state_dir() / "backends-py")
+    dead = {
+        pgid
+        for pgid, argv in running().values()
+        if argv and argv[0].startswith(stubs) and not alive(pgid)
+    }
+    for pgid in sorted(dead):
+        reap_group(pgid, "tritonserver")
 
 
 def read_state() -> ServerState | None:
@@ -184,7 +199,8 @@ def launch(
     repo: Path | str, ports: ServerPorts, log_file: Path, extra_env: dict[str, str] | None = None
 ) -> subprocess.Popen:
     """Start one `tritonserver` on `repo` in explicit model-control mode, in its own session (it
-    keeps serving after the caller ends); the caller waits for it to become live.
+    keeps serving after the caller ends); the caller waits for it to become live. What dead
+    servers of this home left running is reaped first (`reap_orphans`).
 
     `ensure_server` runs the one local server with it; a replica set (tasks/replicas.py) is any
     number of servers started like this, here or on other machines.
@@ -192,15 +208,12 @@ def launch(
     env = serving_env()
     pytriton = _pytriton_dir(env)
     log_file.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_file, "ab") as log:
-        return subprocess.Popen(
-            _server_command(pytriton, repo, ports),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=_server_environment(env, pytriton, extra_env),
-            start_new_session=True,
-        )
+    reap_orphans()
+    return spawn(
+        _server_command(pytriton, repo, ports),
+        log_file,
+        _server_environment(env, pytriton, extra_env),
+    )
 
 
 def _server_command(pytriton: Path, repo: Path | str, ports: ServerPorts) -> list[str]:
@@ -263,6 +276,7 @@ def ensure_server(
         _check_running(state, ports, wanted_repo)
         _wait_live(state, timeout_s)
         return state
+    _reap_dead(_state_file(), ServerState, "tritonserver")
     if not wanted_repo.startswith("s3://"):
         Path(wanted_repo).mkdir(parents=True, exist_ok=True)
     log_file = state_dir() / "server.log"
@@ -352,32 +366,24 @@ def _wait_live(
 STARTUP_GRACE_S = 15
 
 
-def stop_group(pid: int, timeout_s: float = 30) -> None:
-    """Stop a process started in its own session and everything it started (a tritonserver and
-    its Python-backend stubs): SIGTERM to the group, SIGKILL if it still runs after `timeout_s`."""
-    for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(pid, sig)
-        except ProcessLookupError:
-            return
-        if wait_until(lambda: not _alive(pid), wait_s, interval_s=0.2):
-            return
-
-
-def terminate(proc: subprocess.Popen) -> None:
-    """`stop_group` for a process this one started, which is then reaped."""
-    stop_group(proc.pid)
-    proc.poll()
+def terminate(proc: subprocess.Popen, what: str = "tritonserver") -> None:
+    """`stop_group` for a process this one started, which is then reaped (by the thread
+    `spawn` started: the wait is for its returncode)."""
+    stop_group(proc.pid, what=what)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(10)
 
 
 def stop_server(timeout_s: float = 30) -> ServerState | None:
-    """Stop the local server; returns what was stopped, or None if nothing ran."""
+    """Stop the local server; returns what was stopped, or None if nothing ran (what a dead one
+    left running is reaped)."""
     stop_api()  # nothing to serve without the server
     state = read_state()
     if state is None:
+        _reap_dead(_state_file(), ServerState, "tritonserver")
         _state_file().unlink(missing_ok=True)
         return None
-    stop_group(state.pid, timeout_s)
+    stop_group(state.pid, timeout_s, "tritonserver")
     _state_file().unlink(missing_ok=True)
     return state
 
@@ -431,6 +437,9 @@ class ApiState:
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}/v1"
+
+
+API = "the OpenAI-compatible API"
 
 
 def _api_file() -> Path:
@@ -499,7 +508,8 @@ def ensure_api(
     if state is not None and state.code == code and api_live(state):
         return state
     if state is not None:
-        stop_group(state.pid)
+        stop_group(state.pid, what=API)
+    _reap_dead(_api_file(), ApiState, API)
     _api_file().unlink(missing_ok=True)
     _write_keys(keys_file, key_hashes)
     env = serving_env()
@@ -520,16 +530,7 @@ def ensure_api(
     run_env.update(PATH=f"{env / 'bin'}:{os.environ.get('PATH', '')}", PYTHONPATH=str(package))
     log_file.parent.mkdir(parents=True, exist_ok=True)
     offset = log_file.stat().st_size if log_file.exists() else 0
-    with open(log_file, "ab") as log:
-        proc = subprocess.Popen(
-            cmd,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=run_env,
-            start_new_session=True,
-            cwd=str(package),
-        )
+    proc = spawn(cmd, log_file, run_env, cwd=str(package))
     state = ApiState(proc.pid, host, port, server.grpc_url, code, len(key_hashes), str(log_file))
     atomic_write_text(_api_file(), json.dumps(asdict(state), indent=1))
     _wait_api(proc, state, log_file, offset, timeout_s)
@@ -556,7 +557,7 @@ def _wait_api(
     deadline = time.monotonic() + timeout_s
     while not api_live(state):
         if proc.poll() is not None or time.monotonic() > deadline:
-            terminate(proc)
+            terminate(proc, API)
             _api_file().unlink(missing_ok=True)
             with open(log_file, "rb") as f:
                 f.seek(offset)
@@ -577,6 +578,7 @@ def _wait_api(
 def stop_api() -> ApiState | None:
     state = read_api()
     if state is not None:
-        stop_group(state.pid)
+        stop_group(state.pid, what=API)
+    _reap_dead(_api_file(), ApiState, API)
     _api_file().unlink(missing_ok=True)
     return state
