@@ -8,7 +8,7 @@ import json
 import re
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -50,6 +50,14 @@ class Model:
     chat_tools: str = ""
     # An image-text embedder's zero-shot temperature: its logits are this times the cosines.
     logit_scale: float = 0.0
+    # The request named this version ("name:3"). Else Triton picks the newest ready version as
+    # it answers: the one the index showed may be unloaded meanwhile (a rollback's switch).
+    pinned: bool = False
+
+    @property
+    def asked_version(self) -> str:
+        """The version sent to Triton ("": its newest ready one)."""
+        return self.version if self.pinned else ""
 
 
 def kind_of(cfg: dict[str, Any]) -> str | None:
@@ -87,9 +95,9 @@ class Triton:
         except Exception:  # noqa: BLE001 - any failure to answer is "not live"
             return False
 
-    async def _index(self) -> list[dict[str, Any]]:
+    async def _index(self, fresh: bool = False) -> list[dict[str, Any]]:
         at, found = self.index
-        if time.monotonic() - at < INDEX_TTL_S:
+        if not fresh and time.monotonic() - at < INDEX_TTL_S:
             return found
         try:
             reply = await self.client.get_model_repository_index(as_json=True)
@@ -121,16 +129,11 @@ class Triton:
         `kinds`: 404 when Triton has no such model, 503 while it is not ready, 400 when it is
         of another kind."""
         name, _, wanted = name.partition(":") if VERSIONED.match(name) else (name, "", "")
-        found = [m for m in await self._index() if m.get("name") == name]
+        found, ready = await self._listed(name, wanted)
+        if not ready:  # the index kept may be older than a load that finished since
+            found, ready = await self._listed(name, wanted, fresh=True)
         if not found:
             raise not_found(name)
-        ready = [
-            m
-            for m in found
-            if m.get("state") == "READY"
-            and m.get("version")
-            and (not wanted or str(m["version"]) == wanted)
-        ]
         if not ready:
             states = ", ".join(
                 sorted(
@@ -154,7 +157,22 @@ class Triton:
                 param="model",
                 code="wrong_model_kind",
             )
-        return model
+        return replace(model, pinned=True) if wanted else model
+
+    async def _listed(
+        self, name: str, wanted: str, fresh: bool = False
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The index's entries of model `name`, and those READY (of version `wanted`, if
+        given)."""
+        found = [m for m in await self._index(fresh) if m.get("name") == name]
+        ready = [
+            m
+            for m in found
+            if m.get("state") == "READY"
+            and m.get("version")
+            and (not wanted or str(m["version"]) == wanted)
+        ]
+        return found, ready
 
     async def _describe(self, name: str, version: str) -> Model | None:
         if (name, version) in self.known:
@@ -203,7 +221,7 @@ class Triton:
         """One request to a model that answers once."""
         try:
             result = await self.client.infer(
-                model.name, self._inputs(arrays), model_version=model.version
+                model.name, self._inputs(arrays), model_version=model.asked_version
             )
         except Exception as exc:  # noqa: BLE001 - classified by status
             raise refusal(exc, prompt_param) from None
@@ -217,7 +235,7 @@ class Triton:
         async def requests():
             yield {
                 "model_name": model.name,
-                "model_version": model.version,
+                "model_version": model.asked_version,
                 "inputs": self._inputs(arrays),
                 "enable_empty_final_response": True,
             }

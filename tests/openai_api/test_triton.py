@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import numpy as np
 import pytest
 
 from hf2triton.openai_api.errors import ApiError
@@ -51,7 +52,7 @@ class Client:
     """tritonclient.grpc.aio's InferenceServerClient, as far as the index and configs go."""
 
     def __init__(self) -> None:
-        self.index, self.asked = INDEX, []
+        self.index, self.asked, self.sent = INDEX, [], []
 
     async def get_model_repository_index(self, as_json=True):
         return {"models": self.index}
@@ -59,6 +60,15 @@ class Client:
     async def get_model_config(self, name, version, as_json=True):
         self.asked.append((name, version))
         return {"config": CONFIGS[name]}
+
+    async def infer(self, name, inputs, model_version=""):
+        self.sent.append((name, model_version))
+        return Result()
+
+
+class Result:
+    def as_numpy(self, name):
+        return None
 
 
 def served(check):
@@ -126,6 +136,33 @@ def test_a_served_versions_config_is_read_once():
     asked = served(check)
     for version in (("cls", "1"), ("emb", "3"), ("gen", "2")):  # each model's config, once
         assert asked.count(version) == 1, asked
+
+
+def test_a_request_that_names_no_version_lets_triton_pick_the_newest_ready_one():
+    """Sent unversioned, as Triton's own clients send: the version the index showed may be
+    unloaded by the time the request comes (a rollback's switch, the newer one going away),
+    and Triton answers with the one left. A version the request names is sent as named."""
+
+    async def check(server):
+        for name in ("emb", "emb:1"):
+            model = await server.model(name, ("embedding",), "/v1/embeddings")
+            await server.infer(model, {"TEXT": np.array([[b"hi"]], dtype=np.object_)})
+        return server.client.sent
+
+    assert served(check) == [("emb", ""), ("emb", "1")]
+
+
+def test_a_version_the_kept_index_shows_loading_is_looked_up_again_before_a_refusal():
+    """The index is kept for a moment; a version that finished loading since (a rollback's
+    smoke request right after the load) is found, not refused as not ready."""
+    import time
+
+    async def check(server):
+        server.index = (time.monotonic(), INDEX)  # kept while version 4 was LOADING
+        server.client.index = [{**m, "state": "READY"} if m["version"] == "4" else m for m in INDEX]
+        return await server.model("emb:4", ("embedding",), "/v1/embeddings")
+
+    assert served(check).version == "4"
 
 
 class Failure(Exception):
