@@ -87,7 +87,11 @@ SERVER_FIXTURES = {
 # the machine's that exists once are one group: the Docker engine on the default socket with its
 # registry and base image (docker_env). (xdist's own `loadgroup` cannot be used: with pytest 9 the
 # group it appends to each node id is lost.)
-SHARED_GROUPS = {"tests/image/test_image.py": "docker", "tests/targets/test_docker.py": "docker"}
+SHARED_GROUPS = {
+    "tests/image/test_image.py": "docker",
+    "tests/targets/test_docker.py": "docker",
+    "tests/targets/test_front.py": "docker",
+}
 # The longest groups first (seconds on a 2-core machine: at least what the slowest of their tests
 # took in the last full run): a long one left for the end would run alone while the other worker
 # idles. The rest follow in their collection order.
@@ -100,12 +104,12 @@ LONGEST_FIRST = (
     "tests/flows/test_outages.py",  # 280
     "tests/orchestration/test_prefect.py",  # 220
     "tests/test_lint.py",  # 217 (mypy)
+    "tests/targets/test_replicas.py",  # 190 with the switches under 16 clients and the kill
     "tests/test_packaging.py",  # 184
+    "tests/targets/test_local.py",  # 160 with the switches under 16 clients
     "tests/cli/test_first_run.py",  # 144
-    "tests/targets/test_replicas.py",  # 130
     "tests/watch/test_watch.py",  # 130
     "tests/stores/test_s3.py",  # 110
-    "tests/targets/test_local.py",  # 95
 )
 
 

@@ -317,6 +317,8 @@ class Container:
     labels: dict[str, str]
     restart: bool
     environment: dict[str, str] = field(default_factory=dict)
+    network: str = ""  # a user-defined network to join, as `alias` (a front's)
+    alias: str = ""
 
 
 def run(client: Any, container: Container, host: str, ports: dict[str, int | None]) -> Any:
@@ -335,7 +337,16 @@ def run(client: Any, container: Container, host: str, ports: dict[str, int | Non
         # The Python backend passes tensors through shared memory; Docker's default 64 MB is tight.
         shm_size="256m",
         restart_policy={"Name": "unless-stopped"} if container.restart else {"Name": "no"},
+        **_network(client, container),
     )
+
+
+def _network(client: Any, container: Container) -> dict[str, Any]:
+    """docker-py's arguments that put the container on its network under its alias."""
+    if not container.network:
+        return {}
+    endpoint = client.api.create_endpoint_config(aliases=[container.alias])
+    return {"network": container.network, "networking_config": {container.network: endpoint}}
 
 
 def published(found: Any, host: str) -> dict[str, str]:
