@@ -155,6 +155,51 @@ def test_successful_rollout_answers_throughout_then_retires_the_old_version(
     assert _champion(rel.model) == new
 
 
+def test_release_and_rollback_under_16_mixed_clients_fail_no_request(
+    own_tiny_release, other_tiny_bert, tmp_path
+):
+    """16 closed-loop clients, Triton's HTTP and gRPC and the OpenAI API beside it (the local
+    target starts it), send from before a release of version 2 until after `hf2triton rollback`
+    put version 1 back: no request fails. Prints each switch's figures (docs/reliability.md)."""
+    import json
+    import time
+
+    from hf2triton.util.waiting import wait_until
+    from hf2triton.watch.rollback import roll_back
+    from tests.traffic import MixedTraffic
+
+    rel = own_tiny_release
+    urls = {
+        "http": rel.http_url,
+        "grpc": rel.grpc_url,
+        "openai": f"http://127.0.0.1:{rel.ports['openai']['port']}/v1",
+    }
+    # Latency is no breach for the release's own watch here (as in the rollout test above).
+    spec = _spec(rel, tmp_path, other_tiny_bert, watch__p99_slack_ms=600_000)
+    with MixedTraffic(urls, rel.model, clients=16) as traffic:
+        assert wait_until(lambda: len(traffic.log) >= 50, 120), "no traffic before the release"
+        started = time.time()
+        new = release_model(spec)["mlflow"]["version"]
+        released = time.time()
+        back = roll_back(spec, "switch under traffic (test)")
+        done = time.time()
+        assert wait_until(lambda: len(traffic.between(done, time.time())) >= 50, 120)
+    switches = {
+        f"release 1 -> {new}": traffic.summary(started, released),
+        f"rollback {new} -> 1": traffic.summary(released, done),
+    }
+    for switch, figures in switches.items():
+        print(json.dumps({"target": "local-triton", "switch": switch, "clients": 16, **figures}))
+    whole = traffic.summary()
+    assert whole["failed"] == 0, whole["errors"]
+    assert all(whole["by_protocol"].values()), whole["by_protocol"]
+    assert (back["champion"], back["stopped"]) == ("1", [new])
+    assert switches[f"release 1 -> {new}"]["versions"] == ["1", new]
+    last = [a.version for a in traffic.log if a.version and a.start > done]
+    assert last and set(last) == {"1"}, set(last)
+    assert _serving(rel) == ["1"] and _champion(rel.model) == "1"
+
+
 def test_version_that_fails_to_load_is_removed_and_the_serving_one_stays(tiny_release, tmp_path):
     rel = tiny_release
     serving = _serving(rel)

@@ -40,6 +40,7 @@ class Replica:
         self.http, self.grpc, self.metrics = (
             f"127.0.0.1:{self.ports[k]}" for k in ("http", "grpc", "metrics")
         )
+        self.api: subprocess.Popen | None = None  # the OpenAI-compatible API beside it
         self.start()
 
     def start(self) -> None:
@@ -54,6 +55,35 @@ class Replica:
             extra_env=extra,
         )
 
+    def start_api(self) -> None:
+        """The OpenAI-compatible API beside this replica, as an operator runs it beside a
+        server the release did not start (`python -m hf2triton_openai` from the serving
+        environment); it reaches the replica over gRPC."""
+        from hf2triton.util.processes import spawn
+
+        self.ports["openai"] = free_port()
+        package, env = triton_local.api_package(), triton_local.serving_env()
+        self.api = spawn(
+            [
+                str(env / "bin" / "python"),
+                "-m",
+                "hf2triton_openai",
+                f"--triton={self.grpc}",
+                f"--port={self.ports['openai']}",
+            ],
+            self.root / "openai.log",
+            {"PATH": f"{env / 'bin'}:/usr/bin:/bin", "PYTHONPATH": str(package)},
+            cwd=str(package),
+        )
+        wait_http(f"http://127.0.0.1:{self.ports['openai']}/health", timeout=60, proc=self.api)
+
+    def urls(self) -> dict[str, str]:
+        """Where a client of this replica sends (tests.traffic.MixedTraffic's `urls`)."""
+        urls = {"http": self.http, "grpc": self.grpc}
+        if self.api is not None:
+            urls["openai"] = f"http://127.0.0.1:{self.ports['openai']}/v1"
+        return urls
+
     def kill(self) -> None:
         """kill -9 of the server and its Python-backend stubs, as a lost node."""
         with suppress(ProcessLookupError):
@@ -66,6 +96,7 @@ class Replica:
             "grpc": self.grpc,
             "metrics": self.metrics,
             "model_repository": str(self.repo),
+            **({"openai": f"127.0.0.1:{self.ports['openai']}"} if self.api else {}),
         }
 
     def serving(self, model: str) -> list[str]:
@@ -79,18 +110,23 @@ class Replica:
             return client.infer(model, [inp]).as_numpy("EMBEDDING")
 
     def terminate(self) -> None:
-        with suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
+        for proc in (self.proc, self.api):
+            if proc is not None:
+                with suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
 
     def wait(self) -> None:
         # Triton unloads the models within a second or two of SIGTERM, then lingers for about
         # 30 s before it exits; nothing is left to lose by then.
-        try:
-            self.proc.wait(8)
-        except subprocess.TimeoutExpired:
-            with suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
+        for proc in (self.proc, self.api):
+            if proc is None:
+                continue
+            try:
+                proc.wait(8)
+            except subprocess.TimeoutExpired:
+                with suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
 
 
 @pytest.fixture(scope="module")
@@ -409,3 +445,139 @@ def test_replica_killed_during_a_rollout(replicas, tiny_bert, other_tiny_bert, m
     assert again["mlflow"]["version"] == "2"
     assert [r.serving("tiny-embedder") for r in reps] == [["2"]] * 3
     assert _champion("tiny-embedder") == "2"
+
+
+def _with_apis(tmp: Path, reps: list[Replica], monkeypatch) -> None:
+    """This module's home, and the OpenAI-compatible API beside every replica (started once)."""
+    monkeypatch.setenv("HF2TRITON_HOME", str(tmp / "home"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    for r in reps:
+        if r.api is None:
+            r.start_api()
+
+
+def test_release_and_rollback_under_16_mixed_clients_on_three_replicas_fail_no_request(
+    replicas, tiny_bert, other_tiny_bert, monkeypatch
+):
+    """The target has no front: a client keeps to one replica. 16 closed-loop clients spread
+    over the three (Triton's HTTP and gRPC, and the OpenAI API beside each) send from before a
+    release of version 2 until after `hf2triton rollback` put version 1 back: no request fails
+    on any replica. Prints each switch's figures (docs/reliability.md)."""
+    from hf2triton.util.waiting import wait_until
+    from hf2triton.watch.rollback import roll_back
+    from tests.traffic import SpreadTraffic
+
+    tmp, reps, _ = replicas
+    _with_apis(tmp, reps, monkeypatch)
+    release_model(_spec(tmp, tiny_bert, reps, "first.yaml", **WATCH))  # version 1 serves
+    spec = _spec(tmp, other_tiny_bert, reps, "second.yaml", **WATCH)
+    with SpreadTraffic([r.urls() for r in reps], "tiny-embedder", clients=16) as traffic:
+        assert wait_until(lambda: len(traffic.log) >= 50, 120), "no traffic before the release"
+        started = time.time()
+        new = release_model(spec)["mlflow"]["version"]
+        released = time.time()
+        back = roll_back(spec, "switch under traffic (test)")
+        done = time.time()
+        assert wait_until(lambda: sum(a.start > done for a in traffic.log) >= 50, 120)
+    switches = {
+        f"release 1 -> {new}": (started, released),
+        f"rollback {new} -> 1": (released, done),
+    }
+    for switch, (since, until) in switches.items():
+        figures = {
+            "target": "triton-replicas",
+            "switch": switch,
+            "clients": 16,
+            **traffic.summary(since, until),
+            "failed_per_replica": [p.summary(since, until)["failed"] for p in traffic.parts],
+        }
+        print(json.dumps(figures))
+    whole = traffic.summary()
+    assert whole["failed"] == 0, whole["errors"]
+    assert all(whole["by_protocol"].values()), whole["by_protocol"]
+    assert traffic.summary(started, released)["versions"] == ["1", new]
+    assert (back["champion"], back["stopped"]) == ("1", [new])
+    for r, part in zip(reps, traffic.parts):
+        last = {a.version for a in part.log if a.version and a.start > done}
+        assert last == {"1"}, (r.http, last)
+    assert [r.serving("tiny-embedder") for r in reps] == [["1"]] * 3
+    assert _champion("tiny-embedder") == "1"
+
+
+def test_one_of_two_replicas_killed_under_16_mixed_clients(replicas, tiny_bert, monkeypatch):
+    """kill -9 of one of two replicas, 8 closed-loop clients on each (Triton's HTTP and gRPC
+    and the OpenAI API beside it). The other fails no request and answers throughout. No front
+    moves the killed one's clients: what it had in flight fails, and so does every request they
+    send until it is started again; then it serves its version again (its repository's version
+    policy) and they are answered, none of them restarted. Prints the figures."""
+    from hf2triton.util.waiting import wait_until
+    from tests.traffic import SpreadTraffic
+
+    tmp, reps, _ = replicas
+    _with_apis(tmp, reps, monkeypatch)
+    release_model(_spec(tmp, tiny_bert, reps, "first.yaml", **WATCH))  # version 1 serves
+    other, victim = reps[0], reps[1]
+    with SpreadTraffic([other.urls(), victim.urls()], "tiny-embedder", clients=16) as traffic:
+        kept, lost = traffic.parts
+        assert wait_until(lambda: len(lost.log) >= 100, 120), "no traffic before the kill"
+        at = time.time()  # before: a request may fail the moment the server dies
+        try:
+            victim.kill()
+            assert wait_until(lambda: sum(a.start > at for a in kept.log) >= 200, 120)
+            restarted = time.time()
+        finally:
+            victim.start()
+        assert wait_until(lambda: _answered_again(lost.log, restarted) >= 30, 180), (
+            "the killed replica's clients got no answers after it was started again"
+        )
+    figures = _kill_figures(kept, lost, at, restarted)
+    print(json.dumps(figures))
+    assert figures["other"]["failed"] == 0, figures["other"]["errors"]
+    assert figures["other"]["requests"] >= 200 and figures["other"]["versions"] == ["1"]
+    assert figures["killed_failed_of_those_in_flight"] <= figures["killed_in_flight_at_kill"]
+    assert figures["killed_failed_sent_before_kill"] == figures["killed_failed_of_those_in_flight"]
+    assert {a.version for a in lost.log if a.start > restarted and a.version} == {"1"}
+    assert victim.serving("tiny-embedder") == ["1"]
+
+
+def _answered_again(log, since: float) -> int:
+    """The fewest answers any protocol got after `since`."""
+    protocols = {a.protocol for a in log}
+    return min(
+        sum(a.start > since and a.error is None for a in log if a.protocol == p) for p in protocols
+    )
+
+
+def _kill_figures(kept, lost, at: float, restarted: float) -> dict:
+    """What a kill at `at` cost: the other replica's traffic from the kill on, and the killed
+    one's requests in flight then, those that failed, and how long its clients got no answer
+    (until it was started again at `restarted`, and after)."""
+    from tests.traffic import in_flight
+
+    flying = in_flight(lost.log, at)
+    failed = [a for a in lost.log if a.error is not None]
+    first_back = {
+        p: min(
+            (a.end for a in lost.log if a.protocol == p and a.error is None and a.end > restarted),
+            default=None,
+        )
+        for p in lost.urls
+    }
+    return {
+        "target": "triton-replicas",
+        "switch": "SIGKILL of one of two replicas",
+        "clients": 16,
+        "other": kept.summary(at),
+        "killed_in_flight_at_kill": len(flying),
+        "killed_failed_of_those_in_flight": sum(a.error is not None for a in flying),
+        "killed_failed_sent_before_kill": sum(a.start < at for a in failed),
+        "killed_failed_after_kill": sum(a.start >= at for a in failed),
+        "killed_errors": sorted({a.error.split(":")[0] for a in failed if a.error})[:5],
+        "killed_down_s": round(restarted - at, 2),
+        "killed_clients_no_answer_s": {
+            p: None if t is None else round(t - at, 2) for p, t in first_back.items()
+        },
+        "killed_answered_again_s_after_restart": {
+            p: None if t is None else round(t - restarted, 2) for p, t in first_back.items()
+        },
+    }
