@@ -97,12 +97,16 @@ def _server(args: argparse.Namespace) -> int:
         info = triton_local.status()
         print(json.dumps(info, indent=1))
         return 0 if info["running"] else 3
+    from hf2triton.targets.balancer import stop_fronts
+
     stopped = triton_local.stop_server()
     print(
         f"stopped tritonserver pid {stopped.pid} and the OpenAI-compatible API beside it"
         if stopped
         else "no local Triton server runs"
     )
+    for model in stop_fronts():
+        print(f"stopped the front (HAProxy) of {model}'s replicas")
     return 0
 
 
@@ -321,7 +325,9 @@ def _release_commands(sub: Any) -> None:
 
 def _tool_commands(sub: Any) -> None:
     """The server, the Prefect deployments, the schema, the store and the image: set-up."""
-    srv = sub.add_parser("server", help="the local Triton server releases deploy to")
+    srv = sub.add_parser(
+        "server", help="the local Triton server releases deploy to (stop: the replicas' fronts too)"
+    )
     srv.add_argument("action", choices=["status", "stop"])
     srv.set_defaults(func=_server)
     dep = sub.add_parser("deployments", help="render prefect.yaml from releases/*.yaml")

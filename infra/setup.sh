@@ -35,6 +35,17 @@ if ! command -v espeak-ng >/dev/null; then
   fi
 fi
 
+# A `triton-replicas` release with deploy.front runs Debian's HAProxy on this machine in front
+# of the replicas (hf2triton/targets/balancer.py).
+if ! command -v haproxy >/dev/null; then
+  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+    echo "setup: haproxy (the replicas' front)" >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null
+  else
+    echo "setup: haproxy is missing (sudo apt-get install haproxy); deploy.front of triton-replicas needs it" >&2
+  fi
+fi
+
 # The image tests need a Docker engine, a registry and debootstrap (for a base image without
 # pulling). The tests start and stop them themselves (infra/docker-env.sh); here they are installed.
 if [[ -n "$extras" ]]; then

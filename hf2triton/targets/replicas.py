@@ -19,6 +19,7 @@ from pydantic import Field, field_validator, model_validator
 from hf2triton.clients.triton import TritonAdmin
 from hf2triton.errors import DeployError, ServiceUnavailableError
 from hf2triton.stores import ModelStoreSpec, default_store
+from hf2triton.targets.balancer import ReplicasFront, ReplicasFrontSpec
 from hf2triton.targets.base import (
     TARGETS,
     Check,
@@ -125,6 +126,12 @@ class ReplicasDeploy(DeploySection):
         description="a store every replica reads (kind s3), "
         "or each replica's own model_repository (kind local)",
     )
+    front: ReplicasFrontSpec | None = Field(
+        None,
+        description="a front on this machine (Debian's HAProxy) that clients connect to: it "
+        "spreads requests over the ready replicas, and a request that a lost replica refused "
+        "or dropped is sent to another; leave out when a load balancer of your own fronts them",
+    )
 
     @model_validator(mode="after")
     def _repositories(self) -> ReplicasDeploy:
@@ -144,7 +151,35 @@ class ReplicasDeploy(DeploySection):
         endpoints = [r.http for r in self.replicas]
         if len(set(endpoints)) != len(endpoints):
             raise ValueError(f"deploy.replicas lists an endpoint twice: {endpoints}")
+        if self.front and self.front.openai_port:
+            missing = [r.http for r in self.replicas if not r.openai]
+            if missing:
+                raise ValueError(
+                    f"deploy.front.openai_port: replicas {missing} name no `openai` endpoint "
+                    "for the front to send the OpenAI-compatible API's requests to"
+                )
         return self
+
+    def front_endpoint(self, version: str) -> Endpoint | None:
+        """The front as a smoke test's endpoint (None without a front)."""
+        if self.front is None:
+            return None
+        host, ports = self.front.host, self.front.ports()
+        found = Endpoint(
+            name=f"front {host}:{ports['http']}",
+            http=f"{host}:{ports['http']}",
+            grpc=f"{host}:{ports['grpc']}",
+            version=version,
+        )
+        if "openai" in ports:
+            found["openai"] = f"http://{host}:{ports['openai']}/v1"
+        return found
+
+    def endpoints(self, version: str) -> list[Endpoint]:
+        """Where the smoke test asks: the front first (what the summary names), then every
+        replica."""
+        front = self.front_endpoint(version)
+        return ([front] if front else []) + [r.endpoint(version) for r in self.replicas]
 
 
 @TARGETS.register
@@ -173,6 +208,8 @@ class TritonReplicas(DeployTarget):
     ) -> Deployment:
         spec, store = self.spec, self.spec.model_store
         opened = [(r, _serving(r, model_name)) for r in spec.replicas]
+        if spec.front is not None:  # before any change: a front that cannot start stops here
+            ReplicasFront(model_name).ensure(spec.front, spec.replicas)
         servers = [
             {
                 "http": r.http,
@@ -187,7 +224,7 @@ class TritonReplicas(DeployTarget):
             target=self.name,
             model_name=model_name,
             version=version,
-            endpoints=[r.endpoint(version) for r in spec.replicas],
+            endpoints=spec.endpoints(version),
             state={"servers": servers},
             reused=False,
         )
@@ -279,7 +316,7 @@ class TritonReplicas(DeployTarget):
             version,
             check,
             self.spec.ready_timeout_s,
-            [r.endpoint(version) for r in self.spec.replicas],
+            self.spec.endpoints(version),
         )
 
     def summary(self, deployment: Deployment) -> dict[str, Any]:
@@ -291,5 +328,6 @@ class TritonReplicas(DeployTarget):
                 **({"openai": e["openai"]} if e.get("openai") else {}),
             }
             for e in deployment["endpoints"]
+            if not e["name"].startswith("front ")
         ]
         return out
