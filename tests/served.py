@@ -62,7 +62,25 @@ def embed_remote(
 SHORT, LONG = "thanks a lot", "a fairly long sentence about prices and markets " * 5
 
 
-class Traffic:
+class ClientThreads:
+    """Client threads started on entering and stopped (then joined) on leaving: a subclass
+    sets `_threads` and loops in them until `_stop` is set."""
+
+    _stop: threading.Event
+    _threads: list[threading.Thread]
+
+    def __enter__(self):
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(60)
+
+
+class Traffic(ClientThreads):
     """Clients sending short and long texts to each of `urls` (Triton HTTP, host:port) without
     naming a version, one thread per URL: every request's outcome is noted with its time, the
     URL and the version that answered, or the error."""
@@ -111,16 +129,6 @@ class Traffic:
                         url=url, connection_timeout=5.0, network_timeout=30.0
                     )
         client.close()
-
-    def __enter__(self) -> Traffic:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(60)
 
 
 def watched_under_traffic(

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tests.served import LONG, SHORT
+from tests.served import LONG, SHORT, ClientThreads
 
 PROTOCOLS = ("http", "grpc", "openai")
 
@@ -29,7 +29,7 @@ class Answer:
 
 
 @dataclass
-class MixedTraffic:
+class MixedTraffic(ClientThreads):
     """`clients` threads, protocol by turn, sending to `urls` (http and grpc: host:port; openai:
     the API's base URL, .../v1) for an embedding model `model`, each `pause_s` apart."""
 
@@ -47,16 +47,6 @@ class MixedTraffic:
             threading.Thread(target=self._run, args=(p, i), daemon=True)
             for i, p in enumerate(turns)
         ]
-
-    def __enter__(self) -> MixedTraffic:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(60)
 
     def _send(self, protocol: str):
         """A client of `protocol` on one kept connection: a function text -> version."""
@@ -173,3 +163,22 @@ class SpreadTraffic:
     def summary(self, since: float = 0.0, until: float = float("inf")) -> dict:
         protocols = {p: "" for part in self.parts for p in part.urls}
         return MixedTraffic(protocols, self.model, clients=0, log=self.log).summary(since, until)
+
+
+def release_then_rollback(traffic, spec) -> tuple[str, dict, dict[str, tuple[float, float]], float]:
+    """Under `traffic` (already sending): a release of `spec`, then `hf2triton rollback`'s path.
+    Returns the new version, the rollback's answer, each switch's (start, end) and when the
+    rollback returned."""
+    from hf2triton.flows.release import release_model
+    from hf2triton.watch.rollback import roll_back
+
+    started = time.time()
+    new = release_model(spec)["mlflow"]["version"]
+    released = time.time()
+    back = roll_back(spec, "switch under traffic (test)")
+    done = time.time()
+    switches = {
+        f"release 1 -> {new}": (started, released),
+        f"rollback {new} -> 1": (released, done),
+    }
+    return new, back, switches, done

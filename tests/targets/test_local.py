@@ -165,8 +165,7 @@ def test_release_and_rollback_under_16_mixed_clients_fail_no_request(
     import time
 
     from hf2triton.util.waiting import wait_until
-    from hf2triton.watch.rollback import roll_back
-    from tests.traffic import MixedTraffic
+    from tests.traffic import MixedTraffic, release_then_rollback
 
     rel = own_tiny_release
     urls = {
@@ -178,16 +177,9 @@ def test_release_and_rollback_under_16_mixed_clients_fail_no_request(
     spec = _spec(rel, tmp_path, other_tiny_bert, watch__p99_slack_ms=600_000)
     with MixedTraffic(urls, rel.model, clients=16) as traffic:
         assert wait_until(lambda: len(traffic.log) >= 50, 120), "no traffic before the release"
-        started = time.time()
-        new = release_model(spec)["mlflow"]["version"]
-        released = time.time()
-        back = roll_back(spec, "switch under traffic (test)")
-        done = time.time()
+        new, back, times, done = release_then_rollback(traffic, spec)
         assert wait_until(lambda: len(traffic.between(done, time.time())) >= 50, 120)
-    switches = {
-        f"release 1 -> {new}": traffic.summary(started, released),
-        f"rollback {new} -> 1": traffic.summary(released, done),
-    }
+    switches = {switch: traffic.summary(*at) for switch, at in times.items()}
     for switch, figures in switches.items():
         print(json.dumps({"target": "local-triton", "switch": switch, "clients": 16, **figures}))
     whole = traffic.summary()

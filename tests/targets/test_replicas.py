@@ -464,8 +464,7 @@ def test_release_and_rollback_under_16_mixed_clients_on_three_replicas_fail_no_r
     release of version 2 until after `hf2triton rollback` put version 1 back: no request fails
     on any replica. Prints each switch's figures (docs/reliability.md)."""
     from hf2triton.util.waiting import wait_until
-    from hf2triton.watch.rollback import roll_back
-    from tests.traffic import SpreadTraffic
+    from tests.traffic import SpreadTraffic, release_then_rollback
 
     tmp, reps, _ = replicas
     _with_apis(tmp, reps, monkeypatch)
@@ -473,16 +472,8 @@ def test_release_and_rollback_under_16_mixed_clients_on_three_replicas_fail_no_r
     spec = _spec(tmp, other_tiny_bert, reps, "second.yaml", **WATCH)
     with SpreadTraffic([r.urls() for r in reps], "tiny-embedder", clients=16) as traffic:
         assert wait_until(lambda: len(traffic.log) >= 50, 120), "no traffic before the release"
-        started = time.time()
-        new = release_model(spec)["mlflow"]["version"]
-        released = time.time()
-        back = roll_back(spec, "switch under traffic (test)")
-        done = time.time()
+        new, back, switches, done = release_then_rollback(traffic, spec)
         assert wait_until(lambda: sum(a.start > done for a in traffic.log) >= 50, 120)
-    switches = {
-        f"release 1 -> {new}": (started, released),
-        f"rollback {new} -> 1": (released, done),
-    }
     for switch, (since, until) in switches.items():
         figures = {
             "target": "triton-replicas",
@@ -495,7 +486,7 @@ def test_release_and_rollback_under_16_mixed_clients_on_three_replicas_fail_no_r
     whole = traffic.summary()
     assert whole["failed"] == 0, whole["errors"]
     assert all(whole["by_protocol"].values()), whole["by_protocol"]
-    assert traffic.summary(started, released)["versions"] == ["1", new]
+    assert traffic.summary(*switches[f"release 1 -> {new}"])["versions"] == ["1", new]
     assert (back["champion"], back["stopped"]) == ("1", [new])
     for r, part in zip(reps, traffic.parts):
         last = {a.version for a in part.log if a.version and a.start > done}
