@@ -299,8 +299,11 @@ class TritonReplicas(DeployTarget):
         return [r.watch_point() for r in self.spec.replicas]
 
     def restore(self, model_name: str, version: str, check: Check) -> list[str]:
-        """Every replica back to `version`, all or none, as a rollout goes forward."""
+        """Every replica back to `version`, all or none, as a rollout goes forward (through
+        the front too, started again if it was stopped)."""
         store = self.spec.model_store
+        if self.spec.front is not None:
+            ReplicasFront(model_name).ensure(self.spec.front, self.spec.replicas)
         servers = [
             {
                 "http": r.http,
