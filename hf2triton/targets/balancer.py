@@ -145,16 +145,19 @@ class ReplicasFront:
         )
         if checked.returncode != 0:
             raise DeployError(f"HAProxy refused the front's configuration: {checked.stderr[-800:]}")
-        staged.replace(self.cfg)
-        args = [binary, "-D", "-p", str(self.pidfile), "-f", str(self.cfg)]
+        # Started from the staged file, which becomes haproxy.cfg only once it runs: a front
+        # that did not start leaves the running one and its configuration as they were.
+        args = [binary, "-D", "-p", str(self.pidfile), "-f", str(staged)]
         started = subprocess.run(
             args + (["-sf", str(pid)] if pid else []), capture_output=True, text=True, timeout=30
         )
         if started.returncode != 0:
+            staged.unlink(missing_ok=True)
             raise DeployError(
                 f"the front (HAProxy) did not start on {spec.host}:{spec.ports()}: "
                 f"{started.stderr[-800:]}"
             )
+        staged.replace(self.cfg)
         self._wait_listening(spec)
         return "reloaded" if pid else "started"
 

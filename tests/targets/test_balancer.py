@@ -93,6 +93,29 @@ def test_a_port_in_use_is_refused_naming_it(tmp_path, monkeypatch):
         spec = ReplicasFrontSpec(http_port=busy.getsockname()[1], grpc_port=free_port())
         with pytest.raises(DeployError, match="did not start"):
             ReplicasFront("m").ensure(spec, _replicas(1))
+        assert not (tmp_path / "fronts" / "m" / "haproxy.cfg").exists()
+
+
+def test_a_reload_that_fails_leaves_the_running_front_as_it_was(tmp_path, monkeypatch):
+    import socket
+
+    from hf2triton.errors import DeployError
+
+    monkeypatch.setenv("HF2TRITON_HOME", str(tmp_path))
+    front, spec, reps = ReplicasFront("m"), _spec(), _replicas(1)
+    try:
+        front.ensure(spec, reps)
+        pid, before = front.pid(), front.cfg.read_text()
+        with socket.socket() as busy:
+            busy.bind(("127.0.0.1", 0))
+            busy.listen()
+            moved = ReplicasFrontSpec(http_port=busy.getsockname()[1], grpc_port=spec.grpc_port)
+            with pytest.raises(DeployError, match="did not start"):
+                front.ensure(moved, reps)
+        assert front.pid() == pid and front.cfg.read_text() == before
+        assert front.ensure(spec, reps) == "unchanged"
+    finally:
+        stop_fronts()
 
 
 def test_server_stop_stops_the_fronts_too(tmp_path, monkeypatch):
