@@ -1,9 +1,10 @@
 """The `triton-replicas` target's front (`deploy.front`): HAProxy (Debian's package) on this
 machine, on ports of its own, spreading each protocol's requests over the replicas. Its health
-checks ask each replica's Triton whether it is ready every `check_interval_ms`; a replica that
-stops answering is taken out, and a request that found its connection refused or closed with no
-answer (what a killed server does to what it had) is sent again to another replica, so a lost
-node costs its clients nothing once HAProxy holds the request (retry-on, redispatch).
+checks ask each replica's Triton whether the model is ready every `check_interval_ms` (every
+100 ms after a 5xx); a replica that fails it is taken out, and a request that found its
+connection refused or closed with no answer (what a killed server does to what it had) is sent
+again to another replica, so a lost node costs its clients nothing once HAProxy holds the request
+(retry-on, redispatch).
 
 HAProxy runs as a daemon that outlives the release (as the local target's Triton does); its
 configuration, pid file and admin socket are in $HF2TRITON_HOME/fronts/<model>/. A release whose
@@ -68,14 +69,16 @@ def _server(proto: str, index: int, replica: Any, check: str) -> str:
     return f"  server r{index} {target}{h2} check addr {host} port {port} check-proto h1 {check}"
 
 
-def config(spec: ReplicasFrontSpec, replicas: list[Any], run_dir: Path) -> str:
+def config(spec: ReplicasFrontSpec, replicas: list[Any], run_dir: Path, model: str) -> str:
     """haproxy.cfg: a frontend and a least-connections backend per protocol, every replica in
-    each, checked on Triton's /v2/health/ready."""
-    # A replica that answers 500/502-504 (its OpenAI API while its Triton is gone) is taken out
-    # at once, so the request's retry finds another; its readiness check brings it back.
+    each, checked on whether its Triton has `model` ready (not the server's readiness, which a
+    version that failed to load, or any other model, takes away)."""
+    # A replica that answers 500/502-504 (its OpenAI API while its Triton is gone) is checked
+    # again within 100 ms; only its readiness check takes it out (a 5xx that both replicas
+    # give, an API's stale index say, must not take both out).
     check = (
-        f"inter {spec.check_interval_ms} fall 1 rise 2 "
-        "observe layer7 error-limit 1 on-error mark-down"
+        f"inter {spec.check_interval_ms} fastinter 100 fall 1 rise 2 "
+        "observe layer7 error-limit 1 on-error fastinter"
     )
     lines = [
         "global",
@@ -102,7 +105,7 @@ def config(spec: ReplicasFrontSpec, replicas: list[Any], run_dir: Path) -> str:
             f"  default_backend {proto}",
             f"backend {proto}",
             "  balance leastconn",
-            "  option httpchk GET /v2/health/ready",
+            f"  option httpchk GET /v2/models/{model}/ready",
         ]
         lines += [_server(proto, i, r, check) for i, r in enumerate(replicas)]
     return "\n".join(lines) + "\n"
@@ -135,7 +138,7 @@ class ReplicasFront:
                 "infra/setup.sh does as root), or leave deploy.front out; nothing was changed"
             )
         self.dir.mkdir(parents=True, exist_ok=True)
-        text, pid = config(spec, replicas, self.dir), self.pid()
+        text, pid = config(spec, replicas, self.dir, self.model_name), self.pid()
         if pid is not None and self.cfg.is_file() and self.cfg.read_text() == text:
             return "unchanged"
         staged = self.dir / "haproxy.cfg.new"

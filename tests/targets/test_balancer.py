@@ -50,15 +50,15 @@ def test_the_openai_port_needs_every_replica_to_name_its_api(tmp_path):
 
 
 def test_haproxy_accepts_the_configuration(tmp_path):
-    text = config(_spec(openai_port=free_port()), _replicas(3), tmp_path)
+    text = config(_spec(openai_port=free_port()), _replicas(3), tmp_path, "m")
     (tmp_path / "haproxy.cfg").write_text(text)
     done = subprocess.run(
         ["haproxy", "-c", "-f", str(tmp_path / "haproxy.cfg")], capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
-    # every replica in every backend, gRPC over HTTP/2, checked on Triton's readiness
+    # every replica in every backend, gRPC over HTTP/2, checked on the model's readiness
     assert text.count(" check addr ") == 9 and text.count("proto h2") == 4
-    assert "option httpchk GET /v2/health/ready" in text
+    assert "option httpchk GET /v2/models/m/ready" in text
 
 
 def test_starts_reloads_only_on_change_and_stops(tmp_path, monkeypatch):
