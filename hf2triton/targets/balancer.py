@@ -111,6 +111,13 @@ def config(spec: ReplicasFrontSpec, replicas: list[Any], run_dir: Path, model: s
     return "\n".join(lines) + "\n"
 
 
+def stat_rows(text: str) -> list[dict[str, str]]:
+    """HAProxy's `show stat` (CSV under a "# name,..." header) as one dict a row."""
+    rows = text.splitlines()
+    head = rows[0].lstrip("# ").split(",") if rows else []
+    return [dict(zip(head, row.split(","), strict=False)) for row in rows[1:]]
+
+
 class ReplicasFront:
     """The front of one model's replicas on this machine: its HAProxy daemon and files."""
 
@@ -191,11 +198,8 @@ class ReplicasFront:
 
     def states(self) -> dict[str, dict[str, str]]:
         """Each backend's servers and their state (UP, DOWN, ...)."""
-        rows = self.admin("show stat").splitlines()
-        head = rows[0].lstrip("# ").split(",") if rows else []
         out: dict[str, dict[str, str]] = {}
-        for row in rows[1:]:
-            r = dict(zip(head, row.split(","), strict=False))
+        for r in stat_rows(self.admin("show stat")):
             if r.get("svname") not in (None, "", "FRONTEND", "BACKEND"):
                 out.setdefault(r["pxname"], {})[r["svname"]] = r.get("status", "")
         return out

@@ -25,6 +25,7 @@ from typing import Any
 
 from hf2triton.clients import docker as engine_client
 from hf2triton.errors import DeployError
+from hf2triton.targets.balancer import stat_rows
 from hf2triton.util.runs import step_logger
 
 SLOTS = ("a", "b")
@@ -248,10 +249,8 @@ class Front:
         return 0 if slot is None else self._open(slot)
 
     def _open(self, slot: str) -> int:
-        rows = self._stat_or_empty().splitlines()
-        head = rows[0].lstrip("# ").split(",") if rows else []
-        counts = [dict(zip(head, row.split(","), strict=False)) for row in rows[1:]]
-        return sum(int(r.get("scur") or 0) for r in counts if r.get("svname") == slot)
+        rows = stat_rows(self._stat_or_empty())
+        return sum(int(r.get("scur") or 0) for r in rows if r.get("svname") == slot)
 
     def drain(self, alias: str, timeout_s: float) -> int:
         """Wait until nothing is in flight on `alias`, at most `timeout_s`; its slot is then put
