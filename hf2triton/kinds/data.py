@@ -57,6 +57,7 @@ class Candidate:
     runtime: dict[str, Any] | None = None
     gate_runtime: dict[str, Any] | None = None
     error: str | None = None  # building its graph failed: the gate refuses it with this
+    weights: str = ""  # the variant it runs (its method): candidates of one variant share weights
     # A graph built only when the gate first needs it (the search times its runtime's candidates,
     # or judges it): returns the built variant, its `onnx_path` or why it failed (`error`).
     build: Callable[[], Mapping[str, Any]] | None = field(default=None, compare=False, repr=False)

@@ -48,3 +48,25 @@ def worst_of(runs: list[dict[str, float]], limits: Limits) -> dict[str, float]:
         else:
             out[name] = min(values)
     return out
+
+
+FAR = 10.0  # a miss is far when the metric is this many times as far from perfect as allowed
+
+
+def far_misses(metrics: dict[str, float], limits: Limits) -> dict[str, float]:
+    """The metrics that miss their limits by far: ten times as far from perfect as the limit
+    allows (an agreement or similarity, perfect at 1, limited at 0.95: at or under 0.5; an
+    increase or distance, perfect at 0, limited at 0.05: at or over 0.5). A NaN is far; a
+    limit with no perfect value (under 0 or over 1 for ">=", under 0 for "<=") never is."""
+    out = {}
+    for name, (op, limit) in limits.items():
+        value = metrics.get(name)
+        if value is None:
+            continue
+        if math.isnan(value):
+            out[name] = value
+        elif op == ">=" and 0.0 <= limit < 1.0 and 1.0 - value >= FAR * (1.0 - limit) - 1e-9:
+            out[name] = value
+        elif op == "<=" and limit > 0.0 and value >= FAR * limit - 1e-9:
+            out[name] = value
+    return out

@@ -81,6 +81,7 @@ def gate_candidates(
                     runtime=runtime,
                     gate_runtime=gated if gated != runtime else None,
                     error=v.get("error"),
+                    weights=v["method"],
                     build=recipes[v["method"]].make if v.get("planned") else None,
                 )
             )

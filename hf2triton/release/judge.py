@@ -14,6 +14,7 @@ import numpy as np
 from hf2triton.errors import AccuracyGateError
 from hf2triton.kinds.base import Candidate, misses, worst_of
 from hf2triton.kinds.margin import Borderline, borderline
+from hf2triton.release.far import FarWeights
 from hf2triton.release.plan import Facing, Gate, Reference, candidate_settings
 from hf2triton.release.search import CandidateBroken, Search, bare_entry, refusal
 from hf2triton.targets.smoke import groups
@@ -43,13 +44,16 @@ def judge_candidates(
     .search: timed first, fastest first, pruned by runtime, with select "fastest"), stopping
     after the group in which one passes unless the gate judges all; the candidate that ships
     (built), or None."""
-    search = Search(gate, candidates)
+    search, far = Search(gate, candidates), FarWeights(gate.limits)
     shipping: str | None = None
     done: list[dict[str, Any]] = []
     for group in search.groups():
         for cand in group:
             if shipping and not gate.judge_all:
                 done.append(not_judged(cand, search.speeds[cand.name], shipping))
+                continue
+            if far.why_not(cand) and not gate.judge_all:
+                done.append(ruled_out(cand, search.speeds.get(cand.name), far.why_not(cand)))
                 continue
             step_logger().info(
                 "validate: candidate %d of %d, %s: %d %s",
@@ -63,6 +67,7 @@ def judge_candidates(
             if cand.name in search.speeds:
                 entry["throughput"] = search.speeds[cand.name]
             done.append(entry)
+            far.saw(cand, entry)
             if not entry["misses"] and shipping is None:
                 shipping = cand.name
                 if gate.select == "first" and not gate.judge_all:
@@ -252,6 +257,14 @@ def not_judged(cand: Candidate, speed: dict[str, float], shipping: str) -> dict[
         status=f"not judged: slower than {shipping}, which passes (set "
         "validation.judge_all: true to judge every candidate)",
     )
+
+
+def ruled_out(cand: Candidate, speed: dict[str, float] | None, why: str) -> dict[str, Any]:
+    """The report entry, and the log line, of a candidate whose weights missed by far in
+    another of their candidates (hf2triton.release.far)."""
+    step_logger().info("validate: %s %s", cand.name, why)
+    timed = {"throughput": speed} if speed else {}
+    return bare_entry(cand, judged=False, status=why, **timed)
 
 
 def choose(

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from hf2triton.kinds.limits import describe_misses, misses, worst_of
+from hf2triton.kinds.limits import describe_misses, far_misses, misses, worst_of
 
 LIMITS = {"min_cosine": (">=", 0.99), "max_prob_diff": ("<=", 0.05)}
 
@@ -40,3 +40,16 @@ def test_the_worst_of_several_runs_by_the_side_of_each_limit():
     assert worst_of(runs, LIMITS) == {"min_cosine": 0.991, "max_prob_diff": 0.02, "other": 2.0}
     runs[0]["min_cosine"] = float("nan")
     assert math.isnan(worst_of(runs, LIMITS)["min_cosine"])
+
+
+def test_a_miss_is_far_at_ten_times_the_distance_from_perfect_the_limit_allows():
+    # min_cosine allows 0.01 from perfect (1): far at or under 0.9; max_prob_diff allows 0.05
+    # from perfect (0): far at or over 0.5.
+    assert far_misses({"min_cosine": 0.95, "max_prob_diff": 0.3}, LIMITS) == {}
+    assert far_misses({"min_cosine": 0.9, "max_prob_diff": 0.5}, LIMITS) == {
+        "min_cosine": 0.9,
+        "max_prob_diff": 0.5,
+    }
+    assert math.isnan(far_misses({"min_cosine": float("nan")}, LIMITS)["min_cosine"])
+    # A limit with no perfect value to measure from is never missed by far.
+    assert far_misses({"score": -50.0}, {"score": (">=", 3.0)}) == {}

@@ -57,8 +57,10 @@ class Planned:
         return {"onnx_path": self.path}
 
 
-def gate_on(tiny_bert, exported, cfg, sentences_file, candidates, work, **settings):
-    kind = embedding_kind(tiny_bert, sentences_file, LENIENT)
+def gate_on(
+    tiny_bert, exported, cfg, sentences_file, candidates, work, thresholds=LENIENT, **settings
+):
+    kind = embedding_kind(tiny_bert, sentences_file, thresholds)
     gate = Gate.of(
         kind,
         cfg,
@@ -73,17 +75,35 @@ def gate_on(tiny_bert, exported, cfg, sentences_file, candidates, work, **settin
 
 def nan_copy(exported, out: Path) -> Path:
     """The fp32 graph with one LayerNorm weight set to NaN: it opens and runs, and misses."""
+    return changed_copy(exported, out, {"embeddings.LayerNorm.weight": lambda w: w * np.nan})
+
+
+def negated_copy(exported, out: Path) -> Path:
+    """The fp32 graph with its output negated (a Neg node after the last)."""
+    import onnx
+    from onnx import helper
+
+    model = onnx.load(exported["onnx_path"])
+    name = model.graph.output[0].name
+    for node in model.graph.node:
+        node.output[:] = [f"{o}_pre" if o == name else o for o in node.output]
+    model.graph.node.append(helper.make_node("Neg", [f"{name}_pre"], [name]))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(out))
+    return out
+
+
+def changed_copy(exported, out: Path, changes: dict) -> Path:
+    """The fp32 graph with the initializers `changes` names replaced by what their function
+    returns from them."""
     import onnx
     from onnx import numpy_helper
 
     model = onnx.load(exported["onnx_path"])
     for init in model.graph.initializer:
-        if init.name == "embeddings.LayerNorm.weight":
-            init.CopyFrom(
-                numpy_helper.from_array(
-                    np.full_like(numpy_helper.to_array(init), np.nan), init.name
-                )
-            )
+        if init.name in changes:
+            new = changes[init.name](numpy_helper.to_array(init)).astype(np.float32)
+            init.CopyFrom(numpy_helper.from_array(new, init.name))
     out.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(model, str(out))
     return out
@@ -182,3 +202,37 @@ def test_a_planned_candidate_whose_build_fails_is_refused_with_why(
     assert by_name["raises (planned)"]["error"] == (
         "building it failed: ValueError: planted: the quantizer does not know the graph"
     )
+
+
+def test_weights_that_miss_by_far_are_not_judged_on_other_settings(
+    tiny_bert, exported, cfg, sentences_file, tmp_path, planted
+):
+    """NaN weights miss by far on ONNX Runtime where other weights on ONNX Runtime (the output
+    negated: every embedding points the other way, cosine -1) miss by less: the NaN weights'
+    candidate on OpenVINO is not judged, and says why; the export ships."""
+    negated = str(negated_copy(exported, tmp_path / "neg" / "model.onnx"))
+    nan = str(nan_copy(exported, tmp_path / "nan" / "model.onnx"))
+    planted[0].update(onnxruntime=100.0, openvino=50.0)
+    fp32 = exported["onnx_path"]
+    candidates = [
+        Candidate(name="negated", onnx_path=negated, weights="negated"),
+        Candidate(name="nan", onnx_path=nan, weights="nan"),
+        Candidate(name="nan on openvino fp32", onnx_path=nan, runtime=OPENVINO, weights="nan"),
+        Candidate(name="fp32 on openvino fp32", onnx_path=fp32, runtime=OPENVINO, weights="fp32"),
+    ]
+    result, by_name = gate_on(
+        tiny_bert, exported, cfg, sentences_file, candidates, tmp_path, prune=False
+    )
+    assert by_name["negated"]["metrics"]["min_cosine"] < 0.5  # misses, not by far
+    assert by_name["nan"]["misses"] and by_name["nan"].get("judged", True)
+    skipped = by_name["nan on openvino fp32"]
+    assert skipped["judged"] is False and not skipped["metrics"]
+    assert "its weights (nan) miss" in skipped["status"] and "where negated" in skipped["status"]
+    assert "validation.judge_all: true" in skipped["status"]
+    assert result["chosen"] == "fp32 on openvino fp32"
+
+    # Judging every candidate judges them anyway.
+    _, every = gate_on(
+        tiny_bert, exported, cfg, sentences_file, candidates, tmp_path / "all", judge_all=True
+    )
+    assert every["nan on openvino fp32"]["misses"]

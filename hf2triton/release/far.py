@@ -1,0 +1,71 @@
+"""Weights that miss by far: when a candidate misses a limit by far (hf2triton.kinds.limits
+.far_misses) where another candidate on the same runtime settings but other weights did not,
+the weights are what misses, and their other candidates (another compute precision, another KV
+cache) are not judged. SmolLM2-1.7B's shape had its int4 weights judged four times for 4 minutes
+(next-token agreement 0.01 against 0.95 each time, where the f32 weights on the same settings
+reached 0.78): this is what stops that. `validation.judge_all` judges them anyway."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from hf2triton.kinds.base import Candidate
+from hf2triton.kinds.limits import Limits, far_misses
+
+
+def weights_of(cand: Candidate) -> str:
+    """The variant whose weights `cand` runs (its name before " on " for a candidate made
+    without it)."""
+    return cand.weights or cand.name.split(" on ")[0]
+
+
+@dataclass
+class FarWeights:
+    """What the judged candidates say of their weights: `why_not(cand)` is why a candidate is
+    not judged ("" when it is)."""
+
+    limits: Limits
+    # runtime settings -> weights -> (candidate, its metrics)
+    judged: dict[str, dict[str, tuple[str, dict[str, float]]]] = field(default_factory=dict)
+    ruled_out: dict[str, str] = field(default_factory=dict)  # weights -> why
+
+    def why_not(self, cand: Candidate) -> str:
+        return self.ruled_out.get(weights_of(cand), "")
+
+    def saw(self, cand: Candidate, entry: dict[str, Any]) -> None:
+        """Learn from a judged candidate's entry: rule out weights that miss by far where other
+        weights on the same runtime settings do not."""
+        if not entry.get("metrics"):
+            return
+        key = json.dumps(cand.gated_runtime, sort_keys=True, default=str)
+        same = self.judged.setdefault(key, {})
+        same[weights_of(cand)] = (cand.name, entry["metrics"])
+        for weights, (name, metrics) in same.items():
+            for other, (other_name, other_metrics) in same.items():
+                if weights == other or weights in self.ruled_out:
+                    continue
+                blamed = set(far_misses(metrics, self.limits)) - set(
+                    far_misses(other_metrics, self.limits)
+                )
+                if blamed:
+                    self.ruled_out[weights] = self.because(
+                        weights, min(blamed), (name, metrics), (other_name, other_metrics)
+                    )
+
+    def because(
+        self,
+        weights: str,
+        metric: str,
+        missed: tuple[str, dict[str, float]],
+        other: tuple[str, dict[str, float]],
+    ) -> str:
+        op, limit = self.limits[metric]
+        return (
+            f"not judged: its weights ({weights}) miss {metric} by far in {missed[0]} "
+            f"({missed[1][metric]:.4f}, limit {op} {limit}) where {other[0]}, the same runtime "
+            f"settings on other weights, reached {other[1][metric]:.4f}: another compute or KV "
+            "cache precision does not make up for the weights (set validation.judge_all: true "
+            "to judge every candidate)"
+        )
