@@ -10,7 +10,8 @@ What OpenVINO GenAI does not do, the engine refuses up front (a candidate that c
 model faithfully is refused by the gate): logits processors it ignores outside beam search
 (no_repeat_ngram_size, bad words).
 
-The prompt's log-probability (the gate's perplexity) is scored on the same IR apart (PromptScorer).
+The prompt's log-probability (the gate's perplexity) is scored on the same IR apart (PromptScorer),
+compiled when first asked and freed when unused (IdleScorer).
 
 Known from its source and tried: `step()` and `add_request()` hold the GIL; `read()` blocks when
 nothing is queued (ask `can_read()` first); a handle stops its request when it is destroyed (so
@@ -21,8 +22,12 @@ Part of the serving core: numpy, openvino and openvino_genai only.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
+import threading
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -142,6 +147,53 @@ class PromptScorer:
         return logits
 
 
+SCORER_IDLE_S = 30.0
+
+
+class IdleScorer:
+    """The PromptScorer, compiled when first used and freed `idle_s` seconds after its last
+    use: it holds a second compiled copy of the weights beside the pipeline's (SmolLM2-1.7B's
+    shape at fp32: 5 GB more anonymous memory, 11.5 GB more resident), which only the gate and
+    the smoke test ask for; the model serves without it."""
+
+    def __init__(self, files: GenAIModelFiles, idle_s: float = SCORER_IDLE_S):
+        self.files, self.idle_s = files, idle_s
+        self.lock = threading.Lock()
+        self.scorer: PromptScorer | None = None
+        self.used_at = 0.0
+        self.timer: threading.Timer | None = None
+
+    @contextlib.contextmanager
+    def use(self) -> Iterator[PromptScorer]:
+        with self.lock:
+            try:
+                self.scorer = self.scorer or PromptScorer(self.files)
+                yield self.scorer
+            finally:
+                self.used_at = time.monotonic()
+                if self.timer is None:
+                    self.timer = threading.Timer(self.idle_s, self.free_if_idle)
+                    self.timer.daemon = True
+                    self.timer.start()
+
+    def free_if_idle(self) -> None:
+        with self.lock:
+            self.timer = None
+            left = self.idle_s - (time.monotonic() - self.used_at)
+            if left > 0:  # used since: wait out the rest
+                self.timer = threading.Timer(left, self.free_if_idle)
+                self.timer.daemon = True
+                self.timer.start()
+            else:
+                self.scorer = None
+
+    def close(self) -> None:
+        with self.lock:
+            if self.timer is not None:
+                self.timer.cancel()
+            self.timer, self.scorer = None, None
+
+
 class GenAIEngine(Streaming):
     """The loop around one ContinuousBatchingPipeline (the Generator's `engine`)."""
 
@@ -164,7 +216,7 @@ class GenAIEngine(Streaming):
         self.ids = itertools.count(1)
         self._init_loop()
         self.running: dict[int, Running] = {}
-        self.scorer: PromptScorer | None = None
+        self.scoring = IdleScorer(model.files)
         # Structured output needs the tokenizer's vocabulary as an OpenVINO IR beside the model.
         found = os.path.isfile(os.path.join(model.files.directory, TOKENIZER_IRS[0]))
         self.unconstrained = (
@@ -180,6 +232,7 @@ class GenAIEngine(Streaming):
     def close(self) -> None:
         super().close()
         self.running.clear()
+        self.scoring.close()
         self.pipe = None
 
     def _loop(self) -> None:
@@ -211,14 +264,7 @@ class GenAIEngine(Streaming):
                 continue
             try:
                 if seq.want_logprob or seq.score:
-                    self.scorer = scorer = self.scorer or PromptScorer(self.model.files)
-                    if seq.want_logprob:
-                        seq.prompt_logprob = scorer(seq.prompt)
-                    if seq.score:
-                        whole = seq.prompt + seq.score
-                        seq.score_logprob, seq.score_matches = score_continuation(
-                            scorer.logits(whole), whole, len(seq.prompt)
-                        )
+                    self._score(seq)
                 handle = self.pipe.add_request(
                     next(self.ids), self.ovg_tensor(seq.prompt), self._config(seq)
                 )
@@ -226,6 +272,17 @@ class GenAIEngine(Streaming):
                 self._fail(seq, f"generation refused: {type(exc).__name__}: {exc}")
                 continue
             self.running[id(seq)] = Running(seq, handle)
+
+    def _score(self, seq: Sequence) -> None:
+        """The prompt's log-probability and the continuation's scores `seq` asks for."""
+        with self.scoring.use() as scorer:
+            if seq.want_logprob:
+                seq.prompt_logprob = scorer(seq.prompt)
+            if seq.score:
+                whole = seq.prompt + seq.score
+                seq.score_logprob, seq.score_matches = score_continuation(
+                    scorer.logits(whole), whole, len(seq.prompt)
+                )
 
     def _stop_gone(self) -> None:
         """Sequences whose client left stop now, not at their next token."""

@@ -8,13 +8,14 @@ Generation itself, on a real stateful IR, is tests/serving/test_generation.py's.
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import pytest
 
 from hf2triton.serving.causal import Batching
 from hf2triton.serving.decoding import DecodeSettings
-from hf2triton.serving.genai import GenAIModel, PromptScorer
+from hf2triton.serving.genai import GenAIModel, IdleScorer, PromptScorer
 from hf2triton.serving.runtimes import RuntimeSettings, RuntimeUnavailable, open_model
 
 V, HIGH = 8, 3.0
@@ -86,3 +87,25 @@ def test_processors_it_would_ignore_are_refused_before_a_pipeline_is_built(files
 def test_it_says_what_runs_it(files):
     assert GenAIModel(files).in_use == "OpenVINO GenAI CPU f32 (KV cache f32)"
     assert np.isfinite(PromptScorer(files)([1, 2, 3]))
+
+
+def test_the_scorer_is_freed_when_unused_and_compiled_again_when_asked(files):
+    """The scorer's compiled copy of the weights is held only while the gate or the smoke test
+    score: freed `idle_s` after its last use (a use in between puts it off), compiled again on
+    the next."""
+    scoring = IdleScorer(files, idle_s=0.5)
+    with scoring.use() as scorer:
+        first = scorer([3, 3, 5])
+    time.sleep(0.3)
+    with scoring.use() as again:  # used again before it was freed: the same one
+        assert again is scorer
+    time.sleep(0.3)
+    assert scoring.scorer is scorer  # 0.3 s after its last use: kept
+    deadline = time.monotonic() + 5
+    while scoring.scorer is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert scoring.scorer is None
+    with scoring.use() as fresh:
+        assert fresh is not scorer and fresh([3, 3, 5]) == pytest.approx(first)
+    scoring.close()
+    assert scoring.scorer is None and scoring.timer is None
