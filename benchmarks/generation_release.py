@@ -8,7 +8,14 @@ same run: pruned (the default search) and with `quantization.prune: false` (ever
 and timed, as before): the ratios hold on one machine, one run.
 
     .venv/bin/python benchmarks/generation_release.py [--shape NAME ...] [--ab]
-        [--objective throughput|latency] [--model DIR]
+        [--objective throughput|latency] [--model DIR] [--memory-limit-gb N]
+
+Memory is measured three ways: the peak of the summed resident memory (RSS, which counts a
+memory-mapped weights file once per mapping and per process, though the kernel holds it once and
+may drop it), the peak of the summed anonymous memory (what the processes allocated, which the
+kernel cannot drop without swap), and, with `--memory-limit-gb N`, whether the release completes
+in a memory cgroup of N GB (v1's memory controller, as root; a machine of N GB, page cache
+included): the cgroup's peak and its OOM kills are recorded.
 
 Shapes (random weights, the real model's config; a byte-level BPE tokenizer trained on the
 shipped King James text, the vocabulary rows it does not use zeroed so greedy text stays in it):
@@ -132,6 +139,7 @@ class PeakRss:
 
     def __init__(self, pid: int) -> None:
         self.pid, self.peak, self._stop = pid, 0, threading.Event()
+        self.peak_anon = 0  # the peak of the summed anonymous resident memory
         self.peak_at = time.time()  # when the peak was seen
         self.peak_parts: dict[str, int] = {}  # MB per process (by its command) at the peak
         self.trace: list[tuple[float, int]] = []  # (time, MB) every few seconds
@@ -145,16 +153,18 @@ class PeakRss:
             try:
                 root = psutil.Process(self.pid)
                 procs = [root, *root.children(recursive=True)]
-                total, parts = 0, dict[str, int]()
+                total, anon, parts = 0, 0, dict[str, int]()
                 for p in procs:
                     try:
                         rss = p.memory_info().rss
+                        anon += anonymous(p.pid)
                         name = " ".join(p.cmdline()[:3])[-60:] or p.name()
-                    except psutil.Error:
+                    except (psutil.Error, OSError):
                         continue
                     total += rss
                     key = f"{p.pid} {name}"
                     parts[key] = parts.get(key, 0) + rss // 2**20
+                self.peak_anon = max(self.peak_anon, anon)
                 if total > self.peak:
                     self.peak, self.peak_at, self.peak_parts = total, time.time(), parts
                 if not self.trace or time.time() - self.trace[-1][0] >= 5:
@@ -167,6 +177,48 @@ class PeakRss:
         self._stop.set()
         self._thread.join()
         return self.peak
+
+
+def anonymous(pid: int) -> int:
+    """A process's anonymous resident bytes (RssAnon in /proc/<pid>/status)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+class MemoryCgroup:
+    """A cgroup v1 memory group limited to `gb` GB (no swap here), for one release and every
+    process it starts: its peak usage and its OOM kills."""
+
+    ROOT = Path("/sys/fs/cgroup/memory")
+
+    def __init__(self, gb: float) -> None:
+        self.path = self.ROOT / f"hf2triton-bench-{os.getpid()}"
+        self.path.mkdir()
+        (self.path / "memory.limit_in_bytes").write_text(str(int(gb * 2**30)))
+        self.gb = gb
+
+    def enter(self) -> None:
+        """Move the calling process in (a Popen's preexec_fn: the release and its children)."""
+        (self.path / "cgroup.procs").write_text(str(os.getpid()))
+
+    def figures(self) -> dict[str, Any]:
+        oom = dict(
+            line.split() for line in (self.path / "memory.oom_control").read_text().splitlines()
+        )
+        return {
+            "limit_gb": self.gb,
+            "peak_mb": int((self.path / "memory.max_usage_in_bytes").read_text()) // 2**20,
+            "oom_kills": int(oom.get("oom_kill", 0)),
+            "failcnt": int((self.path / "memory.failcnt").read_text()),
+        }
+
+    def remove(self) -> None:
+        for pid in (self.path / "cgroup.procs").read_text().split():  # left behind: back out
+            (self.ROOT / "cgroup.procs").write_text(pid)
+        self.path.rmdir()
 
 
 STEP_LINE = re.compile(r"^(\d\d):(\d\d):(\d\d)\.(\d+) .*Task run '([^']+)' - Finished in state")
@@ -199,11 +251,13 @@ def step_at(ends: list[tuple[str, float]], when: float) -> str:
     return next((step for step, end in ends if end >= t), "after the last step")
 
 
-def release(spec: Path, home: Path) -> dict[str, Any]:
-    """One `hf2triton release` in a fresh home: its summary, wall time, steps, peak memory and
-    disk; the Triton it started is stopped after."""
+def release(spec: Path, home: Path, limit_gb: float | None = None) -> dict[str, Any]:
+    """One `hf2triton release` in a fresh home (in a memory cgroup of `limit_gb` GB when
+    given): its summary, wall time, steps, peak memory and disk; the Triton it started is
+    stopped after."""
     env = {**os.environ, "HF2TRITON_HOME": str(home), "HF_HUB_OFFLINE": "1"}
     env.pop("MLFLOW_TRACKING_URI", None)
+    cgroup = MemoryCgroup(limit_gb) if limit_gb else None
     started = time.perf_counter()
     proc = subprocess.Popen(
         [str(BIN / "hf2triton"), "release", str(spec)],
@@ -211,17 +265,21 @@ def release(spec: Path, home: Path) -> dict[str, Any]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=cgroup.enter if cgroup else None,
     )
     peak = PeakRss(proc.pid)
     out, err = proc.communicate()
     record: dict[str, Any] = {
         "seconds": round(time.perf_counter() - started, 1),
         "peak_rss_mb": round(peak.stop() / 2**20),
+        "peak_anon_mb": round(peak.peak_anon / 2**20),
     }
+    if cgroup:
+        record["cgroup"] = cgroup.figures()
     (home.parent / f"{spec.stem}.log").write_text(err)
     try:
         if proc.returncode:
-            raise SystemExit(f"the release failed ({proc.returncode}):\n{err[-4000:]}")
+            raise SystemExit(f"the release failed ({proc.returncode}; {record}):\n{err[-4000:]}")
         summary = json.loads(out.strip().splitlines()[-1])
         ends = step_ends(err)
         record.update(
@@ -237,6 +295,8 @@ def release(spec: Path, home: Path) -> dict[str, Any]:
         return record
     finally:
         subprocess.run([str(BIN / "hf2triton"), "server", "stop"], env=env, capture_output=True)
+        if cgroup:
+            cgroup.remove()
 
 
 def disk(home: Path, summary: dict[str, Any]) -> dict[str, float]:
@@ -261,6 +321,9 @@ def main() -> None:
     parser.add_argument("--model", type=Path, help="a causal LM directory instead of a shape")
     parser.add_argument("--ab", action="store_true", help="also release with prune: false")
     parser.add_argument("--objective", default="throughput", choices=("throughput", "latency"))
+    parser.add_argument(
+        "--memory-limit-gb", type=float, help="release in a memory cgroup of this many GB"
+    )
     args = parser.parse_args()
     from hf2triton.util.cpu import cpu_features
 
@@ -271,7 +334,7 @@ def main() -> None:
         fp32_mb = round(sum(p.stat().st_size for p in model_dir.glob("*.safetensors")) / 2**20)
         for prune in (True, False) if args.ab else (True,):
             spec = spec_for(model_dir, work, name, prune, args.objective)
-            result = release(spec, work / f"home-{name}-{prune}")
+            result = release(spec, work / f"home-{name}-{prune}", args.memory_limit_gb)
             rows.append({"shape": name, "fp32_mb": fp32_mb, "prune": prune, **result})
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "log"}), flush=True)
     commit = subprocess.run(
@@ -295,12 +358,20 @@ def main() -> None:
 def table(rows: list[dict[str, Any]]) -> str:
     """The runs as a Markdown table."""
     head = (
-        "| shape | fp32 MB | search | s | peak RSS MB | work MB | MLflow MB | ships MB "
-        "| tidied MB | shipped |\n|---|---|---|---|---|---|---|---|---|---|"
+        "| shape | fp32 MB | search | s | peak RSS MB | peak anon MB | cgroup peak MB (OOM "
+        "kills) | work MB | MLflow MB | ships MB | tidied MB | shipped |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     lines = [
         f"| {r['shape']} | {r['fp32_mb']} | {'pruned' if r['prune'] else 'every'} | "
-        f"{r['seconds']} | {r['peak_rss_mb']} | {r['disk_mb']['work']} | "
+        f"{r['seconds']} | {r['peak_rss_mb']} | {r['peak_anon_mb']} | "
+        + (
+            f"{r['cgroup']['peak_mb']} of {r['cgroup']['limit_gb']:g} GB "
+            f"({r['cgroup']['oom_kills']}) | "
+            if "cgroup" in r
+            else "- | "
+        )
+        + f"{r['disk_mb']['work']} | "
         f"{r['disk_mb']['mlflow_artifacts']} | {r['disk_mb']['ships']} | "
         f"{r['disk_mb']['tidied']} | {r['variant']} |"
         for r in rows
