@@ -216,9 +216,17 @@ class MemoryCgroup:
         }
 
     def remove(self) -> None:
-        for pid in (self.path / "cgroup.procs").read_text().split():  # left behind: back out
-            (self.ROOT / "cgroup.procs").write_text(pid)
-        self.path.rmdir()
+        """Move what is left back out and remove the group (a process still exiting keeps it
+        busy a moment: tried for 30 s, then left with a warning, never raising)."""
+        for _ in range(60):
+            try:
+                for pid in (self.path / "cgroup.procs").read_text().split():
+                    (self.ROOT / "cgroup.procs").write_text(pid)
+                self.path.rmdir()
+                return
+            except OSError:
+                time.sleep(0.5)
+        print(f"warning: {self.path} was left behind (rmdir it later)", file=sys.stderr)
 
 
 STEP_LINE = re.compile(r"^(\d\d):(\d\d):(\d\d)\.(\d+) .*Task run '([^']+)' - Finished in state")
