@@ -30,6 +30,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 SERVING_PY = ROOT / ".venv-serving" / "bin" / "python"
 
 PROBE = r"""
@@ -106,7 +107,8 @@ def main() -> None:
     parser.add_argument("--shape", default="smollm2-135m")
     parser.add_argument("--max-new", type=int, default=96)
     args = parser.parse_args()
-    from benchmarks.generation_release import build_shape
+    from generation_release import build_shape
+
     from hf2triton.util.cpu import cpu_features
 
     work = Path(tempfile.mkdtemp(prefix="one-stream-"))
