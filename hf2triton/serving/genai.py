@@ -162,6 +162,7 @@ class IdleScorer:
         self.scorer: PromptScorer | None = None
         self.used_at = 0.0
         self.timer: threading.Timer | None = None
+        self.closed = False
 
     @contextlib.contextmanager
     def use(self) -> Iterator[PromptScorer]:
@@ -180,7 +181,7 @@ class IdleScorer:
         with self.lock:
             self.timer = None
             left = self.idle_s - (time.monotonic() - self.used_at)
-            if left > 0:  # used since: wait out the rest
+            if left > 0 and not self.closed:  # used since: wait out the rest
                 self.timer = threading.Timer(left, self.free_if_idle)
                 self.timer.daemon = True
                 self.timer.start()
@@ -191,7 +192,7 @@ class IdleScorer:
         with self.lock:
             if self.timer is not None:
                 self.timer.cancel()
-            self.timer, self.scorer = None, None
+            self.timer, self.scorer, self.closed = None, None, True
 
 
 class GenAIEngine(Streaming):
