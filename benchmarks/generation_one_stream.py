@@ -3,11 +3,11 @@ weight format, compute precision and engine setting, on one model's IR (issue 46
 objective: served ÷ llama.cpp's server at one stream is 0.73 at bf16 on SmolLM2-135M; this
 says how much of that is the engine, before any serving path).
 
-Each configuration builds the pipeline as the serving core does (ContinuousBatchingPipeline,
-the same scheduler), generates `--max-new` greedy tokens after a 40-token prompt (EOS ignored)
-once to warm up, then three times; the best of three is kept. LLMPipeline (the stateful
-pipeline, no paged KV cache) is measured beside it. The IR's int8 and int4 (groups of 32)
-weights are made by hf2triton's own NNCF compression.
+Each configuration builds a ContinuousBatchingPipeline with the serving core's scheduler
+settings (growing cache, 32 rows, 512 tokens a step, prefix caching), generates `--max-new`
+greedy tokens after a 40-token prompt (EOS ignored) once to warm up, then three times; the best
+of three is kept. LLMPipeline (the stateful pipeline, no paged KV cache) is measured beside it.
+The IR's int8 and int4 (groups of 32) weights are made by hf2triton's own NNCF compression.
 
     .venv/bin/python benchmarks/generation_one_stream.py --shape smollm2-135m [--max-new 96]
 

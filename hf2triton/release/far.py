@@ -27,8 +27,10 @@ class FarWeights:
     not judged ("" when it is)."""
 
     limits: Limits
-    # runtime settings -> weights -> (candidate, its metrics)
-    judged: dict[str, dict[str, tuple[str, dict[str, float]]]] = field(default_factory=dict)
+    # runtime settings -> weights -> (candidate, its metrics, the metrics it misses by far)
+    judged: dict[str, dict[str, tuple[str, dict[str, float], set[str]]]] = field(
+        default_factory=dict
+    )
     ruled_out: dict[str, str] = field(default_factory=dict)  # weights -> why
 
     def why_not(self, cand: Candidate) -> str:
@@ -41,17 +43,14 @@ class FarWeights:
             return
         key = json.dumps(cand.gated_runtime, sort_keys=True, default=str)
         same = self.judged.setdefault(key, {})
-        same[weights_of(cand)] = (cand.name, entry["metrics"])
-        for weights, (name, metrics) in same.items():
-            for other, (other_name, other_metrics) in same.items():
-                if weights == other or weights in self.ruled_out:
-                    continue
-                blamed = set(far_misses(metrics, self.limits)) - set(
-                    far_misses(other_metrics, self.limits)
-                )
-                if blamed:
+        metrics = entry["metrics"]
+        same[weights_of(cand)] = (cand.name, metrics, set(far_misses(metrics, self.limits)))
+        for weights, (name, missed, far) in same.items():
+            for other, (other_name, reached, other_far) in same.items():
+                blamed = far - other_far
+                if weights != other and weights not in self.ruled_out and blamed:
                     self.ruled_out[weights] = self.because(
-                        weights, min(blamed), (name, metrics), (other_name, other_metrics)
+                        weights, min(blamed), (name, missed), (other_name, reached)
                     )
 
     def because(
