@@ -9,6 +9,12 @@ all pairwise similarities).
 
 The resampling is seeded: the same candidate on the same items gets the same bound, run after
 run, so the validate step stays a cache of its inputs.
+
+Where a kind's reference is dear (a generator's PyTorch continuations: minutes on a large model),
+the gate sizes its sample by the bound (`looks`): it judges the first items, and goes on to more
+only when the bounds there leave the verdict open. Each early look spends `EARLY_ALPHA` of the
+5% (at the 99.5% bound); the last look judges at what is left, so the chance that a candidate
+which misses passes at some look is still at most 5% (Bonferroni over the looks).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import numpy as np
 LEVEL = 0.95  # one-sided: a candidate that passes misses in 5% of the item sets like this one
 RESAMPLES = 1000
 SEED = 0
+EARLY_ALPHA = 0.005  # what an early look spends of the 1 - LEVEL: it decides at the 99.5% bound
 
 
 @dataclass(frozen=True)
@@ -104,6 +111,7 @@ class Borderline:
     bound: float
     limit: float
     op: str
+    level: float = LEVEL  # the bound's level (an early or last look's: margin.look_level)
 
     @property
     def short(self) -> float:
@@ -111,9 +119,9 @@ class Borderline:
         return abs(self.limit - self.bound)
 
     def describe(self) -> str:
-        side = "lower" if self.op == ">=" else "upper"
+        side, level = ("lower" if self.op == ">=" else "upper"), f"{self.level * 100:.4g}%"
         return (
-            f"{self.metric} {self.value:.4f} meets {self.limit} but its {LEVEL:.0%} {side} "
+            f"{self.metric} {self.value:.4f} meets {self.limit} but its {level} {side} "
             f"bound {self.bound:.4f} does not (by {self.short:.4f})"
         )
 
@@ -124,23 +132,81 @@ class Borderline:
             "limit": self.limit,
             "op": self.op,
             "short": self.short,
+            "level": self.level,
         }
 
 
+def looks(n: int, first: int | None) -> tuple[int, ...]:
+    """How many of `n` items the gate has judged at each look: `first`, doubled until all `n`;
+    one look of all of them where the kind sizes no sample (`first` None) or `n` is no more."""
+    if not first or n <= first:
+        return (n,)
+    out = [first]
+    while out[-1] * 2 < n:
+        out.append(out[-1] * 2)
+    return (*out, n)
+
+
+def look_level(look: int, count: int) -> float:
+    """The bound's level at look `look` (0-based) of `count`: an early look spends EARLY_ALPHA,
+    the last what the early ones left of 1 - LEVEL (one look: LEVEL, as ever)."""
+    if look < count - 1:
+        return 1.0 - EARLY_ALPHA
+    return LEVEL + EARLY_ALPHA * (count - 1)
+
+
+def settled(
+    metrics: dict[str, float],
+    samples: dict[str, Sample],
+    limits: dict[str, tuple[str, float]],
+    level: float,
+) -> bool | None:
+    """An early look's verdict: True when every limit is met by its bound at `level` (every
+    limited metric must have a sample: a worst case on some items says nothing of the rest),
+    False when some metric misses for sure (a worst case that misses already, or a bound on the
+    far side at `level` that misses too: even the optimistic figure falls short), None when the
+    items judged so far leave it open."""
+    passes = True
+    for name, (op, limit) in limits.items():
+        if name not in metrics:
+            continue
+        value = metrics[name]
+        if math.isnan(value):
+            return False
+        if name not in samples:
+            if not _meets(value, op, limit):
+                return False
+            passes = False
+            continue
+        near = bound(samples[name], op, level)
+        far = bound(samples[name], "<=" if op == ">=" else ">=", level)
+        if not _meets(far, op, limit):
+            return False
+        passes = passes and _meets(near, op, limit)
+    return True if passes else None
+
+
+def _meets(value: float, op: str, limit: float) -> bool:
+    return value >= limit if op == ">=" else value <= limit  # False for NaN
+
+
 def borderline(
-    metrics: dict[str, float], samples: dict[str, Sample], limits: dict[str, tuple[str, float]]
+    metrics: dict[str, float],
+    samples: dict[str, Sample],
+    limits: dict[str, tuple[str, float]],
+    level: float = LEVEL,
 ) -> tuple[dict[str, float], list[Borderline]]:
-    """The bound of every limited metric that has a sample, and the metrics that meet their
-    limit only by a hair (their bound misses it)."""
+    """The bound of every limited metric that has a sample (at `level`), and the metrics that
+    meet their limit only by a hair (their bound misses it)."""
     bounds, found = {}, []
     for name, (op, limit) in limits.items():
         if name not in samples or name not in metrics:
             continue
         value = metrics[name]
-        b = bound(samples[name], op)
+        b = bound(samples[name], op, level)
         bounds[name] = b
         meets = value >= limit if op == ">=" else value <= limit
         bound_meets = b >= limit if op == ">=" else b <= limit
         if meets and not (bound_meets or math.isnan(b)):
-            found.append(Borderline(name, value, b, limit, op))
+            found.append(Borderline(name, value, b, limit, op, level))
     return bounds, found

@@ -257,6 +257,11 @@ class GateRole(ServingRole[C]):
     # The task metric labelled data gives (accuracy, nDCG@10), compared with the champion's.
     quality_metric: ClassVar[str | None] = None
     thresholds_key: ClassVar[str]  # where the gate's limits live: <section>.thresholds
+    # A kind whose PyTorch reference is dear sizes the gate's sample by its bounds: the gate
+    # judges this many items first, and more (doubling) only while the bounds leave the verdict
+    # open (hf2triton.kinds.margin.looks). Its reference must be a list, one entry an item, and
+    # every limit should have a sample (`samples`) for a look to pass early. None: every item.
+    first_look: ClassVar[int | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -298,6 +298,9 @@ class TextGenerationKind(TextToTextKind[TextGenerationConfig]):
     serving_class = Generator
     tunable = False  # streams are another kind of traffic than the search's
     item_word = "prompts"
+    # The reference is PyTorch generating each prompt's continuation: on SmolLM2-1.7B's shape,
+    # 4 minutes for 20 prompts. A candidate that agrees (or parts) clearly is judged on 10.
+    first_look = 10
 
     def resolve(self, model_dir: str) -> TextGenerationConfig:
         return resolve_text_generation(model_dir, self.options)

@@ -195,9 +195,9 @@ def decide(
     and the candidate that ships (None: none passed)."""
     log = step_logger()
     log.info(
-        "validate: PyTorch reference on %d %s; then %d candidates%s, each judged one "
+        "validate: PyTorch reference on %s %s; then %d candidates%s, each judged one "
         "request at a time and in batches of %d",
-        len(gate.gate_data),
+        gate.sized,
         gate.kind.item_word,
         len(candidates),
         ", timed first and judged fastest first until one passes"
@@ -268,7 +268,7 @@ def gate_key(gate: Gate, digests: list[Digest], champion: Champion | None, same:
             gate.select,
             gate.max_drop,
             gate.judge_all,
-            [gate.objective, gate.prune],
+            [gate.objective, gate.prune, list(gate.looks)],
             gate.quality,
             dict(gate.not_offered),
             [champion["version"], champion["files"]]
@@ -292,22 +292,47 @@ def gate_key(gate: Gate, digests: list[Digest], champion: Champion | None, same:
 
 
 def pytorch_reference(gate: Gate, model_dir: str, work_root: str | None = None) -> Reference:
-    """PyTorch's answers on the gate's items, and the smoke test's share of them; with a work
-    root computed once per model, data and kind (`reference_outputs`)."""
-    kind = gate.kind
-    outputs = (
-        reference_outputs(gate, model_dir, work_root)
-        if work_root
-        else kind.reference(model_dir, gate.cfg, gate.gate_data)
-    )
+    """PyTorch's answers on the gate's first look's items (every item, unless the kind sizes
+    its sample: `Gate.looks`; `Reference.upto` computes the rest when a look needs them), and
+    the smoke test's share of them; with a work root computed once per model, data and kind
+    (`reference_outputs`)."""
+    kind, first = gate.kind, (gate.looks or (len(gate.gate_data),))[0]
+
+    def answers(start: int, stop: int) -> Any:
+        if work_root:
+            return reference_outputs(gate, model_dir, work_root, start, stop)
+        return kind.reference(model_dir, gate.cfg, part(gate.gate_data, start, stop))
+
+    def more(start: int, stop: int) -> tuple[list[Any], list[dict[str, np.ndarray]]]:
+        step_logger().info(
+            "validate: PyTorch reference on %d more %s (%d to %d): the bounds on the first %d "
+            "left the verdict open",
+            stop - start,
+            kind.item_word,
+            start + 1,
+            stop,
+            start,
+        )
+        outputs = list(answers(start, stop))
+        return outputs, kind.judging_requests(gate.gate_data.items[start:stop], outputs)
+
+    outputs = answers(0, first)
     smoke_data = Data(take(gate.data.items, gate.smoke_index))
     return Reference(
         outputs=outputs,
-        requests=kind.judging_requests(gate.gate_data.items, outputs),
+        requests=kind.judging_requests(gate.gate_data.items[:first], outputs),
         smoke_data=smoke_data,
         smoke_outputs=take(outputs, gate.smoke_index),
         smoke_requests=kind.requests(smoke_data.items),
+        more=more if first < len(gate.gate_data) else None,
     )
+
+
+def part(data: Data, start: int, stop: int) -> Data:
+    """`data`'s items [start, stop), with its extra data (all of it when that is every item)."""
+    if start == 0 and stop >= len(data):
+        return data
+    return Data(data.items[start:stop], data.extra)
 
 
 def write_reference(
@@ -318,22 +343,26 @@ def write_reference(
     atomic_write_text(out / "reference.json", json.dumps(to_json(outputs)))
 
 
-def reference_outputs(gate: Gate, model_dir: str, work_root: str) -> Any:
-    """PyTorch's answers on the gate's items, kept in the work folder (step `reference`, keyed
-    by the model's files, the kind's settings, the items and the kinds' code): a gate run again
-    with other candidates or limits (a threshold relaxed after a refusal) reads them back
-    instead of running the model again, minutes on a large one. Read back through JSON on the
-    first run too, so both runs score the same values."""
+def reference_outputs(
+    gate: Gate, model_dir: str, work_root: str, start: int = 0, stop: int | None = None
+) -> Any:
+    """PyTorch's answers on the gate's items [start, stop) (all of them by default), kept in
+    the work folder (step `reference`, keyed by the model's files, the kind's settings, the
+    items and the kinds' code): a gate run again with other candidates or limits (a threshold
+    relaxed after a refusal) reads them back instead of running the model again, minutes on a
+    large one. Read back through JSON on the first run too, so both runs score the same
+    values."""
     import torch
 
     kind = gate.kind
+    data = part(gate.gate_data, start, len(gate.gate_data) if stop is None else stop)
     key = digest(
         [
             kind.name,
             hash_files(model_dir),
             gate.cfg.to_dict(),
-            digest(to_json(gate.gate_data.items)),
-            digest(to_json(gate.gate_data.extra)),
+            digest(to_json(data.items)),
+            digest(to_json(data.extra)),
             hash_files(KINDS_DIR),
             torch.__version__,
         ]
@@ -344,14 +373,7 @@ def reference_outputs(gate: Gate, model_dir: str, work_root: str) -> Any:
         # activations are returned to the system when it ends (hf2triton.util.isolated).
         size = export_space(kind, model_dir).size
         run_isolated(
-            "PyTorch reference",
-            size,
-            write_reference,
-            kind,
-            model_dir,
-            gate.cfg,
-            gate.gate_data,
-            out,
+            "PyTorch reference", size, write_reference, kind, model_dir, gate.cfg, data, out
         )
         return {}
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from hf2triton.errors import AccuracyGateError
 from hf2triton.kinds.base import Candidate, misses, worst_of
-from hf2triton.kinds.margin import Borderline, borderline
+from hf2triton.kinds.margin import Borderline, Sample, borderline, look_level, settled
 from hf2triton.release.far import FarWeights
 from hf2triton.release.plan import Facing, Gate, Reference, candidate_settings
 from hf2triton.release.search import CandidateBroken, Search, bare_entry, refusal
@@ -56,11 +56,11 @@ def judge_candidates(
                 done.append(ruled_out(cand, search.speeds.get(cand.name), far.why_not(cand)))
                 continue
             step_logger().info(
-                "validate: candidate %d of %d, %s: %d %s",
+                "validate: candidate %d of %d, %s: %s %s",
                 len(done) + 1,
                 len(candidates),
                 cand.name,
-                len(gate.gate_data),
+                gate.sized,
                 gate.kind.item_word,
             )
             entry = measure_candidate(gate, search.build(cand), ref, facing)
@@ -118,28 +118,57 @@ def measure_candidate(
 class Scored:
     """A candidate's figures against PyTorch: the worst of one request at a time and Triton's
     batches (`metrics`), the details of the batching that did worst, each average's bound, the
-    metrics it passes by a hair, and its answers alone and batched."""
+    metrics it passes by a hair, its answers alone and batched, and how many of the gate's
+    items they were judged on (the look that settled it: `Gate.looks`)."""
 
     metrics: dict[str, float]
     details: dict[str, Any]
     bounds: dict[str, float]
     hairs: dict[str, Borderline]
     outputs: list[Any]
+    items: int = 0
+    samples: tuple[dict[str, Sample], ...] = ()  # each run's, for a look's verdict
 
 
 def score_runs(gate: Gate, model: ServedModel, ref: Reference) -> Scored:
     """The candidate scored in Triton's dynamic batches, then one request at a time (`outputs`
     in that order); a candidate that misses in batches misses the gate (the worst run counts),
-    so the slower run alone is left out unless the gate judges all."""
-    kind, cfg, limits = gate.kind, gate.cfg, gate.limits
-    runs, outputs = [], []
-    for size in (gate.batch, 1):
-        out = kind.extract(answer_in_batches(model, ref.requests, size))
-        metrics_run, details_run = kind.score(ref.outputs, out, gate.gate_data, cfg)
-        samples = kind.samples(ref.outputs, out, gate.gate_data, cfg)
-        runs.append((metrics_run, details_run, *borderline(metrics_run, samples, limits)))
-        outputs.append(out)
+    so the slower run alone is left out unless the gate judges all. Look by look (`Gate.looks`):
+    the gate's first items, then more (PyTorch's answers on them computed once, `Reference.upto`)
+    only while the bounds at the look's level leave the verdict open."""
+    sizes = gate.looks or (len(gate.gate_data),)
+    answered: list[list[Any]] = []
+    for look, n in enumerate(sizes):
+        level = look_level(look, len(sizes))
+        scored = score_look(gate, model, ref.upto(n), n, answered, level)
+        if look == len(sizes) - 1 or settled_at(gate, scored, level) is not None:
+            return scored
+    raise AssertionError("a gate has at least one look")
+
+
+def score_look(
+    gate: Gate, model: ServedModel, ref: Reference, n: int, answered: list[list[Any]], level: float
+) -> Scored:
+    """The candidate's figures on the gate's first `n` items: the runs in batches and alone,
+    the worst of them, each average's bound at `level`. `answered` keeps each run's answers to
+    the earlier looks' items, in chunks (the kind's `extract` of each; a list per item where
+    the kind sizes its sample), and gains this look's."""
+    kind, cfg, limits, data = gate.kind, gate.cfg, gate.limits, gate.items(n)
+    reference = ref.outputs if n >= len(gate.gate_data) else ref.outputs[:n]
+    runs = []
+    for run, size in enumerate((gate.batch, 1)):
+        if run == len(answered):
+            answered.append([])
+        have = sum(len(chunk) for chunk in answered[run])
+        answered[run].append(kind.extract(answer_in_batches(model, ref.requests[have:n], size)))
+        out = joined(answered[run])
+        metrics_run, details_run = kind.score(reference, out, data, cfg)
+        samples = kind.samples(reference, out, data, cfg)
+        runs.append(
+            (metrics_run, details_run, *borderline(metrics_run, samples, limits, level), samples)
+        )
         if misses(metrics_run, limits) and not gate.judge_all:
+            del answered[run + 1 :]  # the slower run alone is not answered
             break
     # The details (worst examples) of the batching that did worst.
     details = (
@@ -152,8 +181,25 @@ def score_runs(gate: Gate, model: ServedModel, ref: Reference) -> Scored:
         details=details,
         bounds=worst_of([r[2] for r in runs], limits) if runs[0][2] else {},
         hairs=worst_hairs([b for r in runs for b in r[3]]),
-        outputs=outputs,
+        outputs=[joined(chunks) for chunks in answered[: len(runs)]],
+        items=n,
+        samples=tuple(r[4] for r in runs),
     )
+
+
+def joined(chunks: list[Any]) -> Any:
+    """One run's answers: the one chunk as the kind extracted it, or the looks' chunks as one
+    list."""
+    return chunks[0] if len(chunks) == 1 else [x for chunk in chunks for x in chunk]
+
+
+def settled_at(gate: Gate, scored: Scored, level: float) -> bool | None:
+    """Whether an early look settles the candidate: True passes, False misses (the run that
+    did worst decides), None leaves it to the next look."""
+    verdicts = [settled(scored.metrics, samples, gate.limits, level) for samples in scored.samples]
+    if False in verdicts:
+        return False
+    return True if all(verdicts) else None
 
 
 def worst_hairs(found: list[Borderline]) -> dict[str, Borderline]:
@@ -187,7 +233,9 @@ def judge(
     itself: dict[str, float] = {}
     if len(scored.outputs) == 2:
         batched, alone = scored.outputs
-        itself, _ = kind.score(kind.as_reference(alone), batched, gate.gate_data, gate.cfg)
+        itself, _ = kind.score(
+            kind.as_reference(alone), batched, gate.items(scored.items), gate.cfg
+        )
     entry = {
         "name": cand.name,
         "runtime": cand.runtime,
@@ -199,6 +247,7 @@ def judge(
         "served_checks": checks,
         "batch_invariance": {k: itself[k] for k in kind.agreement_limits(0.0) if k in itself},
         "runs": ["in batches", "one at a time"][: len(scored.outputs)],
+        "items": scored.items,
         "details": scored.details,
         "worst": scored.details.get("worst", []),
         "champion_verdict": verdict,
@@ -214,8 +263,9 @@ def log_judged(
     """A judged candidate's log lines: its figures and verdict, its served checks, and each
     metric it passes by a hair."""
     log, missed = step_logger(), entry["misses"]
+    n, total = entry["items"], len(gate.gate_data)
     log.info(
-        "validate: %s: %s -> %s (%.0f s)",
+        "validate: %s: %s -> %s%s (%.0f s)",
         cand.name,
         ", ".join(f"{k} {v:.4f}" for k, v in entry["metrics"].items() if k in gate.limits),
         "borderline"
@@ -223,6 +273,9 @@ def log_judged(
         else "misses the gate"
         if missed
         else "passes",
+        f" on the first {n} of {total} {gate.kind.item_word}, settled by its bounds"
+        if n < total
+        else "",
         time.perf_counter() - t0,
     )
     for what, figure in entry["served_checks"].items():

@@ -4,7 +4,7 @@ what every candidate is measured on and against which limits (`Gate`), and PyTor
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -12,6 +12,7 @@ import numpy as np
 
 from hf2triton.kinds.base import Data, ModelKind
 from hf2triton.kinds.config import KindConfig
+from hf2triton.kinds.margin import looks
 from hf2triton.release.champion import mlflow_verdict
 
 
@@ -60,6 +61,24 @@ class Gate:
     not_offered: Mapping[str, str] = field(default_factory=dict)
     objective: str = "throughput"  # what "fastest" means: "throughput" or "latency"
     prune: bool = True  # time each runtime's first candidate, refine the fastest runtime's
+    # How many of the gate's items are judged at each look (the last: all of them): a kind
+    # with a dear reference sizes its sample by the bounds (hf2triton.kinds.margin.looks).
+    looks: tuple[int, ...] = ()
+
+    def items(self, n: int) -> Data:
+        """The gate's first `n` items (a look's), with their extra data."""
+        if n >= len(self.gate_data):
+            return self.gate_data
+        return Data(self.gate_data.items[:n], self.gate_data.extra)
+
+    @property
+    def sized(self) -> str:
+        """How many items the gate judges a candidate on: all, or (a sample sized by its
+        bounds) the first look's, and more up to all where the bounds leave a verdict open."""
+        n = len(self.gate_data)
+        if len(self.looks) < 2:
+            return str(n)
+        return f"{self.looks[0]} (up to {n} where its bounds leave the verdict open)"
 
     @property
     def streams(self) -> int:
@@ -79,6 +98,7 @@ class Gate:
         """The gate of the candidates of the export in `export_dir` (configured by `cfg`),
         measured on `data` as `settings` ask."""
         gate_data = kind.gate_data(data, cfg)
+        sizes = looks(len(gate_data), kind.first_look)
         quality = (
             kind.quality_metric if kind.quality_metric in kind.labelled_metrics(gate_data) else None
         )
@@ -93,25 +113,42 @@ class Gate:
             settings.judge_all,
             settings.max_drop,
             kind.limits(),
-            kind.smoke_indices(data),
+            # The smoke test's items come from the first look's, whose reference every
+            # candidate's judging computes.
+            kind.smoke_indices(data if len(sizes) == 1 else Data(data.items[: sizes[0]])),
             kind.serving_json(cfg, export_dir, max_batch_tokens=settings.max_batch_tokens),
             quality,
             dict(settings.not_offered),
             settings.objective,
             settings.prune,
+            sizes,
         )
 
 
 @dataclass
 class Reference:
     """PyTorch's answers the candidates are scored against, and the requests that ask for them:
-    the gate's items, and the smoke test's."""
+    the gate's items (the first `len(outputs)` of them: `upto` asks PyTorch for more when a
+    look needs them), and the smoke test's."""
 
     outputs: Any
     requests: list[dict[str, np.ndarray]]
     smoke_data: Data
     smoke_outputs: Any
     smoke_requests: list[dict[str, np.ndarray]]
+    # PyTorch's answers on the gate's items [start, stop) and the requests that ask for them.
+    more: Callable[[int, int], tuple[list[Any], list[dict[str, np.ndarray]]]] | None = None
+
+    def upto(self, n: int) -> Reference:
+        """This reference with PyTorch's answers on at least the gate's first `n` items,
+        computed once for every candidate that needs them."""
+        have = len(self.outputs)
+        if n > have:
+            assert self.more is not None, "a reference of every item has no more to compute"
+            outputs, requests = self.more(have, n)
+            self.outputs = [*self.outputs, *outputs]
+            self.requests = [*self.requests, *requests]
+        return self
 
 
 def candidate_settings(base: dict[str, Any], runtime: dict[str, Any] | None) -> dict[str, Any]:

@@ -9,7 +9,19 @@ import math
 import numpy as np
 import pytest
 
-from hf2triton.kinds.margin import LEVEL, Borderline, Sample, borderline, bound, loosened, tolerance
+from hf2triton.kinds.margin import (
+    EARLY_ALPHA,
+    LEVEL,
+    Borderline,
+    Sample,
+    borderline,
+    bound,
+    look_level,
+    looks,
+    loosened,
+    settled,
+    tolerance,
+)
 
 
 def test_a_sample_recomputes_its_metric_from_the_items():
@@ -68,3 +80,42 @@ def test_a_borderline_describes_the_upper_bound_of_a_ceiling():
     over = Borderline("perplexity_increase", 0.04, 0.06, 0.05, "<=")
     assert over.short == pytest.approx(0.01)
     assert "upper bound 0.0600 does not (by 0.0100)" in over.describe()
+
+
+def test_a_sample_sized_by_its_bounds_looks_at_doubling_prefixes_up_to_every_item():
+    assert looks(20, None) == (20,)  # a kind that sizes no sample: every item at once
+    assert looks(8, 10) == (8,)
+    assert looks(20, 10) == (10, 20)
+    assert looks(50, 10) == (10, 20, 40, 50)
+    assert looks(40, 10) == (10, 20, 40)
+    # one look judges at the gate's level as ever; early looks spend 0.5% each, and the last
+    # what is left: at most 5% in all that a candidate which misses passes at some look
+    assert look_level(0, 1) == LEVEL
+    assert look_level(0, 3) == look_level(1, 3) == 1 - EARLY_ALPHA
+    spent = sum(1 - look_level(i, 3) for i in range(3))
+    assert spent == pytest.approx(1 - LEVEL)
+
+
+def test_an_early_look_settles_a_clear_pass_or_miss_and_leaves_a_near_one_open():
+    limits = {"next_token_agreement": (">=", 0.95), "perplexity_increase": ("<=", 0.05)}
+    level = look_level(0, 2)
+
+    def verdict(agree: list[float], increase: list[float]) -> bool | None:
+        samples = {
+            "next_token_agreement": Sample.mean(agree),
+            "perplexity_increase": Sample.mean(increase),
+        }
+        metrics = {k: float(np.mean(v)) for k, v in zip(samples, (agree, increase))}
+        return settled(metrics, samples, limits, level)
+
+    assert verdict([1.0] * 10, [0.0] * 10) is True  # agrees everywhere: settled
+    assert verdict([0.4, 0.5] * 5, [0.0] * 10) is False  # even its optimistic bound misses
+    assert verdict([1.0] * 9 + [0.7], [0.0] * 10) is None  # 0.97: near, more items decide
+    assert verdict([1.0] * 10, [0.2] + [0.0] * 9) is None  # one prompt's perplexity rose
+    assert verdict([1.0] * 10, [float("nan")] * 10) is False
+
+
+def test_a_worst_case_can_miss_at_an_early_look_but_never_pass_there():
+    limits = {"min_cosine": (">=", 0.99)}
+    assert settled({"min_cosine": 0.999}, {}, limits, 0.995) is None  # the rest may be worse
+    assert settled({"min_cosine": 0.9}, {}, limits, 0.995) is False
