@@ -44,6 +44,28 @@ class Data:
     def __len__(self) -> int:
         return len(self.items)
 
+    def _per_item(self, pick: Callable[[list[Any]], list[Any]]) -> Data:
+        # An extra that is a list as long as the items is one entry an item (gold labels,
+        # reference transcripts): it follows them.
+        n = len(self.items)
+        return Data(
+            pick(list(self.items)),
+            {
+                k: pick(v) if isinstance(v, list) and len(v) == n else v
+                for k, v in self.extra.items()
+            },
+        )
+
+    def part(self, start: int, stop: int) -> Data:
+        """The items [start, stop), each with its extra entries (itself when that is all)."""
+        if start <= 0 and stop >= len(self.items):
+            return self
+        return self._per_item(lambda v: v[start:stop])
+
+    def reordered(self, order: list[int]) -> Data:
+        """The items in `order` (a permutation of their indices), each with its extra entries."""
+        return self._per_item(lambda v: [v[i] for i in order])
+
 
 @dataclass(frozen=True)
 class Candidate:

@@ -301,7 +301,7 @@ def pytorch_reference(gate: Gate, model_dir: str, work_root: str | None = None) 
     def answers(start: int, stop: int) -> Any:
         if work_root:
             return reference_outputs(gate, model_dir, work_root, start, stop)
-        return kind.reference(model_dir, gate.cfg, part(gate.gate_data, start, stop))
+        return kind.reference(model_dir, gate.cfg, gate.gate_data.part(start, stop))
 
     def more(start: int, stop: int) -> tuple[list[Any], list[dict[str, np.ndarray]]]:
         step_logger().info(
@@ -328,13 +328,6 @@ def pytorch_reference(gate: Gate, model_dir: str, work_root: str | None = None) 
     )
 
 
-def part(data: Data, start: int, stop: int) -> Data:
-    """`data`'s items [start, stop), with its extra data (all of it when that is every item)."""
-    if start == 0 and stop >= len(data):
-        return data
-    return Data(data.items[start:stop], data.extra)
-
-
 def write_reference(
     kind: ModelKind[Any], model_dir: str, cfg: KindConfig, data: Data, out: Path
 ) -> None:
@@ -355,7 +348,7 @@ def reference_outputs(
     import torch
 
     kind = gate.kind
-    data = part(gate.gate_data, start, len(gate.gate_data) if stop is None else stop)
+    data = gate.gate_data.part(start, len(gate.gate_data) if stop is None else stop)
     key = digest(
         [
             kind.name,

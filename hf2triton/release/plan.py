@@ -15,6 +15,8 @@ from hf2triton.kinds.config import KindConfig
 from hf2triton.kinds.margin import looks
 from hf2triton.release.champion import mlflow_verdict
 
+LOOK_SEED = 0  # the order a sample sized by its bounds takes the validation items in
+
 
 @dataclass(frozen=True)
 class GateSettings:
@@ -67,9 +69,7 @@ class Gate:
 
     def items(self, n: int) -> Data:
         """The gate's first `n` items (a look's), with their extra data."""
-        if n >= len(self.gate_data):
-            return self.gate_data
-        return Data(self.gate_data.items[:n], self.gate_data.extra)
+        return self.gate_data.part(0, n)
 
     @property
     def sized(self) -> str:
@@ -99,6 +99,12 @@ class Gate:
         measured on `data` as `settings` ask."""
         gate_data = kind.gate_data(data, cfg)
         sizes = looks(len(gate_data), kind.first_look)
+        if len(sizes) > 1:
+            # A look judges a prefix: a seeded shuffle makes each prefix a random sample of
+            # the file (which may be sorted by length or topic), the same one every run.
+            assert len(gate_data) == len(data), "a kind that sizes its sample adds no items"
+            order = [int(i) for i in np.random.default_rng(LOOK_SEED).permutation(len(data))]
+            data, gate_data = data.reordered(order), gate_data.reordered(order)
         quality = (
             kind.quality_metric if kind.quality_metric in kind.labelled_metrics(gate_data) else None
         )
@@ -115,7 +121,7 @@ class Gate:
             kind.limits(),
             # The smoke test's items come from the first look's, whose reference every
             # candidate's judging computes.
-            kind.smoke_indices(data if len(sizes) == 1 else Data(data.items[: sizes[0]])),
+            kind.smoke_indices(data.part(0, sizes[0])),
             kind.serving_json(cfg, export_dir, max_batch_tokens=settings.max_batch_tokens),
             quality,
             dict(settings.not_offered),

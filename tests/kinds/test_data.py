@@ -78,3 +78,15 @@ def test_a_candidate_is_gated_on_its_own_runtime_unless_told_another():
     assert Candidate("fp32", "m.onnx", runtime=gpu).gated_runtime == gpu
     assert Candidate("fp32", "m.onnx", runtime=gpu, gate_runtime=cpu).gated_runtime == cpu
     assert len(Data(["a", "b"])) == 2
+
+
+def test_a_part_or_reordering_of_the_data_keeps_each_items_extra_entries():
+    from hf2triton.kinds.data import Data
+
+    data = Data(["a", "b", "c"], {"references": ["A", "B", "C"], "labels": ["x", "y"], "n": 3})
+    part = data.part(1, 3)
+    assert part.items == ["b", "c"] and part.extra["references"] == ["B", "C"]
+    assert part.extra["labels"] == ["x", "y"] and part.extra["n"] == 3  # not one an item
+    assert data.part(0, 3) is data
+    again = data.reordered([2, 0, 1])
+    assert again.items == ["c", "a", "b"] and again.extra["references"] == ["C", "A", "B"]

@@ -72,6 +72,8 @@ def _gate(llama, candidates, work: Path):
     cfg = kind.resolve(str(llama["model_dir"]))
     gate = Gate.of(kind, cfg, kind.read_data(), str(llama["out"]), GateSettings(batch=8))
     assert gate.looks == (10, 20, 24)
+    # the looks take the file in a seeded shuffle: each prefix a random sample, every run alike
+    assert gate.gate_data.items != PROMPTS and sorted(gate.gate_data.items) == sorted(PROMPTS)
     result = run_gate(gate, candidates, model_dir=str(llama["model_dir"]), work_root=str(work))
     report = json.loads(Path(result["report_path"]).read_text(encoding="utf-8"))
     return gate, result, {c["name"]: c for c in report["candidates"]}
