@@ -22,7 +22,7 @@ The model is a Qwen2 of about 25M parameters with random weights (8 layers, hidd
 
     .venv/bin/python benchmarks/generation.py [--levels 1,8,32] [--max-new 96]
         [--model DIR] [--candidates auto|fp32|bf16] [--min-next-token-agreement X]
-        [--llama-cpp SRC]
+        [--llama-cpp SRC] [--weights f32|int8]
 
 Writes benchmarks/results/generation-<UTC time>.{json,md}. The ways measured are in
 generation_ways.py, the prompts and the closed loop in generation_streams.py.
@@ -58,9 +58,11 @@ def release_spec(
     max_new: int,
     rows: int,
     candidates: Any,
+    quantization: str = "none",
     **generation: Any,
 ) -> Path:
-    """The spec releasing `model_dir` as `name` (validated on 24 prompts written beside it)."""
+    """The spec releasing `model_dir` as `name` (validated on 24 prompts written beside it),
+    its weights compressed as `quantization` says (none: as exported)."""
     import yaml
     from tokenizers import Tokenizer
 
@@ -88,7 +90,7 @@ def release_spec(
             **generation,
         },
         runtime__candidates=candidates,
-        quantization__method="none",
+        quantization__method=quantization,
         validation__sentences=str(prompts),
         validation__smoke_sentences=4,
         validation__judge_all=True,
@@ -110,12 +112,15 @@ def release(
     max_new: int,
     rows: int,
     candidates: Any,
+    quantization: str = "none",
     **generation: Any,
 ) -> dict:
     """Release `model_dir` as `name` on OpenVINO GenAI (`candidates`: the runtime's own auto
     list, or one precision), in a child process (its own Prefect, MLflow and the local Triton
     it leaves running)."""
-    spec = release_spec(model_dir, name, home, ports, max_new, rows, candidates, **generation)
+    spec = release_spec(
+        model_dir, name, home, ports, max_new, rows, candidates, quantization, **generation
+    )
     env = {**os.environ, "HF2TRITON_HOME": str(home), "HF_HUB_OFFLINE": "1"}
     env.pop("MLFLOW_TRACKING_URI", None)
     proc = subprocess.run(
@@ -190,6 +195,13 @@ def arguments() -> argparse.Namespace:
     parser.add_argument(
         "--llama-cpp", type=Path, help="a llama.cpp source tree with build/bin/llama-server"
     )
+    parser.add_argument(
+        "--weights",
+        default="f32",
+        choices=("f32", "int8"),
+        help="int8: the IR's weights compressed to int8 by NNCF (the gate judges them beside "
+        "the f32 weights and the fastest that passes ships), llama.cpp on a Q8_0 GGUF",
+    )
     return parser.parse_args()
 
 
@@ -207,8 +219,17 @@ def released(
         if args.min_next_token_agreement is not None
         else {}
     )
+    quantization = "int8-blockwise" if args.weights == "int8" else "none"
     return release(
-        model_dir, "bench-genai", home, ports, args.max_new, max(levels), candidates, **limits
+        model_dir,
+        "bench-genai",
+        home,
+        ports,
+        args.max_new,
+        max(levels),
+        candidates,
+        quantization,
+        **limits,
     )
 
 
@@ -289,9 +310,9 @@ def main() -> None:
         "pytorch": Torch(model_dir, args.max_new),
     }
     if args.llama_cpp:
-        ways["llama.cpp"] = LlamaServer(
-            args.llama_cpp, model_dir, work, limit.precision, args.max_new
-        )
+        # llama.cpp at the weights that serve: Q8_0 for int8 weights, else the compute precision
+        weights = "int8" if "/int8" in summary["variant"] else limit.precision
+        ways["llama.cpp"] = LlamaServer(args.llama_cpp, model_dir, work, weights, args.max_new)
     try:
         results = measured(ways, levels, limit)
     finally:

@@ -194,12 +194,13 @@ runpy.run_path(src + "/convert_hf_to_gguf.py", run_name="__main__")
 
 
 class LlamaServer:
-    """llama.cpp's own server on the same model converted to GGUF at `precision` (f32 or bf16),
-    started per level with as many parallel slots as streams, 2 threads, greedy, streamed."""
+    """llama.cpp's own server on the same model converted to GGUF at `precision` (f32, bf16, or
+    int8 as Q8_0), started per level with as many parallel slots as streams, 2 threads, greedy,
+    streamed."""
 
     def __init__(self, source: Path, model_dir: Path, work: Path, precision: str, max_new: int):
         self.binary, self.max_new = source / "build" / "bin" / "llama-server", max_new
-        outtype = {"fp32": "f32", "bf16": "bf16"}.get(precision, "f32")
+        outtype = {"fp32": "f32", "bf16": "bf16", "int8": "q8_0"}.get(precision, "f32")
         self.gguf = work / f"model-{outtype}.gguf"
         subprocess.run(
             [
