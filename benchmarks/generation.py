@@ -91,6 +91,8 @@ def release_spec(
         },
         runtime__candidates=candidates,
         quantization__method=quantization,
+        # with compressed weights the gate times the candidates and ships the fastest that passes
+        quantization__search=quantization != "none",
         validation__sentences=str(prompts),
         validation__smoke_sentences=4,
         validation__judge_all=True,
