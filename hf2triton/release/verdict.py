@@ -11,7 +11,14 @@ from typing import Any
 from hf2triton.errors import AccuracyGateError
 from hf2triton.kinds.base import Candidate, ModelKind, describe_misses, to_json
 from hf2triton.kinds.config import KindConfig
-from hf2triton.kinds.margin import LEVEL, NARROW_TOLERANCE, Borderline, loosened, tolerance
+from hf2triton.kinds.margin import (
+    EARLY_ALPHA,
+    LEVEL,
+    NARROW_TOLERANCE,
+    Borderline,
+    loosened,
+    tolerance,
+)
 from hf2triton.release.plan import Gate, Reference
 from hf2triton.release.report import publish_gate_failure
 from hf2triton.util.cpu import cpu_features
@@ -26,7 +33,13 @@ def new_report(gate: Gate) -> dict[str, Any]:
         "cpu": cpu_features(),
         "thresholds": {k: v for k, (_, v) in gate.limits.items()},
         "limits": gate.limits,
-        "margin": f"one-sided {LEVEL:.0%} bootstrap bound of every averaged metric",
+        "margin": f"one-sided {LEVEL:.0%} bootstrap bound of every averaged metric"
+        + (
+            f", the sample sized by its bounds: looks at {list(gate.looks)} items, an early "
+            f"one at the {1 - EARLY_ALPHA:.1%} bound"
+            if len(gate.looks) > 1
+            else ""
+        ),
         "config": to_json(gate.cfg.to_dict()),
         "batch": gate.batch,
         "candidates": [],
@@ -158,7 +171,9 @@ def gate_message(kind: ModelKind[KindConfig], report: dict[str, Any], path: Path
             if name in cand["misses"]:
                 text += ("; " if text else "") + f"{name.replace('_', ' ')}: {figure}"
         hairs = [
-            Borderline(m, b["value"], b["bound"], b["limit"], b["op"]).describe()
+            Borderline(
+                m, b["value"], b["bound"], b["limit"], b["op"], b.get("level", LEVEL)
+            ).describe()
             for m, b in cand.get("borderline", {}).items()
         ]
         if hairs:

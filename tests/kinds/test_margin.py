@@ -16,6 +16,7 @@ from hf2triton.kinds.margin import (
     Sample,
     borderline,
     bound,
+    early_bound,
     look_level,
     looks,
     loosened,
@@ -88,6 +89,7 @@ def test_a_sample_sized_by_its_bounds_looks_at_doubling_prefixes_up_to_every_ite
     assert looks(20, 10) == (10, 20)
     assert looks(50, 10) == (10, 20, 40, 50)
     assert looks(40, 10) == (10, 20, 40)
+    assert looks(10_000, 10) == (10, 20, 40, 10_000)  # at most MAX_LOOKS looks: the level holds
     # one look judges at the gate's level as ever; early looks spend 0.5% each, and the last
     # what is left: at most 5% in all that a candidate which misses passes at some look
     assert look_level(0, 1) == LEVEL
@@ -113,6 +115,10 @@ def test_an_early_look_settles_a_clear_pass_or_miss_and_leaves_a_near_one_open()
     assert verdict([1.0] * 9 + [0.7], [0.0] * 10) is None  # 0.97: near, more items decide
     assert verdict([1.0] * 10, [0.2] + [0.0] * 9) is None  # one prompt's perplexity rose
     assert verdict([1.0] * 10, [float("nan")] * 10) is False
+    # on ten items the early bound is widened (the percentile bootstrap's is too narrow there):
+    # wider than the plain bootstrap's at the same level
+    near = Sample.mean([1.0] * 8 + [0.8, 0.9])
+    assert early_bound(near, ">=", level) < bound(near, ">=", level)
 
 
 def test_a_worst_case_can_miss_at_an_early_look_but_never_pass_there():
