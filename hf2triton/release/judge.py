@@ -168,8 +168,7 @@ def score_look(
             (metrics_run, details_run, *borderline(metrics_run, samples, limits, level), samples)
         )
         if misses(metrics_run, limits) and not gate.judge_all:
-            del answered[run + 1 :]  # the slower run alone is not answered
-            break
+            break  # the slower run alone is not answered at this look (its earlier answers kept)
     # The details (worst examples) of the batching that did worst.
     details = (
         max(runs, key=lambda r: sum(misses(r[0], limits).values()))[1]
