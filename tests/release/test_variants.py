@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from hf2triton.errors import AccuracyGateError
@@ -116,7 +117,21 @@ def test_search_ships_the_fastest_variant_that_passes_and_says_why(
         assert "min_cosine" in by_name[worse]["misses"]
 
 
-def test_when_no_variant_passes_the_closest_is_named(tiny_bert, tmp_path, release_env):
+def test_when_no_variant_passes_the_closest_is_named(
+    tiny_bert, tmp_path, release_env, monkeypatch
+):
+    """Limits no candidate can meet: every one of 1.0, against a PyTorch reference nudged off
+    the model's own embeddings (fp32 can agree with PyTorch to the last bit, and would ship on
+    a limit of 1.0). The gate refuses them all and names the closest."""
+    from hf2triton.kinds.embedding import EmbeddingKind
+
+    real = EmbeddingKind.reference
+
+    def nudged(self, model_dir, cfg, data):
+        found = np.asarray(real(self, model_dir, cfg, data), np.float32)
+        return found + 1e-3 * np.random.default_rng(0).standard_normal(found.shape, np.float32)
+
+    monkeypatch.setattr(EmbeddingKind, "reference", nudged)
     spec = load_spec(
         tiny_spec(
             tmp_path / "strict.yaml",
