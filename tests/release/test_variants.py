@@ -117,9 +117,7 @@ def test_search_ships_the_fastest_variant_that_passes_and_says_why(
         assert "min_cosine" in by_name[worse]["misses"]
 
 
-def test_when_no_variant_passes_the_closest_is_named(
-    tiny_bert, tmp_path, release_env, monkeypatch
-):
+def test_when_no_variant_passes_the_closest_is_named(tiny_bert, tmp_path, release_env, monkeypatch):
     """Limits no candidate can meet: every one of 1.0, against a PyTorch reference nudged off
     the model's own embeddings (fp32 can agree with PyTorch to the last bit, and would ship on
     a limit of 1.0). The gate refuses them all and names the closest."""
