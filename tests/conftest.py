@@ -77,6 +77,7 @@ SERVER_FIXTURES = {
     "image_classifier",
     "clip",
     "whisper",
+    "genai_whisper",
     "released",
 }
 

@@ -35,6 +35,9 @@ FP16 = "onnx-fp16"  # half-precision ONNX with fp32 inputs and outputs
 FP16_ORT = "onnx-fp16-ort"
 OPENVINO_IR = "openvino-ir"  # OpenVINO IR: model.xml and model.bin
 STATEFUL_IR = "openvino-stateful-ir"  # a decoder's OpenVINO IR with its KV cache as state
+# Whisper as OpenVINO GenAI's WhisperPipeline reads it: encoder IR, stateful decoder IR, the
+# tokenizer and detokenizer IRs and the model's configs, in one directory
+WHISPER_IR = "openvino-whisper-ir"
 # Why the ONNX-reading CPU runtimes leave generators to OpenVINO GenAI under `auto` (its
 # continuous batching over a paged KV cache; their generation loop is the serving core's own):
 # SmolLM2-135M's shape at 32 streams on a 2-core AVX2 EPYC (docs/data/
@@ -47,7 +50,7 @@ GENERATORS_TO_GENAI = (
 )
 # Formats a runtime's recipe makes from the source model itself, not from the ONNX export: a
 # release whose runtimes read only these exports no ONNX graph.
-FROM_SOURCE = frozenset({STATEFUL_IR})
+FROM_SOURCE = frozenset({STATEFUL_IR, WHISPER_IR})
 
 
 class Variant(TypedDict, total=False):

@@ -1,20 +1,26 @@
-"""OpenVINO GenAI on the CPU, for text generation: continuous batching over a paged KV cache
-that stays inside the runtime (hf2triton/serving/genai.py drives it). It reads the stateful
-OpenVINO IR that optimum-intel exports from the Hugging Face model (f32 weights), and builds its
-weight-compressed variants with NNCF (int8, and int4 in groups); each is tried at f32 and, where
-the CPU has it, bf16, with the KV cache at the inference precision and quantized to u8."""
+"""OpenVINO GenAI on the CPU, for text generation and speech recognition. Text generation:
+continuous batching over a paged KV cache that stays inside the runtime (hf2triton/serving/
+genai.py drives it). Speech: the WhisperPipeline (hf2triton/serving/speech.py drives it), its
+own log-mel, long-form decoding and timestamps. Each reads the OpenVINO IR that optimum-intel
+exports from the Hugging Face model (f32 weights, the decoder stateful), and its weight-
+compressed variants built with NNCF (int8, and for generators int4 in groups); each is tried at
+f32 and, where the CPU has it, bf16, with the KV cache at the inference precision and quantized
+to u8. What differs by kind is one row of `LAYOUTS`."""
 
 from __future__ import annotations
 
 import contextlib
 import io
 import logging
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hf2triton.runtimes.base import (
     PLUGINS,
     STATEFUL_IR,
+    WHISPER_IR,
     Recipe,
     RuntimePlugin,
     Variant,
@@ -25,6 +31,7 @@ from hf2triton.runtimes.base import (
 from hf2triton.serving import runtimes as serving_runtimes
 from hf2triton.serving.decoding import DecodeSettings
 from hf2triton.serving.genai import TOKENIZER_IRS, unfaithful
+from hf2triton.serving.speech import pipeline_unfaithful
 from hf2triton.util.isolated import run_isolated
 from hf2triton.util.workspace import fp32_weights, hash_files, sha256_file
 
@@ -34,17 +41,54 @@ if TYPE_CHECKING:
 IR = "openvino_model.xml"
 
 
+@dataclass(frozen=True)
+class Layout:
+    """How one kind's model is exported for OpenVINO GenAI: optimum-intel's task, the graph
+    format and its IR files (the first is the variant's graph), whether the pipeline cannot
+    run without the tokenizer as IRs, and whether int4 weights are offered."""
+
+    task: str
+    graph: str
+    irs: tuple[str, ...]
+    needs_tokenizer_ir: bool = False
+    int4: bool = True
+
+    @property
+    def main(self) -> str:
+        return self.irs[0]
+
+
+LAYOUTS = {
+    "text_generation": Layout("text-generation-with-past", STATEFUL_IR, (IR,)),
+    # WhisperPipeline reads the tokenizer and detokenizer IRs; int4 weights are not tried (a
+    # speech model's few layers of a few hundred wide lose words at 4 bits).
+    "speech_recognition": Layout(
+        "automatic-speech-recognition-with-past",
+        WHISPER_IR,
+        ("openvino_encoder_model.xml", "openvino_decoder_model.xml"),
+        needs_tokenizer_ir=True,
+        int4=False,
+    ),
+}
+
+
 @PLUGINS.register
 class OpenVinoGenAI(RuntimePlugin):
     serving = serving_runtimes.OpenVinoGenAI
     device = "cpu"
-    kinds = frozenset({"text_generation"})
+    kinds = frozenset(LAYOUTS)
     # The KV cache at the inference precision, then quantized to u8 (a quarter of f32's reads).
     auto = ("fp32", "bf16", ("fp32", {"kv_cache": "u8"}), ("bf16", {"kv_cache": "u8"}))
-    reads = {"fp32": frozenset({STATEFUL_IR}), "bf16": frozenset({STATEFUL_IR})}
+    reads = {
+        "fp32": frozenset({STATEFUL_IR, WHISPER_IR}),
+        "bf16": frozenset({STATEFUL_IR, WHISPER_IR}),
+    }
 
     @classmethod
     def refuses(cls, kind: ModelKind, model_dir: str) -> str:
+        if kind.name == "speech_recognition":
+            cfg = kind.resolve(model_dir).to_dict()
+            return pipeline_unfaithful(cfg["decode"], cfg["language"])
         processors = kind.resolve(model_dir).to_dict()["processors"]
         return unfaithful(DecodeSettings.from_dict(processors))
 
@@ -55,17 +99,18 @@ class OpenVinoGenAI(RuntimePlugin):
 
     @classmethod
     def recipes(cls, ctx: VariantContext) -> list[Recipe]:
-        found = [Recipe("openvino-ir", STATEFUL_IR, lambda: stateful_ir(ctx))]
+        layout = LAYOUTS[ctx.kind.name]
+        found = [Recipe("openvino-ir", layout.graph, lambda: stateful_ir(ctx))]
         spec = ctx.quantization
         if spec.method != "none" or spec.search:
             found.append(
-                Recipe("openvino-ir/int8", STATEFUL_IR, lambda: compressed(ctx, "INT8_ASYM", 0))
+                Recipe("openvino-ir/int8", layout.graph, lambda: compressed(ctx, "INT8_ASYM", 0))
             )
-        if spec.method == "int4-blockwise" or spec.search:
+        if layout.int4 and (spec.method == "int4-blockwise" or spec.search):
             found.append(
                 Recipe(
                     f"openvino-ir/int4-g{spec.block_size}",
-                    STATEFUL_IR,
+                    layout.graph,
                     lambda: compressed(ctx, "INT4_ASYM", spec.block_size),
                 )
             )
@@ -73,29 +118,34 @@ class OpenVinoGenAI(RuntimePlugin):
 
 
 def stateful_ir(ctx: VariantContext) -> Variant:
-    """The model as a stateful OpenVINO IR (the KV cache as the model's state, what OpenVINO
-    GenAI's scheduler pages), exported by optimum-intel with f32 weights: no compression of its
+    """The model as OpenVINO IRs, the decoder stateful (the KV cache as the model's state, what
+    OpenVINO GenAI pages), exported by optimum-intel with f32 weights: no compression of its
     own (it compresses a large model to int8 unless told)."""
     src = Path(ctx.model_dir)
+    layout = LAYOUTS[ctx.kind.name]
 
     def build(out: Path) -> dict:
         # In a process of its own for a large model (hf2triton.util.isolated): the conversion
         # holds 1.7x the fp32 weights (SmolLM2-360M: 2.3 GB), returned to the system when it ends.
         size = fp32_weights(src).size
-        run_isolated("OpenVINO conversion", size, convert_stateful, str(src), out)
-        return {"tokenizer_ir": tokenizer_ir(src, out)}
+        run_isolated("OpenVINO conversion", size, convert_stateful, str(src), out, layout.task)
+        why = tokenizer_ir(src, out)
+        if why and layout.needs_tokenizer_ir:
+            raise RuntimeError(f"OpenVINO GenAI needs the tokenizer as IRs, which failed: {why}")
+        return {"tokenizer_ir": why}
 
     return build_variant(
         ctx.work,
-        "openvino-ir",
-        [hash_files(src)],
+        "openvino-ir" if layout.graph == STATEFUL_IR else f"openvino-ir-{ctx.kind.name}",
+        [hash_files(src), layout.task],
         build,
-        VariantId("openvino-ir", STATEFUL_IR, src / "config.json", IR),
+        VariantId("openvino-ir", layout.graph, src / "config.json", layout.main),
     )
 
 
 def compress(src: Path, out: Path, mode: str, group_size: int) -> None:
-    """NNCF's data-free weight compression of the IR `src` into `out` (see `compressed`)."""
+    """NNCF's data-free weight compression of the IR `src` into `out`, under its own name (see
+    `compressed`)."""
     import nncf
     import openvino as ov
 
@@ -113,11 +163,12 @@ def compress(src: Path, out: Path, mode: str, group_size: int) -> None:
         )
     with contextlib.redirect_stdout(io.StringIO()):
         model = nncf.compress_weights(ov.Core().read_model(str(src)), **options)
-    ov.save_model(model, str(out / IR), compress_to_fp16=False)
+    ov.save_model(model, str(out / src.name), compress_to_fp16=False)
 
 
-def convert_stateful(src: str, out: Path) -> None:
-    """optimum-intel's conversion of the model in `src` to a stateful IR in `out`."""
+def convert_stateful(src: str, out: Path, task: str = "text-generation-with-past") -> None:
+    """optimum-intel's conversion of the model in `src` for `task` to IRs in `out`, the decoder
+    stateful."""
     from optimum.exporters.openvino import main_export
     from optimum.intel import OVConfig
 
@@ -125,7 +176,7 @@ def convert_stateful(src: str, out: Path) -> None:
         main_export(
             src,
             out,
-            task="text-generation-with-past",
+            task=task,
             stateful=True,
             ov_config=OVConfig(dtype="fp32"),
             convert_tokenizer=False,
@@ -155,27 +206,29 @@ def tokenizer_ir(src: Path, out: Path) -> str:
 
 
 def compressed(ctx: VariantContext, mode: str, group_size: int) -> Variant:
-    """The stateful IR with its weights compressed by NNCF (data-free): `mode` INT8_ASYM (per
+    """The IRs with their weights compressed by NNCF (data-free): `mode` INT8_ASYM (per
     channel) or INT4_ASYM in groups of `group_size` (a group size a layer's width does not
-    divide is adjusted for that layer)."""
+    divide is adjusted for that layer); each IR of the kind's layout in turn."""
+    layout = LAYOUTS[ctx.kind.name]
     base = stateful_ir(ctx)
     src = Path(base["onnx_path"])
+    irs = [src.parent / name for name in layout.irs]
     name = "openvino-ir/int8" if mode.startswith("INT8") else f"openvino-ir/int4-g{group_size}"
 
     def build(out: Path) -> dict:
-        import shutil
-
-        size = src.with_suffix(".bin").stat().st_size  # the IR's f32 weights
-        run_isolated("weight compression", size, compress, src, out, mode, group_size)
-        for p in src.parent.iterdir():  # the configs and tokenizer files beside it
-            if p.is_file() and not p.name.startswith("openvino_model."):
+        for ir in irs:
+            size = ir.with_suffix(".bin").stat().st_size  # the IR's f32 weights
+            run_isolated("weight compression", size, compress, ir, out, mode, group_size)
+        stems = {ir.stem for ir in irs}
+        for p in src.parent.iterdir():  # the configs and tokenizer files beside them
+            if p.is_file() and p.stem not in stems:
                 shutil.copyfile(p, out / p.name)
         return {}
 
     return build_variant(
         ctx.work,
         "openvino-ir-compressed",
-        [sha256_file(src), sha256_file(src.with_suffix(".bin")), mode, group_size],
+        [*(sha256_file(f) for ir in irs for f in (ir, ir.with_suffix(".bin"))), mode, group_size],
         build,
-        VariantId(name, STATEFUL_IR, src, IR),
+        VariantId(name, layout.graph, src, layout.main),
     )

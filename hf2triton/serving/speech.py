@@ -11,6 +11,12 @@ decoding of each group of clips that share a prompt (start, language, task, `<|n
 with transformers' Whisper logits processors (suppress_tokens at every step,
 begin_suppress_tokens at the first), on the encoder, decoder and decoder-with-past graphs of
 optimum's `automatic-speech-recognition-with-past` export (hf2triton.serving.seq2seq).
+
+On the runtime openvino-genai the model is OpenVINO GenAI's WhisperPipeline on optimum-intel's
+IRs (`WhisperEngine`): its own log-mel, greedy decoding, language detection and long-form
+decoding with timestamps, a clip at a time (the pipeline takes one clip a call: a dynamic batch
+runs its clips one after another). The clips are decoded here all the same (one decoder, the
+same limits and refusals); what the pipeline makes of them the gate judges end to end, by WER.
 """
 
 from __future__ import annotations
@@ -79,13 +85,66 @@ class WhisperDecode:
 @dataclass
 class Clip:
     """One parsed row: its features (one padded 30-second window, or for a longer clip the
-    whole clip's), its duration and the language and task asked for."""
+    whole clip's), its duration and the language and task asked for; `wave` (16 kHz mono) for
+    a runtime that makes its own features."""
 
     features: np.ndarray
     seconds: float
     language: str | None
     task: str | None
     long: bool = False
+    wave: np.ndarray | None = None
+
+
+def pipeline_unfaithful(decode: dict[str, Any], language: str | None) -> str:
+    """Why OpenVINO GenAI's WhisperPipeline cannot serve a Whisper as released ("" when it
+    can): it detects a clip's language but does not report which (its results carry none in
+    2026.4), so a multilingual model needs the language set in its spec."""
+    if decode["languages"] and not language:
+        return (
+            "runtime openvino-genai: OpenVINO GenAI's WhisperPipeline does not report the "
+            "language it detects: set speech.language to serve this multilingual model on it, "
+            "or serve it on onnxruntime or openvino"
+        )
+    return ""
+
+
+class WhisperEngine:
+    """OpenVINO GenAI's WhisperPipeline on the IRs the runtime opened (`files`: their directory
+    and the pinned properties): greedy decoding, one clip a call, timestamps predicted for a
+    clip past one window (the pipeline's long-form decoding), as the ONNX path does."""
+
+    def __init__(self, files: runtimes.GenAIModelFiles, decode: WhisperDecode, max_positions: int):
+        import openvino_genai
+
+        self.pipeline = openvino_genai.WhisperPipeline(files.directory, "CPU", **files.properties)
+        self.decode = decode
+        self.max_positions = max_positions
+
+    def transcribe(self, clip: Clip) -> tuple[str, list[dict[str, Any]], str | None]:
+        """The clip's transcript, its segments and its language (the one asked, or detected)."""
+        s = self.decode
+        prompt = s.prompt(clip.language, clip.task, timestamps=clip.long)
+        asked: dict[str, Any] = {
+            "max_new_tokens": s.budget(prompt, self.max_positions),
+            "return_timestamps": clip.long,
+        }
+        if s.languages:
+            if clip.language is not None:
+                asked["language"] = f"<|{clip.language}|>"
+            asked["task"] = clip.task or "transcribe"
+        assert clip.wave is not None
+        found = self.pipeline.generate(clip.wave.tolist(), **asked)
+        text = found.texts[0]
+        if clip.long:
+            segments = [
+                {"start": round(c.start_ts, 3), "end": round(c.end_ts, 3), "text": c.text}
+                for c in found.chunks or []
+            ]
+        else:
+            end = round(clip.seconds, 3)
+            segments = [{"start": 0.0, "end": end, "text": text}] if text else []
+        return text, segments, clip.language
 
 
 @dataclass(frozen=True)
@@ -210,16 +269,31 @@ class Transcriber(ServedModel):
         runtime = runtimes.settings_of(
             {"intra_op_threads": int(settings.get("intra_op_threads", 0)), **settings}
         )
-        # File names are relative to the version directory (paths where the gate reads them).
-        files = {role: os.path.join(directory, name) for role, name in settings["files"].items()}
-        self.model = Seq2SeqModel(files, runtime=runtime)
         self.max_positions = int(settings["max_target_positions"])
+        self.decode_settings = WhisperDecode(**settings["decode"])
+        self.language = settings.get("language")
+        self.engine: WhisperEngine | None = None
+        if "whisper_ir" in settings:  # OpenVINO GenAI's pipeline on the IRs
+            opened = runtimes.open_model(os.path.join(directory, settings["whisper_ir"]), runtime)
+            why = pipeline_unfaithful(settings["decode"], self.language)
+            if why:
+                raise runtimes.RuntimeUnavailable(why)
+            if not isinstance(opened, runtimes.GenAIModelFiles):
+                raise ValueError(
+                    f"runtime {runtime.name} does not serve Whisper's OpenVINO IRs: "
+                    "serve them on openvino-genai"
+                )
+            self.engine = WhisperEngine(opened, self.decode_settings, self.max_positions)
+        else:
+            # File names are relative to the version directory (paths where the gate reads them).
+            files = {
+                role: os.path.join(directory, name) for role, name in settings["files"].items()
+            }
+            self.model = Seq2SeqModel(files, runtime=runtime)
         plan = {**settings["tokenizer"], "file": settings["tokenizer_file"]}
         self.tokenizer = Seq2SeqTokenizer(directory, plan, self.max_positions)
         with open(os.path.join(directory, settings["preprocessor"]), encoding="utf-8") as f:
             self.log_mel = LogMel(json.load(f))
-        self.decode_settings = WhisperDecode(**settings["decode"])
-        self.language = settings.get("language")
         self.task = settings.get("task")
         self.max_seconds = float(settings["max_seconds"])
         self.max_bytes = int(settings["max_bytes"])
@@ -264,7 +338,12 @@ class Transcriber(ServedModel):
             language, task = self._check(language, task)
             seconds = len(wave) / self.log_mel.sampling_rate
             # Past one window's frames: long-form (transformers tells by frames, not samples).
-            if len(wave) // self.log_mel.hop_length > self.log_mel.frames:
+            long = len(wave) // self.log_mel.hop_length > self.log_mel.frames
+            if self.engine is not None:  # the pipeline makes its own features
+                empty = np.zeros((0, 0), np.float32)
+                clips.append(Clip(empty, seconds, language, task, long=long, wave=wave))
+                continue
+            if long:
                 clips.append(Clip(self.log_mel.whole(wave), seconds, language, task, long=True))
             else:
                 window = wave[: self.log_mel.n_samples]  # as the extractor truncates it
@@ -324,6 +403,8 @@ class Transcriber(ServedModel):
         return segments
 
     def run(self, rows: list[Clip]) -> dict[str, list[np.ndarray]]:
+        if self.engine is not None:
+            return self.answers(rows, [self.engine.transcribe(c) for c in rows])
         s = self.decode_settings
         hidden = self.encode([c.features if not c.long else self.window(c) for c in rows])
         unknown = [k for k, c in enumerate(rows) if c.language is None]
@@ -354,13 +435,20 @@ class Transcriber(ServedModel):
                     said[k] = text
                     end = round(rows[k].seconds, 3)
                     pieces[k] = [{"start": 0.0, "end": end, "text": text}] if text else []
+        return self.answers(rows, [(t, p, c.language) for t, p, c in zip(said, pieces, rows)])
+
+    @staticmethod
+    def answers(
+        rows: list[Clip], said: list[tuple[str, list[dict[str, Any]], str | None]]
+    ) -> dict[str, list[np.ndarray]]:
+        """The output tensors of each clip's (transcript, segments, language)."""
         return {
-            "TRANSCRIPT": [np.array([t.encode("utf-8")], dtype=np.object_) for t in said],
+            "TRANSCRIPT": [np.array([t.encode("utf-8")], dtype=np.object_) for t, _, _ in said],
             "SPOKEN_LANGUAGE": [
-                np.array([(c.language or "en").encode("utf-8")], dtype=np.object_) for c in rows
+                np.array([(lang or "en").encode("utf-8")], dtype=np.object_) for _, _, lang in said
             ],
             "DURATION": [np.array([c.seconds], dtype=np.float32) for c in rows],
-            "SEGMENTS": [np.array([json.dumps(p).encode()], dtype=np.object_) for p in pieces],
+            "SEGMENTS": [np.array([json.dumps(p).encode()], dtype=np.object_) for _, p, _ in said],
         }
 
     def transcribe(self, clips: list[bytes]) -> list[str]:

@@ -38,13 +38,13 @@ def model_dir(tmp_path_factory) -> Path:
     return build_tiny_whisper(tmp_path_factory.mktemp("models") / "tiny-whisper")
 
 
-@pytest.fixture(scope="module")
-def whisper(tmp_path_factory, model_dir):
+def release_whisper(tmp_path_factory, model_dir: Path, label: str, **extra):
+    """The tiny Whisper released to a Triton of its own on free ports (yields what it made)."""
     from hf2triton.flows.release import release_model
     from hf2triton.targets import triton_local
 
     clips()
-    tmp = tmp_path_factory.mktemp("whisper")
+    tmp = tmp_path_factory.mktemp(label)
     ports = {
         "http_port": free_port(),
         "grpc_port": free_port(),
@@ -65,6 +65,7 @@ def whisper(tmp_path_factory, model_dir):
         validation__sentences=None,
         validation__smoke_sentences=6,
         validation__judge_all=True,
+        **extra,
     )
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF2TRITON_HOME", str(tmp / "home"))
@@ -73,6 +74,11 @@ def whisper(tmp_path_factory, model_dir):
             yield {"summary": release_model(load_spec(path)), "ports": ports, "home": tmp / "home"}
         finally:
             triton_local.stop_server()
+
+
+@pytest.fixture(scope="module")
+def whisper(tmp_path_factory, model_dir):
+    yield from release_whisper(tmp_path_factory, model_dir, "whisper")
 
 
 def pytorch_transcripts(model_dir: Path, files: list[Path], **options) -> list[str]:
@@ -261,3 +267,104 @@ def test_the_openai_sdk_transcribes_uploads_in_every_response_format(whisper, mo
         assert len(found.segments) > 2 and found.segments[-1].start > 30.0
     with wav.open("rb") as f, pytest.raises(BadRequestError, match="translate"):
         client.audio.translations.create(model="tiny-whisper", file=f)  # English-only
+
+
+# ---- OpenVINO GenAI's WhisperPipeline: the same release, served by the other runtime ---------
+GENAI_FP32 = {"name": "openvino-genai", "precision": "fp32"}
+
+
+@pytest.fixture(scope="module")
+def genai_whisper(tmp_path_factory, model_dir):
+    """The tiny Whisper released on OpenVINO GenAI alone: no ONNX export, optimum-intel's IRs
+    with f32 weights and the same IRs' weights compressed to int8 by NNCF, both judged."""
+    yield from release_whisper(
+        tmp_path_factory, model_dir, "genai-whisper", runtime__candidates=[GENAI_FP32]
+    )
+
+
+def test_the_whisper_pipeline_ships_what_it_judged_and_serves_pytorchs_transcripts(
+    genai_whisper, model_dir
+):
+    rep = report(genai_whisper)
+    by_name = {c["name"]: c for c in rep["candidates"]}
+    assert set(by_name) == {
+        "openvino-ir on openvino-genai fp32",
+        "openvino-ir/int8 on openvino-genai fp32",
+    }
+    # int8 weights change this random model's words (WER 0.58 here): refused, f32 ships.
+    assert "wer" in by_name["openvino-ir/int8 on openvino-genai fp32"]["misses"]
+    shipped = by_name[genai_whisper["summary"]["variant"]]
+    assert shipped["name"] == "openvino-ir on openvino-genai fp32"
+    assert shipped["metrics"]["exact_match"] == 1.0 and not shipped["misses"]
+    files = clips()
+    expected = pytorch_transcripts(model_dir, files)
+    blobs = [f.read_bytes() for f in files]
+    for client, port in ((httpclient, "http_port"), (grpcclient, "grpc_port")):
+        at = genai_whisper["ports"][port]
+        assert [t for b in blobs for t in infer(client, at, [b])[0]] == expected
+        assert infer(client, at, blobs[:8])[0] == expected[:8]  # a batch: one clip at a time
+
+
+def test_the_whisper_pipeline_transcribes_a_long_clip_whole_with_segments(genai_whisper):
+    import json
+
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{genai_whisper['ports']['http_port']}")
+    arr = np.array([[(SPEECH / "long-60s.mp3").read_bytes()]], dtype=np.object_)
+    inp = httpclient.InferInput("AUDIO", [1, 1], "BYTES")
+    inp.set_data_from_numpy(arr)
+    out = client.infer("tiny-whisper", [inp])
+    segments = json.loads(out.as_numpy("SEGMENTS")[0, 0])
+    assert len(segments) > 2 and segments[-1]["start"] > 30.0, segments
+    starts = [g["start"] for g in segments]
+    assert starts == sorted(starts) and all(g["end"] >= g["start"] for g in segments)
+    with pytest.raises(InferenceServerException, match="not an audio file"):
+        infer(httpclient, genai_whisper["ports"]["http_port"], [b"not audio" * 20])
+
+
+def test_the_whisper_pipeline_takes_the_language_of_the_spec_or_the_request(tmp_path):
+    """In-process (no Triton): a multilingual Whisper's IRs on OpenVINO GenAI against PyTorch
+    `generate`, in the spec's language and in the one a request asks. Without a language in
+    the spec the runtime refuses the model, saying why (the pipeline detects a language but
+    does not say which)."""
+    from hf2triton.runtimes.openvino_genai import OpenVinoGenAI, convert_stateful, tokenizer_ir
+    from hf2triton.serving.runtimes import RuntimeUnavailable
+
+    multi = build_tiny_whisper(tmp_path / "multi", seed=1, multilingual=True)
+    files = clips()[:6]
+    blobs = [f.read_bytes() for f in files]
+    out = tmp_path / "ir"
+    kind = SpeechRecognitionKind(SpeechSpec(max_new_tokens=MAX_NEW_TOKENS, language="en"), None)
+    convert_stateful(str(multi), out, kind.onnx_task)
+    assert tokenizer_ir(multi, out) == ""
+    cfg = kind.resolve(str(multi))
+    kind.prepare_export(str(multi), out, cfg)
+    runtime = {**GENAI_FP32, "device": "cpu"}
+    settings = kind.serving_json(cfg, str(out), runtime=runtime)
+    served = kind.open_candidate(str(out / "openvino_encoder_model.xml"), str(out), settings)
+    assert served.engine is not None  # the pipeline serves it, not the ONNX path
+    english = pytorch_transcripts(multi, files, language="en")
+    german = pytorch_transcripts(multi, files, language="de")
+    assert english != german
+    assert served.transcribe(blobs) == english
+    asked = served.answer(
+        [
+            {
+                "AUDIO": np.array([[b]], dtype=np.object_),
+                "LANGUAGE": np.array([[b"de"]], dtype=np.object_),
+            }
+            for b in blobs
+        ]
+    )
+    assert [a["TRANSCRIPT"][0, 0].decode() for a in asked] == german
+    assert {a["SPOKEN_LANGUAGE"][0, 0] for a in asked} == {b"de"}
+
+    detecting = SpeechRecognitionKind(SpeechSpec(max_new_tokens=MAX_NEW_TOKENS), None)
+    assert "set speech.language" in OpenVinoGenAI.refuses(detecting, str(multi))
+    assert OpenVinoGenAI.refuses(kind, str(multi)) == ""
+    cfg = detecting.resolve(str(multi))
+    with pytest.raises(RuntimeUnavailable, match="does not report the language it detects"):
+        detecting.open_candidate(
+            str(out / "openvino_encoder_model.xml"),
+            str(out),
+            detecting.serving_json(cfg, str(out), runtime=runtime),
+        )

@@ -1,5 +1,6 @@
-"""OpenVINO GenAI's ContinuousBatchingPipeline for text generation: the runtime opens the
-stateful IR's directory with every numerics setting pinned; genai.py's engine drives it.
+"""OpenVINO GenAI's pipelines: the runtime opens the IR's directory with every numerics
+setting pinned; for text generation genai.py's engine drives its ContinuousBatchingPipeline, for
+speech speech.py drives its WhisperPipeline.
 """
 
 from __future__ import annotations
@@ -11,20 +12,25 @@ from .base import Runtime, RuntimeSettings, RuntimeUnavailable, register
 from .openvino import OV_PRECISIONS, OpenVino
 
 GENAI_KV = ("", "f32", "bf16", "u8")  # "": the inference precision's own
+# The graph file each pipeline's directory is named by: a generator's stateful IR, Whisper's
+# encoder (its stateful decoder beside it).
+GENAI_GRAPHS = ("openvino_model.xml", "openvino_encoder_model.xml")
 
 
 @register
 class OpenVinoGenAI(Runtime):
-    """OpenVINO GenAI's ContinuousBatchingPipeline on the CPU, for text generation: a stateful
-    OpenVINO IR (openvino_model.xml, exported by optimum-intel) whose paged KV cache stays inside
-    the runtime between steps. Every setting that changes numerics is pinned: the inference
-    precision, the KV cache's (`kv_cache`; "" is the inference precision's own, "u8" quantizes
-    it) and no dynamic quantization of activations. `cache_gb` 0 lets the cache grow as
-    sequences need it (a fixed size too small for what runs makes OpenVINO GenAI drop every
-    running request). `split_prompts` false (the default) prefills a joining prompt whole in a
-    step of its own, before decoding goes on (measured at 32 streams: time to first token p50
-    64 ms against 87-95 ms when prompts are split over steps fused with decoding, tokens/s
-    within 4%). The engine that drives it is hf2triton_serving/genai.py's."""
+    """OpenVINO GenAI on the CPU: for text generation its ContinuousBatchingPipeline on a
+    stateful OpenVINO IR (openvino_model.xml, exported by optimum-intel) whose paged KV cache
+    stays inside the runtime between steps; for speech its WhisperPipeline on Whisper's IRs
+    (openvino_encoder_model.xml and the stateful decoder beside it). Every setting that changes
+    numerics is pinned: the inference precision, the KV cache's (`kv_cache`; "" is the
+    inference precision's own, "u8" quantizes it) and no dynamic quantization of activations.
+    The ContinuousBatchingPipeline's own: `cache_gb` 0 lets the cache grow as sequences need it
+    (a fixed size too small for what runs makes OpenVINO GenAI drop every running request);
+    `split_prompts` false (the default) prefills a joining prompt whole in a step of its own,
+    before decoding goes on (measured at 32 streams: time to first token p50 64 ms against
+    87-95 ms when prompts are split over steps fused with decoding, tokens/s within 4%). The
+    engines that drive it are hf2triton_serving/genai.py's and speech.py's `WhisperEngine`."""
 
     name = "openvino-genai"
     devices = ("cpu",)
@@ -63,10 +69,10 @@ class OpenVinoGenAI(Runtime):
     @classmethod
     def open(cls, path, settings, shapes=None):
         cls.require_offered(settings)
-        if os.path.basename(path) != "openvino_model.xml":
+        if os.path.basename(path) not in GENAI_GRAPHS:
             raise RuntimeUnavailable(
-                f"runtime {cls.name} serves a stateful OpenVINO IR "
-                f"(openvino_model.xml), not {os.path.basename(path)}"
+                f"runtime {cls.name} serves OpenVINO IRs exported for OpenVINO GenAI "
+                f"({' or '.join(GENAI_GRAPHS)}), not {os.path.basename(path)}"
             )
         return GenAIModelFiles(os.path.dirname(path) or ".", settings, cls.properties(settings))
 

@@ -37,7 +37,7 @@ def test_the_ir_directory_opens_with_its_properties_pinned(tmp_path):
 def test_what_it_cannot_serve_is_refused_naming_what_to_change(tmp_path):
     with pytest.raises(
         RuntimeUnavailable,
-        match=r"serves a stateful OpenVINO IR \(openvino_model.xml\), not model.onnx",
+        match=r"serves OpenVINO IRs exported for OpenVINO GenAI .*, not model.onnx",
     ):
         open_model(str(tmp_path / "model.onnx"), settings())
     with pytest.raises(ValueError, match="kv_cache 'f8' is not one of"):
