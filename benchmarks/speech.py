@@ -33,6 +33,11 @@ speeds, WAV/FLAC/MP3/OGG, made by infra/speech_clips.py), 2.6 s to 62 s, silence
 at random: the same list for every side.
 
     .venv/bin/python benchmarks/speech.py [--seconds 15] [--quiet-wait 600] [--faster-whisper]
+        [--runtime openvino-genai:fp32]
+
+`--runtime` releases on one candidate (runtime and precision) instead of the spec's search, to
+measure a candidate the gate would not ship on these random weights (OpenVINO GenAI's
+WhisperPipeline: one clip a call, its own log-mel and decoding loop in C++).
 
 Writes benchmarks/results/speech-<UTC time>.{json,md}. Everything runs on 127.0.0.1.
 """
@@ -129,10 +134,14 @@ def traffic(n: int = 300) -> tuple[list[Clip], Clip, dict[str, float]]:
     )
 
 
-def spec_file(path: Path, model: Path, ports: dict) -> Path:
+def spec_file(path: Path, model: Path, ports: dict, runtime: str | None) -> Path:
     """releases/whisper-tiny-en.yaml on the random model; the gate judges against PyTorch
-    alone (random weights say nothing like the sentences spoken)."""
+    alone (random weights say nothing like the sentences spoken). `runtime` ("name" or
+    "name:precision") releases on that candidate alone, not the spec's search."""
     spec = yaml.safe_load((ROOT / "releases" / "whisper-tiny-en.yaml").read_text())
+    if runtime:
+        name, _, precision = runtime.partition(":")
+        spec["runtime"] = {"candidates": [{"name": name, "precision": precision or "fp32"}]}
     spec["source"] = {"path": str(model), "model_id": f"random/{model.name}"}
     spec["validation"]["audio"] = str(SPEECH)
     spec["speech"]["max_new_tokens"] = MAX_NEW_TOKENS
@@ -313,6 +322,7 @@ def arguments() -> argparse.Namespace:
     ap.add_argument("--seconds", type=float, default=15)
     ap.add_argument("--quiet-wait", type=float, default=600)
     ap.add_argument("--faster-whisper", action="store_true", help="measure the peer too")
+    ap.add_argument("--runtime", help="release on this candidate alone, e.g. openvino-genai:fp32")
     ap.add_argument("--peer-worker", help=argparse.SUPPRESS)  # the peer's child process
     ap.add_argument("--compute-type", default="float32", help=argparse.SUPPRESS)
     return ap.parse_args()
@@ -331,7 +341,7 @@ def main() -> None:
         http, grpc, metrics, openai = free_ports(4)
         ports: dict[str, Any] = {"http_port": http, "grpc_port": grpc, "metrics_port": metrics}
         ports["openai"] = {"port": openai}
-        spec = spec_file(tmp / "spec.yaml", model, ports)
+        spec = spec_file(tmp / "spec.yaml", model, ports, args.runtime)
         summary, release_s = bench.release(cli, spec, home, ROOT)
         bench.log(f"released {summary['variant']} in {release_s:.0f} s")
         try:

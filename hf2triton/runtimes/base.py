@@ -130,12 +130,15 @@ class VariantId:
     """What a variant is, known before it is built: its name in reports and MLflow (`method`),
     its graph format, the graph it is made from (`source`: its size is the variant's
     `fp32_bytes`) and the file of the built folder that is its graph (`main`, with files of the
-    same stem: external data, OpenVINO's .bin; "" for the whole folder, seq2seq)."""
+    same stem: external data, OpenVINO's .bin; "" for the whole folder, seq2seq); `others`, the
+    graphs read beside it (Whisper's decoder IR beside its encoder's), counted in its size and
+    its hash."""
 
     method: str
     graph: str
     source: Path
     main: str = "model.onnx"
+    others: tuple[str, ...] = ()
 
 
 def build_variant(
@@ -148,15 +151,18 @@ def build_variant(
     done = cached_step(work, step, key, build)
     main = made.main
     path = done.path / main if main else done.path
-    size = _size(path) + (
-        sum(
+    graphs = [main, *made.others]
+    if main:
+        stems = {Path(g).stem for g in graphs}
+        size = sum(_size(done.path / g) for g in graphs) + sum(
             p.stat().st_size
             for p in path.parent.iterdir()
-            if p != path and p.name.split(".")[0] == path.stem
+            if p.name not in graphs and p.name.split(".")[0] in stems
         )
-        if main
-        else 0
-    )
+        read = {n: h for n, h in sorted(done.files.items()) if n.split(".")[0] in stems}
+        sha = done.files[main] if not made.others else digest(read)
+    else:
+        size, sha = _size(path), digest(done.files)
     return Variant(
         onnx_path=str(path),
         method=made.method,
@@ -164,7 +170,7 @@ def build_variant(
         fallbacks=done.result.get("fallbacks", {}),
         fp32_bytes=_size(made.source),
         size_bytes=size,
-        sha256=done.files[main] if main else digest(done.files),
+        sha256=sha,
         seconds=round(time.perf_counter() - started, 3),
         reused=done.reused,
     )

@@ -139,7 +139,7 @@ def stateful_ir(ctx: VariantContext) -> Variant:
         "openvino-ir" if layout.graph == STATEFUL_IR else f"openvino-ir-{ctx.kind.name}",
         [hash_files(src), layout.task],
         build,
-        VariantId("openvino-ir", layout.graph, src / "config.json", layout.main),
+        VariantId("openvino-ir", layout.graph, src / "config.json", layout.main, layout.irs[1:]),
     )
 
 
@@ -230,5 +230,5 @@ def compressed(ctx: VariantContext, mode: str, group_size: int) -> Variant:
         "openvino-ir-compressed",
         [*(sha256_file(f) for ir in irs for f in (ir, ir.with_suffix(".bin"))), mode, group_size],
         build,
-        VariantId(name, layout.graph, src, layout.main),
+        VariantId(name, layout.graph, src, layout.main, layout.irs[1:]),
     )
