@@ -51,6 +51,7 @@ def exported(tmp_path_factory):
 @pytest.fixture(scope="module")
 def genai_exported(exported, tmp_path_factory):
     """The same Llama as OpenVINO GenAI serves it: the stateful IR the runtime plug-in builds."""
+    from hf2triton.kinds import kind_class
     from hf2triton.runtimes.base import VariantContext
     from hf2triton.runtimes.openvino_genai import stateful_ir
     from hf2triton.spec import QuantizationSpec
@@ -59,7 +60,7 @@ def genai_exported(exported, tmp_path_factory):
         onnx_path=str(exported["out"] / "model.onnx"),
         export_dir=str(exported["out"]),
         model_dir=str(exported["model_dir"]),
-        kind=None,
+        kind=kind_class("text-generation")(None, None),  # its name picks the IR's layout
         quantization=QuantizationSpec(method="int8-blockwise", block_size=16),
         calibration=None,
         max_length=None,

@@ -76,9 +76,10 @@ def _killed(pid: int) -> Iterator[dict[int, list[str]]]:
     os.kill(stubs[0], signal.SIGSTOP)
     os.kill(pid, signal.SIGKILL)
     try:
-        # The server is reaped at once, so the stub that can still run sees it gone and ends
-        # (within seconds; a minute is allowed for a loaded machine).
-        assert wait_until(lambda: not alive(stubs[1]), 60, interval_s=0.1), old
+        # The stub that can still run usually sees the server gone and ends within seconds;
+        # on a loaded machine it may not (CI saw one outlive a minute). Either way, what is left
+        # of `old` is the release's to reap: the tests assert on every process of it.
+        wait_until(lambda: not alive(stubs[1]), 10, interval_s=0.1)
         assert alive(stubs[0])
         yield old
     finally:
