@@ -179,6 +179,22 @@ def test_bad_audio_gets_a_clear_error_and_the_server_serves_on(whisper):
     assert len(said) == 1
 
 
+def asked_in(served, blobs: list[bytes], language: bytes) -> tuple[list[str], set[bytes]]:
+    """Each clip answered with LANGUAGE `language`: the transcripts and the languages the
+    answers name."""
+    rows = [
+        {
+            "AUDIO": np.array([[b]], dtype=np.object_),
+            "LANGUAGE": np.array([[language]], dtype=np.object_),
+        }
+        for b in blobs
+    ]
+    asked = served.answer(rows)
+    return [a["TRANSCRIPT"][0, 0].decode() for a in asked], {
+        a["SPOKEN_LANGUAGE"][0, 0] for a in asked
+    }
+
+
 def test_a_multilingual_model_detects_the_language_or_takes_the_one_asked(tmp_path, model_dir):
     """In-process (no Triton): the served path of a multilingual Whisper against PyTorch
     `generate`, with the language detected per clip, given in the spec, and asked per request."""
@@ -195,17 +211,7 @@ def test_a_multilingual_model_detects_the_language_or_takes_the_one_asked(tmp_pa
     served = kind.open_candidate(str(out), str(out), kind.serving_json(cfg, str(out)))
     assert served.transcribe(blobs) == pytorch_transcripts(multi, files)  # detected
     german = pytorch_transcripts(multi, files, language="de")
-    asked = served.answer(
-        [
-            {
-                "AUDIO": np.array([[b]], dtype=np.object_),
-                "LANGUAGE": np.array([[b"de"]], dtype=np.object_),
-            }
-            for b in blobs
-        ]
-    )
-    assert [a["TRANSCRIPT"][0, 0].decode() for a in asked] == german
-    assert {a["SPOKEN_LANGUAGE"][0, 0] for a in asked} == {b"de"}
+    assert asked_in(served, blobs, b"de") == (german, {b"de"})
     refused = served.answer(
         [
             {
@@ -346,17 +352,7 @@ def test_the_whisper_pipeline_takes_the_language_of_the_spec_or_the_request(tmp_
     german = pytorch_transcripts(multi, files, language="de")
     assert english != german
     assert served.transcribe(blobs) == english
-    asked = served.answer(
-        [
-            {
-                "AUDIO": np.array([[b]], dtype=np.object_),
-                "LANGUAGE": np.array([[b"de"]], dtype=np.object_),
-            }
-            for b in blobs
-        ]
-    )
-    assert [a["TRANSCRIPT"][0, 0].decode() for a in asked] == german
-    assert {a["SPOKEN_LANGUAGE"][0, 0] for a in asked} == {b"de"}
+    assert asked_in(served, blobs, b"de") == (german, {b"de"})
 
     detecting = SpeechRecognitionKind(SpeechSpec(max_new_tokens=MAX_NEW_TOKENS), None)
     assert "set speech.language" in OpenVinoGenAI.refuses(detecting, str(multi))
