@@ -13,6 +13,7 @@ import contextlib
 import io
 import logging
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,11 +46,14 @@ IR = "openvino_model.xml"
 class Layout:
     """How one kind's model is exported for OpenVINO GenAI: optimum-intel's task, the graph
     format and its IR files (the first is the variant's graph), whether the pipeline cannot
-    run without the tokenizer as IRs, and whether int4 weights are offered."""
+    run without the tokenizer as IRs, whether int4 weights are offered, and why its pipeline
+    would not serve a model as released (`why_not` of the kind's resolved config; "" when it
+    would)."""
 
     task: str
     graph: str
     irs: tuple[str, ...]
+    why_not: Callable[[dict[str, Any]], str]
     needs_tokenizer_ir: bool = False
     int4: bool = True
 
@@ -59,13 +63,19 @@ class Layout:
 
 
 LAYOUTS = {
-    "text_generation": Layout("text-generation-with-past", STATEFUL_IR, (IR,)),
+    "text_generation": Layout(
+        "text-generation-with-past",
+        STATEFUL_IR,
+        (IR,),
+        lambda cfg: unfaithful(DecodeSettings.from_dict(cfg["processors"])),
+    ),
     # WhisperPipeline reads the tokenizer and detokenizer IRs; int4 weights are not tried (a
     # speech model's few layers of a few hundred wide lose words at 4 bits).
     "speech_recognition": Layout(
         "automatic-speech-recognition-with-past",
         WHISPER_IR,
         ("openvino_encoder_model.xml", "openvino_decoder_model.xml"),
+        lambda cfg: pipeline_unfaithful(cfg["decode"], cfg["language"]),
         needs_tokenizer_ir=True,
         int4=False,
     ),
@@ -86,11 +96,7 @@ class OpenVinoGenAI(RuntimePlugin):
 
     @classmethod
     def refuses(cls, kind: ModelKind, model_dir: str) -> str:
-        if kind.name == "speech_recognition":
-            cfg = kind.resolve(model_dir).to_dict()
-            return pipeline_unfaithful(cfg["decode"], cfg["language"])
-        processors = kind.resolve(model_dir).to_dict()["processors"]
-        return unfaithful(DecodeSettings.from_dict(processors))
+        return LAYOUTS[kind.name].why_not(kind.resolve(model_dir).to_dict())
 
     @staticmethod
     def label(runtime: dict[str, Any]) -> str:
