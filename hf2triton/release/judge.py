@@ -41,15 +41,15 @@ def judge_candidates(
     gate: Gate, candidates: list[Candidate], ref: Reference, report: dict[str, Any], facing: Facing
 ) -> Candidate | None:
     """Judge the candidates into `report["candidates"]` in the search's order (hf2triton.release
-    .search: timed first, fastest first, pruned by runtime, with select "fastest"), stopping
-    after the group in which one passes unless the gate judges all; the candidate that ships
-    (built), or None."""
+    .search: timed first, fastest first, pruned by runtime, with select "fastest"); once one
+    passes, only a candidate timed faster than it is judged (another runtime's, whose first ran
+    faster), unless the gate judges all; the candidate that ships (built), or None."""
     search, far = Search(gate, candidates), FarWeights(gate.limits)
     shipping: str | None = None
     done: list[dict[str, Any]] = []
     for group in search.groups():
         for cand in group:
-            if shipping and not gate.judge_all:
+            if shipping and not gate.judge_all and not faster(search, cand):
                 done.append(not_judged(cand, search.speeds[cand.name], shipping))
                 continue
             if far.why_not(cand) and not gate.judge_all:
@@ -68,11 +68,12 @@ def judge_candidates(
                 entry["throughput"] = search.speeds[cand.name]
             done.append(entry)
             far.saw(cand, entry)
-            if not entry["misses"] and shipping is None:
+            if not entry["misses"] and (shipping is None or faster(search, cand)):
                 shipping = cand.name
+                search.bar = search.speeds.get(cand.name, {}).get("speed", -1.0)
                 if gate.select == "first" and not gate.judge_all:
                     break
-        if shipping and not gate.judge_all:
+        if shipping and not gate.judge_all and gate.select == "first":
             break
     reported = {e["name"] for e in done} | {e["name"] for e in search.refused}
     for cand in candidates if gate.select == "fastest" else []:
@@ -90,6 +91,13 @@ def judge_candidates(
         if c.onnx_path and any(p.name == c.name and p.planned for p in candidates)
     ]
     return choose(gate, list(search.made.values()), report["candidates"])
+
+
+def faster(search: Search, cand: Candidate) -> bool:
+    """Whether `cand` was timed faster than the fastest candidate that passed so far (with
+    select "fastest"; no other candidate is judged once one passed)."""
+    speed = search.speeds.get(cand.name, {}).get("speed")
+    return speed is not None and search.bar >= 0 and speed > search.bar
 
 
 def measure_candidate(

@@ -5,8 +5,11 @@ is timed first (the kind's `speed`, at the gate's objective: `streams` requests 
 judged fastest first; with `prune` (quantization.prune, the default) the search is pruned by
 runtime: each runtime's first candidate (its family's representative: on ONNX Runtime the spec's
 own variant) is timed, then only the fastest runtime's other candidates are built (hf2triton
-.runtimes plans them) and timed; another runtime's are built and timed only when none of the
-fastest's passes. What is never timed is reported as such, with the figure that ruled it out.
+.runtimes plans them) and timed; another runtime's are built and timed only when its first
+candidate ran faster than the fastest that passed so far (`bar`): none of the fastest runtime's
+passed, or the one that did is slower than that runtime's first. A runtime's first candidate is
+one of its own, so its speed is a floor under the runtime's best: what is left untimed could not
+have shipped. What is never timed is reported as such, with the figure that ruled it out.
 
 A 360M-parameter chat model had 33 candidates timed one after another for 17 minutes and 15
 ONNX Runtime int8 graphs written (8 GB) when OpenVINO GenAI, three times faster than any of
@@ -43,13 +46,17 @@ class Search:
     speeds: dict[str, dict[str, float]] = field(default_factory=dict)
     refused: list[dict[str, Any]] = field(default_factory=list)
     leaders: dict[str, float] = field(default_factory=dict)  # each runtime's first timing
+    # The speed of the fastest candidate that passed so far (the judge sets it; -1: none yet): a
+    # runtime whose first candidate ran no faster is not timed further.
+    bar: float = -1.0
 
     def __post_init__(self) -> None:
         self.made = {c.name: c for c in self.candidates}
 
     def groups(self) -> Iterator[list[Candidate]]:
-        """The candidates to judge, in groups judged in turn (the gate stops after a group in
-        which one passed, unless it judges all)."""
+        """The candidates to judge, in groups judged in turn, each fastest first: with a pruned
+        search a runtime's at a time, the next runtime's only while its first candidate ran
+        faster than `bar`."""
         gate = self.gate
         if gate.select != "fastest":
             yield self.candidates
@@ -66,6 +73,8 @@ class Search:
         for name in sorted(families, key=lambda n: -self.leaders[n]):
             if self.leaders[name] < 0:
                 continue  # every candidate of it raised: refused
+            if self.bar >= 0 and self.leaders[name] <= self.bar:
+                continue  # cannot beat what passed: left untimed, and reported so
             step_logger().info(
                 "validate: %s is the fastest runtime left (%g): its %d candidates are timed",
                 name,
@@ -134,16 +143,19 @@ class Search:
 
     def untimed(self, cand: Candidate, shipping: str | None) -> dict[str, Any]:
         """The report entry of a candidate the pruned search never built nor timed: its
-        runtime's first candidate ran slower than the runtime of the one that ships."""
-        fastest = max(self.leaders.values(), default=0.0)
+        runtime's first candidate ran no faster than the one that ships."""
+        against = (
+            f"{self.bar:g}, the speed of {shipping}, which passes"
+            if shipping and self.bar >= 0
+            else f"{max(self.leaders.values(), default=0.0):g}"
+        )
         return bare_entry(
             cand,
             judged=False,
             timed=False,
             status=f"not timed: {family(cand)}'s first candidate ran at "
-            f"{self.leaders.get(family(cand), 0):g} against {fastest:g}"
-            + (f" on the runtime of {shipping}, which passes" if shipping else "")
-            + " (quantization.prune: false times every candidate)",
+            f"{self.leaders.get(family(cand), 0):g} against {against}"
+            " (quantization.prune: false times every candidate)",
         )
 
 

@@ -55,7 +55,9 @@ class QuantizationSpec(Strict):
         description="with several candidates to time: time one of each runtime first (its "
         "first: the spec's own variant on ONNX Runtime), then build and time the others of the "
         "fastest runtime only, and judge those fastest first; another runtime's are built and "
-        "timed only when none of the fastest's passes. false: build and time every candidate",
+        "timed only when their first ran faster than the fastest that passed so far (none of "
+        "the fastest's passed, or the one that did is slower). false: build and time every "
+        "candidate",
     )
     fallback_to_fp32: bool = Field(
         True,
