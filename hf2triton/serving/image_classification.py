@@ -73,7 +73,7 @@ class ImagePixels:
 
     def run(self, pixels: list[np.ndarray], output: str) -> np.ndarray:
         """`output` for every image, in order (images of one shape run together)."""
-        order = pixel_runs(pixels, self.rows)
+        order = pixel_runs(pixels, self.rows, self.session.jobs)
         feeds = [{"pixel_values": np.stack([pixels[i] for i in part])} for part in order]
         result: list[Any] = [None] * len(pixels)
         for part, (out,) in zip(order, self.session.run_many([output], feeds)):

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from hf2triton.kinds.image_plan import image_plan
-from hf2triton.serving.images import ImageRefused, decode
+from hf2triton.serving.images import ImageRefused, decode, pixel_runs
 from tests.tiny_models import PHOTOS
 
 
@@ -171,3 +171,23 @@ def animated_gif() -> bytes:
 def test_bad_images_are_refused_naming_why(data, says):
     with pytest.raises(ImageRefused, match=says):
         decode(data)
+
+
+def test_a_dynamic_batch_is_cut_into_a_run_per_stream_of_images_of_one_shape():
+    """OpenVINO's THROUGHPUT streams run side by side only when a batch is several runs: three
+    images on two streams run as 2 + 1, not as one run that leaves a stream idle; no run is
+    longer than `rows`, no run mixes shapes, and every image runs once."""
+    small, wide = np.zeros((3, 4, 4), np.float32), np.zeros((3, 4, 6), np.float32)
+    assert pixel_runs([small] * 3, rows=4, jobs=2) == [[0, 1], [2]]
+    assert pixel_runs([small] * 3, rows=4, jobs=1) == [[0, 1, 2]]
+    assert pixel_runs([small] * 16, rows=4, jobs=2) == [
+        [0, 1, 2, 3],
+        [4, 5, 6, 7],
+        [8, 9, 10, 11],
+        [12, 13, 14, 15],
+    ]
+    mixed = [small, wide, small, wide, wide]
+    runs = pixel_runs(mixed, rows=4, jobs=2)
+    assert sorted(i for run in runs for i in run) == list(range(5))
+    assert all(len({mixed[i].shape for i in run}) == 1 for run in runs)
+    assert len(runs) == 4  # each shape's images in two runs

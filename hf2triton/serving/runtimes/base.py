@@ -138,6 +138,7 @@ class Session:
     in_use: str
     max_rows: int | None = None
     pad_to: int = 0
+    jobs: int = 1  # the runs `run_many` overlaps (OpenVINO: its streams' infer requests)
 
     def run(
         self, outputs: Sequence[str] | None, feeds: Mapping[str, np.ndarray]
