@@ -158,24 +158,35 @@ def test_when_none_of_the_fastest_runtime_passes_the_next_runtimes_are_judged(
     assert all(e.get("timed", True) for e in by_name.values())
 
 
+def missing_first(exported, tmp_path) -> tuple[str, list[Candidate], Planned]:
+    """ONNX Runtime's first candidate (a graph that answers NaN: it misses) and its fp32, then
+    OpenVINO's fp32 and an IR built only when OpenVINO's candidates are timed: the NaN graph's
+    path (to plant its speed), the candidates and the IR's build."""
+    fp32 = exported["onnx_path"]
+    nan = str(nan_copy(exported, tmp_path / "nan" / "model.onnx"))
+    ov_later = Planned(fp32)
+    return (
+        nan,
+        [
+            Candidate(name="nan", onnx_path=nan),
+            Candidate(name="fp32", onnx_path=fp32),
+            Candidate(name="fp32 on openvino fp32", onnx_path=fp32, runtime=OPENVINO),
+            Candidate(name="ir on openvino fp32", onnx_path="", runtime=OPENVINO, build=ov_later),
+        ],
+        ov_later,
+    )
+
+
 def test_a_runtime_whose_first_ran_faster_than_what_passed_is_judged_too(
     tiny_bert, exported, cfg, sentences_file, tmp_path, planted
 ):
     """ONNX Runtime's first candidate is the fastest of all and misses; its other passes but is
     slower than OpenVINO's first: OpenVINO's candidates are timed and judged too, and its
-    faster one ships (a ViT on an AVX512 EPYC shipped ONNX Runtime's fp32 at 5 images/s with
-    OpenVINO's int8, timed at 8.9, never judged). Its second, no faster than what passed, is
-    timed and not judged."""
-    fp32 = exported["onnx_path"]
-    nan = str(nan_copy(exported, tmp_path / "nan" / "model.onnx"))
-    ov_later = Planned(fp32)
+    faster one ships (a ViT on an AVX512_BF16 EPYC shipped ONNX Runtime's fp32 at 5 images/s
+    with OpenVINO's fp32 on bf16, timed at 10.6, never judged). Its second, no faster than what
+    passed, is timed and not judged."""
+    nan, candidates, ov_later = missing_first(exported, tmp_path)
     planted[0][(nan, "onnxruntime")] = 200.0
-    candidates = [
-        Candidate(name="nan", onnx_path=nan),
-        Candidate(name="fp32", onnx_path=fp32),
-        Candidate(name="fp32 on openvino fp32", onnx_path=fp32, runtime=OPENVINO),
-        Candidate(name="ir on openvino fp32", onnx_path="", runtime=OPENVINO, build=ov_later),
-    ]
     result, by_name = gate_on(tiny_bert, exported, cfg, sentences_file, candidates, tmp_path)
 
     assert by_name["nan"]["misses"]
@@ -191,16 +202,8 @@ def test_a_runtime_whose_first_ran_no_faster_than_what_passed_is_not_timed(
 ):
     """The same, with OpenVINO's first slower than ONNX Runtime's candidate that passed: none
     of OpenVINO's is built beyond its first, and the report says against what."""
-    fp32 = exported["onnx_path"]
-    nan = str(nan_copy(exported, tmp_path / "nan" / "model.onnx"))
-    ov_later = Planned(fp32)
+    nan, candidates, ov_later = missing_first(exported, tmp_path)
     planted[0].update({(nan, "onnxruntime"): 200.0, "onnxruntime": 150.0})
-    candidates = [
-        Candidate(name="nan", onnx_path=nan),
-        Candidate(name="fp32", onnx_path=fp32),
-        Candidate(name="fp32 on openvino fp32", onnx_path=fp32, runtime=OPENVINO),
-        Candidate(name="ir on openvino fp32", onnx_path="", runtime=OPENVINO, build=ov_later),
-    ]
     result, by_name = gate_on(tiny_bert, exported, cfg, sentences_file, candidates, tmp_path)
 
     assert result["chosen"] == "fp32"
