@@ -124,12 +124,13 @@ class LocalTriton(DeployTarget):
             server, spec.host, spec.openai.port, spec.openai.key_hashes(), spec.openai.arguments()
         ).url
 
-    def _revive(self, model_name: str) -> str:
+    def _revive(self, model_name: str) -> tuple[str, list[str] | None]:
         """After a failure: a local Triton that died during it (killed, crashed) is started
         again on its repository, whose version policy names what served before, so that serves
-        again; returns a sentence saying so ('' when the server lives)."""
+        again; returns a sentence saying so ('' when the server lives) and the versions the
+        revived server serves (None when it lived, or could not be started)."""
         if triton_local.read_state() is not None:
-            return ""
+            return "", None
         started = time.monotonic()
         try:
             server, _ = self._server()
@@ -138,7 +139,8 @@ class LocalTriton(DeployTarget):
         except Hf2TritonError as exc:
             return (
                 f" The local Triton died during the deploy and could not be started again "
-                f"({str(exc)[:300]}): run `hf2triton server start`."
+                f"({str(exc)[:300]}): run `hf2triton server start`.",
+                None,
             )
         step_logger().warning(
             "deploy: the local Triton had died; started again (pid %d) in "
@@ -151,7 +153,8 @@ class LocalTriton(DeployTarget):
         return (
             f" The local Triton died during the deploy; it was started again in "
             f"{time.monotonic() - started:.0f} s and serves version "
-            f"{', '.join(serving) or 'none'} (pid {server.pid})."
+            f"{', '.join(serving) or 'none'} (pid {server.pid}).",
+            serving,
         )
 
     def deploy(
@@ -226,13 +229,16 @@ class LocalTriton(DeployTarget):
         reviving a server that died meanwhile."""
         model_name, version = deployment["model_name"], deployment["version"]
         previous = deployment["state"]["previous_versions"]
-        revived = self._revive(model_name)
+        revived, serving = self._revive(model_name)
         error = exc if isinstance(exc, Hf2TritonError) else DeployError(str(exc))
+        # What served before keeps serving when the server lived, or when the server that
+        # died was started again serving it: the error says so the same way in both cases.
+        kept = previous and (not revived or (serving is not None and previous[-1] in serving))
         # A server that died while loading the new version may have been killed by it
         # (memory, a crashing backend): not retried, so it is not killed again.
         return (DeployError if revived else type(error))(
             f"{model_name} version {version} did not load: {str(error)[:500]}. "
-            + (f"Version {previous[-1]} keeps serving. " if previous and not revived else "")
+            + (f"Version {previous[-1]} keeps serving. " if kept else "")
             + f"Server log: {log_file}.{revived}"
         )
 

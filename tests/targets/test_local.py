@@ -278,7 +278,7 @@ def test_local_triton_killed_during_deploy_comes_back_serving_the_champion(
     assert at, "the server was not killed during the deploy"
     message = str(failed.value)
     assert "\n" not in message and "died during the deploy" in message, message
-    assert "serves version 1" in message, message
+    assert "serves version 1" in message and "Version 1 keeps serving" in message, message
     state = triton_local.read_state()
     assert state is not None and state.pid != killed
     assert _serving(rel) == ["1"] and _champion(rel.model) == "1"
