@@ -222,14 +222,13 @@ def rate(run, images: list[bytes], seconds: float) -> float:
 
 
 def in_process(version_dir: Path, images: list[bytes], seconds: float) -> dict:
-    """The served version's serving core, whole and its decode + preprocess part alone."""
+    """The served version's serving core, whole and its decode + preprocess part alone (its
+    `parse_all`: a dynamic batch's images decoded side by side, as served)."""
     from hf2triton import serving
-    from hf2triton.serving.images import decode
 
     model = serving.load(str(version_dir))
-    plan, ceiling = model.images.plan, model.images.max_pixels
     whole = rate(lambda part: model.answer([image_inputs(b) for b in part]), images, seconds)
-    prep = rate(lambda part: [plan.pixels(decode(b, ceiling)) for b in part], images, seconds / 2)
+    prep = rate(lambda part: model.parse_all([image_inputs(b) for b in part]), images, seconds / 2)
     return {
         "images_per_s": whole,
         "preprocess_images_per_s": prep,

@@ -84,11 +84,9 @@ def share_threads(instances: int) -> int:
     """A GPU instance's CPU threads: this host's cores shared among the model's instances (at
     least one each). ONNX Runtime's default is a pool of one thread per core in every session,
     which N instances multiply N-fold, taking the cores their tokenizing needs."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return max(1, cores // max(1, instances))
+    from .base import cores
+
+    return max(1, cores() // max(1, instances))
 
 
 def placed(settings: dict[str, Any], gpu: int | None, instances: int = 1) -> dict[str, Any]:

@@ -3,10 +3,19 @@
 A model parses each request's input arrays into rows (`parse`), runs all rows of the batch
 together (`run`), and the rows' outputs go back to the requests they came from, in order. A
 request that cannot be parsed is answered with its error message alone.
+
+A row whose parsing is dear (an image or audio file to decode) can be left `Deferred` by `parse`:
+`parse_all` then does every deferred row of the batch side by side on the host's cores (Pillow,
+libsndfile and numpy release the GIL while they work), where one request after another would
+leave all cores but one idle while the graph waits.
 """
 
 from __future__ import annotations
 
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal, overload
 
@@ -32,6 +41,45 @@ class Tensor:
 # What most served models read and say: one text per row, and whether it was cut.
 TEXT = Tensor("TEXT", "STRING")
 TRUNCATED = Tensor("TRUNCATED", "BOOL")
+
+
+@dataclass(frozen=True)
+class Deferred:
+    """A row `parse` leaves for `parse_all` to make: `make()` returns the row, or raises
+    ValueError with the message for the client (naming the item)."""
+
+    make: Callable[[], Any]
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def pool() -> ThreadPoolExecutor:
+    """The process's workers for deferred rows: one a core (2 to 8), made on first use."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(
+                max(2, min(8, cores())), thread_name_prefix="hf2triton-parse"
+            )
+        return _POOL
+
+
+def made(row: Deferred) -> tuple[Any, str | None]:
+    """(the row, None), or (None, the client's message) when it is refused."""
+    try:
+        return row.make(), None
+    except ValueError as exc:
+        return None, str(exc)
 
 
 class ServedModel:
@@ -65,7 +113,19 @@ class ServedModel:
                 continue
             rows.extend(parsed)
             owners.extend([r] * len(parsed))
-        return answers, rows, owners
+        deferred = [k for k, row in enumerate(rows) if isinstance(row, Deferred)]
+        if not deferred:
+            return answers, rows, owners
+        if len(deferred) == 1:
+            done = [made(rows[deferred[0]])]
+        else:
+            done = list(pool().map(made, [rows[k] for k in deferred]))
+        for k, (row, refused) in zip(deferred, done):
+            rows[k] = row
+            if refused is not None and answers[owners[k]] is None:
+                answers[owners[k]] = refused  # the request's first refused row says why
+        keep = [k for k in range(len(rows)) if answers[owners[k]] is None]
+        return answers, [rows[k] for k in keep], [owners[k] for k in keep]
 
     def answer(self, requests: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray] | str]:
         """Each request's outputs (arrays with one row per input row), or its error message."""

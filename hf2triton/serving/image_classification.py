@@ -10,12 +10,13 @@ dynamic batch are answered."""
 from __future__ import annotations
 
 import os
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from . import runtimes
-from .base import ServedModel, Tensor, column
+from .base import Deferred, ServedModel, Tensor, column
 from .classification import activate, label_names
 from .images import MAX_PIXELS, ImageRefused, PixelPlan, decode, pixel_runs
 
@@ -60,16 +61,20 @@ class ImagePixels:
         if odd:
             raise ValueError(f"{graph_path} takes inputs {sorted(odd)} besides pixel_values")
 
-    def parse(self, images: list[bytes], name: str = "IMAGE") -> list[np.ndarray]:
-        """Each image's pixel tensor; ValueError naming the row and why it was refused."""
-        out = []
-        for i, data in enumerate(images):
-            try:
-                out.append(self.plan.pixels(decode(data, self.max_pixels)))
-            except ImageRefused as exc:
-                where = name if len(images) == 1 else f"{name}[{i}]"
-                raise ValueError(f"{where}: {exc}") from None
-        return out
+    def parse(self, images: list[bytes], name: str = "IMAGE") -> list[Deferred]:
+        """Each image's pixel tensor, left for the batch to decode side by side (ServedModel.
+        parse_all); a refused image's ValueError names the row and why."""
+        return [
+            Deferred(partial(self.pixels, data, name if len(images) == 1 else f"{name}[{i}]"))
+            for i, data in enumerate(images)
+        ]
+
+    def pixels(self, data: bytes, where: str) -> np.ndarray:
+        """The pixel tensor of one encoded image; ValueError naming `where` and why not."""
+        try:
+            return self.plan.pixels(decode(data, self.max_pixels))
+        except ImageRefused as exc:
+            raise ValueError(f"{where}: {exc}") from None
 
     def run(self, pixels: list[np.ndarray], output: str) -> np.ndarray:
         """`output` for every image, in order (images of one shape run together)."""
@@ -99,7 +104,7 @@ class ImageClassifier(ServedModel):
     def from_directory(cls, directory: str, settings: dict[str, Any]) -> ImageClassifier:
         return cls(os.path.join(directory, settings.get("onnx", "model.onnx")), settings)
 
-    def parse(self, arrays: dict[str, np.ndarray]) -> list[np.ndarray]:
+    def parse(self, arrays: dict[str, np.ndarray]) -> list[Deferred]:
         return self.images.parse(image_column(arrays))
 
     def run(self, rows: list[np.ndarray]) -> dict[str, list[np.ndarray]]:

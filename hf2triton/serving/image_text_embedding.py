@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import TEXT, ServedModel, Tensor, text_column
+from .base import TEXT, Deferred, ServedModel, Tensor, text_column
 from .image_classification import IMAGE, ImagePixels, image_column
 from .text import OnnxText
 
@@ -24,6 +24,11 @@ def normalized(rows: np.ndarray) -> np.ndarray:
     """Each row divided by its L2 norm (a zero row stays zero)."""
     rows = np.asarray(rows, dtype=np.float32)
     return rows / np.clip(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12, None)
+
+
+def image_row(pixels: Deferred) -> Deferred:
+    """An image's row, ("image", its pixel tensor), made when the batch decodes its images."""
+    return Deferred(lambda: ("image", pixels.make()))
 
 
 class ImageTextEmbedder(ServedModel):
@@ -47,16 +52,17 @@ class ImageTextEmbedder(ServedModel):
             settings,
         )
 
-    def parse(self, arrays: dict[str, np.ndarray]) -> list[tuple[str, Any]]:
-        """("image", pixels) or ("text", text) per row; a request carries one of the two."""
+    def parse(self, arrays: dict[str, np.ndarray]) -> list[Any]:
+        """("image", pixels) (deferred: parse_all decodes it) or ("text", text) per row; a
+        request carries one of the two."""
         sent = [t.name for t in self.inputs if arrays.get(t.name) is not None]
         if len(sent) != 1:
             raise ValueError(
                 "send either IMAGE (image files) or TEXT (texts) in a request, "
                 + ("not both" if sent else "neither was sent")
             )
-        if sent[0] == IMAGE.name:
-            return [("image", p) for p in self.images.parse(image_column(arrays))]
+        if sent[0] == IMAGE.name:  # decoded with the batch's other images (parse_all)
+            return [image_row(p) for p in self.images.parse(image_column(arrays))]
         return [("text", t) for t in text_column(arrays, TEXT.name)]
 
     def run(self, rows: list[tuple[str, Any]]) -> dict[str, list[np.ndarray]]:

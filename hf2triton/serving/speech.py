@@ -25,13 +25,14 @@ import json
 import os
 import re
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from . import runtimes
 from .audio import LogMel, decode
-from .base import ServedModel, Tensor, column, texts
+from .base import Deferred, ServedModel, Tensor, column, texts
 from .decoding import NEG_INF, log_softmax
 from .seq2seq import Seq2SeqModel, Seq2SeqTokenizer
 
@@ -325,30 +326,32 @@ class Transcriber(ServedModel):
             raise ValueError(f"TASK {task!r} is not one this model does ({can})")
         return language, task
 
-    def parse(self, arrays: dict[str, np.ndarray]) -> list[Clip]:
+    def parse(self, arrays: dict[str, np.ndarray]) -> list[Deferred]:
+        """Each clip, decoded with the batch's other clips side by side (ServedModel.parse_all)."""
         audio = column(arrays, "AUDIO")
         if audio.shape[1] != 1:
             raise ValueError(f"AUDIO must have shape [batch, 1], got {list(audio.shape)}")
         n = audio.shape[0]
-        languages = self._choice(arrays, "LANGUAGE", n)
-        tasks = self._choice(arrays, "TASK", n)
-        clips = []
-        for raw, language, task in zip(audio[:, 0], languages, tasks):
-            wave = decode(bytes(raw), max_seconds=self.max_seconds, max_bytes=self.max_bytes)
-            language, task = self._check(language, task)
-            seconds = len(wave) / self.log_mel.sampling_rate
-            # Past one window's frames: long-form (transformers tells by frames, not samples).
-            long = len(wave) // self.log_mel.hop_length > self.log_mel.frames
-            if self.engine is not None:  # the pipeline makes its own features
-                empty = np.zeros((0, 0), np.float32)
-                clips.append(Clip(empty, seconds, language, task, long=long, wave=wave))
-                continue
-            if long:
-                clips.append(Clip(self.log_mel.whole(wave), seconds, language, task, long=True))
-            else:
-                window = wave[: self.log_mel.n_samples]  # as the extractor truncates it
-                clips.append(Clip(self.log_mel.features(window), seconds, language, task))
-        return clips
+        asked = zip(self._choice(arrays, "LANGUAGE", n), self._choice(arrays, "TASK", n))
+        checked = [self._check(language, task) for language, task in asked]
+        return [
+            Deferred(partial(self.clip, bytes(raw), language, task))
+            for raw, (language, task) in zip(audio[:, 0], checked)
+        ]
+
+    def clip(self, data: bytes, language: str | None, task: str | None) -> Clip:
+        """One encoded clip decoded, with its features (or, for the pipeline, its wave)."""
+        wave = decode(data, max_seconds=self.max_seconds, max_bytes=self.max_bytes)
+        seconds = len(wave) / self.log_mel.sampling_rate
+        # Past one window's frames: long-form (transformers tells by frames, not samples).
+        long = len(wave) // self.log_mel.hop_length > self.log_mel.frames
+        if self.engine is not None:  # the pipeline makes its own features
+            empty = np.zeros((0, 0), np.float32)
+            return Clip(empty, seconds, language, task, long=long, wave=wave)
+        if long:
+            return Clip(self.log_mel.whole(wave), seconds, language, task, long=True)
+        window = wave[: self.log_mel.n_samples]  # as the extractor truncates it
+        return Clip(self.log_mel.features(window), seconds, language, task)
 
     def window(self, clip: Clip, seek: int = 0) -> np.ndarray:
         """The 30-second window of features from frame `seek`, zero-padded (as transformers pads

@@ -4,11 +4,14 @@ the input readers refuse a malformed input naming it."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
 from hf2triton.serving.base import (
     TEXT,
+    Deferred,
     ServedModel,
     Tensor,
     column,
@@ -55,6 +58,37 @@ def test_each_request_gets_its_own_rows_back_in_order_from_one_run():
     assert first["LOUD"].tolist() == [[b"AB"], [b"C"]] and first["LENGTH"].tolist() == [[2], [1]]
     assert bad == "TEXT must not be empty"
     assert last["LOUD"].tolist() == [[b"DEF"]]
+
+
+class SlowShouter(Shouter):
+    """Shouter whose texts are made late (Deferred), as an image is decoded: a text of two or
+    more letters waits, up to 10 s, until another is being made at once; "bad" is refused when
+    it is made."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.together = threading.Barrier(2, timeout=10)
+
+    def parse(self, arrays):
+        return [
+            Deferred(lambda t=t, i=i: self.make(t, i)) for i, t in enumerate(text_column(arrays))
+        ]
+
+    def make(self, text: str, i: int) -> str:
+        if text == "bad":
+            raise ValueError(f"TEXT[{i}]: bad is refused")
+        if len(text) > 1:
+            self.together.wait()
+        return text
+
+
+def test_deferred_rows_of_a_batch_are_made_side_by_side_and_a_refused_one_fails_its_request_alone():
+    model = SlowShouter()
+    first, bad, last = model.answer([texts("ab"), texts("x", "bad"), texts("def")])
+    # "ab" and "def" waited for each other: made one after the other, the barrier breaks.
+    assert first["LOUD"].tolist() == [[b"AB"]] and last["LOUD"].tolist() == [[b"DEF"]]
+    assert bad == "TEXT[1]: bad is refused"
+    assert model.runs == [2]  # the refused request's good row ("x") did not run either
 
 
 def test_a_batch_of_bad_requests_runs_nothing():
