@@ -3,13 +3,15 @@
 With `select="first"` the candidates are judged in their own order. With `select="fastest"` each
 is timed first (the kind's `speed`, at the gate's objective: `streams` requests at once) and
 judged fastest first; with `prune` (quantization.prune, the default) the search is pruned by
-runtime: each runtime's first candidate (its family's representative: on ONNX Runtime the spec's
-own variant) is timed, then only the fastest runtime's other candidates are built (hf2triton
-.runtimes plans them) and timed; another runtime's are built and timed only when its first
-candidate ran faster than the fastest that passed so far (`bar`): none of the fastest runtime's
-passed, or the one that did is slower than that runtime's first. A runtime's first candidate is
-one of its own, so its speed is a floor under the runtime's best: what is left untimed could not
-have shipped. What is never timed is reported as such, with the figure that ruled it out.
+family, a runtime at one compute precision (`family`): each family's first candidate (its
+representative: on ONNX Runtime the spec's own variant) is timed, then only the fastest family's
+other candidates are built (hf2triton.runtimes plans them) and timed; another family's are built
+and timed only when its first candidate ran faster than the fastest that passed so far (`bar`):
+none of the fastest family's passed, or the one that did is slower than that family's first.
+Within a family the candidates differ in their weights and KV cache, and the first is built from
+the spec's own (quantized) variant, as a rule the family's fastest; a family whose first ran no
+faster than what passed is left untimed. What is never timed is reported as such, with the
+figure that ruled it out.
 
 A 360M-parameter chat model had 33 candidates timed one after another for 17 minutes and 15
 ONNX Runtime int8 graphs written (8 GB) when OpenVINO GenAI, three times faster than any of
@@ -30,14 +32,18 @@ from hf2triton.util.runs import step_logger
 
 
 def family(cand: Candidate) -> str:
-    """The runtime a candidate runs on, by name: the search's unit of pruning."""
-    return plugin(cand.runtime).name
+    """The runtime a candidate runs on and the precision it computes in ("openvino bf16"): the
+    search's unit of pruning. A precision is a family of its own because one runtime's f32
+    timing says nothing of its bf16: CLIP's image tower on OpenVINO ran 34 images/s at f32 and
+    80 at bf16 (2-core AVX512_BF16 EPYC); with the two one family, its f32 candidate came
+    first, ran slower than ONNX Runtime's int8 that passed, and bf16 was never timed."""
+    return f"{plugin(cand.runtime).name} {(cand.runtime or {}).get('precision', 'fp32')}"
 
 
 @dataclass
 class Search:
     """The gate's candidates, built and timed as the gate asks for them: `groups()` yields the
-    candidates to judge, a runtime's at a time, fastest first; `made` holds every candidate as
+    candidates to judge, a family's at a time, fastest first; `made` holds every candidate as
     built, `speeds` what was timed, `refused` the report entries of those that raised."""
 
     gate: Gate
@@ -55,7 +61,7 @@ class Search:
 
     def groups(self) -> Iterator[list[Candidate]]:
         """The candidates to judge, in groups judged in turn, each fastest first: with a pruned
-        search a runtime's at a time, the next runtime's only while its first candidate ran
+        search a family's at a time, the next family's only while its first candidate ran
         faster than `bar`."""
         gate = self.gate
         if gate.select != "fastest":
@@ -76,7 +82,7 @@ class Search:
             if self.bar >= 0 and self.leaders[name] <= self.bar:
                 continue  # cannot beat what passed: left untimed, and reported so
             step_logger().info(
-                "validate: %s is the fastest runtime left (%g): its %d candidates are timed",
+                "validate: %s is the fastest family left (%g): its %d candidates are timed",
                 name,
                 self.leaders[name],
                 len(families[name]),
