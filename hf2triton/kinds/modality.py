@@ -27,14 +27,47 @@ from hf2triton.kinds.roles import C
 
 
 def graph_files(candidate: str) -> dict[str, Path]:
-    """A candidate's graph as a version directory holds it: an ONNX file as model.onnx, an
-    OpenVINO IR as its .xml and .bin (a stateful IR keeps its name: OpenVINO GenAI opens its
-    directory by it)."""
+    """A candidate's graph as a version directory holds it: an ONNX file as model.onnx with the
+    external data files it names, an OpenVINO IR as its .xml and .bin (a stateful IR keeps its
+    name: OpenVINO GenAI opens its directory by it)."""
     graph = Path(candidate)
     if graph.suffix == ".xml":
         name = graph.stem if graph.name == "openvino_model.xml" else "model"
         return {f"{name}.xml": graph, f"{name}.bin": graph.with_suffix(".bin")}
-    return {"model.onnx": graph}
+    return onnx_files("model.onnx", graph)
+
+
+def onnx_files(name: str, graph: Path) -> dict[str, Path]:
+    """An ONNX graph as `name` and the external data files its tensors name, under the names
+    it reads them by (beside it): a graph over 2 GB keeps its weights there (multilingual-e5-
+    large's 2.2 GB export in `model.onnx_data`, its int8 graph in `model.onnx.data`), and a
+    version directory without them does not load."""
+    return {name: graph, **{place: graph.parent / place for place in external_data(graph)}}
+
+
+def external_data(graph: Path) -> list[str]:
+    """The `location`s of the tensors an ONNX file keeps outside itself (relative to it)."""
+    import onnx
+
+    model = onnx.load(str(graph), load_external_data=False)
+    places: set[str] = set()
+
+    def visit(g: onnx.GraphProto) -> None:
+        tensors = list(g.initializer)
+        for node in g.node:
+            for attr in node.attribute:
+                tensors += [attr.t] if attr.HasField("t") else []
+                tensors += list(attr.tensors)
+                for sub in [attr.g] if attr.HasField("g") else []:
+                    visit(sub)
+                for sub in attr.graphs:
+                    visit(sub)
+        for t in tensors:
+            if t.data_location == onnx.TensorProto.EXTERNAL:
+                places.update(e.value for e in t.external_data if e.key == "location")
+
+    visit(model.graph)
+    return sorted(places)
 
 
 def graph_setting(files: dict[str, str]) -> str:

@@ -6,6 +6,7 @@ served class reads and answers; the same inputs reuse the finished render."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -79,6 +80,36 @@ def test_a_version_directory_is_what_the_gate_ran(tiny_bert, exported, cfg, tmp_
         _shipped(kind, exported, cfg, OV_F32), "tiny", _knobs(), SENTENCES[:2], str(tmp_path)
     )
     assert again["reused"] and again["content_hash"] == built["content_hash"]
+
+
+def test_a_graph_that_keeps_its_weights_outside_itself_ships_them(
+    tiny_bert, exported, cfg, tmp_path
+):
+    """A graph over 2 GB keeps its weights in an external data file (multilingual-e5-large's
+    shape: `model.onnx.data` beside its int8 graph); the version directory holds it under the
+    name the graph reads, and loads as Triton loads it (a 560M embedder's release failed to
+    load without it). The tiny BERT is saved the same way."""
+    import onnx
+
+    kind = embedding_kind(tiny_bert)
+    graph = tmp_path / "int8" / "quantized.onnx"
+    graph.parent.mkdir()
+    onnx.save(
+        onnx.load(exported["onnx_path"]),
+        str(graph),
+        save_as_external_data=True,
+        location="quantized.onnx.data",
+        size_threshold=0,
+    )
+    shipped = replace(_shipped(kind, exported, cfg), path=str(graph))
+    built = build_repository(shipped, "tiny", _knobs(), SENTENCES[:2], str(tmp_path / "repo"))
+    version = Path(built["repository"]) / "tiny" / "1"
+    assert (version / "quantized.onnx.data").is_file()
+    assert "tiny/1/quantized.onnx.data" in built["files"]  # hashed with the version
+    settings = kind.serving_json(cfg, exported["export_dir"])
+    in_gate = kind.open_candidate(str(graph), exported["export_dir"], settings)
+    from_dir = serving.load(str(version))
+    assert np.allclose(from_dir.embed(SENTENCES), in_gate.embed(SENTENCES), atol=1e-6)
 
 
 def test_the_config_declares_the_served_class_inputs_outputs_and_batching(tiny_bert, cfg):
