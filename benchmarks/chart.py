@@ -4,10 +4,16 @@
   release, served and in-process, and infinity-emb, one panel per run (medians of the rounds,
   as its ratios are);
 - the text-generation benchmark (benchmarks/generation.py, `--generation RECORD`): generated
-  tokens/s and time to first token p50 against concurrent streams, one line per way.
+  tokens/s and time to first token p50 against concurrent streams, one line per way;
+- what a release costs by model size (benchmarks/generation_release.py, `--release-costs
+  RECORD ...`): the release's wall time and its peak memory (summed anonymous and resident)
+  against the model's fp32 weights, with the goals of issue 46 (60 minutes at 1.7B; 2 GB + 2x
+  the fp32 weights), the newest run of each shape.
 
     .venv/bin/python benchmarks/chart.py [RESULT.json ...] [--output docs/served-runtimes.svg]
     .venv/bin/python benchmarks/chart.py --generation RECORD.json --output docs/generation.svg
+    .venv/bin/python benchmarks/chart.py --release-costs RECORD.json ... \
+        --output docs/release-costs.svg
 
 Without RESULT files it draws every benchmarks/results/runtimes-*.json. The SVG is written
 deterministically (no date, fixed ids), so the same records give the same file.
@@ -179,6 +185,59 @@ def draw_generation(record: dict, output: Path) -> None:
     save(fig, output)
 
 
+def release_runs(records: list[dict]) -> list[dict]:
+    """The newest pruned run of each shape that recorded its anonymous memory, smallest first."""
+    newest: dict[str, dict] = {}
+    for record in sorted(records, key=lambda r: r["when"]):
+        for run in record["runs"]:
+            if run.get("prune", True) and run.get("peak_anon_mb"):
+                newest[run["shape"]] = {**run, "when": record["when"], "commit": record["commit"]}
+    return sorted(newest.values(), key=lambda r: r["fp32_mb"])
+
+
+def draw_release_costs(records: list[dict], output: Path) -> None:
+    """Release time and peak memory against the fp32 weights' size, one point per shape."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    matplotlib.rcParams.update(
+        {"svg.hashsalt": "hf2triton", "svg.fonttype": "none", "font.size": 9}
+    )
+    runs = release_runs(records)
+    gb = [r["fp32_mb"] / 1024 for r in runs]
+    fig, (time_ax, mem_ax) = plt.subplots(1, 2, figsize=(9.2, 3.8))
+    time_ax.plot(gb, [r["seconds"] / 60 for r in runs], "o", color=COLOURS["served"])
+    time_ax.axhline(60, color="#999999", linestyle="--", linewidth=1)
+    time_ax.annotate("goal at 1.7B: 60 min", (gb[0], 60), xytext=(0, 3),
+                     textcoords="offset points", fontsize=7)  # fmt: skip
+    time_ax.set_ylabel("release wall time (min)")
+    mem_ax.plot(gb, [r["peak_anon_mb"] / 1024 for r in runs], "o", label="summed anonymous",
+                color=COLOURS["served"])  # fmt: skip
+    mem_ax.plot(gb, [r["peak_rss_mb"] / 1024 for r in runs], "s", label="summed resident",
+                color=COLOURS["in-process"])  # fmt: skip
+    line = [0.0, max(gb) * 1.05]
+    mem_ax.plot(line, [2 + 2 * x for x in line], "--", color="#999999", linewidth=1,
+                label="goal: 2 GB + 2x fp32")  # fmt: skip
+    mem_ax.set_ylabel("peak memory of the release's processes (GB)")
+    mem_ax.legend(frameon=False, fontsize=7)
+    for ax, ys in ((time_ax, [r["seconds"] / 60 for r in runs]),
+                   (mem_ax, [r["peak_anon_mb"] / 1024 for r in runs])):  # fmt: skip
+        for r, x, y in zip(runs, gb, ys):
+            ax.annotate(r["shape"], (x, y), xytext=(4, -3), textcoords="offset points", fontsize=7)
+        ax.set_xlabel("fp32 weights (GB)")
+        ax.grid(alpha=0.3)
+    dates = sorted({r["when"][:8] for r in runs})
+    fig.suptitle(
+        f"What a release costs, random weights of real shapes, 2-core AMD EPYC "
+        f"({dates[0]}-{dates[-1]})",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    save(fig, output)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -199,7 +258,18 @@ def main(argv: list[str] | None = None) -> int:
         metavar="RECORD",
         help="draw this generation-*.json record instead",
     )
+    parser.add_argument(
+        "--release-costs",
+        type=Path,
+        nargs="+",
+        metavar="RECORD",
+        help="draw these generation-release-*.json records instead",
+    )
     args = parser.parse_args(argv)
+    if args.release_costs:
+        draw_release_costs([json.loads(p.read_text()) for p in args.release_costs], args.output)
+        print(f"wrote {args.output}", file=sys.stderr)
+        return 0
     if args.generation:
         draw_generation(json.loads(args.generation.read_text()), args.output)
         print(f"wrote {args.output}", file=sys.stderr)

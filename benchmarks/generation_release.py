@@ -20,8 +20,11 @@ included): the cgroup's peak and its OOM kills are recorded.
 Shapes (random weights, the real model's config; a byte-level BPE tokenizer trained on the
 shipped King James text, the vocabulary rows it does not use zeroed so greedy text stays in it):
 qwen2-25m (tests/tiny_models.build_qwen2), smollm2-135m, smollm2-360m, qwen2.5-0.5b,
-smollm2-1.7b. Models are built once into .cache/bench-models/. Writes benchmarks/results/
-generation-release-<UTC time>.json and prints a table.
+smollm2-1.7b; and an embedder of multilingual-e5-large's shape (XLM-RoBERTa-large, 560M, with
+a WordPiece tokenizer trained on the same text), released with the settings of
+releases/multilingual-e5-large.yaml on the 350 validation sentences. Models are built once into
+.cache/bench-models/. Writes benchmarks/results/generation-release-<UTC time>.json and prints a
+table.
 """
 
 from __future__ import annotations
@@ -67,7 +70,21 @@ SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
         dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
              num_attention_heads=14, num_key_value_heads=2, vocab_size=151936),
     ),
+    # An embedder: intfloat/multilingual-e5-large's XLM-RoBERTa-large (560M parameters, 250,002
+    # tokens of vocabulary), released with releases/multilingual-e5-large.yaml's settings.
+    "multilingual-e5-large": (
+        "xlm-roberta",
+        dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24,
+             num_attention_heads=16, vocab_size=250002, max_position_embeddings=514,
+             type_vocab_size=1, layer_norm_eps=1e-5),
+    ),
 }  # fmt: skip
+# The shipped spec each architecture is released with (its source, name and ports replaced).
+SPECS = {
+    "llama": "smollm2-135m-instruct.yaml",
+    "qwen2": "smollm2-135m-instruct.yaml",
+    "xlm-roberta": "multilingual-e5-large.yaml",
+}
 
 
 def build_shape(name: str) -> Path:
@@ -85,6 +102,8 @@ def build_shape(name: str) -> Path:
     from tests.tiny_models import _save_causal, kjv_tokenizer
 
     arch, shape = SHAPES[name]
+    if arch == "xlm-roberta":
+        return build_embedder(out, shape)
     tok = kjv_tokenizer(8192)
     eos = tok.token_to_id("<|endoftext|>")
     config_cls, model_cls = (
@@ -108,19 +127,74 @@ def build_shape(name: str) -> Path:
     return _save_causal(out, model, tok, 2048, eos_boost=0.0)
 
 
+def build_embedder(out: Path, shape: dict[str, Any]) -> Path:
+    """A sentence-transformers embedder of XLM-RoBERTa's `shape`, random, as e5 is laid out
+    (mean pooling, normalised, 512 tokens), with a WordPiece tokenizer of 8,192 trained on the
+    shipped King James text (the vocabulary rows it does not use stay unused)."""
+    import torch
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast, XLMRobertaConfig, XLMRobertaModel
+
+    text = ROOT / "releases" / "data" / "kjv-pentateuch.txt"
+    lines = [ln for ln in text.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    tok = Tokenizer(models.WordPiece(unk_token="<unk>"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=False)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]  # XLM-R's ids 0-3
+    tok.train_from_iterator(
+        lines, trainers.WordPieceTrainer(vocab_size=8192, special_tokens=specials)
+    )
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", special_tokens=[("<s>", 0), ("</s>", 2)]
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        pad_token="<pad>",
+        cls_token="<s>",
+        sep_token="</s>",
+        mask_token="<mask>",
+        model_max_length=512,
+    ).save_pretrained(out)
+    torch.manual_seed(0)
+    config = XLMRobertaConfig(**shape, bos_token_id=0, pad_token_id=1, eos_token_id=2)
+    XLMRobertaModel(config, add_pooling_layer=False).eval().save_pretrained(out)
+    st = "sentence_transformers.models."
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": st + "Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": st + "Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": st + "Normalize"},
+    ]
+    (out / "modules.json").write_text(json.dumps(modules))
+    (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 512}))
+    (out / "1_Pooling").mkdir(exist_ok=True)
+    pooling = {"word_embedding_dimension": shape["hidden_size"], "pooling_mode_mean_tokens": True}
+    (out / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+    return out
+
+
 def spec_for(model_dir: Path, work: Path, name: str, prune: bool, objective: str) -> Path:
-    """releases/smollm2-135m-instruct.yaml with the model, lengths and free ports of this run."""
+    """The shipped spec of the shape's kind (SPECS) with the model, lengths and free ports of
+    this run."""
     import yaml
 
     from hf2triton.util.net import free_port
 
-    spec = yaml.safe_load((ROOT / "releases" / "smollm2-135m-instruct.yaml").read_text())
+    arch = SHAPES[name][0] if name in SHAPES else "llama"
+    spec = yaml.safe_load((ROOT / "releases" / SPECS[arch]).read_text())
     spec["source"] = {"path": str(model_dir), "model_id": f"bench/{name}"}
     spec["name"] = spec["registry"]["model_name"] = f"bench-{name.replace('.', '-')}"
-    spec["text_generation"].update(max_new_tokens=96, max_context=512)
-    spec["validation"]["sentences"] = str(ROOT / "releases" / "data" / "generation-prompts.txt")
+    if "text_generation" in spec:
+        spec["text_generation"].update(max_new_tokens=96, max_context=512)
+        prompts = ROOT / "releases" / "data" / "generation-prompts.txt"
+    else:
+        prompts = ROOT / "releases" / "data" / "embedding-validation.txt"
+    spec["validation"]["sentences"] = str(prompts)
     spec["quantization"]["prune"] = prune
-    spec["runtime"] = {"objective": objective}
+    spec["runtime"] = {**spec.get("runtime", {}), "objective": objective}
     spec["deploy"].update(
         http_port=free_port(),
         grpc_port=free_port(),
