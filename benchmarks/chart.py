@@ -206,6 +206,8 @@ def draw_release_costs(records: list[dict], output: Path) -> None:
         {"svg.hashsalt": "hf2triton", "svg.fonttype": "none", "font.size": 9}
     )
     runs = release_runs(records)
+    if not runs:
+        raise SystemExit("chart: no run in these records measured its anonymous memory")
     gb = [r["fp32_mb"] / 1024 for r in runs]
     fig, (time_ax, mem_ax) = plt.subplots(1, 2, figsize=(9.2, 3.8))
     time_ax.plot(gb, [r["seconds"] / 60 for r in runs], "o", color=COLOURS["served"])

@@ -15,6 +15,7 @@ Example (an image classifier, one module beside the others, registered like them
 
 from __future__ import annotations
 
+import functools
 import shutil
 from pathlib import Path
 from typing import Any, ClassVar
@@ -46,10 +47,23 @@ def onnx_files(name: str, graph: Path) -> dict[str, Path]:
 
 
 def external_data(graph: Path) -> list[str]:
-    """The `location`s of the tensors an ONNX file keeps outside itself (relative to it)."""
+    """The `location`s of the tensors an ONNX file keeps outside itself (relative to it); read
+    once per file and state (a graph's protobuf is parsed whole, up to 2 GB). Nothing for a
+    file that is missing or not an ONNX graph: opening it refuses it, saying why."""
+    if not graph.is_file():
+        return []
+    stat = graph.stat()
+    return list(_external_data(str(graph.resolve()), stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=64)
+def _external_data(graph: str, mtime_ns: int, size: int) -> tuple[str, ...]:
     import onnx
 
-    model = onnx.load(str(graph), load_external_data=False)
+    try:
+        model = onnx.load(graph, load_external_data=False)
+    except Exception:  # noqa: BLE001 - protobuf's DecodeError: not a graph, its opening says so
+        return ()
     places: set[str] = set()
 
     def visit(g: onnx.GraphProto) -> None:
@@ -67,7 +81,13 @@ def external_data(graph: Path) -> list[str]:
                 places.update(e.value for e in t.external_data if e.key == "location")
 
     visit(model.graph)
-    return sorted(places)
+    for place in places:  # the version directory holds them beside the graph, nowhere else
+        if Path(place).is_absolute() or ".." in Path(place).parts:
+            raise ValueError(
+                f"{graph} keeps tensors in {place!r}, outside its own folder: save its external "
+                "data beside it (onnx.save(..., location='model.onnx.data'))"
+            )
+    return tuple(sorted(places))
 
 
 def graph_setting(files: dict[str, str]) -> str:

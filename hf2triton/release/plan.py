@@ -37,7 +37,8 @@ class GateSettings:
     not_offered: Mapping[str, str] = field(default_factory=dict)
     # What "fastest" means: "throughput" at `batch` requests at once, or one request's "latency".
     objective: Literal["throughput", "latency"] = "throughput"
-    # With select "fastest": time each runtime's first candidate, refine the fastest runtime's.
+    # With select "fastest": time each family's first candidate (a runtime at one precision),
+    # refine the fastest family's.
     prune: bool = True
 
 
@@ -62,7 +63,7 @@ class Gate:
     # The runtimes and precisions this machine could not try, with why (for the report).
     not_offered: Mapping[str, str] = field(default_factory=dict)
     objective: str = "throughput"  # what "fastest" means: "throughput" or "latency"
-    prune: bool = True  # time each runtime's first candidate, refine the fastest runtime's
+    prune: bool = True  # time each family's first candidate, refine the fastest family's
     # How many of the gate's items are judged at each look (the last: all of them): a kind
     # with a dear reference sizes its sample by the bounds (hf2triton.kinds.margin.looks).
     looks: tuple[int, ...] = ()

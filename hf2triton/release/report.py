@@ -34,7 +34,7 @@ def _verdict(cand: dict[str, Any], chosen: str | None) -> str:
     if cand.get("error"):
         return f"refused: {cand['error'][:120]}"
     if cand.get("timed") is False:
-        return "not timed: its runtime's first candidate was slower"
+        return "not timed: its family's first candidate (its runtime at its precision) was slower"
     if not cand.get("judged", True):
         return "not judged: slower than one that passes"
     return "passes, slower" if not cand["misses"] else "misses the gate"

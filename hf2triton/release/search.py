@@ -51,9 +51,9 @@ class Search:
     made: dict[str, Candidate] = field(default_factory=dict)
     speeds: dict[str, dict[str, float]] = field(default_factory=dict)
     refused: list[dict[str, Any]] = field(default_factory=list)
-    leaders: dict[str, float] = field(default_factory=dict)  # each runtime's first timing
+    leaders: dict[str, float] = field(default_factory=dict)  # each family's first timing
     # The speed of the fastest candidate that passed so far (the judge sets it; -1: none yet): a
-    # runtime whose first candidate ran no faster is not timed further.
+    # family whose first candidate ran no faster is not timed further.
     bar: float = -1.0
 
     def __post_init__(self) -> None:
@@ -149,7 +149,7 @@ class Search:
 
     def untimed(self, cand: Candidate, shipping: str | None) -> dict[str, Any]:
         """The report entry of a candidate the pruned search never built nor timed: its
-        runtime's first candidate ran no faster than the one that ships."""
+        family's first candidate ran no faster than the one that ships."""
         against = (
             f"{self.bar:g}, the speed of {shipping}, which passes"
             if shipping and self.bar >= 0

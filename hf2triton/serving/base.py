@@ -5,13 +5,14 @@ together (`run`), and the rows' outputs go back to the requests they came from, 
 request that cannot be parsed is answered with its error message alone.
 
 A row whose parsing is dear (an image or audio file to decode) can be left `Deferred` by `parse`:
-`parse_all` then does every deferred row of the batch side by side on the host's cores (Pillow,
-libsndfile and numpy release the GIL while they work), where one request after another would
-leave all cores but one idle while the graph waits.
+`parse_all` then makes every deferred row of the batch side by side on the host's cores (Pillow,
+FFmpeg's decoders through PyAV and numpy release the GIL while they work), where one request
+after another would leave all cores but one idle while the graph waits.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from collections.abc import Callable
@@ -52,34 +53,68 @@ class Deferred:
 
 
 def cores() -> int:
-    """The cores this process may run on."""
+    """The cores this process may run on: those it may be scheduled on, within its cgroup's
+    CPU quota (a container limited to 2 CPUs on a 64-core node has 2)."""
     try:
-        return len(os.sched_getaffinity(0))
+        found = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+        found = os.cpu_count() or 1
+    quota = cpu_quota()
+    return max(1, min(found, math.ceil(quota))) if quota else found
 
 
+def cpu_quota() -> float | None:
+    """The CPUs the cgroup's quota allows (cgroup v2 `cpu.max`, v1 `cpu.cfs_quota_us` over
+    `cpu.cfs_period_us`), or None where there is no quota."""
+    try:
+        quota, period = open_text("/sys/fs/cgroup/cpu.max").split()[:2]
+    except (OSError, ValueError):
+        try:
+            quota = open_text("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").strip()
+            period = open_text("/sys/fs/cgroup/cpu/cpu.cfs_period_us").strip()
+        except OSError:
+            return None
+    if quota in ("max", "-1"):
+        return None
+    try:
+        return int(quota) / int(period)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def open_text(path: str) -> str:
+    with open(path, encoding="ascii") as f:
+        return f.read()
+
+
+# Deferred rows made at once: each decoded file holds its pixels or samples in memory (a 40 MP
+# image about 360 MB while it is decoded), so a host of many cores does not decode dozens.
+MAX_WORKERS = 4
 _POOL: ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
 
 
 def pool() -> ThreadPoolExecutor:
-    """The process's workers for deferred rows: one a core (2 to 8), made on first use."""
+    """The process's workers for deferred rows: one a core (2 to MAX_WORKERS), made on first
+    use."""
     global _POOL
     with _POOL_LOCK:
         if _POOL is None:
-            _POOL = ThreadPoolExecutor(
-                max(2, min(8, cores())), thread_name_prefix="hf2triton-parse"
-            )
+            workers = max(2, min(MAX_WORKERS, cores()))
+            _POOL = ThreadPoolExecutor(workers, thread_name_prefix="hf2triton-parse")
         return _POOL
 
 
 def made(row: Deferred) -> tuple[Any, str | None]:
-    """(the row, None), or (None, the client's message) when it is refused."""
+    """(the row, None), or (None, the client's message) when it is refused. A deferred row is
+    made from what the client sent (a file's bytes), so any error in making it is that item's:
+    its request is refused and the batch's other requests are answered."""
     try:
         return row.make(), None
     except ValueError as exc:
         return None, str(exc)
+    except Exception as exc:  # noqa: BLE001 - a decoder's odd error on one file fails that file
+        return None, f"the file could not be read ({type(exc).__name__}: {exc}): send it whole"
 
 
 class ServedModel:

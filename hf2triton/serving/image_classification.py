@@ -49,7 +49,11 @@ class ImagePixels:
     `rows` images, by a runtime of runtimes/ (serving.json's `runtime`)."""
 
     def __init__(self, graph_path: str, settings: dict[str, Any]):
-        import PIL.Image  # noqa: F401 - a serving environment without Pillow fails at load
+        import PIL.Image  # a serving environment without Pillow fails at load
+
+        # Every format plug-in registered now: Pillow loads them on first use, which is not
+        # thread-safe, and images are decoded side by side (ServedModel.parse_all).
+        PIL.Image.init()
 
         self.plan = PixelPlan.from_dict(settings["pixels"])
         self.max_pixels = int(settings.get("max_pixels") or MAX_PIXELS)

@@ -77,6 +77,8 @@ class SlowShouter(Shouter):
     def make(self, text: str, i: int) -> str:
         if text == "bad":
             raise ValueError(f"TEXT[{i}]: bad is refused")
+        if text == "odd":  # a decoder's own error type, not ValueError
+            raise TypeError("unpack requires a buffer of 4 bytes")
         if len(text) > 1:
             self.together.wait()
         return text
@@ -84,10 +86,13 @@ class SlowShouter(Shouter):
 
 def test_deferred_rows_of_a_batch_are_made_side_by_side_and_a_refused_one_fails_its_request_alone():
     model = SlowShouter()
-    first, bad, last = model.answer([texts("ab"), texts("x", "bad"), texts("def")])
+    first, bad, odd, last = model.answer(
+        [texts("ab"), texts("x", "bad"), texts("odd"), texts("def")]
+    )
     # "ab" and "def" waited for each other: made one after the other, the barrier breaks.
     assert first["LOUD"].tolist() == [[b"AB"]] and last["LOUD"].tolist() == [[b"DEF"]]
     assert bad == "TEXT[1]: bad is refused"
+    assert odd.startswith("the file could not be read (TypeError: unpack requires")
     assert model.runs == [2]  # the refused request's good row ("x") did not run either
 
 
