@@ -313,6 +313,12 @@ class GateRole(ServingRole[C]):
         reference: what the serving champion (other weights, other sizes) is scored by."""
         return {}
 
+    def pytorch_scores(self, reference: Any, data: Data, cfg: C) -> dict[str, float]:
+        """PyTorch's own figures on the metrics `score` takes from labels (its transcripts
+        against the words spoken): where PyTorch itself misses a limit, no candidate can pass,
+        and the gate's refusal says that the model, not its export, misses it."""
+        return {}
+
     def as_reference(self, outputs: Any) -> Any:
         """Served outputs (`extract`'s) in the form `score` takes as its reference."""
         return outputs

@@ -422,6 +422,13 @@ class SpeechRecognitionKind(AudioKind[SpeechConfig]):
         ]
         return metrics, {"differ": differ[:10]}
 
+    def pytorch_scores(
+        self, reference: list[str], data: Data, cfg: SpeechConfig
+    ) -> dict[str, float]:
+        if "references" not in data.extra:
+            return {}
+        return {"reference_wer": wer(list(reference), data.extra["references"])[0]}
+
     def agreement_limits(self, tolerance: float) -> Limits:
         return {"exact_match": (">=", 1.0)}  # greedy text is equal, or it is not what was judged
 

@@ -208,6 +208,12 @@ def decide(
     ref = pytorch_reference(gate, model_dir, work_root)
     report = new_report(gate)
     report["not_offered"] = dict(gate.not_offered)
+    own = gate.kind.pytorch_scores(ref.outputs, gate.items(len(ref.outputs)), gate.cfg)
+    if own:
+        report["pytorch"] = own
+        log.info(
+            "validate: PyTorch's own answers: %s", ", ".join(f"{k} {v:.4f}" for k, v in own.items())
+        )
     for what, why in report["not_offered"].items():
         log.info("validate: %s not tried: %s", what, why)
     floor = face_champion(gate, champion, same, len(candidates), ref, report)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from hf2triton.errors import AccuracyGateError
-from hf2triton.kinds.base import Candidate, ModelKind, describe_misses, to_json
+from hf2triton.kinds.base import Candidate, ModelKind, describe_misses, misses, to_json
 from hf2triton.kinds.config import KindConfig
 from hf2triton.kinds.margin import (
     EARLY_ALPHA,
@@ -189,10 +189,18 @@ def gate_message(kind: ModelKind[KindConfig], report: dict[str, Any], path: Path
         example = kind.example(cand["details"])
         parts.append(f"{cand['name']}: {text}" + (f"; {example}" if example else ""))
     closest = min(report["candidates"], key=lambda c: sum(c["misses"].values()))
+    own = report.get("pytorch", {})
+    short = misses(own, limits)
+    itself = (
+        f" PyTorch's own answers miss too ({describe_misses(own, limits, short)}): the model "
+        "itself, not its export, misses these limits."
+        if short
+        else ""
+    )
     return (
         f"accuracy gate failed on {report['items']} validation {kind.item_word}; closest: "
         f"{closest['name']}. "
         + " | ".join(parts)
-        + f". Nothing was registered or deployed. Full report: {path}. Relax "
+        + f".{itself} Nothing was registered or deployed. Full report: {path}. Relax "
         f"{kind.thresholds_key} only if these figures are acceptable for your use."
     )

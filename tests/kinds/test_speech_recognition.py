@@ -145,8 +145,37 @@ def test_the_gate_judged_word_error_rate_against_pytorch_and_the_transcripts(whi
     assert "dynamic-int8/qint8/per-channel" in refused
     shipped = by_name[whisper["summary"]["variant"]]
     assert not shipped["misses"] and shipped["metrics"]["wer"] <= 0.05
-    # random weights say nothing of the sentences spoken: reported, not judged by default
+    # random weights say nothing of the sentences spoken: reported, not judged by default;
+    # PyTorch's own transcripts are scored against them too, the shipped one's figure when
+    # it wrote the same words
     assert shipped["metrics"]["reference_wer"] > 0.5
+    assert rep["pytorch"]["reference_wer"] > 0.5
+    if shipped["metrics"]["exact_match"] == 1.0:
+        assert rep["pytorch"]["reference_wer"] == pytest.approx(shipped["metrics"]["reference_wer"])
+
+
+def test_a_reference_limit_pytorch_itself_misses_is_named_as_the_models(
+    tmp_path_factory, model_dir
+):
+    """A limit on the words spoken that PyTorch's own transcripts miss: nothing ships, and the
+    refusal says the model itself misses it (no export could pass), with PyTorch's figure."""
+    from hf2triton.errors import AccuracyGateError
+
+    with pytest.raises(AccuracyGateError) as refused:
+        next(
+            release_whisper(
+                tmp_path_factory,
+                model_dir,
+                "whisper-refused",
+                runtime__candidates=[{"name": "onnxruntime", "precision": "fp32"}],
+                quantization__method="none",
+                speech__thresholds={"max_reference_wer": 0.3},
+            )
+        )
+    message = str(refused.value)
+    assert "reference_wer" in message and "> 0.3" in message
+    assert "PyTorch's own answers miss too (reference_wer " in message
+    assert "the model itself, not its export, misses these limits" in message
 
 
 def eleven_minutes() -> bytes:
