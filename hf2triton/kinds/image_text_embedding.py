@@ -26,7 +26,7 @@ from hf2triton.kinds.embedding import cosine_rows
 from hf2triton.kinds.image_classification import TorchImages, data_uri, load_processor
 from hf2triton.kinds.image_plan import image_plan
 from hf2triton.kinds.margin import Sample
-from hf2triton.kinds.modality import VisionKind, onnx_files, read_images
+from hf2triton.kinds.modality import VisionKind, joined_files, onnx_files, read_images
 from hf2triton.kinds.torch_reference import batched
 from hf2triton.serving.image_text_embedding import ImageTextEmbedder, normalized
 from hf2triton.util.specbase import Probability, Strict
@@ -347,7 +347,7 @@ class ImageTextEmbeddingKind(VisionKind[ImageTextEmbeddingConfig]):
     def version_files(self, candidate: str, export_dir: str) -> dict[str, Path]:
         files = super().version_files(candidate, export_dir)
         files["tokenizer.json"] = Path(export_dir) / "tokenizer.json"
-        return {**files, **onnx_files(TEXT_GRAPH, Path(export_dir) / TEXT_GRAPH)}
+        return joined_files(files, onnx_files(TEXT_GRAPH, Path(export_dir) / TEXT_GRAPH))
 
     def file_settings(self, files: dict[str, str]) -> dict[str, Any]:
         return {

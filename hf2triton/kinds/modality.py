@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from hf2triton.errors import ExportError, SpecError
+from hf2triton.errors import ArtifactError, ExportError, SpecError
 from hf2triton.kinds.base import Data, ModelKind, read_lines, save_fast_tokenizer
 from hf2triton.kinds.roles import C
 
@@ -43,7 +43,26 @@ def onnx_files(name: str, graph: Path) -> dict[str, Path]:
     it reads them by (beside it): a graph over 2 GB keeps its weights there (multilingual-e5-
     large's 2.2 GB export in `model.onnx_data`, its int8 graph in `model.onnx.data`), and a
     version directory without them does not load."""
-    return {name: graph, **{place: graph.parent / place for place in external_data(graph)}}
+    return joined_files(
+        {name: graph}, {place: graph.parent / place for place in external_data(graph)}
+    )
+
+
+def joined_files(*parts: dict[str, Path]) -> dict[str, Path]:
+    """A version directory's files from several graphs' (name -> source); ArtifactError when
+    one name would hold two different files (two graphs' external data saved under one name):
+    the graph that lost its file would read the other's weights."""
+    out: dict[str, Path] = {}
+    for part in parts:
+        for name, source in part.items():
+            if name in out and Path(out[name]).resolve() != Path(source).resolve():
+                raise ArtifactError(
+                    f"the version directory's {name!r} would be both {out[name]} and {source}: "
+                    "save each graph's external data under a name of its own "
+                    "(onnx.save(..., location='<graph>.onnx.data'))"
+                )
+            out[name] = source
+    return out
 
 
 def external_data(graph: Path) -> list[str]:
@@ -82,8 +101,9 @@ def _external_data(graph: str, mtime_ns: int, size: int) -> tuple[str, ...]:
 
     visit(model.graph)
     for place in places:  # the version directory holds them beside the graph, nowhere else
-        if Path(place).is_absolute() or ".." in Path(place).parts:
-            raise ValueError(
+        parts = Path(place).parts
+        if Path(place).is_absolute() or ".." in parts or not parts or parts == (".",):
+            raise ArtifactError(
                 f"{graph} keeps tensors in {place!r}, outside its own folder: save its external "
                 "data beside it (onnx.save(..., location='model.onnx.data'))"
             )

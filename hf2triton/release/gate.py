@@ -208,17 +208,18 @@ def decide(
     ref = pytorch_reference(gate, model_dir, work_root)
     report = new_report(gate)
     report["not_offered"] = dict(gate.not_offered)
+    for what, why in report["not_offered"].items():
+        log.info("validate: %s not tried: %s", what, why)
+    floor = face_champion(gate, champion, same, len(candidates), ref, report)
+    facing = Facing(report.get("champion", {}), floor, frozenset(same))
+    chosen = judge_candidates(gate, candidates, ref, report, facing)
+    # On every item PyTorch answered (a sampled kind's looks have grown it by now).
     own = gate.kind.pytorch_scores(ref.outputs, gate.items(len(ref.outputs)), gate.cfg)
     if own:
         report["pytorch"] = own
         log.info(
             "validate: PyTorch's own answers: %s", ", ".join(f"{k} {v:.4f}" for k, v in own.items())
         )
-    for what, why in report["not_offered"].items():
-        log.info("validate: %s not tried: %s", what, why)
-    floor = face_champion(gate, champion, same, len(candidates), ref, report)
-    facing = Facing(report.get("champion", {}), floor, frozenset(same))
-    chosen = judge_candidates(gate, candidates, ref, report, facing)
     report["chosen"] = chosen.name if chosen else None
     return ref, report, chosen
 

@@ -193,7 +193,7 @@ def gate_message(kind: ModelKind[KindConfig], report: dict[str, Any], path: Path
     short = misses(own, limits)
     itself = (
         f" PyTorch's own answers miss too ({describe_misses(own, limits, short)}): the model "
-        "itself, not its export, misses these limits."
+        f"itself, not its export, misses {', '.join(short)}."
         if short
         else ""
     )

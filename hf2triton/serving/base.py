@@ -12,6 +12,7 @@ after another would leave all cores but one idle while the graph waits.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import threading
@@ -114,6 +115,11 @@ def made(row: Deferred) -> tuple[Any, str | None]:
     except ValueError as exc:
         return None, str(exc)
     except Exception as exc:  # noqa: BLE001 - a decoder's odd error on one file fails that file
+        # Logged whole: a fault of the server's own (a dependency changed under it) would
+        # otherwise show only as clients' 400s.
+        logging.getLogger(__name__).warning(
+            "a file was refused on %s", type(exc).__name__, exc_info=True
+        )
         return None, f"the file could not be read ({type(exc).__name__}: {exc}): send it whole"
 
 

@@ -175,7 +175,7 @@ def test_a_reference_limit_pytorch_itself_misses_is_named_as_the_models(
     message = str(refused.value)
     assert "reference_wer" in message and "> 0.3" in message
     assert "PyTorch's own answers miss too (reference_wer " in message
-    assert "the model itself, not its export, misses these limits" in message
+    assert "the model itself, not its export, misses reference_wer." in message
 
 
 def eleven_minutes() -> bytes:

@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from hf2triton import serving
 from hf2triton.release.repository import BATCHING, build_repository, render_config
@@ -110,6 +111,39 @@ def test_a_graph_that_keeps_its_weights_outside_itself_ships_them(
     in_gate = kind.open_candidate(str(graph), exported["export_dir"], settings)
     from_dir = serving.load(str(version))
     assert np.allclose(from_dir.embed(SENTENCES), in_gate.embed(SENTENCES), atol=1e-6)
+
+
+def test_a_graph_whose_weights_lie_outside_its_folder_or_clash_is_refused(exported, tmp_path):
+    """External data named outside the graph's folder would not be in the version directory
+    (and names a file anywhere on the host), and two graphs' data under one name would make
+    one graph read the other's weights: each is refused, naming the file and what to do."""
+    import onnx
+
+    from hf2triton.errors import ArtifactError
+    from hf2triton.kinds.modality import graph_files, joined_files
+
+    graph = tmp_path / "g" / "model.onnx"
+    graph.parent.mkdir()
+    onnx.save(
+        onnx.load(exported["onnx_path"]),
+        str(graph),
+        save_as_external_data=True,
+        location="model.onnx.data",
+        size_threshold=0,
+    )
+    assert set(graph_files(str(graph))) == {"model.onnx", "model.onnx.data"}
+    model = onnx.load(str(graph), load_external_data=False)
+    for t in model.graph.initializer:
+        for entry in t.external_data:
+            if entry.key == "location":
+                entry.value = "../elsewhere.data"
+    moved = tmp_path / "g" / "moved.onnx"
+    onnx.save(model, str(moved))
+    with pytest.raises(ArtifactError, match=r"keeps tensors in '\.\./elsewhere\.data', outside"):
+        graph_files(str(moved))
+    other = tmp_path / "h" / "model.onnx.data"
+    with pytest.raises(ArtifactError, match=r"'model\.onnx\.data' would be both"):
+        joined_files(graph_files(str(graph)), {"model.onnx.data": other})
 
 
 def test_the_config_declares_the_served_class_inputs_outputs_and_batching(tiny_bert, cfg):
