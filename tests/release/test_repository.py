@@ -83,6 +83,22 @@ def test_a_version_directory_is_what_the_gate_ran(tiny_bert, exported, cfg, tmp_
     assert again["reused"] and again["content_hash"] == built["content_hash"]
 
 
+def saved_apart(onnx_path: str, graph: Path) -> Path:
+    """The graph at `onnx_path` saved as `graph` with every tensor in `<graph name>.data`
+    beside it, as ONNX saves a graph over 2 GB."""
+    import onnx
+
+    graph.parent.mkdir()
+    onnx.save(
+        onnx.load(onnx_path),
+        str(graph),
+        save_as_external_data=True,
+        location=f"{graph.name}.data",
+        size_threshold=0,
+    )
+    return graph
+
+
 def test_a_graph_that_keeps_its_weights_outside_itself_ships_them(
     tiny_bert, exported, cfg, tmp_path
 ):
@@ -90,18 +106,9 @@ def test_a_graph_that_keeps_its_weights_outside_itself_ships_them(
     shape: `model.onnx.data` beside its int8 graph); the version directory holds it under the
     name the graph reads, and loads as Triton loads it (a 560M embedder's release failed to
     load without it). The tiny BERT is saved the same way."""
-    import onnx
 
     kind = embedding_kind(tiny_bert)
-    graph = tmp_path / "int8" / "quantized.onnx"
-    graph.parent.mkdir()
-    onnx.save(
-        onnx.load(exported["onnx_path"]),
-        str(graph),
-        save_as_external_data=True,
-        location="quantized.onnx.data",
-        size_threshold=0,
-    )
+    graph = saved_apart(exported["onnx_path"], tmp_path / "int8" / "quantized.onnx")
     shipped = replace(_shipped(kind, exported, cfg), path=str(graph))
     built = build_repository(shipped, "tiny", _knobs(), SENTENCES[:2], str(tmp_path / "repo"))
     version = Path(built["repository"]) / "tiny" / "1"
@@ -122,15 +129,7 @@ def test_a_graph_whose_weights_lie_outside_its_folder_or_clash_is_refused(export
     from hf2triton.errors import ArtifactError
     from hf2triton.kinds.modality import graph_files, joined_files
 
-    graph = tmp_path / "g" / "model.onnx"
-    graph.parent.mkdir()
-    onnx.save(
-        onnx.load(exported["onnx_path"]),
-        str(graph),
-        save_as_external_data=True,
-        location="model.onnx.data",
-        size_threshold=0,
-    )
+    graph = saved_apart(exported["onnx_path"], tmp_path / "g" / "model.onnx")
     assert set(graph_files(str(graph))) == {"model.onnx", "model.onnx.data"}
     model = onnx.load(str(graph), load_external_data=False)
     for t in model.graph.initializer:
