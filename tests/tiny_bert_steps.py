@@ -125,3 +125,19 @@ def run_gate(tiny_bert, exported, cfg, sentences_file, candidates, thresholds, w
 
 def leftovers(step_dir: Path) -> list[str]:
     return sorted(p.name for p in step_dir.iterdir() if p.name.endswith(".tmp"))
+
+
+def saved_apart(onnx_path: str, graph: Path) -> Path:
+    """The graph at `onnx_path` saved as `graph` with every tensor in `<graph name>.data`
+    beside it, as ONNX saves a graph over 2 GB."""
+    import onnx
+
+    graph.parent.mkdir()
+    onnx.save(
+        onnx.load(onnx_path),
+        str(graph),
+        save_as_external_data=True,
+        location=f"{graph.name}.data",
+        size_threshold=0,
+    )
+    return graph

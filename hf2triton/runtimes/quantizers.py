@@ -21,6 +21,7 @@ from hf2triton.runtimes.base import ORT_ONLY, Variant, VariantId, build_variant
 from hf2triton.runtimes.quantization import QuantizationSpec
 from hf2triton.serving.seq2seq import ONNX_FILES
 from hf2triton.util import quiet
+from hf2triton.util.isolated import isolates, run_isolated
 from hf2triton.util.runs import step_logger
 from hf2triton.util.workspace import sha256_file
 
@@ -35,16 +36,117 @@ PRE_PROCESS_REMINDER = "Please consider to run pre-processing before quantizatio
 def _dynamic_int8(src: Path, target: Path, spec: QuantizationSpec) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    weight_type, apart = spec.weight_type, bool(_companions(src))
+    size = sum(p.stat().st_size for p in [src, *_companions(src)])
+    if isolates(size):  # a large graph: in a child, reading each weight from its file
+        run_isolated(
+            "int8 quantization", size, dynamic_int8_lean, str(src), str(target),
+            weight_type, spec.per_channel, spec.reduce_range, spec.op_types, apart,
+        )  # fmt: skip
+        return
     with quiet.dropped("", PRE_PROCESS_REMINDER):
         quantize_dynamic(
             src,
             target,
-            weight_type=QuantType.QInt8 if spec.weight_type == "qint8" else QuantType.QUInt8,
+            weight_type=QuantType.QInt8 if weight_type == "qint8" else QuantType.QUInt8,
             per_channel=spec.per_channel,
             reduce_range=spec.reduce_range,
             op_types_to_quantize=spec.op_types,
-            use_external_data_format=bool(_companions(src)),
+            use_external_data_format=apart,
         )
+
+
+def dynamic_int8_lean(
+    src: str,
+    target: str,
+    weight_type: str,
+    per_channel: bool,
+    reduce_range: bool,
+    op_types: list[str] | None,
+    apart: bool,
+) -> None:
+    """ONNX Runtime's dynamic int8 quantization as `quantize_dynamic` does it, for a process of
+    its own (it changes the working directory and ONNX Runtime's shape-inference reload), holding
+    the fp32 graph once, or not at all where its weights lie in a file beside it.
+
+    `quantize_dynamic` holds the graph three times over: loaded, deep-copied to run shape
+    inference on disk, and reloaded (8.8 GB for multilingual-e5-large's 2.1 GB graph). Here shape
+    inference runs on the graph without its large weights, the result written into the graph
+    itself; and external weights are not loaded: ONNX reads an external tensor from the working
+    directory when ONNX Runtime asks for its array, one weight at a time, and what was not
+    quantized is loaded back before saving (4.1 GB for the same graph). The graph and data
+    written are byte for byte `quantize_dynamic`'s (tests/runtimes/test_quantizers.py)."""
+    import os
+
+    import onnx
+    from onnx.external_data_helper import load_external_data_for_model
+    from onnxruntime.quantization import QuantType, onnx_quantizer
+    from onnxruntime.quantization.quant_utils import QuantizationMode, update_opset_version
+    from onnxruntime.quantization.registry import IntegerOpsRegistry
+
+    folder, target = str(Path(src).resolve().parent), str(Path(target).resolve())
+    qtype = QuantType.QInt8 if weight_type == "qint8" else QuantType.QUInt8
+    model = onnx.load(src, load_external_data=False)
+    model = update_opset_version(_with_shapes(model), qtype)
+    onnx_quantizer.save_and_reload_model_with_shape_infer = _with_shapes
+    os.chdir(folder)
+    quantizer = onnx_quantizer.ONNXQuantizer(
+        model,
+        per_channel,
+        reduce_range,
+        QuantizationMode.IntegerOps,
+        False,  # dynamic
+        qtype,
+        QuantType.QUInt8,  # dynamic activations are uint8
+        None,
+        None,
+        None,
+        op_types or list(IntegerOpsRegistry.keys()),
+        {"MatMulConstBOnly": True},
+    )
+    del model
+    quantizer.quantize_model()
+    load_external_data_for_model(quantizer.model.model, folder)  # the fp32 weights left
+    out = Path(target).resolve()
+    os.chdir(out.parent)  # ONNX checks the data file's name from the working directory
+    quantizer.model.save_model_to_file(str(out), apart)
+
+
+def _with_shapes(model: Any) -> Any:
+    """`model` with ONNX's inferred shapes (as ONNX Runtime's quantizer infers them before it
+    quantizes), inferred on a copy without the weights of 1 KB and more (their shapes suffice)."""
+    import onnx
+    from onnxruntime.quantization.quant_utils import add_infer_metadata
+
+    light = onnx.ModelProto()
+    graph = model.graph
+    for field, value in model.ListFields():
+        if field.name != "graph":
+            _copy_field(light, field, value)
+    for field, value in graph.ListFields():
+        if field.name != "initializer":
+            _copy_field(light.graph, field, value)
+    for t in graph.initializer:
+        if t.HasField("raw_data") and len(t.raw_data) >= 1024:
+            stub = light.graph.initializer.add(name=t.name, data_type=t.data_type, dims=t.dims)
+            stub.data_location = onnx.TensorProto.EXTERNAL
+            stub.external_data.add(key="location", value="weights-left-out")
+        else:
+            light.graph.initializer.add().CopyFrom(t)
+    inferred = onnx.shape_inference.infer_shapes(light)
+    del graph.value_info[:]
+    graph.value_info.extend(inferred.graph.value_info)
+    add_infer_metadata(model)
+    return model
+
+
+def _copy_field(message: Any, field: Any, value: Any) -> None:
+    if field.label == field.LABEL_REPEATED:
+        getattr(message, field.name).extend(value)
+    elif field.type == field.TYPE_MESSAGE:
+        getattr(message, field.name).CopyFrom(value)
+    else:
+        setattr(message, field.name, value)
 
 
 def _blockwise(bits: int, src: Path, target: Path, spec: QuantizationSpec) -> None:

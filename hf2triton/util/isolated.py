@@ -41,6 +41,11 @@ def isolate_above() -> int:
         ) from None
 
 
+def isolates(weight_bytes: int) -> bool:
+    """Whether work on weights of `weight_bytes` (as fp32) runs in a child (`run_isolated`)."""
+    return weight_bytes >= isolate_above()
+
+
 def _child(
     conn: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> None:
@@ -68,7 +73,7 @@ def run_isolated(
     (else here). `fn` and its arguments are pickled: a module-level function and plain data.
     What it raises is raised here; a child that dies without answering raises `WorkerDiedError`
     naming `what` and how it ended."""
-    if weight_bytes < isolate_above():
+    if not isolates(weight_bytes):
         return fn(*args, **kwargs)
     ctx = multiprocessing.get_context("spawn")
     receive, send = ctx.Pipe(duplex=False)

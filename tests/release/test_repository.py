@@ -17,7 +17,7 @@ from hf2triton.release.repository import BATCHING, build_repository, render_conf
 from hf2triton.release.shipped import Shipped
 from hf2triton.spec import parse_spec
 from tests.conftest import ROOT, write_spec
-from tests.tiny_bert_steps import SENTENCES, embedding_kind
+from tests.tiny_bert_steps import SENTENCES, embedding_kind, saved_apart
 
 OV_F32 = {
     "name": "openvino",
@@ -81,22 +81,6 @@ def test_a_version_directory_is_what_the_gate_ran(tiny_bert, exported, cfg, tmp_
         _shipped(kind, exported, cfg, OV_F32), "tiny", _knobs(), SENTENCES[:2], str(tmp_path)
     )
     assert again["reused"] and again["content_hash"] == built["content_hash"]
-
-
-def saved_apart(onnx_path: str, graph: Path) -> Path:
-    """The graph at `onnx_path` saved as `graph` with every tensor in `<graph name>.data`
-    beside it, as ONNX saves a graph over 2 GB."""
-    import onnx
-
-    graph.parent.mkdir()
-    onnx.save(
-        onnx.load(onnx_path),
-        str(graph),
-        save_as_external_data=True,
-        location=f"{graph.name}.data",
-        size_threshold=0,
-    )
-    return graph
 
 
 def test_a_graph_that_keeps_its_weights_outside_itself_ships_them(

@@ -96,3 +96,41 @@ def test_a_graph_that_cannot_be_quantized_fails_clearly(tmp_path):
     assert str(bad) in msg
     assert "quantization.method: none" in msg
     assert leftovers(tmp_path / "work" / "quantize") == []
+
+
+@pytest.mark.parametrize("apart", [False, True], ids=["weights-inside", "weights-apart"])
+def test_a_large_graphs_int8_is_built_apart_and_byte_for_byte_onnx_runtimes(
+    exported, tmp_path, monkeypatch, apart
+):
+    """Over HF2TRITON_ISOLATE_ABOVE_MB (0 here) dynamic int8 runs in a process of its own that
+    holds the fp32 graph once, or reads each weight from its file (dynamic_int8_lean): what it
+    writes is exactly what ONNX Runtime's quantize_dynamic writes, graph and weights file. An ONNX
+    Runtime whose quantizer changed would fail here, not ship a different graph."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from hf2triton.util.isolated import ENV
+    from tests.tiny_bert_steps import saved_apart
+
+    src = Path(exported["onnx_path"])
+    if apart:
+        src = saved_apart(str(src), tmp_path / "fp32" / "model.onnx")
+    expected = tmp_path / "expected"
+    expected.mkdir()
+    quantize_dynamic(
+        src,
+        expected / "model.onnx",
+        weight_type=QuantType.QInt8,
+        per_channel=True,
+        use_external_data_format=apart,
+    )
+    def not_here(*args, **kwargs):
+        raise AssertionError("quantize_dynamic ran in the release's own process")
+
+    monkeypatch.setenv(ENV, "0")
+    monkeypatch.setattr("onnxruntime.quantization.quantize_dynamic", not_here)
+    built = Path(quantize_onnx(str(src), QuantizationSpec(), str(tmp_path / "work"))["onnx_path"])
+    names = sorted(p.name for p in expected.iterdir())
+    assert names == (["model.onnx", "model.onnx.data"] if apart else ["model.onnx"])
+    assert sorted(p.name for p in built.parent.iterdir() if p.suffix != ".json") == names
+    for name in names:
+        assert sha256(built.parent / name) == sha256(expected / name), name
