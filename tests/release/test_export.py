@@ -170,3 +170,32 @@ def test_an_unsupported_architecture_is_refused(ernie_dir, tmp_path):
     assert "feature-extraction" in msg
     assert not errors.is_retryable(info.value)
     assert [p for p in (tmp_path / "export").iterdir()] == []
+
+
+def test_the_export_check_lets_pytorch_go_before_onnx_runtime_loads_the_graph(
+    exported, tiny_bert, cfg, monkeypatch
+):
+    """The check holds the weights once: PyTorch's model is freed before ONNX Runtime's one
+    session opens the graph (a 2.1 GB embedder's check held both, and a session per 8 rows)."""
+    import weakref
+
+    from hf2triton.kinds import torch_reference
+
+    sessions, models, real = [], [], torch_reference.onnx_outputs
+
+    def opened(onnx_path, encs, name=None):
+        sessions.append(models[0]())
+        return real(onnx_path, encs, name)
+
+    def reference():  # handed over as the kinds hand it, no name kept here
+        made = TorchEmbedder(tiny_bert, cfg)
+        models.append(weakref.ref(made.model))
+        return made
+
+    monkeypatch.setattr(torch_reference, "onnx_outputs", opened)
+    rows = SENTENCES * 3
+    worst = torch_reference.largest_difference(
+        reference(), exported["onnx_path"], rows, "last_hidden_state", None, masked=True
+    )
+    assert sessions == [None]  # one session, opened after the model was gone
+    assert 0 < worst <= 1e-3
