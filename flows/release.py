@@ -89,10 +89,14 @@ def _release(spec: ReleaseSpec) -> JSONObject:
         figures = smoke(target, ctx.kind, dep, built.val)
         dep = promote(target, dep, reg, figures)
     retire(target, dep)
-    tidied = tidy(ctx, built.val)
+    tidied = tidy(ctx, built)
 
     result = summary(spec, built, Served(reg, image, dep, target.summary(dep), figures))
-    result["work"] = {"removed_bytes": tidied["removed_bytes"], "bytes": tidied["work_bytes"]}
+    result["work"] = {
+        "removed_bytes": tidied["removed_bytes"],
+        "bytes": tidied["work_bytes"],
+        "rebuilt_on_rerun": tidied["rebuilt_on_rerun"],
+    }
     report(ctx.kind, result, built.val, reg["experiment_id"])
     result["watch"] = after_release(spec)  # its first minutes watched (docs/watch.md)
     return result

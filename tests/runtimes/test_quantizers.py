@@ -123,6 +123,7 @@ def test_a_large_graphs_int8_is_built_apart_and_byte_for_byte_onnx_runtimes(
         per_channel=True,
         use_external_data_format=apart,
     )
+
     def not_here(*args, **kwargs):
         raise AssertionError("quantize_dynamic ran in the release's own process")
 
