@@ -118,7 +118,7 @@ class TorchClassifier(TorchReference):
         super().__init__(model_dir, "AutoModelForSequenceClassification", max_length)
 
     def all_logits(self, rows: list[Any], batch_size: int = 32) -> np.ndarray:
-        return np.concatenate([logits for logits, _ in self.outputs(rows, "logits", batch_size)])
+        return self.each_row(rows, lambda logits, _: logits, "logits", batch_size)
 
 
 def check_logits(

@@ -131,11 +131,12 @@ class TorchEmbedder(TorchReference):
         self.cfg = cfg
 
     def embed(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
-        return np.concatenate(
-            [
-                pool(states, mask, self.cfg.pooling, self.cfg.normalize)
-                for states, mask in self.outputs(texts, "last_hidden_state", batch_size)
-            ]
+        cfg = self.cfg
+        return self.each_row(
+            texts,
+            lambda states, mask: pool(states, mask, cfg.pooling, cfg.normalize),
+            "last_hidden_state",
+            batch_size,
         )
 
 

@@ -51,6 +51,37 @@ class TorchReference:
             out = self.model(**{k: torch.from_numpy(v) for k, v in enc.items()})
         return getattr(out, name).float().numpy()
 
+    def length_order(self, rows: list[Any]) -> np.ndarray:
+        """The rows' indices, shortest first in tokens: a batch is padded to its longest row,
+        and multilingual-e5-large's 350 validation texts in batches of 32 padded to 133,376
+        tokens in file order, 21,600 in this order (12,548 real)."""
+        if rows and isinstance(rows[0], tuple):
+            ids = self.tokenizer(
+                [r[0] for r in rows],
+                [r[1] for r in rows],
+                truncation=True,
+                max_length=self.max_length,
+            )["input_ids"]
+        else:
+            ids = self.tokenizer(rows, truncation=True, max_length=self.max_length)["input_ids"]
+        return np.argsort([len(i) for i in ids], kind="stable")
+
+    def each_row(
+        self, rows: list[Any], per_batch: Any, name: str, batch_size: int = 32
+    ) -> np.ndarray:
+        """`per_batch(output, attention_mask)` (one row of result per row) for every row,
+        batched shortest first (`length_order`), answered in `rows`' order."""
+        order = self.length_order(rows)
+        found = np.concatenate(
+            [
+                per_batch(out, mask)
+                for out, mask in self.outputs([rows[i] for i in order], name, batch_size)
+            ]
+        )
+        answered = np.empty_like(found)
+        answered[order] = found
+        return answered
+
     def outputs(
         self, rows: list[Any], name: str, batch_size: int = 32
     ) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -81,3 +81,24 @@ def test_the_seed_embedding_specs_are_valid():
         assert spec.source.repo_id and spec.source.revision
         assert spec.task == "feature-extraction"
     assert load_spec(releases / "biolinkbert-large.yaml").embedding.pooling == "mean"
+
+
+def test_pytorchs_reference_batches_shortest_first_and_answers_in_the_rows_order(tiny_bert):
+    """The reference pads each batch to its longest row only: rows are batched shortest first,
+    and each answer is still its own row's (what one row alone gives), in the rows' order."""
+    import numpy as np
+
+    from hf2triton.kinds.embedding import TorchEmbedder
+    from tests.tiny_bert_steps import SENTENCES
+
+    texts = [t for t in SENTENCES if t.strip()]
+    texts = [texts[i] for i in np.random.default_rng(3).permutation(len(texts))]
+    ref = TorchEmbedder(tiny_bert, resolve_embedding_config(tiny_bert))
+    order = ref.length_order(texts)
+    lengths = [len(ref.tokenizer(texts[i])["input_ids"]) for i in order]
+    assert lengths == sorted(lengths) and lengths[0] < lengths[-1]
+    assert list(order) != list(range(len(texts)))  # the shuffled rows are not already in order
+    together = ref.embed(texts, batch_size=4)
+    alone = np.concatenate([ref.embed([t]) for t in texts])
+    assert together.shape == alone.shape
+    assert np.abs(together - alone).max() < 1e-5
