@@ -28,7 +28,7 @@ WORK_PER_SHIPPED = 2.0
 
 
 class Tidied(TypedDict):
-    removed_bytes: int  # the unshipped graphs removed
+    removed_bytes: int  # what removing the unshipped graphs freed
     work_bytes: int  # what the release's work folder keeps
     rebuilt_on_rerun: list[str]  # the steps whose graphs went over budget: a re-run redoes them
 
@@ -62,12 +62,13 @@ def tidy_work(
     """Remove the step folders of the graphs the gate built and did not ship; then, while the
     work folder is over budget for `ships` bytes shipped, those of the `reusable` graphs (the
     export and the quantize step's) that did not ship, largest first."""
-    root, removed, log = Path(work), 0, step_logger()
+    root, log = Path(work), step_logger()
+    start = tree_size(root)
     keep = step_folder(root, val["onnx_path"])
     for path in val["built"]:
         folder = step_folder(root, path)
         if folder is not None and folder != keep and folder.is_dir():
-            removed += _remove(folder)
+            _remove(folder)
     kept = tree_size(root)
     budget = max(WORK_PER_SHIPPED * ships, ships + REUSE_ALLOWANCE)
     folders = {step_folder(root, p) for p in reusable or []} - {None, keep}
@@ -76,10 +77,11 @@ def tidy_work(
     for folder in over:
         if not ships or kept <= budget:
             break
-        size = _remove(folder)
-        if size:
-            removed, kept = removed + size, tree_size(root)
+        if _remove(folder):
+            kept = tree_size(root)
             again.append(folder.parent.name)
+    # What the disk got back: a file the repository links stays (tree_size counts it once).
+    removed = start - kept
     if again:
         log.info(
             "tidy: the unshipped graphs of %s removed to keep the work folder within %gx what "

@@ -16,7 +16,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from hf2triton.errors import QuantizationError
+from hf2triton.errors import QuantizationError, WorkerDiedError
 from hf2triton.runtimes.base import ORT_ONLY, Variant, VariantId, build_variant
 from hf2triton.runtimes.quantization import QuantizationSpec
 from hf2triton.serving.seq2seq import ONNX_FILES
@@ -81,12 +81,21 @@ def dynamic_int8_lean(
     import onnx
     from onnx.external_data_helper import load_external_data_for_model
     from onnxruntime.quantization import QuantType, onnx_quantizer
-    from onnxruntime.quantization.quant_utils import QuantizationMode, update_opset_version
+    from onnxruntime.quantization.quant_utils import (
+        QuantizationMode,
+        get_opset_version,
+        update_opset_version,
+    )
     from onnxruntime.quantization.registry import IntegerOpsRegistry
 
     folder, target = str(Path(src).resolve().parent), str(Path(target).resolve())
     qtype = QuantType.QInt8 if weight_type == "qint8" else QuantType.QUInt8
     model = onnx.load(src, load_external_data=False)
+    if get_opset_version(model) < 11:  # an upgrade would reload ORT's way: weights not loaded
+        raise QuantizationError(
+            f"{src} is at opset {get_opset_version(model)}: dynamic int8 of a large graph needs "
+            "opset 11 or later; export it at export.opset 11 or later"
+        )
     model = update_opset_version(_with_shapes(model), qtype)
     onnx_quantizer.save_and_reload_model_with_shape_infer = _with_shapes
     os.chdir(folder)
@@ -113,8 +122,12 @@ def dynamic_int8_lean(
 
 
 def _with_shapes(model: Any) -> Any:
-    """`model` with ONNX's inferred shapes (as ONNX Runtime's quantizer infers them before it
-    quantizes), inferred on a copy without the weights of 1 KB and more (their shapes suffice)."""
+    """`model` as ONNX Runtime's quantizer has it after its shape-inference reload (a save with
+    the weights apart, shape inference on disk, a load): the inferred shapes, subgraphs' too, and
+    each weight ONNX would have saved apart marked as held in the graph, which the load leaves on
+    it (and the saved graph keeps). Shapes are inferred on a copy without those weights."""
+    import sys
+
     import onnx
     from onnxruntime.quantization.quant_utils import add_infer_metadata
 
@@ -127,17 +140,33 @@ def _with_shapes(model: Any) -> Any:
         if field.name != "initializer":
             _copy_field(light.graph, field, value)
     for t in graph.initializer:
-        if t.HasField("raw_data") and len(t.raw_data) >= 1024:
+        # onnx.save_model(save_as_external_data=True)'s own test: sys.getsizeof >= 1024.
+        if t.HasField("raw_data") and sys.getsizeof(t.raw_data) >= 1024:
+            t.data_location = onnx.TensorProto.DEFAULT
             stub = light.graph.initializer.add(name=t.name, data_type=t.data_type, dims=t.dims)
             stub.data_location = onnx.TensorProto.EXTERNAL
             stub.external_data.add(key="location", value="weights-left-out")
         else:
             light.graph.initializer.add().CopyFrom(t)
-    inferred = onnx.shape_inference.infer_shapes(light)
-    del graph.value_info[:]
-    graph.value_info.extend(inferred.graph.value_info)
+    _copy_shapes(onnx.shape_inference.infer_shapes(light).graph, graph)
     add_infer_metadata(model)
     return model
+
+
+def _copy_shapes(inferred: Any, graph: Any) -> None:
+    """The inferred value_info of `inferred` into `graph`, and so on into their subgraphs (an
+    If's branches, a Loop's body), which shape inference leaves node for node in place."""
+    import onnx
+
+    del graph.value_info[:]
+    graph.value_info.extend(inferred.value_info)
+    for node, done in zip(graph.node, inferred.node, strict=True):
+        for attr, found in zip(node.attribute, done.attribute, strict=True):
+            if attr.type == onnx.AttributeProto.GRAPH:
+                _copy_shapes(found.g, attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub, sub_found in zip(attr.graphs, found.graphs, strict=True):
+                    _copy_shapes(sub_found, sub)
 
 
 def _copy_field(message: Any, field: Any, value: Any) -> None:
@@ -209,6 +238,8 @@ def quantize_onnx(onnx_path: str, spec: QuantizationSpec, work_root: str) -> Var
     def build(out: Path) -> dict:
         try:
             METHODS[spec.method](source, out / "model.onnx", spec)
+        except WorkerDiedError:  # killed (out of memory): the release stops, not a verdict
+            raise
         except Exception as exc:  # ORT raises plain Exceptions for unsupported graphs
             raise QuantizationError(
                 f"{spec.method} quantization of {source} failed: {exc}. Set quantization.method: "
@@ -242,6 +273,8 @@ def _quantize_one(src: Path, target: Path, spec: QuantizationSpec) -> str | None
         METHODS[spec.method](src, target, spec)
         ort.InferenceSession(str(target), providers=["CPUExecutionProvider"])
         return None
+    except WorkerDiedError:  # killed (out of memory): the release stops, no fp32 fallback kept
+        raise
     except Exception as exc:  # ORT raises plain Exceptions for unsupported graphs
         for p in [target, *_companions(target)] if target.exists() else []:
             p.unlink(missing_ok=True)

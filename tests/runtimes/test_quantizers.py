@@ -98,14 +98,16 @@ def test_a_graph_that_cannot_be_quantized_fails_clearly(tmp_path):
     assert leftovers(tmp_path / "work" / "quantize") == []
 
 
+@pytest.mark.parametrize("ops", [None, ["MatMul"]], ids=["all-ops", "matmul-only"])
 @pytest.mark.parametrize("apart", [False, True], ids=["weights-inside", "weights-apart"])
 def test_a_large_graphs_int8_is_built_apart_and_byte_for_byte_onnx_runtimes(
-    exported, tmp_path, monkeypatch, apart
+    exported, tmp_path, monkeypatch, apart, ops
 ):
     """Over HF2TRITON_ISOLATE_ABOVE_MB (0 here) dynamic int8 runs in a process of its own that
     holds the fp32 graph once, or reads each weight from its file (dynamic_int8_lean): what it
-    writes is exactly what ONNX Runtime's quantize_dynamic writes, graph and weights file. An ONNX
-    Runtime whose quantizer changed would fail here, not ship a different graph."""
+    writes is exactly what ONNX Runtime's quantize_dynamic writes, graph and weights file, with
+    large fp32 weights left unquantized too (MatMul only: the embeddings' Gather stays fp32). An
+    ONNX Runtime whose quantizer changed would fail here, not ship a different graph."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     from hf2triton.util.isolated import ENV
@@ -121,6 +123,7 @@ def test_a_large_graphs_int8_is_built_apart_and_byte_for_byte_onnx_runtimes(
         expected / "model.onnx",
         weight_type=QuantType.QInt8,
         per_channel=True,
+        op_types_to_quantize=ops,
         use_external_data_format=apart,
     )
 
@@ -129,7 +132,8 @@ def test_a_large_graphs_int8_is_built_apart_and_byte_for_byte_onnx_runtimes(
 
     monkeypatch.setenv(ENV, "0")
     monkeypatch.setattr("onnxruntime.quantization.quantize_dynamic", not_here)
-    built = Path(quantize_onnx(str(src), QuantizationSpec(), str(tmp_path / "work"))["onnx_path"])
+    spec = QuantizationSpec(op_types=ops)
+    built = Path(quantize_onnx(str(src), spec, str(tmp_path / "work"))["onnx_path"])
     names = sorted(p.name for p in expected.iterdir())
     assert names == (["model.onnx", "model.onnx.data"] if apart else ["model.onnx"])
     assert sorted(p.name for p in built.parent.iterdir() if p.suffix != ".json") == names
