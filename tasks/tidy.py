@@ -13,9 +13,6 @@ from hf2triton.util.workspace import tree_size
 
 @task(name="tidy", task_run_name="tidy the work folder", **NO_PREFECT_CACHE)
 def tidy(ctx: ReleaseContext, built: Built) -> Tidied:
-    graphs = [
-        built.exp["onnx_path"],
-        *(v["onnx_path"] for v in built.variants if v.get("onnx_path")),
-    ]
+    graphs = [built.exp["onnx_path"], *(v.get("onnx_path", "") for v in built.variants)]
     ships = tree_size(built.repo["repository"])
     return tidy_work(ctx.work, built.val, [g for g in graphs if g], ships)

@@ -17,6 +17,13 @@ def batched(items: list[Any], size: int):
         yield items[i : i + size]
 
 
+def texts_of(rows: list[Any]) -> tuple[list[Any], ...]:
+    """The tokenizer's text arguments for `rows`: the texts, or the pairs' firsts and seconds."""
+    if rows and isinstance(rows[0], tuple):
+        return [r[0] for r in rows], [r[1] for r in rows]
+    return (rows,)
+
+
 class TorchReference:
     """A transformers model of `auto_class` and its tokenizer. Rows are texts or (text, text)
     pairs, truncated at `max_length` as the served model truncates them."""
@@ -31,17 +38,12 @@ class TorchReference:
         self.model = getattr(transformers, auto_class).from_pretrained(str(model_dir)).eval()
 
     def encode(self, rows: list[Any]) -> dict[str, np.ndarray]:
-        if rows and isinstance(rows[0], tuple):
-            return self.tokenizer(
-                [r[0] for r in rows],
-                [r[1] for r in rows],
-                padding=True,
-                truncation=True,
-                max_length=self.max_length,
-                return_tensors="np",
-            )
         return self.tokenizer(
-            rows, padding=True, truncation=True, max_length=self.max_length, return_tensors="np"
+            *texts_of(rows),
+            padding=True,
+            truncation=True,
+            max_length=self.max_length,
+            return_tensors="np",
         )
 
     def output(self, enc: dict[str, np.ndarray], name: str) -> np.ndarray:
@@ -55,16 +57,8 @@ class TorchReference:
         """The rows' indices, shortest first in tokens: a batch is padded to its longest row,
         and multilingual-e5-large's 350 validation texts in batches of 32 padded to 133,376
         tokens in file order, 21,600 in this order (12,548 real)."""
-        if rows and isinstance(rows[0], tuple):
-            ids = self.tokenizer(
-                [r[0] for r in rows],
-                [r[1] for r in rows],
-                truncation=True,
-                max_length=self.max_length,
-            )["input_ids"]
-        else:
-            ids = self.tokenizer(rows, truncation=True, max_length=self.max_length)["input_ids"]
-        return np.argsort([len(i) for i in ids], kind="stable")
+        ids = self.tokenizer(*texts_of(rows), truncation=True, max_length=self.max_length)
+        return np.argsort([len(i) for i in ids["input_ids"]], kind="stable")
 
     def each_row(
         self, rows: list[Any], per_batch: Any, name: str, batch_size: int = 32
