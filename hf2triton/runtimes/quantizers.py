@@ -40,9 +40,8 @@ def _dynamic_int8(src: Path, target: Path, spec: QuantizationSpec) -> None:
     size = sum(p.stat().st_size for p in [src, *_companions(src)])
     if isolates(size):  # a large graph: in a child, reading each weight from its file
         run_isolated(
-            "int8 quantization", size, dynamic_int8_lean, str(src), str(target),
-            weight_type, spec.per_channel, spec.reduce_range, spec.op_types, apart,
-        )  # fmt: skip
+            "int8 quantization", size, dynamic_int8_lean, str(src), str(target), spec, apart
+        )
         return
     with quiet.dropped("", PRE_PROCESS_REMINDER):
         quantize_dynamic(
@@ -56,18 +55,10 @@ def _dynamic_int8(src: Path, target: Path, spec: QuantizationSpec) -> None:
         )
 
 
-def dynamic_int8_lean(
-    src: str,
-    target: str,
-    weight_type: str,
-    per_channel: bool,
-    reduce_range: bool,
-    op_types: list[str] | None,
-    apart: bool,
-) -> None:
+def dynamic_int8_lean(src: str, target: str, spec: QuantizationSpec, apart: bool) -> None:
     """ONNX Runtime's dynamic int8 quantization as `quantize_dynamic` does it, for a process of
     its own (it changes the working directory and ONNX Runtime's shape-inference reload), holding
-    the fp32 graph once, or not at all where its weights lie in a file beside it.
+    the fp32 graph once, or not at all where its weights lie in a file beside it (`apart`).
 
     `quantize_dynamic` holds the graph three times over: loaded, deep-copied to run shape
     inference on disk, and reloaded (8.8 GB for multilingual-e5-large's 2.1 GB graph). Here shape
@@ -80,29 +71,37 @@ def dynamic_int8_lean(
 
     import onnx
     from onnx.external_data_helper import load_external_data_for_model
-    from onnxruntime.quantization import QuantType, onnx_quantizer
-    from onnxruntime.quantization.quant_utils import (
-        QuantizationMode,
-        get_opset_version,
-        update_opset_version,
-    )
-    from onnxruntime.quantization.registry import IntegerOpsRegistry
+    from onnxruntime.quantization import onnx_quantizer
+    from onnxruntime.quantization.quant_utils import get_opset_version
 
-    folder, target = str(Path(src).resolve().parent), str(Path(target).resolve())
-    qtype = QuantType.QInt8 if weight_type == "qint8" else QuantType.QUInt8
+    folder, out = Path(src).resolve().parent, Path(target).resolve()
     model = onnx.load(src, load_external_data=False)
     if get_opset_version(model) < 11:  # an upgrade would reload ORT's way: weights not loaded
         raise QuantizationError(
             f"{src} is at opset {get_opset_version(model)}: dynamic int8 of a large graph needs "
             "opset 11 or later; export it at export.opset 11 or later"
         )
-    model = update_opset_version(_with_shapes(model), qtype)
     onnx_quantizer.save_and_reload_model_with_shape_infer = _with_shapes
     os.chdir(folder)
-    quantizer = onnx_quantizer.ONNXQuantizer(
-        model,
-        per_channel,
-        reduce_range,
+    quantizer = _ort_quantizer(model, spec)
+    del model  # the quantizer holds the graph, once
+    quantizer.quantize_model()
+    load_external_data_for_model(quantizer.model.model, str(folder))  # the fp32 weights left
+    os.chdir(out.parent)  # ONNX checks the data file's name from the working directory
+    quantizer.model.save_model_to_file(str(out), apart)
+
+
+def _ort_quantizer(model: Any, spec: QuantizationSpec) -> Any:
+    """ONNX Runtime's dynamic int8 quantizer on `model`, set up as `quantize_dynamic` sets it."""
+    from onnxruntime.quantization import QuantType, onnx_quantizer
+    from onnxruntime.quantization.quant_utils import QuantizationMode, update_opset_version
+    from onnxruntime.quantization.registry import IntegerOpsRegistry
+
+    qtype = QuantType.QInt8 if spec.weight_type == "qint8" else QuantType.QUInt8
+    return onnx_quantizer.ONNXQuantizer(
+        update_opset_version(_with_shapes(model), qtype),
+        spec.per_channel,
+        spec.reduce_range,
         QuantizationMode.IntegerOps,
         False,  # dynamic
         qtype,
@@ -110,15 +109,9 @@ def dynamic_int8_lean(
         None,
         None,
         None,
-        op_types or list(IntegerOpsRegistry.keys()),
+        spec.op_types or list(IntegerOpsRegistry.keys()),
         {"MatMulConstBOnly": True},
     )
-    del model
-    quantizer.quantize_model()
-    load_external_data_for_model(quantizer.model.model, folder)  # the fp32 weights left
-    out = Path(target).resolve()
-    os.chdir(out.parent)  # ONNX checks the data file's name from the working directory
-    quantizer.model.save_model_to_file(str(out), apart)
 
 
 def _with_shapes(model: Any) -> Any:
