@@ -36,8 +36,8 @@ PRE_PROCESS_REMINDER = "Please consider to run pre-processing before quantizatio
 def _dynamic_int8(src: Path, target: Path, spec: QuantizationSpec) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    weight_type, apart = spec.weight_type, bool(_companions(src))
-    size = sum(p.stat().st_size for p in [src, *_companions(src)])
+    companions = _companions(src)
+    apart, size = bool(companions), sum(p.stat().st_size for p in [src, *companions])
     if isolates(size):  # a large graph: in a child, reading each weight from its file
         run_isolated(
             "int8 quantization", size, dynamic_int8_lean, str(src), str(target), spec, apart
@@ -47,7 +47,7 @@ def _dynamic_int8(src: Path, target: Path, spec: QuantizationSpec) -> None:
         quantize_dynamic(
             src,
             target,
-            weight_type=QuantType.QInt8 if weight_type == "qint8" else QuantType.QUInt8,
+            weight_type=QuantType.QInt8 if spec.weight_type == "qint8" else QuantType.QUInt8,
             per_channel=spec.per_channel,
             reduce_range=spec.reduce_range,
             op_types_to_quantize=spec.op_types,
