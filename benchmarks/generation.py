@@ -23,6 +23,11 @@ The model is a Qwen2 of about 25M parameters with random weights (8 layers, hidd
     .venv/bin/python benchmarks/generation.py [--levels 1,8,32] [--max-new 96]
         [--model DIR] [--candidates auto|fp32|bf16] [--min-next-token-agreement X]
         [--max-perplexity-increase X] [--llama-cpp SRC] [--weights f32|int8]
+        [--objective throughput|latency]
+
+`--objective latency` releases with `runtime.objective: latency` and `runtime.candidates: auto`
+(OpenVINO GenAI's own list, with the latency objective's settings: activations quantized in
+groups of 32 beside compressed weights), timed at one stream.
 
 Writes benchmarks/results/generation-<UTC time>.{json,md}. The ways measured are in
 generation_ways.py, the prompts and the closed loop in generation_streams.py.
@@ -59,6 +64,7 @@ def release_spec(
     rows: int,
     candidates: Any,
     quantization: str = "none",
+    objective: str = "throughput",
     **generation: Any,
 ) -> Path:
     """The spec releasing `model_dir` as `name` (validated on 24 prompts written beside it),
@@ -90,6 +96,7 @@ def release_spec(
             **generation,
         },
         runtime__candidates=candidates,
+        runtime__objective=objective,
         quantization__method=quantization,
         # with compressed weights the gate times the candidates and ships the fastest that passes
         quantization__search=quantization != "none",
@@ -115,14 +122,16 @@ def release(
     rows: int,
     candidates: Any,
     quantization: str = "none",
+    objective: str = "throughput",
     **generation: Any,
 ) -> dict:
     """Release `model_dir` as `name` on OpenVINO GenAI (`candidates`: the runtime's own auto
     list, or one precision), in a child process (its own Prefect, MLflow and the local Triton
     it leaves running)."""
     spec = release_spec(
-        model_dir, name, home, ports, max_new, rows, candidates, quantization, **generation
-    )
+        model_dir, name, home, ports, max_new, rows, candidates, quantization, objective,
+        **generation,
+    )  # fmt: skip
     env = {**os.environ, "HF2TRITON_HOME": str(home), "HF_HUB_OFFLINE": "1"}
     env.pop("MLFLOW_TRACKING_URI", None)
     proc = subprocess.run(
@@ -210,6 +219,13 @@ def arguments() -> argparse.Namespace:
         help="int8: the IR's weights compressed to int8 by NNCF (the gate judges them beside "
         "the f32 weights and the fastest that passes ships), llama.cpp on a Q8_0 GGUF",
     )
+    parser.add_argument(
+        "--objective",
+        default="throughput",
+        choices=("throughput", "latency"),
+        help="latency: runtime.objective latency and runtime.candidates auto (the latency "
+        "objective's own candidates too)",
+    )
     return parser.parse_args()
 
 
@@ -217,11 +233,13 @@ def released(
     args: argparse.Namespace, model_dir: Path, home: Path, ports: dict, levels: list[int]
 ) -> dict:
     """The model released as bench-genai: the candidates asked for, the gate's limit if given."""
-    candidates = (
+    candidates: Any = (
         [{"name": "openvino-genai", "precision": p} for p in ("fp32", "bf16")]
         if args.candidates == "auto"
         else [{"name": "openvino-genai", "precision": args.candidates}]
     )
+    if args.objective == "latency":
+        candidates = "auto"
     thresholds = {
         "min_next_token_agreement": args.min_next_token_agreement,
         "max_perplexity_increase": args.max_perplexity_increase,
@@ -238,6 +256,7 @@ def released(
         max(levels),
         candidates,
         quantization,
+        objective=args.objective,
         **limits,
     )
 

@@ -10,6 +10,14 @@ of three is kept. LLMPipeline (the stateful pipeline, no paged KV cache) is meas
 The IR's int8 and int4 (groups of 32) weights are made by hf2triton's own NNCF compression.
 
     .venv/bin/python benchmarks/generation_one_stream.py --shape smollm2-135m [--max-new 96]
+        [--weights f32,int8,int4-g32] [--settings "served settings,LLMPipeline"]
+        [--llama-cpp SRC]
+
+With `--llama-cpp SRC` (a llama.cpp source tree with build/bin/llama-server), llama.cpp's own
+server runs the same model converted to GGUF at each weight format (f32, Q8_0 for int8, Q4_0
+for int4 in groups of 32), one slot, 2 threads, on the same 40 prompt ids and `--max-new`
+greedy tokens (EOS ignored), timed the same way (the whole request, best of three after a
+warm-up), and each row gets OpenVINO ÷ llama.cpp: the engines alone, at the model's size.
 
 Writes benchmarks/results/generation-one-stream-<UTC time>.json and prints a table. Runs the
 engine in .venv-serving (the serving image's packages), each configuration in a process of
@@ -71,8 +79,8 @@ SETTINGS: list[tuple[str, str, dict[str, str]]] = [
 ]
 
 
-def irs(model_dir: Path, work: Path) -> dict[str, Path]:
-    """The model's stateful IR (f32) and its NNCF int8 and int4-g32 compressions."""
+def irs(model_dir: Path, work: Path, wanted: list[str]) -> dict[str, Path]:
+    """The model's stateful IR (f32) and its NNCF int8 and int4-g32 compressions, those wanted."""
     from hf2triton.runtimes.openvino_genai import compress, convert_stateful, tokenizer_ir
 
     f32 = work / "f32"
@@ -81,13 +89,66 @@ def irs(model_dir: Path, work: Path) -> dict[str, Path]:
     tokenizer_ir(model_dir, f32)
     out = {"f32": f32}
     for name, mode, group in (("int8", "INT8_ASYM", 0), ("int4-g32", "INT4_ASYM", 32)):
+        if name not in wanted:
+            continue
         out[name] = work / name
         out[name].mkdir()
         compress(f32 / "openvino_model.xml", out[name], mode, group)
         for p in f32.iterdir():
             if p.is_file() and not p.name.startswith("openvino_model."):
                 shutil.copyfile(p, out[name] / p.name)
-    return out
+    return {k: v for k, v in out.items() if k in wanted}
+
+
+def llama_probe(source: Path, model_dir: Path, work: Path, weights: str, max_new: int) -> float:
+    """llama.cpp's server on the model as a GGUF at `weights`, one request at a time: tokens/s
+    of the whole request (prompt and generation), best of three after a warm-up."""
+    import time
+
+    import requests
+    from generation_ways import CONVERT
+
+    from hf2triton.util.net import free_port
+    from hf2triton.util.waiting import http_ok, wait_for
+
+    outtype = {"f32": "f32", "int8": "q8_0", "int4-g32": "q4_0"}[weights]
+    gguf = work / f"model-{outtype}.gguf"
+    if not gguf.exists():
+        # the converter writes f32 and Q8_0 itself; Q4_0 is llama-quantize's from the f32 file
+        first = gguf if outtype != "q4_0" else work / "model-f32.gguf"
+        if not first.exists():
+            subprocess.run(
+                [sys.executable, "-c", CONVERT, str(source), str(model_dir), "--outtype",
+                 first.stem.split("-")[-1], "--outfile", str(first)],
+                check=True, capture_output=True,
+            )  # fmt: skip
+        if first != gguf:
+            quantize = source / "build" / "bin" / "llama-quantize"
+            subprocess.run(
+                [str(quantize), str(first), str(gguf), "Q4_0", "2"], check=True, capture_output=True
+            )
+    port = free_port()
+    proc = subprocess.Popen(
+        [str(source / "build" / "bin" / "llama-server"), "-m", str(gguf), "--port", str(port),
+         "-t", "2", "--parallel", "1", "-c", "512", "--no-webui", "-ngl", "0"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: http_ok(f"http://127.0.0.1:{port}/health"), 300, "no llama-server", proc)
+        body = {"prompt": list(range(5, 45)), "n_predict": max_new, "ignore_eos": True,
+                "temperature": 0.0, "cache_prompt": False}  # fmt: skip
+        best = 0.0
+        for attempt in range(4):
+            t = time.perf_counter()
+            got = requests.post(f"http://127.0.0.1:{port}/completion", json=body, timeout=900)
+            took = time.perf_counter() - t
+            got.raise_for_status()
+            assert got.json()["tokens_predicted"] == max_new, got.json()
+            best = max(best, max_new / took) if attempt else best
+        return round(best, 1)
+    finally:
+        proc.terminate()
+        proc.wait(30)
 
 
 def probe(directory: Path, engine: str, props: dict[str, str], max_new: int) -> float | str:
@@ -106,21 +167,34 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="smollm2-135m")
     parser.add_argument("--max-new", type=int, default=96)
+    parser.add_argument("--weights", default="f32,int8,int4-g32", help="comma-separated")
+    parser.add_argument("--settings", default=",".join(s[0] for s in SETTINGS))
+    parser.add_argument("--compute", default="f32,bf16", help="comma-separated")
+    parser.add_argument("--llama-cpp", type=Path, help="a llama.cpp tree with build/bin")
     args = parser.parse_args()
+    chosen = args.settings.split(",")
     from generation_release import build_shape
 
     from hf2triton.util.cpu import cpu_features
 
     work = Path(tempfile.mkdtemp(prefix="one-stream-"))
     rows: list[dict[str, Any]] = []
-    for weights, directory in irs(build_shape(args.shape), work).items():
-        for precision in ("f32", "bf16"):
+    model_dir = build_shape(args.shape)
+    for weights, directory in irs(model_dir, work, args.weights.split(",")).items():
+        llama = (
+            llama_probe(args.llama_cpp, model_dir, work, weights, args.max_new)
+            if args.llama_cpp
+            else None
+        )
+        for precision in args.compute.split(","):
             pinned = {
                 "INFERENCE_PRECISION_HINT": precision,
                 "KV_CACHE_PRECISION": "u8" if precision == "bf16" else precision,
                 "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0",
             }
             for name, engine, extra in SETTINGS:
+                if name not in chosen:
+                    continue
                 speed = probe(directory, engine, {**pinned, **extra}, args.max_new)
                 rows.append(
                     {
@@ -130,10 +204,16 @@ def main() -> None:
                         "tokens_per_s": speed,
                     }
                 )
+                if llama and isinstance(speed, float):
+                    rows[-1] |= {
+                        "llama_cpp_tokens_per_s": llama,
+                        "over_llama_cpp": round(speed / llama, 2),
+                    }
                 print(json.dumps(rows[-1]), flush=True)
     shutil.rmtree(work, ignore_errors=True)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    record = {"when": stamp, "shape": args.shape, "cpu": cpu_features(), "rows": rows}
+    record = {"when": stamp, "shape": args.shape, "cpu": cpu_features(), "rows": rows,
+              "max_new": args.max_new, "llama_cpp": str(args.llama_cpp or "")}  # fmt: skip
     out = ROOT / "benchmarks" / "results"
     out.mkdir(parents=True, exist_ok=True)
     (out / f"generation-one-stream-{stamp}.json").write_text(json.dumps(record, indent=1))

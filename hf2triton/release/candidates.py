@@ -69,7 +69,7 @@ def gate_candidates(
     for runtime in runtimes.served:
         runs = plugin(runtime)
         for v in graphs:
-            if not runs.runs(v, runtime["precision"]):
+            if not runs.runs(v, runtime["precision"], runtime):
                 continue
             # The default runtime's candidates are named after the graph alone.
             name = v["method"] if is_default(runtime) else f"{v['method']} on {runs.label(runtime)}"

@@ -127,13 +127,16 @@ class RuntimesAsked(Protocol):
 
     @property
     def candidates(self) -> Literal["auto"] | Sequence[RuntimeAsked]: ...
+    @property
+    def objective(self) -> Literal["throughput", "latency"]: ...
 
 
 def runtime_choices(
     deploy: DeployOn, runtime_spec: RuntimesAsked, kind: ModelKind | None = None
 ) -> RuntimeChoices:
     """The runtimes the release's candidates run on: the spec's list, or for `auto` every
-    plug-in of deploy.device that serves the kind, at its auto precisions; a precision this
+    plug-in of deploy.device that serves the kind, at its auto precisions (and, under the
+    latency objective, its `latency` settings after them); a precision this
     machine does not offer (bf16 on a CPU without AVX512_BF16 or AMX) is left out and
     reported."""
     device = DEVICES.load(deploy.device)
@@ -153,7 +156,7 @@ def runtime_choices(
             (p, *(entry if isinstance(entry, tuple) else (entry, {})))
             for p in PLUGINS.values()
             if p.device == device.name and (kind is None or p.serves(kind))
-            for entry in p.auto
+            for entry in (p.auto + p.latency if runtime_spec.objective == "latency" else p.auto)
         ]
     cpu_numerics = device.gate_on_cpu(deploy)
     info = serving_runtimes.runtime_info()  # what this machine offers, asked now

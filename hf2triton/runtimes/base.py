@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, TypeVar
@@ -224,6 +224,8 @@ class RuntimePlugin:
     # What `runtime.candidates: auto` tries, in order: precisions, or (precision, options)
     # pairs (empty: only when listed).
     auto: ClassVar[tuple[str | tuple[str, dict[str, Any]], ...]] = ()
+    # What `auto` also tries under `runtime.objective: latency` (one request alone), after those.
+    latency: ClassVar[tuple[str | tuple[str, dict[str, Any]], ...]] = ()
     # Graph formats it reads, per precision.
     reads: ClassVar[dict[str, frozenset[str]]] = {}
     # The model kinds it serves (None: every kind).
@@ -253,8 +255,10 @@ class RuntimePlugin:
         return ""
 
     @classmethod
-    def runs(cls, variant: Variant, precision: str) -> bool:
-        """Whether it runs `variant` at `precision`."""
+    def runs(
+        cls, variant: Variant, precision: str, options: Mapping[str, Any] | None = None
+    ) -> bool:
+        """Whether it runs `variant` at `precision` (with `options`, the runtime's settings)."""
         return variant["graph"] in cls.reads.get(precision, frozenset())
 
     @classmethod

@@ -265,3 +265,33 @@ def test_a_generator_openvino_genai_would_not_honour_gets_the_others_back(tmp_pa
     # OpenVINO GenAI stays: the gate refuses its candidates, saying why.
     assert "openvino-genai" in {r["name"] for r in back.served}
     assert "onnxruntime fp32" not in back.not_offered and back.read_export()
+
+
+def test_the_latency_objective_also_tries_quantized_activations_beside_compressed_weights():
+    """Under `runtime.objective: latency` OpenVINO GenAI's candidates gain activations quantized
+    in groups of 32 (dynamic quantization), on the IR's int8 and int4 weights only: on the f32
+    IR the setting changes nothing. The throughput objective does not try them."""
+    from hf2triton.runtimes import runtime_choices
+    from hf2triton.runtimes.base import STATEFUL_IR
+    from hf2triton.serving.runtimes import runtime_info
+
+    ir = {"graph": STATEFUL_IR, "onnx_path": "/x/openvino_model.xml"}
+    variants = [
+        {**ir, "method": "openvino-ir"},
+        {**ir, "method": "openvino-ir/int8"},
+        {**ir, "method": "openvino-ir/int4-g32"},
+    ]
+    names = {}
+    for objective in ("throughput", "latency"):
+        spec = _spec(task="text-generation", embedding=None, runtime__objective=objective)
+        runtimes = runtime_choices(spec.deploy, spec.runtime, kind_for(spec))
+        found = gate_candidates(variants, QuantizationSpec(search=True), runtimes)
+        names[objective] = [c.name for c in found]
+    bf16 = "bf16" in runtime_info()["openvino-genai"]["cpu"]["precisions"]
+    added = [n for n in names["latency"] if n not in names["throughput"]]
+    assert added == [
+        f"openvino-ir/{w} on openvino-genai {p} kv-u8 dq32"
+        for p in ("fp32", *(["bf16"] if bf16 else []))
+        for w in ("int8", "int4-g32")
+    ]
+    assert not any("dq" in n for n in names["throughput"])

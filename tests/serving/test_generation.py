@@ -617,3 +617,28 @@ def test_the_serving_cores_own_engine_refuses_a_schema_naming_the_runtime(export
     finally:
         model.close()
     assert isinstance(answer, str) and "serve the model on runtime openvino-genai" in answer
+
+
+def test_openvino_genai_serves_compressed_weights_with_quantized_activations(genai_exported):
+    """The latency objective's candidate (activations quantized in groups of 32 beside the IR's
+    int8 weights) opens with the property pinned, generates, and scores prompts: what the gate
+    judges and Triton serves. Its numerics differ from the same weights without it, so the
+    greedy text is compared loosely: the first new token of most prompts agrees."""
+    from hf2triton.runtimes.openvino_genai import compressed
+
+    kind, cfg = _kind(genai_exported["model_dir"]), genai_exported["cfg"]
+    int8 = compressed(genai_exported["ctx"], "INT8_ASYM", 0)
+    settings = {**genai_exported["settings"], "onnx": int8["onnx_path"]}
+    answers = {}
+    for group in (0, 32):
+        runtime = {**settings["runtime"], "dynamic_quantization": group}
+        model = _load(settings, runtime=runtime, max_new_tokens=cfg.gate_tokens)
+        try:
+            if group:
+                assert "activations quantized in groups of 32" in model.engine.model.in_use
+            answers[group] = kind.extract(model.answer(kind.requests(PROMPTS)))
+        finally:
+            model.close()
+    assert all(o["ids"] and np.isfinite(o["logprob"]) for o in answers[32])
+    first = [a["ids"][0] == b["ids"][0] for a, b in zip(answers[0], answers[32])]
+    assert sum(first) >= 0.75 * len(first), first

@@ -24,7 +24,12 @@ class OpenVinoGenAI(Runtime):
     stays inside the runtime between steps; for speech its WhisperPipeline on Whisper's IRs
     (openvino_encoder_model.xml and the stateful decoder beside it). Every setting that changes
     numerics is pinned: the inference precision, the KV cache's (`kv_cache`; "" is the
-    inference precision's own, "u8" quantizes it) and no dynamic quantization of activations.
+    inference precision's own, "u8" quantizes it) and the dynamic quantization of activations
+    (`dynamic_quantization`: 0, the default, none; else the group size, e.g. 32: the activations
+    of layers with int8 or int4 weights are quantized in groups that size as they run, so the
+    layer multiplies int8 by int8; at one stream SmolLM2-1.7B's shape with int8 weights ran 15.9
+    tokens/s against 14.2 without, and with int4 19.1 against 11.3, on a 2-core AVX512_BF16
+    EPYC; it changes numerics, so the gate judges it as a candidate of its own).
     The ContinuousBatchingPipeline's own: `cache_gb` 0 lets the cache grow as sequences need it
     (a fixed size too small for what runs makes OpenVINO GenAI drop every running request);
     `split_prompts` false (the default) prefills a joining prompt whole in a step of its own,
@@ -35,8 +40,14 @@ class OpenVinoGenAI(Runtime):
     name = "openvino-genai"
     devices = ("cpu",)
     precisions = ("fp32", "bf16")
-    options = {"threads": 0, "kv_cache": "", "cache_gb": 0, "split_prompts": False}
-    at_least = {**Runtime.at_least, "cache_gb": 0}
+    options = {
+        "threads": 0,
+        "kv_cache": "",
+        "cache_gb": 0,
+        "split_prompts": False,
+        "dynamic_quantization": 0,
+    }
+    at_least = {**Runtime.at_least, "cache_gb": 0, "dynamic_quantization": 0}
     flags = ("split_prompts",)
     choices = {"kv_cache": GENAI_KV}
 
@@ -60,7 +71,7 @@ class OpenVinoGenAI(Runtime):
         props = {
             "INFERENCE_PRECISION_HINT": precision,
             "KV_CACHE_PRECISION": kv,
-            "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0",
+            "DYNAMIC_QUANTIZATION_GROUP_SIZE": str(settings.options["dynamic_quantization"]),
         }
         if settings.options["threads"]:
             props["INFERENCE_NUM_THREADS"] = str(settings.options["threads"])
@@ -88,7 +99,9 @@ class GenAIModelFiles:
 
     @property
     def in_use(self) -> str:
+        group = self.properties["DYNAMIC_QUANTIZATION_GROUP_SIZE"]
         return (
             f"OpenVINO GenAI CPU {self.properties['INFERENCE_PRECISION_HINT']} "
-            f"(KV cache {self.properties['KV_CACHE_PRECISION']})"
+            f"(KV cache {self.properties['KV_CACHE_PRECISION']}"
+            + (f", activations quantized in groups of {group})" if group != "0" else ")")
         )

@@ -1,5 +1,6 @@
 """hf2triton/serving/runtimes/openvino_genai.py: OpenVINO GenAI serves a stateful OpenVINO IR with
-every numerics setting pinned (inference and KV cache precision, no dynamic quantization); what
+every numerics setting pinned (inference and KV cache precision, dynamic quantization off unless
+asked); what
 it cannot serve faithfully is refused naming the setting to change."""
 
 from __future__ import annotations
@@ -32,6 +33,11 @@ def test_the_ir_directory_opens_with_its_properties_pinned(tmp_path):
     assert files.in_use == "OpenVINO GenAI CPU f32 (KV cache f32)"
     quantized = open_model(str(tmp_path / IR), settings(kv_cache="u8"))
     assert quantized.in_use == "OpenVINO GenAI CPU f32 (KV cache u8)"
+    grouped = open_model(str(tmp_path / IR), settings(dynamic_quantization=32))
+    assert grouped.properties["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == "32"
+    assert grouped.in_use == (
+        "OpenVINO GenAI CPU f32 (KV cache f32, activations quantized in groups of 32)"
+    )
 
 
 def test_what_it_cannot_serve_is_refused_naming_what_to_change(tmp_path):
@@ -42,6 +48,8 @@ def test_what_it_cannot_serve_is_refused_naming_what_to_change(tmp_path):
         open_model(str(tmp_path / "model.onnx"), settings())
     with pytest.raises(ValueError, match="kv_cache 'f8' is not one of"):
         settings(kv_cache="f8")
+    with pytest.raises(ValueError, match="dynamic_quantization must be a whole number >= 0"):
+        settings(dynamic_quantization=-32)
     with pytest.raises(ValueError, match=r"precision 'fp16' is not offered \(it runs fp32, bf16\)"):
         settings("fp16")
     genai = runtime_class("openvino-genai")
