@@ -15,13 +15,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Literal
 
+from hf2triton.errors import SpecError
 from hf2triton.kinds.base import Candidate, Data, ModelKind
 from hf2triton.kinds.config import KindConfig
 from hf2triton.release.champion import Champion, find_champion
 from hf2triton.release.export import Exported
 from hf2triton.release.plan import GateSettings
 from hf2triton.release.results import ReleaseContext
-from hf2triton.runtimes import Recipe, RuntimeChoices, Variant, VariantContext, plugin
+from hf2triton.runtimes import Recipe, RuntimeChoices, Variant, VariantContext, label, plugin
 from hf2triton.runtimes.base import is_default
 from hf2triton.serving.runtimes import DEFAULT_RUNTIME
 from hf2triton.sources import FetchResult
@@ -85,6 +86,12 @@ def gate_candidates(
                     build=recipes[v["method"]].make if v.get("planned") else None,
                 )
             )
+    if not found:
+        raise SpecError(
+            f"none of the runtimes tried ({', '.join(label(r) for r in runtimes.served)}) "
+            f"runs any graph this release built ({', '.join(v['method'] for v in graphs)}): "
+            "list a runtime in runtime.candidates that reads them, or another quantization"
+        )
     return found
 
 

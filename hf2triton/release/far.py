@@ -1,7 +1,9 @@
 """Weights that miss by far: when a candidate misses a limit by far (hf2triton.kinds.limits
 .far_misses) where another candidate on the same runtime settings but other weights did not,
 the weights are what misses, and their other candidates (another compute precision, another KV
-cache) are not judged. SmolLM2-1.7B's shape had its int4 weights judged four times for 4 minutes
+cache) are not judged; weights ruled out beside quantized activations (OpenVINO GenAI's
+`dynamic_quantization`) are ruled out only there, since the activations may be what costs them.
+SmolLM2-1.7B's shape had its int4 weights judged four times for 4 minutes
 (next-token agreement 0.01 against 0.95 each time, where the f32 weights on the same settings
 reached 0.78): this is what stops that. `validation.judge_all` judges them anyway."""
 
@@ -13,6 +15,7 @@ from typing import Any
 
 from hf2triton.kinds.base import Candidate
 from hf2triton.kinds.limits import Limits, far_misses
+from hf2triton.runtimes import plugin
 
 
 def weights_of(cand: Candidate) -> str:
@@ -31,10 +34,12 @@ class FarWeights:
     judged: dict[str, dict[str, tuple[str, dict[str, float], set[str]]]] = field(
         default_factory=dict
     )
-    ruled_out: dict[str, str] = field(default_factory=dict)  # weights -> why
+    # weights -> where -> why ("" everywhere, else only on candidates that compute so)
+    ruled_out: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def why_not(self, cand: Candidate) -> str:
-        return self.ruled_out.get(weights_of(cand), "")
+        where = self.ruled_out.get(weights_of(cand), {})
+        return where.get("") or where.get(_computes(cand), "")
 
     def saw(self, cand: Candidate, entry: dict[str, Any]) -> None:
         """Learn from a judged candidate's entry: rule out weights that miss by far where other
@@ -45,11 +50,17 @@ class FarWeights:
         same = self.judged.setdefault(key, {})
         metrics = entry["metrics"]
         same[weights_of(cand)] = (cand.name, metrics, set(far_misses(metrics, self.limits)))
+        # Where the runtime computes beyond its precision (quantized activations), a rule-out
+        # holds there only: the same weights may pass with exact activations.
+        computes = _computes(cand)
+        exact = computes == str((cand.gated_runtime or {}).get("precision", "fp32"))
+        where = "" if exact else computes
         for weights, (name, missed, far) in same.items():
             for other, (other_name, reached, other_far) in same.items():
                 blamed = far - other_far
-                if weights != other and weights not in self.ruled_out and blamed:
-                    self.ruled_out[weights] = self.because(
+                known = self.ruled_out.setdefault(weights, {})
+                if weights != other and blamed and "" not in known and where not in known:
+                    known[where] = self.because(
                         weights, min(blamed), (name, missed), (other_name, reached)
                     )
 
@@ -68,3 +79,7 @@ class FarWeights:
             "cache precision does not make up for the weights (set validation.judge_all: true "
             "to judge every candidate)"
         )
+
+
+def _computes(cand: Candidate) -> str:
+    return plugin(cand.gated_runtime).computes(cand.gated_runtime or {})

@@ -32,12 +32,16 @@ from hf2triton.util.runs import step_logger
 
 
 def family(cand: Candidate) -> str:
-    """The runtime a candidate runs on and the precision it computes in ("openvino bf16"): the
-    search's unit of pruning. A precision is a family of its own because one runtime's f32
-    timing says nothing of its bf16: CLIP's image tower on OpenVINO ran 34 images/s at f32 and
-    80 at bf16 (2-core AVX512_BF16 EPYC); with the two one family, its f32 candidate came
-    first, ran slower than ONNX Runtime's int8 that passed, and bf16 was never timed."""
-    return f"{plugin(cand.runtime).name} {(cand.runtime or {}).get('precision', 'fp32')}"
+    """The runtime a candidate runs on and how it computes ("openvino bf16"; "openvino-genai
+    fp32 dq32" with activations quantized in groups of 32): the search's unit of pruning. A
+    precision is a family of its own because one runtime's f32 timing says nothing of its bf16:
+    CLIP's image tower on OpenVINO ran 34 images/s at f32 and 80 at bf16 (2-core AVX512_BF16
+    EPYC); with the two one family, its f32 candidate came first, ran slower than ONNX
+    Runtime's int8 that passed, and bf16 was never timed. Quantized activations too: their
+    family's first candidate has compressed weights, where the plain family's first reads f32
+    weights, the slowest at one stream."""
+    runs = plugin(cand.runtime)
+    return f"{runs.name} {runs.computes(cand.runtime or {})}"
 
 
 @dataclass

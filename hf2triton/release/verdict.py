@@ -21,6 +21,7 @@ from hf2triton.kinds.margin import (
 )
 from hf2triton.release.plan import Gate, Reference
 from hf2triton.release.report import publish_gate_failure
+from hf2triton.serving.runtimes import runtime_class
 from hf2triton.util.cpu import cpu_features
 from hf2triton.util.runs import in_prefect_run
 from hf2triton.util.workspace import atomic_write_text
@@ -134,6 +135,20 @@ def smoke_reference(
     }
 
 
+def pinned(runtime: dict[str, Any]) -> str:
+    """A runtime as runtime.candidates lists it: its name, precision and the options it set
+    away from their defaults ("{name: openvino-genai, precision: fp32, options: {kv_cache:
+    u8}}")."""
+    defaults = runtime_class(runtime["name"]).options
+    options = {k: v for k, v in runtime.items() if k in defaults and v != defaults[k]}
+    listed = ", ".join(f"{k}: {v}" for k, v in options.items())
+    return (
+        f"{{name: {runtime['name']}, precision: {runtime['precision']}"
+        + (f", options: {{{listed}}}" if listed else "")
+        + "}"
+    )
+
+
 def next_candidate(chosen: str, report: dict[str, Any]) -> str:
     """What to ship if the endpoint does not serve what the gate judged: the next candidate
     that passed, and how to pin it; or how to find one."""
@@ -146,8 +161,7 @@ def next_candidate(chosen: str, report: dict[str, Any]) -> str:
         runtime = passed[0].get("runtime") or {"name": "onnxruntime", "precision": "fp32"}
         return (
             f"The next candidate that passed the gate is {passed[0]['name']}: to ship it, pin "
-            f"runtime.candidates: [{{name: {runtime['name']}, precision: "
-            f"{runtime['precision']}}}] and run the release again"
+            f"runtime.candidates: [{pinned(runtime)}] and run the release again"
         )
     unjudged = [e["name"] for e in report["candidates"] if e.get("judged") is False]
     if unjudged:

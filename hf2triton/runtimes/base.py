@@ -271,6 +271,13 @@ class RuntimePlugin:
         return []
 
     @staticmethod
+    def computes(runtime: Mapping[str, Any]) -> str:
+        """How it computes under these settings, beyond the weights it reads: its precision
+        ("bf16"), and for a runtime with settings that approximate further, those too (the
+        search's families, the gate's rule-outs of weights)."""
+        return str(runtime.get("precision", "fp32"))
+
+    @staticmethod
     def label(runtime: dict[str, Any]) -> str:
         """The one label of a runtime in names, logs and reports: 'openvino bf16'."""
         return f"{runtime['name']} {runtime['precision']}"

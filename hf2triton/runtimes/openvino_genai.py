@@ -5,7 +5,8 @@ own log-mel, long-form decoding and timestamps. Each reads the OpenVINO IR that 
 exports from the Hugging Face model (f32 weights, the decoder stateful), and its weight-
 compressed variants built with NNCF (int8, and for generators int4 in groups); each is tried at
 f32 and, where the CPU has it, bf16, with the KV cache at the inference precision and quantized
-to u8. What differs by kind is one row of `LAYOUTS`."""
+to u8; under the latency objective a generator's compressed weights also with their activations
+quantized in groups of 32. What differs by kind is one row of `LAYOUTS`."""
 
 from __future__ import annotations
 
@@ -107,11 +108,18 @@ class OpenVinoGenAI(RuntimePlugin):
     def runs(
         cls, variant: Variant, precision: str, options: Mapping[str, Any] | None = None
     ) -> bool:
-        """As every runtime, but activations are quantized only beside compressed weights (the
-        IR's int8 or int4 variants): on the f32 IR the setting would change nothing."""
-        if (options or {}).get("dynamic_quantization") and "/" not in variant["method"]:
-            return False
+        """As every runtime, but activations are quantized only beside a generator's compressed
+        weights (the IR's int8 or int4 variants): on the f32 IR the setting changes nothing."""
+        if (options or {}).get("dynamic_quantization") and (
+            "/" not in variant["method"] or variant["graph"] != STATEFUL_IR
+        ):
+            return False  # measured on generators only: Whisper's IRs are left without it
         return super().runs(variant, precision, options)
+
+    @staticmethod
+    def computes(runtime: Mapping[str, Any]) -> str:
+        group = runtime.get("dynamic_quantization")
+        return str(runtime.get("precision", "fp32")) + (f" dq{group}" if group else "")
 
     @staticmethod
     def label(runtime: dict[str, Any]) -> str:

@@ -78,7 +78,9 @@ class RuntimeSpec(Strict):
     candidates: Literal["auto"] | list[RuntimeChoice] = Field(
         "auto",
         description="auto: on cpu ONNX Runtime fp32 and OpenVINO f32, and bf16 where "
-        "the CPU offers it; on gpu ONNX Runtime CUDA fp32 and fp16. Or a list of "
+        "the CPU offers it (a generator: OpenVINO GenAI f32 and bf16, KV cache as computed "
+        "and u8, and under objective latency activations quantized in groups of 32 beside "
+        "int8 or int4 weights); on gpu ONNX Runtime CUDA fp32 and fp16. Or a list of "
         "{name, precision, options}",
     )
 
@@ -270,6 +272,24 @@ class _Release(Strict):
             self,
             f"deploy.target {self.deploy.target!r} runs the release's image: "
             "image.build cannot be false",
+        )
+
+    @model_validator(mode="after")
+    def _settings_beside_compressed_weights(self) -> _Release:
+        listed = self.runtime.candidates if self.runtime.candidates != "auto" else []
+        needs = [
+            (c.name, why)
+            for c in listed
+            if (why := runtime_class(c.name).needs_compressed_weights(c.options))
+        ]
+        q = self.quantization
+        name, why = needs[0] if needs else ("", "")
+        return unless(
+            bool(needs) and q.method == "none" and not q.search,
+            self,
+            f"runtime.candidates: {name}'s {why} applies beside int8 or int4 weights only, and "
+            "quantization.method is none: set quantization.method to int8-blockwise or "
+            f"int4-blockwise (or quantization.search: true), or drop {why}",
         )
 
     @model_validator(mode="after")

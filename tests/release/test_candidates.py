@@ -295,3 +295,44 @@ def test_the_latency_objective_also_tries_quantized_activations_beside_compresse
         for w in ("int8", "int4-g32")
     ]
     assert not any("dq" in n for n in names["throughput"])
+
+
+def test_runtimes_that_read_none_of_the_graphs_built_are_refused_by_name():
+    from hf2triton.errors import SpecError
+    from hf2triton.runtimes import RuntimeChoices
+
+    genai = {"name": "openvino-genai", "device": "cpu", "precision": "fp32"}
+    with pytest.raises(
+        SpecError,
+        match=r"none of the runtimes tried \(openvino-genai fp32\) runs any graph this release "
+        r"built \(dynamic-int8/qint8/per-channel, dynamic-int8/qint8/per-tensor, fp32\)",
+    ):
+        gate_candidates(VARIANTS, QuantizationSpec(), RuntimeChoices([genai]))
+
+
+def test_the_next_candidate_is_pinned_with_the_settings_it_ran():
+    from hf2triton.release.verdict import next_candidate
+
+    runtime = {
+        "name": "openvino-genai",
+        "device": "cpu",
+        "precision": "bf16",
+        "kv_cache": "u8",
+        "cache_gb": 0,
+        "split_prompts": False,
+        "dynamic_quantization": 32,
+    }
+    report = {
+        "candidates": [
+            {"name": "shipped", "misses": {}},
+            {
+                "name": "openvino-ir/int8 on openvino-genai bf16 kv-u8 dq32",
+                "misses": {},
+                "runtime": runtime,
+            },
+        ]
+    }
+    assert next_candidate("shipped", report).endswith(
+        "pin runtime.candidates: [{name: openvino-genai, precision: bf16, options: "
+        "{kv_cache: u8, dynamic_quantization: 32}}] and run the release again"
+    )

@@ -327,3 +327,17 @@ def test_weights_that_miss_by_far_are_not_judged_on_other_settings(
         tiny_bert, exported, cfg, sentences_file, candidates, tmp_path / "all", judge_all=True
     )
     assert every["nan on openvino fp32"]["misses"]
+
+
+def test_quantized_activations_are_a_family_of_their_own():
+    """Under the latency objective OpenVINO GenAI's dq32 candidates are searched as families of
+    their own, so their first candidate (compressed weights) is timed, not only the family whose
+    first reads f32 weights (the slowest at one stream)."""
+    from hf2triton.release.search import family
+
+    base = {"name": "openvino-genai", "device": "cpu", "precision": "bf16", "kv_cache": "u8"}
+    plain = Candidate(name="a", onnx_path="/x", runtime={**base, "dynamic_quantization": 0})
+    grouped = Candidate(name="b", onnx_path="/x", runtime={**base, "dynamic_quantization": 32})
+    assert family(plain) == "openvino-genai bf16"
+    assert family(grouped) == "openvino-genai bf16 dq32"
+    assert family(Candidate(name="fp32", onnx_path="/x")) == "onnxruntime fp32"

@@ -477,3 +477,23 @@ def test_spec_module_holds_no_table_of_plugins():
         "DEPLOY_TARGETS",
     ):
         assert plugin_fact not in text, plugin_fact
+
+
+def test_a_setting_for_compressed_weights_needs_a_release_that_builds_them():
+    data = base_spec()
+    data["task"] = "text-generation"
+    data.pop("embedding", None)
+    data["runtime"] = {
+        "candidates": [
+            {"name": "openvino-genai", "precision": "fp32", "options": {"dynamic_quantization": 32}}
+        ]
+    }
+    data["quantization"] = {"method": "none"}
+    with pytest.raises(
+        SpecError,
+        match="openvino-genai's dynamic_quantization applies beside int8 or int4 weights only, "
+        "and quantization.method is none: set quantization.method to int8-blockwise",
+    ):
+        parse_spec(data)
+    data["quantization"] = {"method": "int8-blockwise"}
+    assert parse_spec(data).runtime.candidates[0].options == {"dynamic_quantization": 32}

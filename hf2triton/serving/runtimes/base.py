@@ -172,7 +172,8 @@ class Runtime:
     def check(cls, options: dict[str, Any]) -> None:
         """ValueError naming a bad setting value."""
         for key, least in cls.at_least.items():
-            if key in options and (not isinstance(options[key], int) or options[key] < least):
+            value = options.get(key, least)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(
                     f"runtime {cls.name}: {key} must be a whole number >= {least}, "
                     f"got {options[key]!r}"
@@ -188,6 +189,12 @@ class Runtime:
                     f"runtime {cls.name}: {key} {options[key]!r} is not one of "
                     f"{', '.join(a or repr(a) for a in allowed)}"
                 )
+
+    @classmethod
+    def needs_compressed_weights(cls, options: Mapping[str, Any]) -> str:
+        """The setting among `options` that only applies beside compressed (int8 or int4)
+        weights ("" when none does): a release that builds none cannot try it."""
+        return ""
 
     @classmethod
     def offered(cls, device: str) -> dict[str, Any]:

@@ -59,6 +59,10 @@ class OpenVinoGenAI(Runtime):
         return {**found, "precisions": [p for p in found["precisions"] if p in cls.precisions]}
 
     @classmethod
+    def needs_compressed_weights(cls, options):
+        return "dynamic_quantization" if options.get("dynamic_quantization") else ""
+
+    @classmethod
     def properties(cls, settings: RuntimeSettings) -> dict[str, str]:
         """The pipeline's properties: precisions pinned, never the library's defaults."""
         precision = OV_PRECISIONS[settings.precision]
