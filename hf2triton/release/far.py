@@ -61,7 +61,7 @@ class FarWeights:
                 known = self.ruled_out.setdefault(weights, {})
                 if weights != other and blamed and "" not in known and where not in known:
                     known[where] = self.because(
-                        weights, min(blamed), (name, missed), (other_name, reached)
+                        weights, min(blamed), (name, missed), (other_name, reached), where
                     )
 
     def because(
@@ -70,14 +70,19 @@ class FarWeights:
         metric: str,
         missed: tuple[str, dict[str, float]],
         other: tuple[str, dict[str, float]],
+        where: str = "",
     ) -> str:
         op, limit = self.limits[metric]
+        scope = (
+            f"ruled out where the runtime computes {where} only"
+            if where
+            else "another compute or KV cache precision does not make up for the weights"
+        )
         return (
             f"not judged: its weights ({weights}) miss {metric} by far in {missed[0]} "
             f"({missed[1][metric]:.4f}, limit {op} {limit}) where {other[0]}, the same runtime "
-            f"settings on other weights, reached {other[1][metric]:.4f}: another compute or KV "
-            "cache precision does not make up for the weights (set validation.judge_all: true "
-            "to judge every candidate)"
+            f"settings on other weights, reached {other[1][metric]:.4f}: {scope} (set "
+            "validation.judge_all: true to judge every candidate)"
         )
 
 

@@ -175,8 +175,7 @@ class Runtime:
             value = options.get(key, least)
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(
-                    f"runtime {cls.name}: {key} must be a whole number >= {least}, "
-                    f"got {options[key]!r}"
+                    f"runtime {cls.name}: {key} must be a whole number >= {least}, got {value!r}"
                 )
         for key in cls.flags:
             if key in options and not isinstance(options[key], bool):
