@@ -497,3 +497,21 @@ def test_a_setting_for_compressed_weights_needs_a_release_that_builds_them():
         parse_spec(data)
     data["quantization"] = {"method": "int8-blockwise"}
     assert parse_spec(data).runtime.candidates[0].options == {"dynamic_quantization": 32}
+
+
+def test_a_setting_measured_on_generators_only_is_refused_for_speech():
+    data = base_spec()
+    data["task"] = "automatic-speech-recognition"
+    data.pop("embedding", None)
+    data["validation"] = {"audio": "/data/clips", "smoke_sentences": 2}
+    data["quantization"] = {"method": "int8-blockwise"}
+    genai = {"name": "openvino-genai", "precision": "fp32"}
+    data["runtime"] = {"candidates": [{**genai, "options": {"dynamic_quantization": 32}}]}
+    with pytest.raises(
+        SpecError,
+        match="openvino-genai's dynamic_quantization applies to text-generation releases only, "
+        "and this one is 'automatic-speech-recognition': drop dynamic_quantization",
+    ):
+        parse_spec(data)
+    data["runtime"] = {"candidates": [{**genai, "options": {"dynamic_quantization": 0}}]}
+    assert parse_spec(data).task == "automatic-speech-recognition"

@@ -167,6 +167,9 @@ class Runtime:
     at_least: ClassVar[dict[str, int]] = {"threads": 0, "streams": 0, "device_id": 0}
     flags: ClassVar[tuple[str, ...]] = ()
     choices: ClassVar[dict[str, tuple[str, ...]]] = {}
+    # Settings measured on some tasks only: {setting: the spec's `task:` values it applies to}
+    # (a release of another task that sets it is refused when its spec is read).
+    tasks_of: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     @classmethod
     def check(cls, options: dict[str, Any]) -> None:

@@ -50,6 +50,7 @@ class OpenVinoGenAI(Runtime):
     at_least = {**Runtime.at_least, "cache_gb": 0, "dynamic_quantization": 0}
     flags = ("split_prompts",)
     choices = {"kv_cache": GENAI_KV}
+    tasks_of = {"dynamic_quantization": ("text-generation",)}  # Whisper's IRs: unmeasured
 
     @classmethod
     def offered(cls, device):
