@@ -10,7 +10,7 @@ of three is kept. LLMPipeline (the stateful pipeline, no paged KV cache) is meas
 The IR's int8 and int4 (groups of 32) weights are made by hf2triton's own NNCF compression.
 
     .venv/bin/python benchmarks/generation_one_stream.py --shape smollm2-135m [--max-new 96]
-        [--weights f32,int8,int4-g32] [--settings "served settings,LLMPipeline"]
+        [--weights f32,int8,int8-sym,int4-g32] [--settings "served settings,LLMPipeline"]
         [--llama-cpp SRC]
 
 With `--llama-cpp SRC` (a llama.cpp source tree with build/bin/llama-server), llama.cpp's own
@@ -80,7 +80,8 @@ SETTINGS: list[tuple[str, str, dict[str, str]]] = [
 
 
 def irs(model_dir: Path, work: Path, wanted: list[str]) -> dict[str, Path]:
-    """The model's stateful IR (f32) and its NNCF int8 and int4-g32 compressions, those wanted."""
+    """The model's stateful IR (f32) and its NNCF int8 (asymmetric and symmetric, per channel)
+    and int4-g32 compressions, those wanted."""
     from hf2triton.runtimes.openvino_genai import compress, convert_stateful, tokenizer_ir
 
     f32 = work / "f32"
@@ -88,7 +89,11 @@ def irs(model_dir: Path, work: Path, wanted: list[str]) -> dict[str, Path]:
     convert_stateful(str(model_dir), f32)
     tokenizer_ir(model_dir, f32)
     out = {"f32": f32}
-    for name, mode, group in (("int8", "INT8_ASYM", 0), ("int4-g32", "INT4_ASYM", 32)):
+    for name, mode, group in (
+        ("int8", "INT8_ASYM", 0),
+        ("int8-sym", "INT8_SYM", 0),
+        ("int4-g32", "INT4_ASYM", 32),
+    ):
         if name not in wanted:
             continue
         out[name] = work / name
@@ -100,21 +105,14 @@ def irs(model_dir: Path, work: Path, wanted: list[str]) -> dict[str, Path]:
     return {k: v for k, v in out.items() if k in wanted}
 
 
-def llama_probe(source: Path, model_dir: Path, work: Path, weights: str, max_new: int) -> float:
-    """llama.cpp's server on the model as a GGUF at `weights`, one request at a time: tokens/s
-    of the whole request (prompt and generation), best of three after a warm-up."""
-    import time
-
-    import requests
+def gguf_file(source: Path, model_dir: Path, work: Path, weights: str) -> Path:
+    """The model as a GGUF at `weights` (f32, Q8_0 for int8, Q4_0 for int4-g32), made once in
+    `work` by llama.cpp's converter (f32 and Q8_0) and llama-quantize (Q4_0, from the f32 file)."""
     from generation_ways import CONVERT
 
-    from hf2triton.util.net import free_port
-    from hf2triton.util.waiting import http_ok, wait_for
-
-    outtype = {"f32": "f32", "int8": "q8_0", "int4-g32": "q4_0"}[weights]
+    outtype = {"f32": "f32", "int8": "q8_0", "int8-sym": "q8_0", "int4-g32": "q4_0"}[weights]
     gguf = work / f"model-{outtype}.gguf"
     if not gguf.exists():
-        # the converter writes f32 and Q8_0 itself; Q4_0 is llama-quantize's from the f32 file
         first = gguf if outtype != "q4_0" else work / "model-f32.gguf"
         if not first.exists():
             subprocess.run(
@@ -127,6 +125,20 @@ def llama_probe(source: Path, model_dir: Path, work: Path, weights: str, max_new
             subprocess.run(
                 [str(quantize), str(first), str(gguf), "Q4_0", "2"], check=True, capture_output=True
             )
+    return gguf
+
+
+def llama_probe(source: Path, model_dir: Path, work: Path, weights: str, max_new: int) -> float:
+    """llama.cpp's server on the model as a GGUF at `weights`, one request at a time: tokens/s
+    of the whole request (prompt and generation), best of three after a warm-up."""
+    import time
+
+    import requests
+
+    from hf2triton.util.net import free_port
+    from hf2triton.util.waiting import http_ok, wait_for
+
+    gguf = gguf_file(source, model_dir, work, weights)
     port = free_port()
     proc = subprocess.Popen(
         [str(source / "build" / "bin" / "llama-server"), "-m", str(gguf), "--port", str(port),
