@@ -88,7 +88,9 @@ def llama_step(source: Path, gguf: Path, steps: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="smollm2-135m")
-    parser.add_argument("--weights", default="int8", choices=("f32", "int8", "int8-sym", "int4-g32"))
+    parser.add_argument(
+        "--weights", default="int8", choices=("f32", "int8", "int8-sym", "int4-g32")
+    )
     parser.add_argument("--compute", default="bf16", choices=("f32", "bf16"))
     parser.add_argument("--dynamic-quantization", type=int, default=0)
     parser.add_argument("--steps", type=int, default=64)
