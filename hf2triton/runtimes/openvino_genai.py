@@ -101,6 +101,7 @@ class OpenVinoGenAI(RuntimePlugin):
         "fp32": frozenset({STATEFUL_IR, WHISPER_IR}),
         "bf16": frozenset({STATEFUL_IR, WHISPER_IR}),
     }
+    plain_weights = frozenset({"openvino-ir"})  # the IR with the export's f32 weights
 
     @classmethod
     def refuses(cls, kind: ModelKind, model_dir: str) -> str:
@@ -113,7 +114,7 @@ class OpenVinoGenAI(RuntimePlugin):
         """As every runtime, but activations are quantized only beside a generator's compressed
         weights (the IR's int8 or int4 variants): on the f32 IR the setting changes nothing."""
         if (options or {}).get("dynamic_quantization") and (
-            "/" not in variant["method"] or variant["graph"] != STATEFUL_IR
+            variant["method"] in cls.plain_weights or variant["graph"] != STATEFUL_IR
         ):
             return False  # measured on generators only: Whisper's IRs are left without it
         return super().runs(variant, precision, options)
