@@ -106,8 +106,9 @@ def irs(model_dir: Path, work: Path, wanted: list[str]) -> dict[str, Path]:
 
 
 def gguf_file(source: Path, model_dir: Path, work: Path, weights: str) -> Path:
-    """The model as a GGUF at `weights` (f32, Q8_0 for int8, Q4_0 for int4-g32), made once in
-    `work` by llama.cpp's converter (f32 and Q8_0) and llama-quantize (Q4_0, from the f32 file)."""
+    """The model as a GGUF at `weights` (f32, Q8_0 for int8 either way, Q4_0 for int4-g32),
+    made once in `work` by llama.cpp's converter (f32 and Q8_0) and llama-quantize (Q4_0, from
+    the f32 file)."""
     from generation_ways import CONVERT
 
     outtype = {"f32": "f32", "int8": "q8_0", "int8-sym": "q8_0", "int4-g32": "q4_0"}[weights]

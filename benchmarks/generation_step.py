@@ -96,6 +96,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--llama-cpp", type=Path, help="a llama.cpp tree with build/bin")
     args = parser.parse_args()
+    if args.steps <= 8:
+        parser.error("--steps must be more than 8: the first 8 steps warm up, uncounted")
     from generation_one_stream import gguf_file, irs
     from generation_release import build_shape
 

@@ -58,6 +58,7 @@ class Search:
     speeds: dict[str, dict[str, float]] = field(default_factory=dict)
     refused: list[dict[str, Any]] = field(default_factory=list)
     leaders: dict[str, float] = field(default_factory=dict)  # each family's first timing
+    led_by: dict[str, str] = field(default_factory=dict)  # the candidate that timing is of
     # The speed of the fastest candidate that passed so far (the judge sets it; -1: none yet): a
     # family whose first candidate ran no faster is not timed further.
     bar: float = -1.0
@@ -81,7 +82,7 @@ class Search:
         for c in self.candidates:
             families.setdefault(family(c), []).append(c)
         for name, members in families.items():
-            self.leaders[name] = self.first_timed(self.leading(members))
+            self.leaders[name], self.led_by[name] = self.first_timed(self.leading(members))
         for name in sorted(families, key=lambda n: -self.leaders[n]):
             if self.leaders[name] < 0:
                 continue  # every candidate of it raised: refused
@@ -100,18 +101,19 @@ class Search:
         """A family's candidates in the order its first timing is tried: as planned, but at one
         stream (the latency objective) those on compressed weights first. A token there reads
         every weight, so the export's f32 weights run slowest and would speak for the family
-        at its worst: SmolLM2-135M's shape on OpenVINO GenAI bf16 ran 64.6 tokens/s on f32
-        weights and about 110 on int8, and the family went untimed behind a dq32 one at 101."""
+        at its worst: in the gate's one-stream timings of SmolLM2-135M's shape, OpenVINO GenAI
+        bf16 ran 64.6 tokens/s on f32 weights, 84 on int8."""
         if self.gate.objective != "latency":
             return members
         return sorted(members, key=lambda c: weights_of(c) in plugin(c.runtime).plain_weights)
 
-    def first_timed(self, members: list[Candidate]) -> float:
-        """Time a runtime's candidates in order until one runs: its speed (-1: none ran)."""
+    def first_timed(self, members: list[Candidate]) -> tuple[float, str]:
+        """Time a family's candidates in order until one runs: its speed and name (-1: none
+        ran)."""
         for c in members:
             if self.timed(c):
-                return self.speeds[c.name]["speed"]
-        return -1.0
+                return self.speeds[c.name]["speed"], c.name
+        return -1.0, ""
 
     def time_all(self, members: list[Candidate]) -> None:
         for c in members:
@@ -177,7 +179,8 @@ class Search:
             timed=False,
             status=f"not timed: {family(cand)}'s first candidate ran at "
             f"{self.leaders.get(family(cand), 0):g} against {against}"
-            " (quantization.prune: false times every candidate)",
+            f" (the first timed: {self.led_by.get(family(cand)) or 'none'}; "
+            "quantization.prune: false times every candidate)",
         )
 
 

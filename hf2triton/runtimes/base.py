@@ -233,8 +233,8 @@ class RuntimePlugin:
     # Kinds that `auto` leaves to another runtime where that one is offered here: kind name ->
     # (the other runtime's name, why), the why measured.
     yields_to: ClassVar[dict[str, tuple[str, str]]] = {}
-    # The variants (methods) it reads that hold the model's weights as exported, uncompressed:
-    # at one stream, where a token reads every weight, the slowest it runs.
+    # The variants (methods) it reads whose weights are the export's f32 ones, uncompressed (a
+    # graph-optimized copy too): at one stream, where a token reads every weight, the slowest.
     plain_weights: ClassVar[frozenset[str]] = frozenset({"fp32"})
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

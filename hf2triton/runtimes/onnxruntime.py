@@ -36,6 +36,10 @@ class OnnxRuntimeCpu(RuntimePlugin):
     # fp16: the GPU graphs' numerics checked on the CPU (deploy.gpu_gate: cpu-numerics); its
     # fused operators run there too, through casts where a kernel has no fp16 version.
     reads = {"fp32": frozenset({PLAIN, ORT_ONLY}), "fp16": frozenset({FP16, FP16_ORT})}
+    # the export and its graph-optimized copies: f32 weights all
+    plain_weights = frozenset(
+        {"fp32", "fp32/fused", *(f"fp32/ort-{level}" for level in OPTIMIZATION_LEVELS)}
+    )
     yields_to = {"text_generation": GENERATORS_TO_GENAI}
 
     @classmethod

@@ -143,9 +143,10 @@ class OpenVinoGenAI(RuntimePlugin):
                 Recipe("openvino-ir/int8", layout.graph, lambda: compressed(ctx, "INT8_ASYM", 0))
             )
         if layout.int8_sym and spec.search:
-            # Symmetric int8 (no zero points) decompresses faster: a decode step of SmolLM2-135M's
-            # shape at bf16 took 8.5 ms against 9.5 (2-core AVX512_BF16 EPYC). Its coarser
-            # numerics are the gate's to judge, so the search tries it beside the asymmetric.
+            # Symmetric int8 (no zero points) decompresses faster at bf16: a decode step of
+            # SmolLM2-135M's shape took 8.5 ms against 9.5 (2-core AVX512_BF16 EPYC); at f32 or
+            # with dq32 it was no faster. Its coarser numerics are the gate's to judge, and which
+            # runs fastest the search's: tried beside the asymmetric.
             found.append(
                 Recipe("openvino-ir/int8-sym", layout.graph, lambda: compressed(ctx, "INT8_SYM", 0))
             )
@@ -256,9 +257,11 @@ def compressed(ctx: VariantContext, mode: str, group_size: int) -> Variant:
     base = stateful_ir(ctx)
     src = Path(base["onnx_path"])
     irs = [src.parent / name for name in layout.irs]
-    name = {"INT8_ASYM": "openvino-ir/int8", "INT8_SYM": "openvino-ir/int8-sym"}.get(
-        mode, f"openvino-ir/int4-g{group_size}"
-    )
+    name = {
+        "INT8_ASYM": "openvino-ir/int8",
+        "INT8_SYM": "openvino-ir/int8-sym",
+        "INT4_ASYM": f"openvino-ir/int4-g{group_size}",
+    }[mode]
 
     def build(out: Path) -> dict:
         for ir in irs:

@@ -275,6 +275,23 @@ class _Release(Strict):
         )
 
     @model_validator(mode="after")
+    def _settings_for_task(self) -> _Release:
+        listed = self.runtime.candidates if self.runtime.candidates != "auto" else []
+        wrong = [
+            (c.name, key, tasks)
+            for c in listed
+            for key, tasks in runtime_class(c.name).tasks_of.items()
+            if c.options.get(key) and self.task not in tasks
+        ]
+        name, key, tasks = wrong[0] if wrong else ("", "", ())
+        return unless(
+            bool(wrong),
+            self,
+            f"runtime.candidates: {name}'s {key} applies to {' and '.join(tasks)} releases "
+            f"only, and this one is {self.task!r}: drop {key} from its options",
+        )
+
+    @model_validator(mode="after")
     def _settings_beside_compressed_weights(self) -> _Release:
         listed = self.runtime.candidates if self.runtime.candidates != "auto" else []
         needs = [
@@ -290,23 +307,6 @@ class _Release(Strict):
             f"runtime.candidates: {name}'s {why} applies beside int8 or int4 weights only, and "
             "quantization.method is none: set quantization.method to int8-blockwise or "
             f"int4-blockwise (or quantization.search: true), or drop {why}",
-        )
-
-    @model_validator(mode="after")
-    def _settings_for_task(self) -> _Release:
-        listed = self.runtime.candidates if self.runtime.candidates != "auto" else []
-        wrong = [
-            (c.name, key, tasks)
-            for c in listed
-            for key, tasks in runtime_class(c.name).tasks_of.items()
-            if c.options.get(key) and self.task not in tasks
-        ]
-        name, key, tasks = wrong[0] if wrong else ("", "", ())
-        return unless(
-            bool(wrong),
-            self,
-            f"runtime.candidates: {name}'s {key} applies to {' and '.join(tasks)} releases "
-            f"only, and this one is {self.task!r}: drop {key} from its options",
         )
 
     @model_validator(mode="after")
