@@ -244,6 +244,7 @@ def test_a_runtimes_bf16_is_timed_though_its_fp32_ran_slower_than_what_passed(
     untimed = by_name["ir on openvino fp32"]
     assert untimed["timed"] is False
     assert "openvino fp32's first candidate ran at 30 against 80" in untimed["status"]
+    assert "(the first timed: fp32 on openvino fp32;" in untimed["status"]
 
 
 def test_without_pruning_every_candidate_is_built_and_timed(
