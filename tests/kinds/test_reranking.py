@@ -133,7 +133,10 @@ def test_served_scores_rank_unseen_passages_as_pytorch_does(reranker, model_dir,
     assert got.shape == (1, len(passages))
     assert int(np.argmax(got[0])) == int(np.argmax(want))  # the same passage comes first
     assert spearmanr(got[0], want).statistic >= 0.9
-    assert np.abs(got[0] - want).max() < 0.02  # int8 or fp32, the scores stay close
+    # fp32 ships, or bf16 where it timed faster (OpenVINO on an AVX512_BF16 CPU: 0.034 from
+    # PyTorch's scores here in one CI run, 0.028 on the gate's own pairs): 8 bits of mantissa.
+    bf16 = reranker["summary"]["variant"].endswith(" bf16")
+    assert np.abs(got[0] - want).max() < (0.05 if bf16 else 0.02), reranker["summary"]["variant"]
 
 
 def test_concurrent_requests_with_different_passage_counts_are_answered(reranker, model_dir):
