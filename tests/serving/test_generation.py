@@ -481,14 +481,15 @@ def test_openvino_genai_compressed_candidates_are_scored_by_the_gate_metrics(gen
     # (On a model this small the embeddings, int8 in both, weigh most: int4 is not smaller.)
     assert max(scores["int4"]["bytes"], scores["int8"]["bytes"]) < scores["f32"]["bytes"]
     assert abs(scores["int4"]["perplexity_increase"]) > abs(scores["int8"]["perplexity_increase"])
-    # Symmetric int8 keeps no zero points: smaller, and scored like the others.
+    # Symmetric int8 keeps no zero points: smaller, and still far closer to PyTorch than int4.
     assert scores["int8-sym"]["bytes"] < scores["int8"]["bytes"]
-    assert all(np.isfinite(v) for k, v in scores["int8-sym"].items() if k != "bytes")
+    sym = abs(scores["int8-sym"]["perplexity_increase"])
+    assert np.isfinite(sym) and sym < abs(scores["int4"]["perplexity_increase"])
 
 
 def test_the_search_also_tries_symmetric_int8_weights_on_a_generator(genai_exported):
     """With quantization.search a generator's OpenVINO GenAI candidates gain symmetric int8
-    weights (a decode step 10% faster at SmolLM2-135M's shape, coarser numerics for the gate
+    weights (a bf16 decode step 10% faster at SmolLM2-135M's shape, coarser numerics for the gate
     to judge); a release that asks for int8 without the search builds the asymmetric only."""
     from dataclasses import replace
 
