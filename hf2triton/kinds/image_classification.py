@@ -23,7 +23,7 @@ from hf2triton.kinds.classification import LabelGate, label_answer, read_labels
 from hf2triton.kinds.image_plan import image_plan
 from hf2triton.kinds.margin import Sample
 from hf2triton.kinds.modality import VisionKind
-from hf2triton.kinds.torch_reference import batched
+from hf2triton.kinds.torch_reference import abs_difference, batched
 from hf2triton.serving.classification import activate
 from hf2triton.serving.image_classification import ImageClassifier
 from hf2triton.util.specbase import Probability, Strict
@@ -178,7 +178,7 @@ class ImageClassificationKind(
         for part in batched(list(inputs), 8):
             pixels = torch_model.pixel_values(part).astype(np.float32)
             (onnx,) = session.run(["logits"], {"pixel_values": pixels})
-            worst = max(worst, float(np.abs(onnx - torch_model.output(pixels, "logits")).max()))
+            worst = max(worst, abs_difference(torch_model.output(pixels, "logits"), onnx))
         return {"max_abs_diff": worst}
 
     openai_route = "/predict"

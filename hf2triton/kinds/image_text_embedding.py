@@ -27,7 +27,7 @@ from hf2triton.kinds.image_classification import TorchImages, data_uri, load_pro
 from hf2triton.kinds.image_plan import image_plan
 from hf2triton.kinds.margin import Sample
 from hf2triton.kinds.modality import VisionKind, joined_files, onnx_files, read_images
-from hf2triton.kinds.torch_reference import batched
+from hf2triton.kinds.torch_reference import abs_difference, batched
 from hf2triton.serving.image_text_embedding import ImageTextEmbedder, normalized
 from hf2triton.util.specbase import Probability, Strict
 
@@ -332,7 +332,7 @@ class ImageTextEmbeddingKind(VisionKind[ImageTextEmbeddingConfig]):
         for part in batched([x["image"] for x in inputs if "image" in x], 8):
             pixels = torch_model.pixel_values(part).astype(np.float32)
             (onnx,) = image.run(["image_embeds"], {"pixel_values": pixels})
-            worst = max(worst, float(np.abs(onnx - torch_model.image_features(pixels)).max()))
+            worst = max(worst, abs_difference(torch_model.image_features(pixels), onnx))
         for part in batched([x["text"] for x in inputs if "text" in x], 8):
             tokens = torch_model.tokens(part)
             feeds = {
@@ -341,7 +341,7 @@ class ImageTextEmbeddingKind(VisionKind[ImageTextEmbeddingConfig]):
                 if k in ("input_ids", "attention_mask")
             }
             (onnx,) = text.run(["text_embeds"], feeds)
-            worst = max(worst, float(np.abs(onnx - torch_model.text_features(tokens)).max()))
+            worst = max(worst, abs_difference(torch_model.text_features(tokens), onnx))
         return {"max_abs_diff": worst}
 
     def version_files(self, candidate: str, export_dir: str) -> dict[str, Path]:

@@ -24,7 +24,7 @@ from hf2triton.errors import ExportError, SpecError, UnsupportedModelError
 from hf2triton.kinds.base import KINDS, Data, Limits, read_json, save_fast_tokenizer
 from hf2triton.kinds.margin import Sample
 from hf2triton.kinds.modality import AudioKind, read_audio
-from hf2triton.kinds.torch_reference import batched
+from hf2triton.kinds.torch_reference import abs_difference, batched
 from hf2triton.kinds.translation import onnx_files_with_data, serving_files
 from hf2triton.serving.audio import decode
 from hf2triton.serving.seq2seq import ONNX_FILES, Seq2SeqModel
@@ -327,7 +327,7 @@ class SpeechRecognitionKind(AudioKind[SpeechConfig]):
             with torch.inference_mode():
                 want = reference.model.get_encoder()(torch.from_numpy(feats)).last_hidden_state
             got = encoder.run("encoder", {"input_features": feats})[0]
-            worst = max(worst, float(np.abs(want.float().numpy() - got).max()))
+            worst = max(worst, abs_difference(want.float().numpy(), got))
         served = self.open_candidate(str(out), str(out), self.serving_json(cfg, str(out)))
         got_text = served.transcribe([Path(p).read_bytes() for p in inputs])
         want_text = reference.transcribe(list(inputs))

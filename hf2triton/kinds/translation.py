@@ -23,7 +23,7 @@ from hf2triton.kinds.generation_config import (
 from hf2triton.kinds.margin import Sample
 from hf2triton.kinds.modality import TextToTextKind
 from hf2triton.kinds.serving_tokenizer import check_tokenizer, write_serving_tokenizer
-from hf2triton.kinds.torch_reference import TorchTranslator, batched, strip_pad
+from hf2triton.kinds.torch_reference import TorchTranslator, abs_difference, batched, strip_pad
 from hf2triton.serving.seq2seq import ONNX_FILES, Seq2SeqModel, Seq2SeqTokenizer
 from hf2triton.serving.translation import Translator
 
@@ -101,9 +101,7 @@ def compare_translation(
         got = model.encode(
             enc["input_ids"].astype(np.int64), enc["attention_mask"].astype(np.int64)
         )
-        mask = enc["attention_mask"].astype(bool)
-        diff = np.abs(want - got)[mask]
-        worst = max(worst, float(diff.max()) if np.isfinite(diff).all() else float("inf"))
+        worst = max(worst, abs_difference(want, got, enc["attention_mask"].astype(bool)))
     greedy = cfg.settings.with_request(num_beams=1)
     want_ids = reference.generate(sentences, num_beams=1)
     check_tokenizer(served, reference.tokenizer, sentences, want_ids)

@@ -238,3 +238,30 @@ def test_the_openai_compatible_predict_route_takes_images_as_data_uris(image_cla
     ):
         refused = httpx.post(url, json={"model": "tiny-vit", "inputs": [bad]}, timeout=60)
         assert refused.status_code == 400 and says in refused.text, refused.text
+
+
+def test_an_export_whose_graph_answers_nan_is_refused(tmp_path, model_dir):
+    """The export check compares the graph's logits with PyTorch's: a graph that answers NaN
+    (here its classifier's bias planted with NaN after a real export) differs by inf, which
+    export.atol refuses, not by 0 (max() skips a NaN: before the fix it passed)."""
+    import onnx
+
+    from hf2triton.release.export import export_checked
+    from hf2triton.spec import kind_for
+    from hf2triton.spec.release import ExportSpec
+
+    ports = {"http_port": 1, "grpc_port": 2, "metrics_port": 3}
+    kind = kind_for(load_spec(_spec(tmp_path, model_dir, ports)))
+    cfg = kind.resolve(str(model_dir))
+    inputs = [str(p) for p in photos()[:3]]
+    out = tmp_path / "export"
+    out.mkdir()
+    found = export_checked(kind, str(model_dir), out, ExportSpec(), cfg, inputs)
+    assert 0 <= found["max_abs_diff"] <= 1e-3 and found["checked"] == 3
+    graph = onnx.load(str(out / kind.main_file))
+    bias = next(t for t in graph.graph.initializer if "classifier" in t.name and "bias" in t.name)
+    values = onnx.numpy_helper.to_array(bias).copy()
+    values[0] = np.nan
+    bias.CopyFrom(onnx.numpy_helper.from_array(values, bias.name))
+    onnx.save(graph, str(out / kind.main_file))
+    assert kind.check_export(str(model_dir), out, cfg, inputs)["max_abs_diff"] == float("inf")
