@@ -89,6 +89,8 @@ class Traffic(ClientThreads):
         self.urls = [urls] if isinstance(urls, str) else list(urls)
         self.model = model
         self.log: list[tuple[float, str, str | None, str | None]] = []  # at, url, version, error
+        # The same outcomes with when each request was sent (`log`'s time is when it ended).
+        self.sent: list[tuple[float, str, str | None, str | None]] = []
         self._stop = threading.Event()
         self._threads = [
             threading.Thread(target=self._run, args=(u,), daemon=True) for u in self.urls
@@ -117,17 +119,20 @@ class Traffic(ClientThreads):
             n += 1
             x = httpclient.InferInput("TEXT", [1, 1], "BYTES")
             x.set_data_from_numpy(np.array([[text.encode()]], dtype=np.object_))
+            sent = time.time()
             try:
                 res = client.infer(self.model, [x])
-                self.log.append((time.time(), url, str(res.get_response()["model_version"]), None))
+                outcome = (url, str(res.get_response()["model_version"]), None)
             except Exception as exc:  # noqa: BLE001 - a failed request is what is counted
-                self.log.append((time.time(), url, None, str(exc) or type(exc).__name__))
-                if "planted fault" not in str(exc):
-                    time.sleep(0.05)  # a server that is down is not hammered
-                    client.close()
-                    client = httpclient.InferenceServerClient(
-                        url=url, connection_timeout=5.0, network_timeout=30.0
-                    )
+                outcome = (url, None, str(exc) or type(exc).__name__)
+            self.log.append((time.time(), *outcome))
+            self.sent.append((sent, *outcome))
+            if outcome[2] is not None and "planted fault" not in outcome[2]:
+                time.sleep(0.05)  # a server that is down is not hammered
+                client.close()
+                client = httpclient.InferenceServerClient(
+                    url=url, connection_timeout=5.0, network_timeout=30.0
+                )
         client.close()
 
 

@@ -93,15 +93,15 @@ def test_the_scorer_is_freed_when_unused_and_compiled_again_when_asked(files):
     """The scorer's compiled copy of the weights is held only while the gate or the smoke test
     score: freed `idle_s` after its last use (a use in between puts it off), compiled again on
     the next."""
-    scoring = IdleScorer(files, idle_s=2.0)
+    scoring = IdleScorer(files, idle_s=6.0)
     with scoring.use() as scorer:
         first = scorer([3, 3, 5])
-    time.sleep(1.2)
+    time.sleep(3)
     with scoring.use() as again:  # used again before it was freed: the same one
         assert again is scorer
-    time.sleep(1.2)
-    assert scoring.scorer is scorer  # 2.4 s after its first use, 1.2 s after its last: kept
-    deadline = time.monotonic() + 5
+    time.sleep(3)
+    assert scoring.scorer is scorer  # 6 s after its first use, 3 s after its last: kept
+    deadline = time.monotonic() + 10
     while scoring.scorer is not None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert scoring.scorer is None
