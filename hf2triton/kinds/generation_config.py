@@ -262,6 +262,18 @@ def decoder_positions(config: Any) -> int:
     return max(1, min(int(positions) - 3, 4096))
 
 
+def model_processors(gen: Any, repetition_penalty: float | None = None) -> dict[str, Any]:
+    """The logits processors of the model's generation config the served decoder applies (the
+    repetition penalty `repetition_penalty` when given, e.g. the spec's), as DecodeSettings'
+    fields: one place for every kind that decodes."""
+    return {
+        "min_length": int(gen.min_length or 0),
+        "no_repeat_ngram_size": int(gen.no_repeat_ngram_size or 0),
+        "repetition_penalty": repetition_penalty or float(gen.repetition_penalty or 1.0),
+        "bad_words_ids": [list(map(int, b)) for b in (gen.bad_words_ids or [])],
+    }
+
+
 def decode_settings(
     gen: Any, config: Any, *, start: int, bos: int | None, max_new: int, num_beams: int
 ) -> DecodeSettings:
@@ -280,10 +292,7 @@ def decode_settings(
         num_beams=num_beams,
         forced_bos_token_id=None if bos is None else int(bos),
         forced_eos_token_id=forced_eos,
-        min_length=int(gen.min_length or 0),
-        no_repeat_ngram_size=int(gen.no_repeat_ngram_size or 0),
-        repetition_penalty=float(gen.repetition_penalty or 1.0),
-        bad_words_ids=[list(map(int, b)) for b in (gen.bad_words_ids or [])],
+        **model_processors(gen),
         length_penalty=float(gen.length_penalty if gen.length_penalty is not None else 1.0),
         early_stopping=gen.early_stopping,
     )

@@ -18,7 +18,7 @@ from pydantic import Field
 
 from hf2triton.errors import ExportError, SpecError, UnsupportedModelError
 from hf2triton.kinds.base import KINDS, Data, Limits, read_lines, save_fast_tokenizer
-from hf2triton.kinds.generation_config import eos_and_pad, model_generation_config
+from hf2triton.kinds.generation_config import eos_and_pad, model_generation_config, model_processors
 from hf2triton.kinds.lm_reference import (
     TextGenerationConfig,
     TorchGenerator,
@@ -188,16 +188,14 @@ def resolve_text_generation(
     )
     eos_ids, pad = eos_and_pad(gen, config)
     context, max_new = context_and_new_tokens(spec, config, gen)
-    repetition = spec.repetition_penalty or float(gen.repetition_penalty or 1.0)
+    model_own = model_processors(gen, spec.repetition_penalty)
+    repetition = model_own["repetition_penalty"]
     processors = DecodeSettings(
         decoder_start_token_id=pad,
         eos_token_ids=eos_ids,
         pad_token_id=pad,
         max_new_tokens=max_new,
-        min_length=int(gen.min_length or 0),
-        no_repeat_ngram_size=int(gen.no_repeat_ngram_size or 0),
-        repetition_penalty=repetition,
-        bad_words_ids=[list(map(int, b)) for b in (gen.bad_words_ids or [])],
+        **model_own,
     )
     return TextGenerationConfig(
         defaults={
