@@ -18,7 +18,7 @@ from hf2triton.image.target import ImageTarget
 from hf2triton.image.variants import image_python, variant_for
 from hf2triton.image.wheelhouse import ensure_wheelhouse
 from hf2triton.util.runs import step_logger
-from hf2triton.util.workspace import hash_files, home
+from hf2triton.util.workspace import hash_files, hash_mismatch, home
 
 
 class RepositoryFiles(TypedDict):
@@ -117,8 +117,8 @@ def _context(
         for k, v in hash_files(dst).items()
     }
     files = repo["files"]
-    if placed != files:
-        bad = sorted(k for k in set(placed) | set(files) if placed.get(k) != files.get(k))
+    bad = hash_mismatch(placed, files)
+    if bad:
         raise ArtifactError(
             f"files {bad[:5]} of the Triton repository do not match the sha256 recorded for this "
             "release: refusing to build an image from them; re-run the release to rebuild it"

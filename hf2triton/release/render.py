@@ -23,7 +23,7 @@ from hf2triton.image import image_target, render_context
 from hf2triton.release.record import release_key
 from hf2triton.release.results import Built
 from hf2triton.spec import ReleaseSpec
-from hf2triton.util.workspace import hash_files
+from hf2triton.util.workspace import hash_files, hash_mismatch
 
 RENDER_FILE = "render.json"
 REPOSITORY_DIR = "model_repository"
@@ -68,10 +68,8 @@ def write_render(spec: ReleaseSpec, built: Built, output: str) -> RenderResult:
         model = repo["model_name"]
         shutil.copytree(Path(repo["repository"]) / model, tmp / REPOSITORY_DIR / model)
         files = hash_files(tmp / REPOSITORY_DIR)
-        if files != repo["files"]:
-            bad = sorted(
-                k for k in set(files) | set(repo["files"]) if files.get(k) != repo["files"].get(k)
-            )
+        bad = hash_mismatch(files, repo["files"])
+        if bad:
             raise ArtifactError(
                 f"files {bad[:5]} of the rendered repository differ from what the repository "
                 "step recorded: re-run the render"

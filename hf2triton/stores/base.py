@@ -34,11 +34,6 @@ class ModelDir(Protocol):
     def versions(self) -> list[str]: ...
 
 
-def _mismatch(got: dict[str, str] | None, want: dict[str, str]) -> list[str]:
-    got = got or {}
-    return sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))
-
-
 def _refuse(bad: list[str]) -> ArtifactError:
     return ArtifactError(
         f"model files {bad} do not match the sha256 recorded for this release: refusing to "

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Literal
 
 from hf2triton.errors import ModelStoreError
-from hf2triton.stores.base import STORES, ModelDir, ModelStore, _mismatch, _refuse
-from hf2triton.util.workspace import atomic_write_text, hash_files
+from hf2triton.stores.base import STORES, ModelDir, ModelStore, _refuse
+from hf2triton.util.workspace import atomic_write_text, hash_files, hash_mismatch
 
 
 class LocalModelDir:
@@ -35,7 +35,7 @@ class LocalModelDir:
         want = {k: v for k, v in expected.items() if k.startswith("1/")}
         if got != want:
             shutil.rmtree(tmp, ignore_errors=True)
-            raise _refuse(_mismatch(got, want))
+            raise _refuse(hash_mismatch(got, want))
         shutil.rmtree(self.path / version, ignore_errors=True)
         os.rename(tmp, self.path / version)
         staged = self.path / ".warmup.new"

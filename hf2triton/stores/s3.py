@@ -12,9 +12,9 @@ from pydantic import Field, field_validator
 
 from hf2triton.clients.credentials import S3Credentials, resolve
 from hf2triton.errors import ModelStoreError, ServiceUnavailableError
-from hf2triton.stores.base import STORES, ModelDir, ModelStore, _mismatch, _refuse
+from hf2triton.stores.base import STORES, ModelDir, ModelStore, _refuse
 from hf2triton.util.specbase import matching
-from hf2triton.util.workspace import hash_files
+from hf2triton.util.workspace import hash_files, hash_mismatch
 
 BUCKET_PATTERN = re.compile(r"^(?!.*\.\.)[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 # Triton parses s3://[http(s)://]host:port/bucket/path itself: the port is not optional, and
@@ -225,13 +225,13 @@ class S3ModelDir:
         want = {k: v for k, v in expected.items() if k.startswith("1/")}
         local = {f"1/{k}": v for k, v in hash_files(src_model / "1").items()}
         if local != want:
-            raise _refuse(_mismatch(local, want))
+            raise _refuse(hash_mismatch(local, want))
         self.remove_version(version)
         self._upload_tree(src_model / "1", f"{self.root}{version}/")
         stored = self.version_files(version)
         if stored != want:
             self.remove_version(version)
-            raise _refuse(_mismatch(stored, want))
+            raise _refuse(hash_mismatch(stored, want))
         for key in self._keys(f"{self.root}warmup/"):
             self._call(
                 f"deleting {key}", self.client.delete_object, Bucket=self.store.bucket, Key=key

@@ -128,6 +128,14 @@ def hash_files(root: str | Path, names: Iterable[str] | None = None) -> dict[str
     return {p.relative_to(root).as_posix(): sha256_file(p) for p in paths}
 
 
+def hash_mismatch(got: dict[str, str] | None, want: dict[str, str]) -> list[str]:
+    """The files whose sha256 in `got` is not `want`'s (missing or extra on either side), sorted:
+    what every copy of a release's files is checked with before it is deployed, built or
+    rendered."""
+    got = got or {}
+    return sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))
+
+
 def digest(obj: Any) -> str:
     """A stable sha256 of a JSON-able value."""
     return hashlib.sha256(
