@@ -76,6 +76,41 @@ class MlflowServer:
         except sqlite3.Error:
             return 0
 
+    def contents(self) -> tuple:
+        """What the store holds, read from its database and artifact folder, not through the
+        server: the rows of its runs, their records and the model versions, and every artifact
+        file with its size."""
+        try:
+            db = sqlite3.connect(f"file:{self.db}?mode=ro", uri=True, timeout=1)
+            try:
+                tables = ("runs", "params", "metrics", "tags", "model_versions")
+                rows = tuple(db.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in tables)
+            finally:
+                db.close()
+        except sqlite3.Error:
+            rows = None  # busy or being written: not quiet yet
+        files = []
+        for path in sorted((self.root / "artifacts").rglob("*")):
+            try:
+                if path.is_file():
+                    files.append((str(path.relative_to(self.root)), path.stat().st_size))
+            except FileNotFoundError:  # a temporary file gone meanwhile
+                files.append((str(path), None))
+        return rows, files
+
+    def wait_quiet(self, timeout: float = 60) -> None:
+        """Wait until the store stops changing: the same contents on two reads a second apart
+        (what the server held when it froze is written by then)."""
+        deadline = time.monotonic() + timeout
+        before = self.contents()
+        while True:
+            time.sleep(1)
+            now = self.contents()
+            if now == before and now[0] is not None:
+                return
+            assert time.monotonic() < deadline, f"the store still changes after {timeout} s"
+            before = now
+
     def client(self):
         from mlflow import MlflowClient
 
@@ -182,7 +217,7 @@ def test_mlflow_hanging_during_register_leaves_one_complete_version_after_the_re
     finally:
         mlflow.signal(signal.SIGCONT)
     wait_http(f"{mlflow.uri}/health", timeout=60)
-    time.sleep(1)  # what the server held when it froze is written by now
+    mlflow.wait_quiet()  # what the server held when it froze is written by now
 
     again = Registry(mlflow.uri).register_release(name, "hf2triton", record)  # the retry
     assert again["version"] == "1" and not again["reused"]

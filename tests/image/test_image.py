@@ -677,11 +677,13 @@ def test_registry_down_during_push_is_retried_then_one_clear_error(
         return push_image(target, spec)
 
     killed = threading.Event()
+    mid_upload: list[bool] = []  # per outage: was a layer on its way when the registry died
 
     def outage(back_after_s: float | None) -> None:
         deadline = time.monotonic() + 60
-        while not own_registry.uploading() and time.monotonic() < deadline:
+        while not (seen := own_registry.uploading()) and time.monotonic() < deadline:
             time.sleep(0.002)
+        mid_upload.append(seen)
         own_registry.kill()
         killed.set()
         if back_after_s is not None:
@@ -692,8 +694,9 @@ def test_registry_down_during_push_is_retried_then_one_clear_error(
     thread = threading.Thread(target=outage, args=(3.0,), daemon=True)
     thread.start()
     pushed = push()
+    assert killed.is_set(), "the registry went down before the push finished"
     thread.join(60)
-    assert killed.is_set()
+    assert mid_upload == [True], "the registry was killed in the middle of an upload"
     with urllib.request.urlopen(
         urllib.request.Request(
             f"http://{own_registry.url}/v2/outage/manifests/{pushed['digest']}",
@@ -707,10 +710,12 @@ def test_registry_down_during_push_is_retried_then_one_clear_error(
     # Stays down: one error naming the registry, once the retries are spent.
     target = _tagged(docker_client, big_image(2), own_registry.url, "outage-2")
     killed.clear()
+    mid_upload.clear()
     thread = threading.Thread(target=outage, args=(None,), daemon=True)
     thread.start()
     with pytest.raises(RegistryUnavailableError) as down:
         push()
-    thread.join(60)
     assert killed.is_set()
+    thread.join(60)
+    assert mid_upload == [True], "the registry was killed in the middle of an upload"
     assert own_registry.url in str(down.value) and "\n" not in str(down.value)

@@ -16,7 +16,7 @@ from hf2triton.targets.front import Front, address, front_image
 
 pytestmark = pytest.mark.e2e
 PREFIX = f"hf2triton-fronttest{os.getpid()}"
-# A server naming itself on every answer; /slow streams five chunks over 2.5 s.
+# A server naming itself on every answer; /slow streams 20 chunks over 10 s.
 SERVER = """
 import http.server, os, time
 NAME = os.environ["NAME"].encode()
@@ -27,7 +27,7 @@ class H(http.server.BaseHTTPRequestHandler):
         self.send_response(200)
         if self.path == "/slow":
             self.send_header("Transfer-Encoding", "chunked"); self.end_headers()
-            for _ in range(5):
+            for _ in range(20):
                 time.sleep(0.5)
                 self.wfile.write(b"%x\\r\\n%s\\r\\n" % (len(NAME), NAME)); self.wfile.flush()
             self.wfile.write(b"0\\r\\n\\r\\n")
@@ -88,15 +88,16 @@ def test_a_switch_moves_new_requests_and_lets_the_old_finish(engine):
     slow: list[str] = []
     started = threading.Thread(target=lambda: slow.append(get("/slow")))
     started.start()
-    time.sleep(0.6)  # the streamed answer is under way on blue
-    assert front.in_flight(blue_alias) == 1
+    deadline = time.monotonic() + 10
+    while front.in_flight(blue_alias) != 1:  # the streamed answer is under way on blue
+        assert time.monotonic() < deadline, "the streamed answer never reached blue"
+        time.sleep(0.05)
     assert front.route(green_alias, address(green, front.network)) == blue_alias
     assert {get() for _ in range(6)} == {"green"}, "new requests go to the new container"
-    waited = time.monotonic()
-    assert front.drain(blue_alias, 10) == 0
-    assert time.monotonic() - waited > 0.3, "drain waited for the streamed answer"
-    started.join(10)
-    assert slow == ["blue" * 5], "the answer in flight finished, whole, on the old container"
+    assert started.is_alive(), "the streamed answer is still under way when drain starts"
+    assert front.drain(blue_alias, 30) == 0
+    started.join(5)  # drained: the answer is all sent
+    assert slow == ["blue" * 20], "the answer in flight finished, whole, on the old container"
     # A front the engine restarts reads the routes it was last given.
     client.containers.get(front.name).restart(timeout=5)
     deadline = time.monotonic() + 30
