@@ -7,7 +7,6 @@ stand-in HTTP server in this process plays the API."""
 from __future__ import annotations
 
 import socket
-from typing import Any
 
 import numpy as np
 import pytest
@@ -15,31 +14,26 @@ import pytest
 from hf2triton.clients.openai import OpenAIApi, OpenAIInference
 from hf2triton.clients.triton import Failure
 from hf2triton.errors import ServiceUnavailableError, SmokeTestError
+from hf2triton.kinds.embedding import EmbeddingConfig, EmbeddingKind
+from hf2triton.spec import kind_for, load_spec
 from tests.clients.stand_in import StandIn
-
-
-class Embedding:
-    """A kind as the client asks it: TEXT onto /embeddings, the vectors back as EMBEDDING."""
-
-    openai_route = "/embeddings"
-
-    def openai_body(self, request: dict[str, np.ndarray]) -> dict[str, Any]:
-        return {"input": [row[0].decode() for row in request["TEXT"]]}
-
-    def openai_answer(
-        self, body: dict[str, Any], request: dict[str, np.ndarray], cfg: int
-    ) -> dict[str, np.ndarray]:
-        return {"EMBEDDING": np.array([d["embedding"][:cfg] for d in body["data"]], np.float32)}
-
+from tests.conftest import ROOT
 
 TEXTS = {"TEXT": np.array([[b"a"], [b"bc"]], np.object_)}
-ANSWER = {"data": [{"embedding": [1.0, 2.0, 3.0]}, {"embedding": [4.0, 5.0, 6.0]}]}
+# The API may answer rows in any order: each carries the index of its input.
+ANSWER = {
+    "data": [{"index": 1, "embedding": [4.0, 5.0, 6.0]}, {"index": 0, "embedding": [1.0, 2.0, 3.0]}]
+}
 
 
 def client(port: int, key: str | None = "sk-1", version: str = "2") -> OpenAIInference:
+    """The client as the smoke test builds it for the default MiniLM release: its real kind and
+    a resolved config of that kind."""
+    kind = kind_for(load_spec(ROOT / "releases" / "minilm-embedder.yaml"))
+    cfg = EmbeddingConfig(pooling="mean", normalize=True, max_length=256)
     failure = Failure(SmokeTestError, "embed the smoke texts")
     return OpenAIInference(
-        OpenAIApi(f"http://127.0.0.1:{port}/v1/", key), "emb", version, Embedding(), 2, failure
+        OpenAIApi(f"http://127.0.0.1:{port}/v1/", key), "emb", version, kind, cfg, failure
     )
 
 
@@ -47,7 +41,10 @@ def test_a_request_goes_through_the_kinds_route_with_the_key_and_comes_back_as_a
     with StandIn({("POST", "/v1/embeddings"): (200, ANSWER)}) as api:
         session = client(api.port)
         out = session(TEXTS)
-    assert out["EMBEDDING"].tolist() == [[1.0, 2.0], [4.0, 5.0]]  # the kind's own mapping, cfg 2
+    assert isinstance(session.kind, EmbeddingKind)
+    # The kind's own mapping: one row per text, in the order the texts were sent.
+    assert out["EMBEDDING"].tolist() == [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]
+    assert out["EMBEDDING"].dtype == np.float32
     (_, _, headers, body) = api.seen[0]
     assert body == {"model": "emb:2", "input": ["a", "bc"]}
     assert headers["Authorization"] == "Bearer sk-1"

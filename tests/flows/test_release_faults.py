@@ -71,21 +71,21 @@ def test_a_held_release_lock_makes_a_second_taker_wait_then_stop_naming_the_hold
                 pass
         with release_lock("other", wait_s=0):  # another release is not held up
             pass
-    held, took = threading.Event(), []
+    held, order = threading.Event(), []
 
     def holder() -> None:
         with release_lock("tiny"):
             held.set()
-            time.sleep(1.0)
+            time.sleep(1.0)  # the second taker asks while the lock is held
+            order.append("holder released")
 
     thread = threading.Thread(target=holder)
     thread.start()
-    held.wait(10)
-    started = time.monotonic()
+    assert held.wait(10)
     with release_lock("tiny", wait_s=30):
-        took.append(time.monotonic() - started)
+        order.append("second taker works")
     thread.join()
-    assert 0.5 < took[0] < 10
+    assert order == ["holder released", "second taker works"]  # it waited its turn
     assert path.read_text() == ""  # no holder named once the lock is free
 
 
@@ -171,14 +171,12 @@ def test_two_runs_of_a_release_at_once_take_turns_and_register_one_version(
         # A run that may not wait (long) stops with one line naming the run that holds the lock.
         monkeypatch.setenv("HF2TRITON_HOME", str(home))
         with release_lock("tiny-twice", wait_s=0):
-            started = time.monotonic()
             busy = _cli(["release", str(spec)], {**env, "HF2TRITON_LOCK_WAIT_S": "1"})
         assert busy.returncode == 1, busy.stderr[-3000:]
         line = _error_line(busy)
         assert "[RELEASE_BUSY]" in line and f"pid {os.getpid()} " in line, line
         assert "HF2TRITON_LOCK_WAIT_S" in line and "waited 1 s" in line
         assert "Task run '" not in busy.stderr  # no step ran
-        assert time.monotonic() - started < 300
         assert _mlflow_versions(home) == [("tiny-twice", "1")]
     finally:
         for proc in procs:

@@ -22,7 +22,10 @@ def test_the_dockerfile_is_the_variants(monkeypatch):
     for target in (cpu, gpu):
         text = render_dockerfile(target)
         assert "%%" not in text  # every placeholder filled
-        assert target["base_image"] in text or "BASE_IMAGE" in text
+        # The build's default base is the variant's own image, not the other variant's.
+        assert f"\nARG BASE_IMAGE={target['base_image']}\n" in text
+        other = gpu if target is cpu else cpu
+        assert f"ARG BASE_IMAGE={other['base_image']}\n" not in text
         assert target["python"] in text
     assert render_dockerfile(cpu) != render_dockerfile(gpu)
 

@@ -185,7 +185,13 @@ def test_schedule_creates_a_scheduled_run(deployed_run):
         if scheduled or time.monotonic() > deadline:
             break
         time.sleep(2)
-    assert deployment.concurrency_limit == 1 or deployment.global_concurrency_limit
+    # prefect.yaml's `concurrency_limit: {limit: 1, collision_strategy: ENQUEUE}`: one run of a
+    # release at a time, a second queued behind it. The server keeps the limit on the deployment
+    # or, as Prefect 3 does, on a global concurrency limit of its own.
+    limit = deployment.global_concurrency_limit
+    assert (limit.limit if limit else deployment.concurrency_limit) == 1
+    options = deployment.concurrency_options
+    assert options is not None and options.collision_strategy.value == "ENQUEUE"
     assert scheduled, "the cron schedule produced no scheduled run"
     assert scheduled[0].expected_start_time.weekday() == 0  # Mondays
     assert scheduled[0].expected_start_time.hour == 3
