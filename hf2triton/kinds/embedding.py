@@ -117,10 +117,13 @@ def resolve_embedding_config(
 
 
 def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Cosine similarity of matching rows of a and b."""
-    a = a / np.clip(np.linalg.norm(a, axis=1, keepdims=True), 1e-12, None)
-    b = b / np.clip(np.linalg.norm(b, axis=1, keepdims=True), 1e-12, None)
-    return (a * b).sum(axis=1)
+    """Cosine similarity of matching rows of a and b: 1 where both rows are zero (the same
+    answer), 0 where only one is (a zero row points nowhere: it never agrees by accident)."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    na, nb = np.linalg.norm(a, axis=1), np.linalg.norm(b, axis=1)
+    both = na * nb
+    dot = (a * b).sum(axis=1) / np.where(both > 0, both, 1.0)
+    return np.where(both > 0, dot, np.where((na == 0) & (nb == 0), 1.0, 0.0))
 
 
 class TorchEmbedder(TorchReference):

@@ -20,6 +20,7 @@ from pydantic import Field
 
 from hf2triton.kinds.base import KINDS, Data, Limits
 from hf2triton.kinds.classification import LabelGate, label_answer, read_labels
+from hf2triton.kinds.embedding import cosine_rows
 from hf2triton.kinds.image_plan import image_plan
 from hf2triton.kinds.margin import Sample
 from hf2triton.kinds.modality import VisionKind
@@ -131,13 +132,6 @@ def logits_of(probs: np.ndarray, activation: str) -> np.ndarray:
     return logp - logp.mean(axis=1, keepdims=True)
 
 
-def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Row-wise cosine of two (rows, n) arrays (1 where both rows are zero)."""
-    dot = (a * b).sum(axis=1)
-    norm = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
-    return np.where(norm > 0, dot / np.where(norm > 0, norm, 1.0), 1.0)
-
-
 def top_overlap(probs: np.ndarray, reference: np.ndarray, k: int = TOP_K) -> np.ndarray:
     """Per row: the share of the reference's k most likely labels among the served k."""
     k = min(k, probs.shape[1])
@@ -204,7 +198,7 @@ class ImageClassificationKind(
         metrics, details = super().score(reference, outputs, data, cfg)
         reference = np.asarray(reference, dtype=np.float32)
         overlap = top_overlap(outputs["probs"], reference)
-        cos = cosines(
+        cos = cosine_rows(
             logits_of(outputs["probs"], cfg.activation), logits_of(reference, cfg.activation)
         )
         metrics["top5_overlap"] = float(overlap.mean())

@@ -265,3 +265,24 @@ def test_an_export_whose_graph_answers_nan_is_refused(tmp_path, model_dir):
     bias.CopyFrom(onnx.numpy_helper.from_array(values, bias.name))
     onnx.save(graph, str(out / kind.main_file))
     assert kind.check_export(str(model_dir), out, cfg, inputs)["max_abs_diff"] == float("inf")
+
+
+def test_a_candidate_answering_uniform_scores_has_no_logit_cosine(tmp_path, model_dir):
+    """A candidate that answers the same score for every label (centred logits all zero) does
+    not agree with PyTorch's logits: its logit cosine is 0, not 1 (a zero row counted as
+    agreeing once let it through), while the same scores against themselves agree."""
+    from hf2triton.kinds.base import Data
+    from hf2triton.spec import kind_for
+
+    ports = {"http_port": 1, "grpc_port": 2, "metrics_port": 3}
+    kind = kind_for(load_spec(_spec(tmp_path, model_dir, ports)))
+    cfg = kind.resolve(str(model_dir))
+    n = len(cfg.labels)
+    reference = np.array([[0.7] + [0.3 / (n - 1)] * (n - 1)] * 2, np.float32)
+    uniform = np.full_like(reference, 1.0 / n)
+    items = Data(items=["a.png", "b.png"])
+    answer = {"probs": uniform, "labels": [cfg.labels[0]] * 2}
+    metrics, _ = kind.score(reference, answer, items, cfg)
+    assert metrics["logit_cosine"] == 0.0 and metrics["mean_logit_cosine"] == 0.0
+    same, _ = kind.score(uniform, answer, items, cfg)
+    assert same["logit_cosine"] == pytest.approx(1.0)
