@@ -356,6 +356,35 @@ class GateRole(ServingRole[C]):
         return {"speed": figures["batch_1" if batch == 1 else "batch_32"], **figures}
 
 
+class TextAnswerGate(GateRole[C]):
+    """What the gate of every kind that answers text (a translation, a transcript, a generated
+    continuation) shares: the answer column read back as strings (`answer_column`), greedy text
+    that two runs of one candidate must give alike, and a differing answer as the example (its
+    item under `item_key` in the details' `differ`)."""
+
+    answer_column: ClassVar[str] = ""
+    item_key: ClassVar[str] = "text"
+
+    def extract(self, answers: list[dict[str, np.ndarray]]) -> Any:
+        return [
+            (v.decode("utf-8") if isinstance(v, bytes) else str(v))
+            for a in answers
+            for v in a[self.answer_column][:, 0]
+        ]
+
+    def agreement_limits(self, tolerance: float) -> Limits:
+        return {"exact_match": (">=", 1.0)}  # greedy text is equal, or it is not what was judged
+
+    def example(self, details: dict[str, Any], against: str = "PyTorch") -> str:
+        first = (details.get("differ") or [None])[0]
+        if not first:
+            return ""
+        return (
+            f"e.g. {first[self.item_key][:40]!r} -> {first['candidate'][:40]!r}, {against} "
+            f"{first['pytorch'][:40]!r}"
+        )
+
+
 class OpenAIRole(ServingRole[C]):
     """The kind's route on the OpenAI-compatible API (hf2triton/openai_api), if it has one: its
     Triton requests as the API's request bodies and the API's answers as Triton answers, so the

@@ -24,6 +24,7 @@ from hf2triton.errors import ExportError, SpecError, UnsupportedModelError
 from hf2triton.kinds.base import KINDS, Data, Limits, read_json, save_fast_tokenizer
 from hf2triton.kinds.margin import Sample
 from hf2triton.kinds.modality import AudioKind, read_audio
+from hf2triton.kinds.roles import TextAnswerGate
 from hf2triton.kinds.torch_reference import abs_difference, batched
 from hf2triton.kinds.translation import onnx_files_with_data, serving_files
 from hf2triton.serving.audio import decode
@@ -250,13 +251,14 @@ class TorchWhisper:
 
 
 @KINDS.register
-class SpeechRecognitionKind(AudioKind[SpeechConfig]):
+class SpeechRecognitionKind(TextAnswerGate[SpeechConfig], AudioKind[SpeechConfig]):
     name = "speech_recognition"
     task = "automatic-speech-recognition"
     section = "speech"
     Options = SpeechSpec
     onnx_task = "automatic-speech-recognition-with-past"
     serving_class = Transcriber
+    answer_column = "TRANSCRIPT"
     main_file = ONNX_FILES["encoder"]
     tunable = False
     input_files = ("preprocessor_config.json", "tokenizer.json")
@@ -391,13 +393,6 @@ class SpeechRecognitionKind(AudioKind[SpeechConfig]):
             "DURATION": np.array([[body["duration"]]], dtype=np.float32),
         }
 
-    def extract(self, answers: list[dict[str, np.ndarray]]) -> list[str]:
-        return [
-            (v.decode("utf-8") if isinstance(v, bytes) else str(v))
-            for a in answers
-            for v in a["TRANSCRIPT"][:, 0]
-        ]
-
     def reference(self, model_dir: str, cfg: SpeechConfig, data: Data) -> list[str]:
         return TorchWhisper(model_dir, cfg).transcribe(data.items)
 
@@ -428,9 +423,6 @@ class SpeechRecognitionKind(AudioKind[SpeechConfig]):
         if "references" not in data.extra:
             return {}
         return {"reference_wer": wer(list(reference), data.extra["references"])[0]}
-
-    def agreement_limits(self, tolerance: float) -> Limits:
-        return {"exact_match": (">=", 1.0)}  # greedy text is equal, or it is not what was judged
 
     def samples(
         self, reference: list[str], outputs: list[str], data: Data, cfg: SpeechConfig

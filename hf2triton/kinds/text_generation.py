@@ -29,6 +29,7 @@ from hf2triton.kinds.lm_reference import (
 )
 from hf2triton.kinds.margin import Sample
 from hf2triton.kinds.modality import TextToTextKind
+from hf2triton.kinds.roles import TextAnswerGate
 from hf2triton.serving.causal import (
     BATCHING,
     BUSY_STREAMS,
@@ -287,7 +288,9 @@ __all__ = ["TextGenerationKind", "TorchGenerator", "resolve_text_generation"]
 
 
 @KINDS.register
-class TextGenerationKind(TextToTextKind[TextGenerationConfig]):
+class TextGenerationKind(
+    TextAnswerGate[TextGenerationConfig], TextToTextKind[TextGenerationConfig]
+):
     name = "text_generation"
     task = "text-generation"
     section = "text_generation"  # `generation` is translation's
@@ -550,9 +553,6 @@ class TextGenerationKind(TextToTextKind[TextGenerationConfig]):
             ][:10]
         }
 
-    def agreement_limits(self, tolerance: float) -> Limits:
-        return {"exact_match": (">=", 1.0)}  # greedy text is equal, or it is not what was judged
-
     def samples(
         self,
         reference: list[dict[str, Any]],
@@ -581,14 +581,3 @@ class TextGenerationKind(TextToTextKind[TextGenerationConfig]):
         if t.min_token_match is not None:
             out["token_match"] = (">=", t.min_token_match)
         return out
-
-    def example(self, details: dict[str, Any], against: str = "PyTorch") -> str:
-        first = (details.get("differ") or [None])[0]
-        return (
-            (
-                f"e.g. {first['text'][:40]!r} -> {first['candidate'][:40]!r}, {against} "
-                f"{first['pytorch'][:40]!r}"
-            )
-            if first
-            else ""
-        )

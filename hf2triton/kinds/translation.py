@@ -22,6 +22,7 @@ from hf2triton.kinds.generation_config import (
 )
 from hf2triton.kinds.margin import Sample
 from hf2triton.kinds.modality import TextToTextKind
+from hf2triton.kinds.roles import TextAnswerGate
 from hf2triton.kinds.serving_tokenizer import check_tokenizer, write_serving_tokenizer
 from hf2triton.kinds.torch_reference import TorchTranslator, abs_difference, batched, strip_pad
 from hf2triton.serving.seq2seq import ONNX_FILES, Seq2SeqModel, Seq2SeqTokenizer
@@ -139,13 +140,14 @@ TOKENIZER_DIR = "serving-tokenizer"  # written by export, beside the ONNX files
 
 
 @KINDS.register
-class TranslationKind(TextToTextKind[TranslationConfig]):
+class TranslationKind(TextAnswerGate[TranslationConfig], TextToTextKind[TranslationConfig]):
     name = "translation"
     task = "translation"
     section = "generation"
     Options = GenerationSpec
     onnx_task = "text2text-generation-with-past"  # encoder, decoder and decoder-with-past
     serving_class = Translator
+    answer_column = "TRANSLATION"
     main_file = ONNX_FILES["encoder"]
     tunable = False  # generation load is another kind of traffic; not searched
     item_word = "sentences"
@@ -214,13 +216,6 @@ class TranslationKind(TextToTextKind[TranslationConfig]):
             "tokenizer_dir": os.path.dirname(some_tokenizer_file),
         }
 
-    def extract(self, answers: list[dict[str, np.ndarray]]) -> list[str]:
-        return [
-            (v.decode("utf-8") if isinstance(v, bytes) else str(v))
-            for a in answers
-            for v in a["TRANSLATION"][:, 0]
-        ]
-
     def reference(self, model_dir: str, cfg: TranslationConfig, data: Data) -> list[str]:
         model = TorchTranslator(model_dir, cfg)
         return model.decode(model.generate(data.items))
@@ -250,9 +245,6 @@ class TranslationKind(TextToTextKind[TranslationConfig]):
             ][:10]
         }
 
-    def agreement_limits(self, tolerance: float) -> Limits:
-        return {"exact_match": (">=", 1.0)}  # greedy text is equal, or it is not what was judged
-
     def samples(
         self, reference: list[str], outputs: list[str], data: Data, cfg: TranslationConfig
     ) -> dict[str, Sample]:
@@ -270,14 +262,3 @@ class TranslationKind(TextToTextKind[TranslationConfig]):
         if t.min_reference_chrf is not None:
             out["reference_chrf"] = (">=", t.min_reference_chrf)
         return out
-
-    def example(self, details: dict[str, Any], against: str = "PyTorch") -> str:
-        first = (details.get("differ") or [None])[0]
-        return (
-            (
-                f"e.g. {first['text'][:40]!r} -> {first['candidate'][:40]!r}, {against} "
-                f"{first['pytorch'][:40]!r}"
-            )
-            if first
-            else ""
-        )
