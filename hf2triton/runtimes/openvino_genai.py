@@ -138,17 +138,24 @@ class OpenVinoGenAI(RuntimePlugin):
         layout = LAYOUTS[ctx.kind.name]
         found = [Recipe("openvino-ir", layout.graph, lambda: stateful_ir(ctx))]
         spec = ctx.quantization
-        if spec.method != "none" or spec.search:
-            found.append(
-                Recipe("openvino-ir/int8", layout.graph, lambda: compressed(ctx, "INT8_ASYM", 0))
-            )
         if layout.int8_sym and spec.search:
             # Symmetric int8 (no zero points) decompresses faster at bf16: a decode step of
             # SmolLM2-135M's shape took 8.5 ms against 9.5 (2-core AVX512_BF16 EPYC); at f32 or
             # with dq32 it was no faster. Its coarser numerics are the gate's to judge, and which
-            # runs fastest the search's: tried beside the asymmetric.
+            # runs fastest the search's: tried beside the asymmetric, and first of the
+            # compressed weights, so that at one stream it is what times each family
+            # (`Search.leading`): with the asymmetric first, bf16's family was timed on its
+            # slower int8 (84 tokens/s against fp32 dq32's 98.5) and its int8-sym, the fastest
+            # at one stream in-process, was never timed (the engine alone, median of three
+            # processes: int8-sym at bf16 112.2 tokens/s, the asymmetric 100.3, at fp32 dq32
+            # 93.3; llama.cpp's server on Q8_0 124.6; docs/data/
+            # generation-one-stream-processes-135m-20261206.json).
             found.append(
                 Recipe("openvino-ir/int8-sym", layout.graph, lambda: compressed(ctx, "INT8_SYM", 0))
+            )
+        if spec.method != "none" or spec.search:
+            found.append(
+                Recipe("openvino-ir/int8", layout.graph, lambda: compressed(ctx, "INT8_ASYM", 0))
             )
         if layout.int4 and (spec.method == "int4-blockwise" or spec.search):
             found.append(
