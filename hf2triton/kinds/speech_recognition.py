@@ -259,6 +259,7 @@ class SpeechRecognitionKind(TextAnswerGate[SpeechConfig], AudioKind[SpeechConfig
     onnx_task = "automatic-speech-recognition-with-past"
     serving_class = Transcriber
     answer_column = "TRANSCRIPT"
+    item_key = "clip"  # the details name a differing clip by its file name
     main_file = ONNX_FILES["encoder"]
     tunable = False
     input_files = ("preprocessor_config.json", "tokenizer.json")
@@ -438,12 +439,3 @@ class SpeechRecognitionKind(TextAnswerGate[SpeechConfig], AudioKind[SpeechConfig
         if t.max_reference_wer is not None:
             out["reference_wer"] = ("<=", t.max_reference_wer)
         return out
-
-    def example(self, details: dict[str, Any], against: str = "PyTorch") -> str:
-        first = (details.get("differ") or [None])[0]
-        if not first:
-            return ""
-        return (
-            f"e.g. {first['clip']}: {first['candidate'][:40]!r}, {against} "
-            f"{first['pytorch'][:40]!r}"
-        )
