@@ -195,7 +195,8 @@ def main() -> None:
         type=int,
         default=1,
         help="each configuration in this many fresh processes, in turn (the median is its "
-        "figure; the spread between processes is about 10%% on a shared 2-core machine)",
+        "figure; one process's best of three moved by up to 20%% between processes on a shared "
+        "2-core machine)",
     )
     args = parser.parse_args()
     from generation_release import build_shape
@@ -224,7 +225,6 @@ def measure(
     weights where asked. The processes take turns across configurations, so that a slower
     stretch of a shared machine falls on all of them."""
     chosen = args.settings.split(",")
-    rows: list[dict[str, Any]] = []
     runs: list[tuple[dict[str, Any], Path, str, dict[str, str]]] = []
     for weights, directory in built.items():
         llama = (
@@ -241,11 +241,12 @@ def measure(
             for name, engine, extra in SETTINGS:
                 if name in chosen:
                     row = {"weights": weights, "compute": precision, "setting": name}
-                    rows.append(row | ({"llama_cpp_tokens_per_s": llama} if llama else {}))
-                    runs.append((rows[-1], directory, engine, {**pinned, **extra}))
+                    row |= {"llama_cpp_tokens_per_s": llama} if llama else {}
+                    runs.append((row, directory, engine, {**pinned, **extra}))
     for _ in range(max(1, args.processes)):
         for row, directory, engine, props in runs:
             row.setdefault("processes", []).append(probe(directory, engine, props, args.max_new))
+    rows = [row for row, *_ in runs]
     for row in rows:
         speeds = [s for s in row["processes"] if isinstance(s, float)]
         row["tokens_per_s"] = float(np.median(speeds)) if speeds else row["processes"][0]
