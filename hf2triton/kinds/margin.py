@@ -208,6 +208,21 @@ def _meets(value: float, op: str, limit: float) -> bool:
     return value >= limit if op == ">=" else value <= limit  # False for NaN
 
 
+def check_sample(name: str, value: float, sample: Sample) -> None:
+    """Raise where a metric's sample, summed over every item, is not the metric the gate
+    measured: the kind's `samples` and `score` would then compute two things, and the bound
+    would judge the other one."""
+    whole = sample.reduce(sample.stats.sum(axis=0))
+    if math.isnan(value) and math.isnan(whole):
+        return
+    if not math.isclose(whole, value, rel_tol=1e-6, abs_tol=1e-9):
+        raise ValueError(
+            f"the gate measured {name} = {value!r}, but its bootstrap sample over the same "
+            f"items gives {whole!r}: the kind's `samples` and `score` compute {name} "
+            "differently (a defect of the kind, not of the candidate)"
+        )
+
+
 def borderline(
     metrics: dict[str, float],
     samples: dict[str, Sample],
@@ -221,6 +236,7 @@ def borderline(
         if name not in samples or name not in metrics:
             continue
         value = metrics[name]
+        check_sample(name, value, samples[name])
         b = bound(samples[name], op, level)
         bounds[name] = b
         meets = value >= limit if op == ">=" else value <= limit

@@ -34,6 +34,18 @@ def test_a_sample_recomputes_its_metric_from_the_items():
     assert Sample.ratio([0], [0]).reduce(np.zeros(2)) == 1.0  # nothing to count: agreement
 
 
+def test_a_sample_that_is_not_the_metric_it_bounds_is_a_defect_of_the_kind():
+    """A kind whose `samples` computes its metric otherwise than its `score` would have the
+    margin judge a bound of something else: the gate refuses to judge with it."""
+    limits = {"label_agreement": (">=", 0.9)}
+    right = Sample.mean([1.0, 1.0, 0.0, 1.0])  # 0.75, as measured
+    assert borderline({"label_agreement": 0.75}, {"label_agreement": right}, limits)[0]
+    with pytest.raises(ValueError, match="label_agreement = 0.75.*gives 1.0"):
+        borderline({"label_agreement": 0.75}, {"label_agreement": Sample.mean([1.0])}, limits)
+    nan = Sample(np.ones((3, 1)), lambda s: float("nan"))
+    borderline({"label_agreement": float("nan")}, {"label_agreement": nan}, limits)
+
+
 def test_the_bound_is_one_sided_seeded_and_the_metric_itself_when_it_cannot_vary():
     varied = Sample.mean(np.linspace(0.0, 1.0, 50))
     lower, upper = bound(varied, ">="), bound(varied, "<=")
