@@ -72,18 +72,23 @@ def write_serving_tokenizer(
     }
 
 
+def same_encoding(text: str, got: Any, want: Any) -> None:
+    """Refuse a served tokenizer that encodes `text` as `got` where transformers gives `want`."""
+    if list(got) != list(want):
+        raise UnsupportedModelError(
+            f"the served tokenizer encodes {text[:40]!r} as {list(got)[:12]}... but "
+            f"transformers as {list(want)[:12]}...; this tokenizer cannot be served faithfully"
+        )
+
+
 def check_tokenizer(
     served: Seq2SeqTokenizer, tok, texts: list[str], generated: list[list[int]]
 ) -> None:
     """The served tokenizer must encode and decode exactly as transformers does."""
     ids, _ = served.encode(texts)
     want = tok(texts, truncation=True, max_length=served.max_length)["input_ids"]
-    for text, got, exp in zip(texts, ids, want):
-        if list(got) != list(exp):
-            raise UnsupportedModelError(
-                f"the served tokenizer encodes {text[:40]!r} as {got[:12]}... but transformers "
-                f"as {list(exp)[:12]}...; this tokenizer cannot be served faithfully"
-            )
+    for text, got, exp in zip(texts, ids, want, strict=True):
+        same_encoding(text, got, exp)
     got_text = served.decode(generated)
     exp_text = tok.batch_decode(generated, skip_special_tokens=True)
     for seq, a, b in zip(generated, got_text, exp_text):
