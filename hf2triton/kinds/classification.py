@@ -137,11 +137,12 @@ def check_logits(
     }
 
 
-def predicted(probs: np.ndarray, activation: str) -> np.ndarray:
-    """Labels per text: the argmax, or for multi-label models the set above 0.5 (as a bitmask)."""
+def agreeing(probs: np.ndarray, reference: np.ndarray, activation: str) -> np.ndarray:
+    """Per text, whether `probs` predict what `reference` does: the same argmax, or for
+    multi-label models the same set of labels above 0.5 (every label compared, however many)."""
     if activation == "sigmoid":
-        return (probs > 0.5).astype(np.int64) @ (1 << np.arange(probs.shape[1], dtype=np.int64))
-    return probs.argmax(axis=1)
+        return ((probs > 0.5) == (reference > 0.5)).all(axis=1)
+    return probs.argmax(axis=1) == reference.argmax(axis=1)
 
 
 def label_answer(body: Any, cfg: Labelled) -> dict[str, np.ndarray]:
@@ -204,18 +205,16 @@ class LabelGate(GateRole[L]):
         reference = np.asarray(reference, dtype=np.float32)
         probs = outputs["probs"]
         diff = np.abs(probs - reference).max(axis=1)
-        labels, ref_labels = predicted(probs, activation), predicted(reference, activation)
+        agree = agreeing(probs, reference, activation)
         metrics = {
-            "label_agreement": float((labels == ref_labels).mean()),
+            "label_agreement": float(agree.mean()),
             "max_prob_diff": float(diff.max()) if np.isfinite(diff).all() else float("inf"),
             "mean_prob_diff": float(diff.mean()),
         }
         metrics.update(self.labelled_scores(outputs, data, cfg))
         worst = np.argsort(-diff)[:10]
         return metrics, {
-            "disagreements": [
-                str(data.items[i])[:200] for i in np.flatnonzero(labels != ref_labels)
-            ][:20],
+            "disagreements": [str(data.items[i])[:200] for i in np.flatnonzero(~agree)][:20],
             "worst": [
                 {"text": str(data.items[i])[:200], "prob_diff": float(diff[i])} for i in worst
             ],
@@ -231,7 +230,7 @@ class LabelGate(GateRole[L]):
         self, reference: Any, outputs: dict[str, Any], data: Data, cfg: L
     ) -> dict[str, Sample]:
         reference = np.asarray(reference, dtype=np.float32)
-        agree = predicted(outputs["probs"], cfg.activation) == predicted(reference, cfg.activation)
+        agree = agreeing(outputs["probs"], reference, cfg.activation)
         return {"label_agreement": Sample.mean(agree.astype(np.float64))}
 
     def example(self, details: dict[str, Any], against: str = "PyTorch") -> str:

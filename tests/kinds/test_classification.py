@@ -118,3 +118,18 @@ def test_the_seed_classification_spec_is_valid():
     spec = load_spec(RELEASES / "twitter-roberta-sentiment.yaml")
     assert spec.source.repo_id and spec.source.revision
     assert spec.task == "text-classification"
+
+
+def test_a_multi_label_flip_is_a_disagreement_on_any_of_many_labels():
+    """A multi-label model with 70 labels: a label that crosses 0.5 on the candidate and not
+    in PyTorch's answer is a disagreement, the 65th as much as the first."""
+    from hf2triton.kinds.classification import agreeing
+
+    reference = np.full((4, 70), 0.1, np.float32)
+    reference[:, 3] = 0.9
+    for label in (0, 64, 69):
+        candidate, ref = reference.copy(), reference.copy()
+        ref[:, label], candidate[:, label] = 0.49, 0.51
+        assert not agreeing(candidate, ref, "sigmoid").any(), label
+    assert agreeing(reference, reference.copy(), "sigmoid").all()
+    assert agreeing(reference, reference + 0.01, "softmax").all()
