@@ -23,6 +23,7 @@ from hf2triton.kinds.base import KINDS, Data, Limits, model_max_length, read_lin
 from hf2triton.kinds.classification import TorchClassifier, check_logits
 from hf2triton.kinds.margin import Sample
 from hf2triton.kinds.modality import TextEncoderKind
+from hf2triton.kinds.torch_reference import abs_difference
 from hf2triton.serving.reranking import Reranker, relevance
 from hf2triton.util.specbase import MaxLength, Probability, Strict
 
@@ -108,7 +109,7 @@ def ranking_metrics(
     from scipy.stats import spearmanr
 
     rhos, top1 = [], []
-    for ref, got in zip(reference, served):
+    for ref, got in zip(reference, served, strict=True):
         ref, got = np.asarray(ref, np.float64), np.asarray(got, np.float64)
         if not np.isfinite(got).all():
             rhos.append(float("nan"))
@@ -117,14 +118,13 @@ def ranking_metrics(
         else:
             rho = float(spearmanr(ref, got).statistic)
             rhos.append(rho if np.isfinite(rho) else 0.0)
-        top1.append(float(np.argmax(ref) == np.argmax(got)))
+        # np.argmax picks a NaN: a query with any score that is not a number has no top passage.
+        top1.append(float(np.isfinite(got).all() and np.argmax(ref) == np.argmax(got)))
     return {
         "min_spearman": float(np.min(rhos)),
         "mean_spearman": float(np.mean(rhos)),
         "top1_agreement": float(np.mean(top1)),
-        "max_score_diff": float(
-            max(np.abs(np.asarray(r) - np.asarray(g)).max() for r, g in zip(reference, served))
-        ),
+        "max_score_diff": max(abs_difference(r, g) for r, g in zip(reference, served)),
     }, rhos
 
 

@@ -264,3 +264,21 @@ def test_rerank_through_the_openai_compatible_api_in_cohere_and_tei_shapes(reran
         f"{api}/rerank", {"model": "tiny-reranker", "query": query, "documents": []}
     )
     assert status == 400 and bad["error"]["param"] == "documents"
+
+
+@pytest.mark.parametrize("query", [0, 1])
+def test_an_endpoint_answering_nan_for_one_query_fails_the_smoke_limits(query):
+    """What the smoke test and the watch hold a served reranker to (top-1 agreement and the
+    largest score difference against the recorded answers): a score that is not a number
+    misses both, whichever query it is in and whichever passage."""
+    from hf2triton.kinds.limits import misses
+    from hf2triton.kinds.reranking import RerankingKind, ranking_metrics
+
+    recorded = [np.array([0.1, 0.9, 0.3], np.float32), np.array([0.8, 0.2, 0.1], np.float32)]
+    served = [r.copy() for r in recorded]
+    served[query][int(np.argmax(recorded[query]))] = np.nan  # the top passage's score
+    metrics, _ = ranking_metrics(recorded, served)
+    limits = RerankingKind.agreement_limits(None, 1e-4)
+    assert set(misses(metrics, limits)) == {"top1_agreement", "max_score_diff"}
+    assert metrics["max_score_diff"] == float("inf")
+    assert misses(ranking_metrics(recorded, recorded)[0], limits) == {}
