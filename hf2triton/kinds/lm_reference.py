@@ -127,7 +127,8 @@ def likelihoods(reference: list[dict[str, Any]], outputs: list[dict[str, Any]]) 
 
 def perplexity_increase(sums: np.ndarray) -> float:
     """exp(-candidate / tokens) / exp(-PyTorch / tokens) - 1 from summed `likelihoods`."""
-    return math.exp((sums[1] - sums[0]) / (sums[2] or 1.0)) - 1.0
+    gap = (sums[1] - sums[0]) / (sums[2] or 1.0)
+    return math.exp(gap) - 1.0 if gap < 700 else float("inf")  # exp overflows past 709
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

@@ -877,3 +877,15 @@ def test_the_embedded_model_answers_a_pydantic_schema_and_refuses_tools(kjv):
         )
     assert exc.value.body["param"] == "tools"
     assert "does not render tools" in exc.value.body["message"]
+
+
+def test_a_candidate_far_off_pytorch_misses_on_perplexity_rather_than_raising():
+    """A candidate whose log-likelihood is thousands of nats below PyTorch's (a broken graph)
+    is scored inf and misses the perplexity limit, named, instead of failing with OverflowError."""
+    from hf2triton.kinds.limits import misses
+    from hf2triton.kinds.lm_reference import perplexity_increase
+
+    far = perplexity_increase(np.array([-9000.0, -10.0, 10.0]))
+    assert far == float("inf")
+    assert misses({"perplexity_increase": far}, {"perplexity_increase": ("<=", 0.2)})
+    assert perplexity_increase(np.array([-10.0, -10.0, 10.0])) == 0.0
