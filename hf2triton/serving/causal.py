@@ -449,7 +449,7 @@ class Engine(Streaming):
                     self.model.empty_past(1),
                 )
                 s.score_logprob, s.score_matches = score_continuation(
-                    scored[0], whole, len(s.prompt)
+                    scored[0], whole, len(s.prompt), processors_for(self.processors, s)
                 )
         self._join(joining, present, mask)
         self._advance(joining, logits[:, -1, :])
@@ -507,18 +507,32 @@ class Engine(Streaming):
         self.past = {n: v[keep, :, start:] for n, v in self.past.items()}
 
 
-def score_continuation(logits: np.ndarray, ids: list[int], start: int) -> tuple[float, int]:
-    """Of the tokens `ids[start:]`, teacher-forced: the sum of their log-probabilities, and how
-    many are the argmax of the logits before them (`logits` [len(ids), vocab] of `ids`)."""
+def score_continuation(
+    logits: np.ndarray, ids: list[int], start: int, processors: DecodeSettings | None = None
+) -> tuple[float, int]:
+    """Of the tokens `ids[start:]`, teacher-forced: the sum of their log-probabilities (of the
+    raw logits), and how many are the token greedy decoding picks there: the argmax of the
+    logits before them once `processors` (the model's repetition penalty, n-gram and bad-word
+    bans, min length: what PyTorch's `generate` applied) ran over the ids before
+    (`logits` [len(ids), vocab] of `ids`)."""
     if start >= len(ids) or start < 1:
         return 0.0, 0
     rows = logits[start - 1 : len(ids) - 1].astype(np.float64)
     want = np.asarray(ids[start:])
     logp = log_softmax(rows)
-    return (
-        float(logp[np.arange(len(want)), want].sum()),
-        int((rows.argmax(axis=-1) == want).sum()),
-    )
+    picked = rows.argmax(axis=-1)
+    if processors is not None and processors.changes_scores():
+        context = np.asarray(ids, np.int64)
+        for j in range(len(want)):
+            row = rows[j : j + 1].copy()
+            picked[j] = pick(process_scores(row, context[None, : start + j], processors))[0]
+    return float(logp[np.arange(len(want)), want].sum()), int((picked == want).sum())
+
+
+def processors_for(processors: DecodeSettings, seq: Sequence) -> DecodeSettings:
+    """The logits processors decoding runs for `seq`: the release's, with the request's
+    repetition penalty (its teacher-forced scores pick with the same)."""
+    return replace(processors, repetition_penalty=seq.sampling.repetition_penalty)
 
 
 def prompt_logprob(logits: np.ndarray, ids: np.ndarray, mask: np.ndarray) -> float:
@@ -537,7 +551,7 @@ def next_tokens(logits: np.ndarray, rows: list[Sequence], processors: DecodeSett
     out = pick(scores)  # greedy rows without processors: one argmax for all
     for r, s in enumerate(rows):
         p = s.sampling
-        mine = replace(processors, repetition_penalty=p.repetition_penalty)
+        mine = processors_for(processors, s)
         if not mine.changes_scores() and p.temperature <= 0:
             continue
         row = process_scores(scores[r : r + 1], np.array([s.prompt + s.generated], np.int64), mine)

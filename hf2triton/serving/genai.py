@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from .causal import Batching, ChatTokenizer, Sequence, Streaming, score_continuation
+from .causal import Batching, ChatTokenizer, Sequence, Streaming, processors_for, score_continuation
 from .decoding import DecodeSettings
 from .runtimes import GenAIModelFiles, RuntimeUnavailable
 
@@ -282,7 +282,10 @@ class GenAIEngine(Streaming):
             if seq.score:
                 whole = seq.prompt + seq.score
                 seq.score_logprob, seq.score_matches = score_continuation(
-                    scorer.logits(whole), whole, len(seq.prompt)
+                    scorer.logits(whole),
+                    whole,
+                    len(seq.prompt),
+                    processors_for(self.processors, seq),
                 )
 
     def _stop_gone(self) -> None:

@@ -669,3 +669,30 @@ def test_openvino_genai_serves_compressed_weights_with_quantized_activations(gen
     assert all(o["ids"] and np.isfinite(o["logprob"]) for o in answers[32])
     first = [a["ids"][0] == b["ids"][0] for a, b in zip(answers[0], answers[32])]
     assert sum(first) >= 0.75 * len(first), first
+
+
+def test_the_model_itself_agrees_on_every_next_token_under_its_repetition_penalty(
+    engine_settings, exported
+):
+    """A model whose generation config sets a repetition penalty: PyTorch's continuation is
+    what `generate` picks with the penalty, so the gate's teacher-forced agreement picks with it
+    too. The fp32 graph (PyTorch's own answers) agrees on every token, on each engine; with the
+    plain argmax it would be refused for tokens the penalty changed."""
+    from dataclasses import replace
+
+    from hf2triton.kinds.base import Data
+
+    kind, data = _kind(exported["model_dir"]), Data(PROMPTS)
+    cfg = exported["cfg"]
+    cfg = replace(cfg, defaults={**cfg.defaults, "repetition_penalty": 1.3})
+    reference = kind.reference(str(exported["model_dir"]), cfg, data)
+    plain = kind.reference(str(exported["model_dir"]), exported["cfg"], data)
+    assert [r["ids"] for r in reference] != [r["ids"] for r in plain]  # the penalty changed some
+    model = _load({**engine_settings, "defaults": cfg.defaults})
+    try:
+        outputs = kind.extract(model.answer(kind.judging_requests(PROMPTS, reference)))
+    finally:
+        model.close()
+    scores, _ = kind.score(reference, outputs, data, cfg)
+    assert scores["next_token_agreement"] == 1.0, scores
+    assert abs(scores["perplexity_increase"]) < 1e-4, scores
