@@ -10,16 +10,16 @@ import copy
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from hf2triton.clients.credentials import MlflowCredentials, resolve
 from hf2triton.clients.mlflow import Registry, call_with_credentials
 from hf2triton.errors import MlflowAuthError, SourceError
 from hf2triton.sources.base import SOURCES, FetchResult, Source, inspect_model_dir
 from hf2triton.training.classifier import REGISTERED_EVENT
-from hf2triton.util.specbase import Strict
+from hf2triton.util.specbase import Strict, without_login
 from hf2triton.util.workspace import cached_step, digest, home, redact_uri
 
 
@@ -31,7 +31,9 @@ class MlflowSourceSpec(Strict):
     model: str = Field(description="the registered model's name")
     alias: str | None = Field(None, description="e.g. 'trained'; exactly one of alias, version")
     version: str | None = Field(None, description="a version number, e.g. '3'")
-    tracking_uri: str | None = Field(
+    tracking_uri: Annotated[
+        str | None, without_login("MLFLOW_TRACKING_USERNAME/PASSWORD or a credentials_block")
+    ] = Field(
         None,
         description="the registry's URI; default: MLFLOW_TRACKING_URI, else the release's "
         "own store",
@@ -39,17 +41,6 @@ class MlflowSourceSpec(Strict):
     credentials_block: str | None = Field(
         None, description="name of a saved hf2triton-mlflow-credentials Prefect block"
     )
-
-    @field_validator("tracking_uri")
-    @classmethod
-    def _no_login_in_uri(cls, uri: str | None) -> str | None:
-        if uri and redact_uri(uri) != uri:
-            raise ValueError(
-                "a user or password in the URI would be recorded with the spec: "
-                "give the URI without it, and the credentials in "
-                "MLFLOW_TRACKING_USERNAME/PASSWORD or a credentials_block"
-            )
-        return uri
 
     @model_validator(mode="after")
     def _alias_or_version(self) -> MlflowSourceSpec:

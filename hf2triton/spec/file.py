@@ -14,7 +14,7 @@ from hf2triton.errors import SpecError
 from hf2triton.sources import SOURCES
 from hf2triton.stores import STORES
 from hf2triton.targets import TARGETS
-from hf2triton.util.workspace import redact_uri
+from hf2triton.util.workspace import redact_text, redact_uri
 
 # Union sections name their variant in an error's location: (section, {variant names}); a
 # section chosen by the key it holds (a source) has no tag key (None).
@@ -80,13 +80,16 @@ def _describe(err: ErrorDetails) -> str:
         field, names = _VARIANTS.get(str(loc[-1]), ("target", TARGETS))
         tag = (err.get("ctx") or {}).get("tag")
         return f"'{key}.{field}' = {tag!r}: use one of {', '.join(repr(t) for t in names)}"
-    msg = err["msg"].removeprefix("Value error, ")
+    # A URI's password never reaches an error line, in the value or in the message.
+    msg = redact_text(err["msg"].removeprefix("Value error, "))
     if not loc:  # a rule across keys: the message names them; the input is the whole spec
         return msg
     shown = err.get("input")
+    if isinstance(shown, dict):  # a section: its keys, not their values (a password)
+        return f"'{key}' (keys given: {', '.join(map(str, shown)) or 'none'}): {msg}{for_variant}"
     if isinstance(shown, str) and "://" in shown:
-        shown = redact_uri(shown)  # a URI's password never reaches an error line
-    return f"'{key}' = {shown!r}: {msg}{for_variant}"
+        shown = redact_uri(shown)
+    return f"'{key}' = {redact_text(repr(shown))}: {msg}{for_variant}"
 
 
 # The spec model a file or mapping is read as.
@@ -120,7 +123,41 @@ def load_spec(path: str | Path, model: type[M]) -> M:
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(f"spec file {str(p)!r} cannot be read: {exc}") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_SpecLoader)  # noqa: S506 - a SafeLoader
     except yaml.YAMLError as exc:
-        raise SpecError(f"spec file {str(p)!r} is not valid YAML: {exc}") from None
+        raise SpecError(f"spec file {str(p)!r} is not valid YAML{_yaml_problem(exc)}") from None
     return parse_spec(data, model, base_dir=p.resolve().parent, origin=str(p))
+
+
+class _SpecLoader(yaml.SafeLoader):
+    """YAML's safe loader refusing a key given twice in one mapping (else the last one wins
+    without a word)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[str, int] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag.endswith(":merge"):
+                continue
+            line = key_node.start_mark.line + 1
+            if key_node.value in seen:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"key {key_node.value!r} is given twice (lines {seen[key_node.value]} and "
+                    f"{line}): keep one",
+                    key_node.start_mark,
+                )
+            seen[key_node.value] = line
+        return super().construct_mapping(node, deep)
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """Where and what YAML's parser found, on one line: not its quote of the text (a line
+    of the spec that may hold a secret)."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    problem = getattr(exc, "problem", None) or type(exc).__name__
+    context, at = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    if context and at:
+        problem += f" ({context} at line {at.line + 1})"
+    return redact_text(f"{where}: {problem}")

@@ -13,7 +13,7 @@ from pydantic import Field, field_validator
 from hf2triton.clients.credentials import S3Credentials, resolve
 from hf2triton.errors import ModelStoreError, ServiceUnavailableError
 from hf2triton.stores.base import STORES, ModelDir, ModelStore, _refuse
-from hf2triton.util.specbase import matching
+from hf2triton.util.specbase import matching, without_login
 from hf2triton.util.workspace import hash_files, hash_mismatch
 
 BUCKET_PATTERN = re.compile(r"^(?!.*\.\.)[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
@@ -42,6 +42,7 @@ class S3Store(ModelStore):
     endpoint: (
         Annotated[
             str,
+            without_login("AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a credentials_block"),
             matching(
                 S3_ENDPOINT_PATTERN,
                 (

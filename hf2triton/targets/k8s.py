@@ -19,7 +19,7 @@ from pydantic import Field, field_validator, model_validator
 
 from hf2triton.errors import DeployError, ServiceUnavailableError
 from hf2triton.targets.base import OpenAISpec
-from hf2triton.util.specbase import Strict, matching
+from hf2triton.util.specbase import Strict, matching, without_login
 from hf2triton.util.workspace import resource_dir
 
 K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -38,7 +38,9 @@ class KubernetesSpec(Strict):
         "storage_uri), or a plain Deployment + Service + HorizontalPodAutoscaler running the "
         "image with its baked-in model; both are always rendered",
     )
-    storage_uri: str | None = Field(
+    storage_uri: Annotated[
+        str | None, without_login("the storage secret of KServe's service account")
+    ] = Field(
         None,
         description="the model repository KServe downloads (s3://, gs://, pvc://, https://); "
         "default: the MLflow version's triton_repository artifact when it is such a URI",

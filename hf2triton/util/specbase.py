@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Annotated, TypeVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo
 
 # One name serves as MLflow model name, Docker tag part and Triton model directory, so it must be
 # valid for all three: lower case, no path separators, no spaces, no "..".
@@ -55,6 +55,22 @@ def matching(pattern: re.Pattern[str], what: str) -> AfterValidator:
         return value
 
     return AfterValidator(check)
+
+
+def without_login(where: str) -> BeforeValidator:
+    """A validator refusing a URI with a user or password in it (the spec is recorded with
+    the release), saying to give the credentials in `where` instead."""
+    from hf2triton.util.workspace import redact_uri
+
+    def check(value: object) -> object:
+        if isinstance(value, str) and redact_uri(value) != value:
+            raise ValueError(
+                "a user or password in the URI would be recorded with the spec: give the URI "
+                f"without it, and the credentials in {where}"
+            )
+        return value
+
+    return BeforeValidator(check)
 
 
 V = TypeVar("V")

@@ -8,6 +8,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable
@@ -370,13 +371,26 @@ def cached_step(
     return StepOutput(final, result, files, reused=False)
 
 
+# user[:password]@ after a URI's scheme, wherever it stands in a text.
+URI_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^\s/@'\"]+@")
+
+
 def redact_uri(uri: str) -> str:
-    """A registry URI without any user:password in it."""
+    """A registry URI without any user:password in it (a URI Python cannot parse loses
+    whatever stands between its scheme and an @)."""
     from urllib.parse import urlsplit, urlunsplit
 
-    parts = urlsplit(uri)
-    if parts.username or parts.password:
-        parts = parts._replace(
-            netloc=(parts.hostname or "") + (f":{parts.port}" if parts.port else "")
-        )
-    return urlunsplit(parts)
+    try:
+        parts = urlsplit(uri)
+        if parts.username or parts.password:
+            parts = parts._replace(
+                netloc=(parts.hostname or "") + (f":{parts.port}" if parts.port else "")
+            )
+        return urlunsplit(parts)
+    except ValueError:  # an invalid IPv6 netloc, a port that is no number
+        return redact_text(uri)
+
+
+def redact_text(text: str) -> str:
+    """`text` with the user:password of every URI in it taken out."""
+    return URI_CREDENTIALS.sub(r"\g<scheme>", text)

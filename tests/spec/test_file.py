@@ -99,6 +99,88 @@ def test_a_uris_password_never_reaches_the_error(tmp_path):
     assert "hunter2" not in str(info.value)
 
 
+def test_a_key_given_twice_is_refused_naming_both_lines(tmp_path):
+    path = _file(tmp_path, "name: tiny\ndata: d\ninner:\n  batch: 2\n  batch: 4\n")
+    with pytest.raises(SpecError, match=r"line 5.*key 'batch' is given twice \(lines 4 and 5\)"):
+        load_spec(path, Small)
+
+
+def test_a_yaml_error_names_line_and_column_but_never_quotes_the_text(tmp_path):
+    """YAML's own message quotes the spec's line, which can hold a secret: the error names
+    where and what instead, on one line."""
+    path = _file(tmp_path, 'name: tiny\ndata: d\ntracking_uri: "http://bob:hunter2@h:5000\n')
+    with pytest.raises(SpecError) as info:
+        load_spec(path, Small)
+    msg = str(info.value)
+    assert "is not valid YAML at line" in msg and "quoted scalar at line 3" in msg, msg
+    assert "hunter2" not in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        # Python cannot parse the netloc: no traceback, and the password still goes.
+        {
+            "deploy": {
+                "target": "local-triton",
+                "model_store": {
+                    "kind": "s3",
+                    "bucket": "models",
+                    "endpoint": "http://AKIA:hunter2@minio:9000 [",
+                },
+            }
+        },
+        {
+            "deploy": {
+                "target": "local-triton",
+                "model_store": {
+                    "kind": "s3",
+                    "bucket": "models",
+                    "endpoint": "http://AKIA:hunter2@minio:9000",
+                },
+            }
+        },
+        {
+            "source": {
+                "mlflow": {
+                    "model": "m",
+                    "alias": "a",
+                    "tracking_uri": "http://u:hunter2@mlflow:5000",
+                }
+            }
+        },
+        # A rule over a section: its keys are named, its values (a password here) are not.
+        {
+            "deploy": {
+                "target": "kserve",
+                "kubernetes": {
+                    "storage_uri": "s3://models/x",
+                    "endpoint_openai": "http://u:hunter2@h:9/v1",
+                    "min_replicas": 5,
+                    "max_replicas": 2,
+                },
+            }
+        },
+    ],
+)
+def test_credentials_in_a_uri_are_refused_and_never_echoed(spec):
+    data = _release()
+    data.update({k: {**data.get(k, {}), **v} for k, v in spec.items()})
+    if "source" in spec:
+        data["source"] = spec["source"]
+    with pytest.raises(SpecError) as info:
+        parse_spec(data, ReleaseSpec)
+    msg = str(info.value)
+    assert "hunter2" not in msg, msg
+    if "kubernetes" in str(spec):
+        assert (
+            "'deploy.kubernetes' (keys given: storage_uri, endpoint_openai, min_replicas, "
+            "max_replicas): min_replicas 5 exceeds" in msg
+        ), msg
+    else:
+        assert "a user or password in the URI would be recorded with the spec" in msg, msg
+
+
 def test_parse_spec_takes_a_mapping_or_a_spec_already_made():
     spec = parse_spec({"name": "tiny", "data": "/d"}, Small, origin="parameters")
     assert parse_spec(spec, Small) is spec
