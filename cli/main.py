@@ -144,7 +144,10 @@ def _schema(args: argparse.Namespace) -> int:
             return _fail(f"{problem}: run `hf2triton schema{flag} --output {path}`")
         return 0
     if args.output:
-        Path(args.output).write_text(render(which), encoding="utf-8")
+        try:
+            Path(args.output).write_text(render(which), encoding="utf-8")
+        except OSError as exc:
+            return _fail(f"cannot write {args.output}: {exc.strerror or exc}", 2)
         print(f"wrote {args.output}", file=sys.stderr)
     else:
         print(render(which), end="")
@@ -189,8 +192,11 @@ def _image(args: argparse.Namespace) -> int:
         spec.image, spec.image_repository, "VERSION", "0" * 64, spec.deploy.device
     )
     out = Path(args.output)
-    for path in render_context(target, out):
-        print(f"wrote {path}", file=sys.stderr)
+    try:
+        for path in render_context(target, out):
+            print(f"wrote {path}", file=sys.stderr)
+    except OSError as exc:
+        return _fail(f"cannot write the build context into {out}: {exc.strerror or exc}", 2)
     print(
         f"build it (once the release's wheelhouse/ and model_repository/ are beside it): "
         f"docker build --build-arg BASE_IMAGE={target['base_image']} {out}",

@@ -719,3 +719,20 @@ def test_registry_down_during_push_is_retried_then_one_clear_error(
     thread.join(60)
     assert mid_upload == [True], "the registry was killed in the middle of an upload"
     assert own_registry.url in str(down.value) and "\n" not in str(down.value)
+
+
+def test_a_build_context_that_cannot_be_written_is_one_error_line(tmp_path):
+    spec = write_spec(tmp_path / "spec.yaml")
+    afile = tmp_path / "afile"
+    afile.write_text("not a folder\n")
+    proc = subprocess.run(
+        [HF2TRITON, "image", "render", str(spec), "--output", str(afile)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"hf2triton: error: cannot write the build context into {afile}: Not a directory"
+    ]
+    assert afile.read_text() == "not a folder\n"

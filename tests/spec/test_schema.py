@@ -156,3 +156,12 @@ def test_a_stale_schema_file_is_named_with_the_command_that_renews_it(tmp_path):
     out = tmp_path / "fresh.json"
     assert _cli("--output", str(out)).returncode == 0
     assert _cli("--check", str(out)).returncode == 0
+
+
+def test_a_schema_that_cannot_be_written_is_one_error_line(tmp_path):
+    proc = _cli("--output", str(tmp_path / "no-such-folder" / "release-spec.json"))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"hf2triton: error: cannot write {tmp_path / 'no-such-folder' / 'release-spec.json'}: "
+        "No such file or directory"
+    ]
