@@ -31,7 +31,14 @@ def _render(args: argparse.Namespace) -> int:
     """`render` (docs/deploy-targets.md#render-only): the release's steps up to its Triton
     repository, written with the image build context to --output; nothing registered or
     deployed."""
+    from hf2triton.errors import Hf2TritonError
     from hf2triton.flows.render import render_release
+    from hf2triton.release.render import check_output
+
+    try:
+        check_output(Path(args.output).resolve())  # before minutes of steps, not after them
+    except Hf2TritonError as exc:
+        return _fail(f"[{exc.code}] {exc}", exc.exit_code)
 
     def run(spec: Any) -> dict[str, Any]:
         found = render_release(spec, args.output)

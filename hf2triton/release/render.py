@@ -43,7 +43,7 @@ class RenderResult(TypedDict):
     image_context: list[str]  # the image build context's files, relative to the folder
 
 
-def _check_output(out: Path) -> None:
+def check_output(out: Path) -> None:
     """An existing folder is replaced only when it is an earlier render (or empty)."""
     if out.exists() and (
         not out.is_dir() or any(out.iterdir()) and not (out / RENDER_FILE).is_file()
@@ -60,7 +60,7 @@ def write_render(spec: ReleaseSpec, built: Built, output: str) -> RenderResult:
     is assembled under a temporary name and renamed into place."""
     src, val, tuned, repo = built.src, built.val, built.tuned, built.repo
     out = Path(output).resolve()
-    _check_output(out)
+    check_output(out)
     tmp = out.parent / f".{out.name}.{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
