@@ -99,16 +99,33 @@ def read_labelled(
     training spec's); `what` names the file's key in errors."""
     texts, gold = [], []
     index = {name: i for i, name in enumerate(labels)}
-    for n, line in enumerate(read_lines(path, what, "labelled texts"), 1):
-        text, sep, label = line.rpartition("\t")
-        if not sep or label.strip() not in index or not text.strip():
+    for n, (text, label) in enumerate(labelled_lines(path, what, labels), 1):
+        if label not in index:
             raise SpecError(
                 f"{what} {str(path)!r} line {n}: expected 'text<TAB>label' "
-                f"with a label among {labels}, got {line[:80]!r}"
+                f"with a label among {labels}, got label {label[:80]!r}"
             )
         texts.append(text)
-        gold.append(index[label.strip()])
+        gold.append(index[label])
     return texts, gold
+
+
+def labelled_lines(
+    path: str | Path, what: str, labels: list[str] | None = None
+) -> list[tuple[str, str]]:
+    """`text<TAB>label` lines as (text, label): a line without both is refused, named (before
+    the model's `labels` are known, where None)."""
+    among = f" with a label among {labels}" if labels is not None else ""
+    rows = []
+    for n, line in enumerate(read_lines(path, what, "labelled texts"), 1):
+        text, sep, label = line.rpartition("\t")
+        if not sep or not label.strip() or not text.strip():
+            raise SpecError(
+                f"{what} {str(path)!r} line {n}: expected 'text<TAB>label'{among}, "
+                f"got {line[:80]!r}"
+            )
+        rows.append((text, label.strip()))
+    return rows
 
 
 class TorchClassifier(TorchReference):
@@ -263,8 +280,9 @@ class ClassificationKind(LabelGate[ClassificationConfig], TextEncoderKind[Classi
     def read_data(self) -> Data:
         data = Data(read_lines(self.validation.sentences, "validation.sentences"))
         if self.options.labelled:
-            # Readable and not empty now; parsed once the model's labels are known.
-            read_lines(self.options.labelled, "classification.labelled", "labelled texts")
+            # Readable and each line a text and a label now; the labels are checked once the
+            # model's are known.
+            labelled_lines(self.options.labelled, "classification.labelled")
         return data
 
     def gate_data(self, data: Data, cfg: ClassificationConfig) -> Data:

@@ -114,6 +114,25 @@ def test_the_classification_section_is_checked():
         )
 
 
+def test_labelled_texts_without_a_label_are_refused_before_any_step(tmp_path):
+    """`classification.labelled` is read up front (as the CLI does before the first step): a
+    line without its TAB and label is named then, not after the export."""
+    from hf2triton.spec import kind_for
+
+    (tmp_path / "s.txt").write_text("a text\n")
+    (tmp_path / "labelled.tsv").write_text("great film\tpositive\nawful film negative\n")
+    spec = parse_spec(
+        {
+            **SPEC_BASE,
+            "task": "text-classification",
+            "validation": {"sentences": str(tmp_path / "s.txt")},
+            "classification": {"labelled": str(tmp_path / "labelled.tsv")},
+        }
+    )
+    with pytest.raises(SpecError, match=r"labelled.tsv' line 2: expected 'text<TAB>label', got"):
+        kind_for(spec).read_data()
+
+
 def test_the_seed_classification_spec_is_valid():
     spec = load_spec(RELEASES / "twitter-roberta-sentiment.yaml")
     assert spec.source.repo_id and spec.source.revision
