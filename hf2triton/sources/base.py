@@ -100,7 +100,16 @@ def local_result(model_dir: Path, source_id: str, revision: str | None) -> Fetch
 def _weight_files(model_dir: Path) -> list[str]:
     for index in WEIGHT_INDEXES:
         if (model_dir / index).is_file():
-            shards = sorted(set(json.loads((model_dir / index).read_text())["weight_map"].values()))
+            _check_json(model_dir, [index])
+            weight_map = json.loads((model_dir / index).read_text(encoding="utf-8"))
+            if not isinstance(weight_map, dict) or not isinstance(
+                weight_map.get("weight_map"), dict
+            ):
+                raise SourceError(
+                    f"{model_dir / index} has no weight_map of tensors to shard files: "
+                    "re-download or re-save the model"
+                )
+            shards = sorted(set(map(str, weight_map["weight_map"].values())))
             missing = [s for s in shards if not (model_dir / s).is_file()]
             if missing:
                 raise SourceError(

@@ -213,6 +213,16 @@ BROKEN = [
         ["model-00002-of-00002.safetensors", "missing", "model.safetensors.index.json"],
     ),
     (
+        "shard-index-not-json",
+        lambda m: ((m / "model.safetensors.index.json").write_text("{'weight_map'"), m)[1],
+        ["model.safetensors.index.json", "is not valid JSON", "re-download"],
+    ),
+    (
+        "shard-index-without-weight-map",
+        lambda m: ((m / "model.safetensors.index.json").write_text('{"metadata": {}}'), m)[1],
+        ["model.safetensors.index.json", "has no weight_map", "re-download"],
+    ),
+    (
         "no-tokenizer",
         lambda m: ((m / "tokenizer.json").unlink(), m)[1],
         ["no tokenizer", "tokenizer.json", "vocab.txt"],
