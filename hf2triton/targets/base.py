@@ -10,6 +10,7 @@ The release flow wraps 1-3 in one Prefect transaction whose rollback hook calls 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Annotated, Any, ClassVar, Literal, NotRequired, TypedDict
 
@@ -21,7 +22,12 @@ from hf2triton.image.spec import ImageSpec
 from hf2triton.runtimes.devices import DEVICES
 from hf2triton.targets.smoke import Endpoint
 from hf2triton.util import plugins
-from hf2triton.util.specbase import Strict
+from hf2triton.util.specbase import Strict, matching
+
+# A host name (RFC 1123 labels) or an IPv4 address.
+HOST_PATTERN = re.compile(
+    r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
+)
 
 Check = Callable[[Endpoint], dict[str, float]]  # the kind's smoke test on one endpoint
 
@@ -275,7 +281,14 @@ class WatchPoint(TypedDict):
 class PublishedSection(DeploySection):
     """A target whose Triton listens on ports of this machine."""
 
-    host: str = Field("127.0.0.1", description="the address the server listens on")
+    host: Annotated[
+        str,
+        matching(
+            HOST_PATTERN,
+            "a host name or IPv4 address such as '127.0.0.1' or '0.0.0.0' (no scheme, no port: "
+            "the ports are http_port, grpc_port and metrics_port)",
+        ),
+    ] = Field("127.0.0.1", description="the address the server listens on")
     http_port: int = Field(8000, ge=1, le=65535, description="Triton's HTTP/REST port")
     grpc_port: int = Field(8001, ge=1, le=65535, description="Triton's gRPC port")
     metrics_port: int = Field(8002, ge=1, le=65535, description="Triton's Prometheus metrics port")

@@ -203,3 +203,14 @@ def test_a_union_sections_error_names_the_variant_chosen():
         parse_spec(_release(target="heroku"), ReleaseSpec)
     msg = str(info.value)
     assert "'deploy.target' = 'heroku': use one of" in msg and "'local-triton'" in msg
+
+
+@pytest.mark.parametrize("host", ["http://127.0.0.1:8000", "127.0.0.1:8000", "my host"])
+def test_a_host_with_a_scheme_or_port_is_refused_naming_the_port_keys(host):
+    with pytest.raises(SpecError) as info:
+        parse_spec(_release(target="local-triton", host=host), ReleaseSpec)
+    msg = str(info.value)
+    assert f"'deploy.host' = {host!r}: {host!r} is not a host name or IPv4 address" in msg, msg
+    assert "http_port" in msg
+    for host in ("0.0.0.0", "triton.internal"):
+        assert parse_spec(_release(target="local-triton", host=host), ReleaseSpec).deploy.host
