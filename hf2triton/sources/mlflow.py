@@ -7,6 +7,7 @@ training flow announces a new version under it (its Prefect trigger)."""
 from __future__ import annotations
 
 import copy
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -19,8 +20,11 @@ from hf2triton.clients.mlflow import Registry, call_with_credentials
 from hf2triton.errors import MlflowAuthError, SourceError
 from hf2triton.sources.base import SOURCES, FetchResult, Source, inspect_model_dir
 from hf2triton.training.classifier import REGISTERED_EVENT
-from hf2triton.util.specbase import Strict, without_login
+from hf2triton.util.specbase import Strict, matching, without_login
 from hf2triton.util.workspace import cached_step, digest, home, redact_uri
+
+# What MLflow takes as a tracking URI: a scheme and "://", or Databricks' profile forms.
+TRACKING_URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://|databricks(-uc)?($|:))")
 
 
 class MlflowSourceSpec(Strict):
@@ -32,7 +36,13 @@ class MlflowSourceSpec(Strict):
     alias: str | None = Field(None, description="e.g. 'trained'; exactly one of alias, version")
     version: str | None = Field(None, description="a version number, e.g. '3'")
     tracking_uri: Annotated[
-        str | None, without_login("MLFLOW_TRACKING_USERNAME/PASSWORD or a credentials_block")
+        str | None,
+        without_login("MLFLOW_TRACKING_USERNAME/PASSWORD or a credentials_block"),
+        matching(
+            TRACKING_URI,
+            "a tracking URI with its scheme, such as 'http://mlflow.internal:5000', "
+            "'sqlite:///mlflow.db' or 'databricks'",
+        ),
     ] = Field(
         None,
         description="the registry's URI; default: MLFLOW_TRACKING_URI, else the release's "

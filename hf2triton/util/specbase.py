@@ -49,8 +49,8 @@ def resolve_path(path: str, info: ValidationInfo) -> str:
 def matching(pattern: re.Pattern[str], what: str) -> AfterValidator:
     """A validator refusing values that do not match `pattern`, saying what they should be."""
 
-    def check(value: str) -> str:
-        if not pattern.match(value):
+    def check(value: str | None) -> str | None:
+        if value is not None and not pattern.match(value):
             raise ValueError(f"{value!r} is not {what}")
         return value
 
@@ -60,10 +60,10 @@ def matching(pattern: re.Pattern[str], what: str) -> AfterValidator:
 def without_login(where: str) -> BeforeValidator:
     """A validator refusing a URI with a user or password in it (the spec is recorded with
     the release), saying to give the credentials in `where` instead."""
-    from hf2triton.util.workspace import redact_uri
+    from hf2triton.util.workspace import URI_CREDENTIALS
 
     def check(value: object) -> object:
-        if isinstance(value, str) and redact_uri(value) != value:
+        if isinstance(value, str) and URI_CREDENTIALS.search(value):
             raise ValueError(
                 "a user or password in the URI would be recorded with the spec: give the URI "
                 f"without it, and the credentials in {where}"

@@ -372,7 +372,7 @@ def cached_step(
 
 
 # user[:password]@ after a URI's scheme, wherever it stands in a text.
-URI_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^\s/@'\"]+@")
+URI_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^\s/'\"]+@")
 
 
 def redact_uri(uri: str) -> str:
@@ -382,11 +382,11 @@ def redact_uri(uri: str) -> str:
 
     try:
         parts = urlsplit(uri)
-        if parts.username or parts.password:
-            parts = parts._replace(
-                netloc=(parts.hostname or "") + (f":{parts.port}" if parts.port else "")
-            )
-        return urlunsplit(parts)
+        if not (parts.username or parts.password):
+            return uri  # as given (urlunsplit would write sqlite:///x as sqlite:/x)
+        return urlunsplit(
+            parts._replace(netloc=(parts.hostname or "") + (f":{parts.port}" if parts.port else ""))
+        )
     except ValueError:  # an invalid IPv6 netloc, a port that is no number
         return redact_text(uri)
 

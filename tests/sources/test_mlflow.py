@@ -203,3 +203,12 @@ def test_mlflow_validation_passes_a_candidate_exactly_at_the_champion_less_max_d
 
     verdict = mlflow_verdict("accuracy", candidate, 0.8, 0.1)  # 0.8 - 0.1 is 0.7000000000000001
     assert (verdict is None) == passes, verdict
+
+
+def test_a_tracking_uri_without_its_scheme_is_refused_up_front():
+    """`mlflow.internal:5000` would reach MLflow only at fetch, as an unsupported store URI;
+    the spec says which key and what a tracking URI looks like."""
+    with pytest.raises(ValueError, match="is not a tracking URI with its scheme"):
+        MlflowSourceSpec(model=MODEL, alias="trained", tracking_uri="mlflow.internal:5000")
+    for uri in ("http://mlflow.internal:5000", "sqlite:///m.db", "databricks", None):
+        assert MlflowSourceSpec(model=MODEL, alias="trained", tracking_uri=uri).tracking_uri == uri
