@@ -82,6 +82,8 @@ def _describe(err: ErrorDetails) -> str:
         return f"'{key}.{field}' = {tag!r}: use one of {', '.join(repr(t) for t in names)}"
     # A URI's password never reaches an error line, in the value or in the message.
     msg = redact_text(err["msg"].removeprefix("Value error, "))
+    if err["type"] in ("model_type", "dict_type", "model_attributes_type"):
+        msg = "a section is a mapping of keys (key: value lines indented under it)"
     if not loc:  # a rule across keys: the message names them; the input is the whole spec
         return msg
     shown = err.get("input")
