@@ -62,6 +62,7 @@ def _run_flow(spec_path: str, run: Any) -> int:
     except SpecError as exc:
         return _fail(str(exc), 2)
     try:
+        spec.source.check_up_front()  # a local model folder that is none fails now
         check_gate_device(spec.deploy)  # a GPU release needs a GPU to gate on, up front too
     except Hf2TritonError as exc:
         return _fail(f"[{exc.code}] {exc}", exc.exit_code)

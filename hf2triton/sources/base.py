@@ -75,6 +75,10 @@ class Source(Strict):
         """The model's directory and its resolved revision."""
         raise NotImplementedError
 
+    def check_up_front(self) -> None:
+        """What is cheap to check before any step runs (a local folder is a model folder);
+        the fetch step checks the rest."""
+
     def trigger(self, name: str, spec_params: dict[str, Any]) -> dict[str, Any] | None:
         """A Prefect trigger that releases the spec when the source has something new (None:
         the source announces nothing)."""
@@ -147,14 +151,23 @@ def _check_weights(model_dir: Path, names: list[str]) -> None:
             ) from None
 
 
-def inspect_model_dir(model_dir: Path) -> dict[str, str]:
-    """Check that a directory is a complete Hugging Face model and hash its defining files."""
+def check_model_folder(model_dir: Path) -> None:
+    """A model directory exists and has its config.json."""
     if not model_dir.is_dir():
-        raise SourceError(f"model directory {model_dir} does not exist")
+        raise SourceError(
+            f"model directory {model_dir} does not exist: point the source at a folder that "
+            "save_pretrained() wrote"
+        )
     if not (model_dir / "config.json").is_file():
         raise SourceError(
-            f"{model_dir} has no config.json: it is not a Hugging Face model directory"
+            f"{model_dir} has no config.json: it is not a Hugging Face model directory (point "
+            "the source at a folder that save_pretrained() wrote)"
         )
+
+
+def inspect_model_dir(model_dir: Path) -> dict[str, str]:
+    """Check that a directory is a complete Hugging Face model and hash its defining files."""
+    check_model_folder(model_dir)
     weights = _weight_files(model_dir)
     _check_weights(model_dir, weights)
     tokenizer = [t for t in TOKENIZER_FILES if (model_dir / t).is_file()]

@@ -9,7 +9,7 @@ from pathlib import Path
 from pydantic import Field, ValidationInfo, field_validator
 
 from hf2triton.errors import SourceError
-from hf2triton.sources.base import SOURCES, Source
+from hf2triton.sources.base import SOURCES, Source, check_model_folder
 from hf2triton.util.specbase import resolve_path
 
 
@@ -37,6 +37,9 @@ class PathSource(Source):
     def locate(self) -> tuple[Path, str | None]:
         return Path(self.path), None
 
+    def check_up_front(self) -> None:
+        check_model_folder(self.locate()[0])
+
 
 @SOURCES.register
 class PackageSource(Source):
@@ -49,6 +52,9 @@ class PackageSource(Source):
 
     def locate(self) -> tuple[Path, str | None]:
         return package_model_dir(self.package, self.subdir), None
+
+    def check_up_front(self) -> None:
+        check_model_folder(self.locate()[0])
 
 
 def package_model_dir(package: str, subdir: str) -> Path:

@@ -150,6 +150,27 @@ def test_a_file_in_the_way_of_the_home_fails_at_once(spec, tmp_path):
 
 
 @pytest.mark.e2e
+def test_a_model_folder_that_is_no_model_fails_before_any_step(spec, tmp_path):
+    """source.path at a folder without config.json: one line naming it, and nothing made
+    (no Prefect API started, no home written)."""
+    empty = tmp_path / "not-a-model"
+    empty.mkdir()
+    spec.write_text(spec.read_text().replace(str(Path(_source_path(spec))), str(empty)))
+    home = tmp_path / "home"
+    proc = _release(spec, tmp_path, _env(HF2TRITON_HOME=str(home)), timeout=120)
+    line = _one_error_line(proc)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert f"{empty} has no config.json" in line and "save_pretrained()" in line
+    assert not home.exists()
+
+
+def _source_path(spec: Path) -> str:
+    import yaml
+
+    return yaml.safe_load(spec.read_text())["source"]["path"]
+
+
+@pytest.mark.e2e
 def test_a_prefect_database_that_cannot_be_opened_is_named(spec, tmp_path):
     db = tmp_path / "no-such-folder" / "prefect.db"
     env = _env(
