@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from typing import NotRequired, TypedDict
 
-from hf2triton.image.spec import ImageSpec
+from hf2triton.errors import SpecError
+from hf2triton.image.spec import REGISTRY_PATTERN, ImageSpec
 from hf2triton.image.variants import image_python, variant_for
 
 
@@ -25,6 +26,12 @@ def image_target(
     $HF2TRITON_BASE_IMAGE override the spec, and the base defaults to the device variant's."""
     variant = variant_for(device)
     registry = os.environ.get("HF2TRITON_REGISTRY") or image.registry
+    if not REGISTRY_PATTERN.match(registry):
+        raise SpecError(
+            f"HF2TRITON_REGISTRY={registry!r} is not a registry address such as "
+            "'registry.example.com:5000' (no scheme, no path): set it so, or unset it to use "
+            "image.registry"
+        )
     base = os.environ.get("HF2TRITON_BASE_IMAGE") or image.base_image or variant.base_image
     repo = f"{registry}/{repository}"
     return ImageTarget(

@@ -88,6 +88,10 @@ def test_tag_carries_name_version_and_short_content_hash(monkeypatch):
     target = image_step.image_target(ImageSpec(), "my-embedder", "7", key)
     assert target["tag"].startswith("127.0.0.1:5999/my-embedder:7-")
     assert target["base_image"] == "local/base:1"
+    # The environment is held to what the spec's image.registry is.
+    monkeypatch.setenv("HF2TRITON_REGISTRY", "https://reg.example:5000")
+    with pytest.raises(SpecError, match="HF2TRITON_REGISTRY='https://reg.example:5000' is not a"):
+        image_step.image_target(ImageSpec(), "my-embedder", "7", key)
 
 
 def test_credentials_from_env_or_a_prefect_block(monkeypatch):
