@@ -94,7 +94,8 @@ def optimum_export(model_dir: str, out: Path, onnx_task: str, opset: int, main_f
             )
     except (ValueError, KeyError, NotImplementedError) as exc:
         text = str(exc)
-        if "not supported" in text or "unsupported" in text.lower() or isinstance(exc, KeyError):
+        unsupported = ("not supported", "unsupported", "only supports the tasks")
+        if any(u in text.lower() for u in unsupported) or isinstance(exc, KeyError):
             raise UnsupportedModelError(
                 f"optimum-onnx cannot export this model for {onnx_task}: {text.splitlines()[0]}"
             ) from None

@@ -199,3 +199,16 @@ def test_the_export_check_lets_pytorch_go_before_onnx_runtime_loads_the_graph(
     )
     assert sessions == [None]  # one session, opened after the model was gone
     assert 0 < worst <= 1e-3
+
+
+def test_a_task_the_architecture_cannot_do_is_refused_as_unsupported(tiny_bert, tmp_path):
+    """A BERT checkpoint released as a text generator: optimum answers that it 'only supports
+    the tasks ...' for bert. That is the model's, not a failed export: UNSUPPORTED_MODEL,
+    naming the tasks it can do."""
+    from hf2triton.release.export import optimum_export
+
+    with pytest.raises(UnsupportedModelError) as info:
+        optimum_export(str(tiny_bert), tmp_path / "out", "text-generation-with-past", 17, "m.onnx")
+    msg = str(info.value)
+    assert "text-generation-with-past" in msg and "feature-extraction" in msg, msg
+    assert not errors.is_retryable(info.value)
