@@ -215,6 +215,7 @@ def _image(args: argparse.Namespace) -> int:
 
 def _release_spec(name: str):
     """A spec file, the name of one in releases/, or a release this home has run."""
+    from hf2triton.errors import SpecError
     from hf2triton.spec import load_spec, parse_spec
     from hf2triton.util.workspace import PROJECT_ROOT
     from hf2triton.watch.status import remembered
@@ -226,6 +227,12 @@ def _release_spec(name: str):
         ran = [data for data in remembered() if data.get("name") == name]
         if ran:
             return parse_spec(ran[0])
+        if not path.exists():
+            known = sorted({str(data.get("name")) for data in remembered()})
+            raise SpecError(
+                f"{name!r} is no spec file, no releases/{name}.yaml and no release this home "
+                f"has run ({', '.join(known) or 'none yet'}): `hf2triton status` lists them"
+            )
     return load_spec(path)
 
 

@@ -121,3 +121,25 @@ def test_local_time_is_this_machines():
     assert local_time(86400.0 * 365) == time.strftime(
         "%Y-%m-%d %H:%M:%S", time.localtime(86400.0 * 365)
     )
+
+
+def test_status_of_a_name_no_release_has_lists_the_ones_it_knows(registry_home, tmp_path):
+    """`hf2triton status NAME` where NAME is no file, no releases/NAME.yaml and no release of
+    this home: one line naming the releases it does know."""
+    import os
+    import subprocess
+
+    from tests.conftest import ROOT
+
+    remember(_spec(tmp_path, "known-release"))
+    proc = subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "hf2triton"), "status", "no-such-release"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "HF2TRITON_HOME": str(registry_home)},
+    )
+    assert proc.returncode == 2
+    line = proc.stderr.strip()
+    assert line.startswith("hf2triton: error: 'no-such-release' is no spec file"), line
+    assert "(known-release)" in line and "`hf2triton status` lists them" in line
