@@ -84,6 +84,8 @@ def _describe(err: ErrorDetails) -> str:
     msg = redact_text(err["msg"].removeprefix("Value error, "))
     if err["type"] in ("model_type", "dict_type", "model_attributes_type"):
         msg = "a section is a mapping of keys (key: value lines indented under it)"
+    elif err["type"] == "string_type" and isinstance(err.get("input"), int | float):
+        msg = f"text is wanted here: quote it ('{err['input']}'), as YAML reads it as a number"
     if not loc:  # a rule across keys: the message names them; the input is the whole spec
         return msg
     shown = err.get("input")

@@ -50,6 +50,7 @@ def test_a_spec_file_loads_with_paths_relative_to_it(tmp_path):
         ("name: Tiny\ndata: d\n", ["'name' = 'Tiny'", "is not a valid name"]),
         ("name: tiny\ndata: d\ninner: {batch: 0}\n", ["'inner.batch' = 0", "greater than"]),
         ("name: tiny\ndata: d\ninner: [4]\n", ["'inner' = [4]: a section is a mapping of keys"]),
+        ("name: tiny\ndata: 3\n", ["'data' = 3: text is wanted here: quote it ('3')"]),
         ("name: tiny\ndata: d\ninner: yes\n", ["'inner' = True: a section is a mapping"]),
         (
             "name: Bad Name\ndata: d\ninner: {batch: -1}\n",
