@@ -103,9 +103,10 @@ def read_groups(path: str | None) -> list[tuple[str, list[str]]]:
 
 def ranking_metrics(
     reference: list[np.ndarray], served: list[np.ndarray]
-) -> tuple[dict[str, float], list[float]]:
-    """Spearman of served vs PyTorch scores per query (1.0 for a single passage), and whether
-    each query's top passage is the same."""
+) -> tuple[dict[str, float], tuple[list[float], list[float]]]:
+    """The metrics over every query, and per query (what their samples resample): the Spearman
+    of served vs PyTorch scores (1.0 for a single passage), and whether the top passage is the
+    same (1.0) or not."""
     from scipy.stats import spearmanr
 
     rhos, top1 = [], []
@@ -125,7 +126,7 @@ def ranking_metrics(
         "mean_spearman": float(np.mean(rhos)),
         "top1_agreement": float(np.mean(top1)),
         "max_score_diff": max(abs_difference(r, g) for r, g in zip(reference, served)),
-    }, rhos
+    }, (rhos, top1)
 
 
 @KINDS.register
@@ -206,7 +207,7 @@ class RerankingKind(TextEncoderKind[RerankingConfig]):
         data: Data,
         cfg: RerankingConfig,
     ) -> tuple[dict[str, float], dict]:
-        metrics, rhos = ranking_metrics(reference, outputs)
+        metrics, (rhos, _) = ranking_metrics(reference, outputs)
         worst = np.argsort(np.nan_to_num(rhos, nan=-2.0))[:10]
         return metrics, {
             "worst": [{"text": data.items[i][0][:200], "spearman": rhos[i]} for i in worst]
@@ -222,8 +223,7 @@ class RerankingKind(TextEncoderKind[RerankingConfig]):
         data: Data,
         cfg: RerankingConfig,
     ) -> dict[str, Sample]:
-        _, rhos = ranking_metrics(reference, outputs)
-        top1 = [float(np.argmax(r) == np.argmax(o)) for r, o in zip(reference, outputs)]
+        _, (rhos, top1) = ranking_metrics(reference, outputs)
         return {"mean_spearman": Sample.mean(rhos), "top1_agreement": Sample.mean(top1)}
 
     def limits(self) -> Limits:

@@ -282,3 +282,9 @@ def test_an_endpoint_answering_nan_for_one_query_fails_the_smoke_limits(query):
     assert set(misses(metrics, limits)) == {"top1_agreement", "max_score_diff"}
     assert metrics["max_score_diff"] == float("inf")
     assert misses(ranking_metrics(recorded, recorded)[0], limits) == {}
+    # In the gate, its bootstrap sample is the metric it measured (margin.check_sample).
+    from hf2triton.kinds.margin import borderline
+
+    kind = RerankingKind.__new__(RerankingKind)
+    samples = kind.samples(recorded, served, None, None)
+    borderline(metrics, samples, {"top1_agreement": (">=", 0.9)})
