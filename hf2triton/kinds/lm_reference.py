@@ -127,8 +127,12 @@ def likelihoods(reference: list[dict[str, Any]], outputs: list[dict[str, Any]]) 
 
 def perplexity_increase(sums: np.ndarray) -> float:
     """exp(-candidate / tokens) / exp(-PyTorch / tokens) - 1 from summed `likelihoods`."""
-    gap = (sums[1] - sums[0]) / (sums[2] or 1.0)
-    return math.exp(gap) - 1.0 if gap < 700 else float("inf")  # exp overflows past 709
+    return bounded_exp((sums[1] - sums[0]) / (sums[2] or 1.0)) - 1.0
+
+
+def bounded_exp(x: float) -> float:
+    """exp(x), inf where it would overflow (past 709): a candidate far off scores inf."""
+    return math.exp(x) if x < 700 else float("inf")
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

@@ -8,7 +8,6 @@ perplexity each candidate gives the prompts themselves with PyTorch's.
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -22,6 +21,7 @@ from hf2triton.kinds.generation_config import eos_and_pad, model_generation_conf
 from hf2triton.kinds.lm_reference import (
     TextGenerationConfig,
     TorchGenerator,
+    bounded_exp,
     common_prefix,
     likelihoods,
     perplexity_increase,
@@ -532,7 +532,7 @@ class TextGenerationKind(
             "exact_match": sum(same) / max(1, len(same)),
         }
         stats = likelihoods(reference, outputs)
-        metrics["perplexity"] = math.exp(-stats[:, 0].sum() / (stats[:, 2].sum() or 1.0))
+        metrics["perplexity"] = bounded_exp(-stats[:, 0].sum() / (stats[:, 2].sum() or 1.0))
         metrics["perplexity_increase"] = perplexity_increase(stats.sum(axis=0))
         if teacher_forced(reference):  # against PyTorch: its continuations were scored
             scored = sum(len(r["ids"]) for r in reference)

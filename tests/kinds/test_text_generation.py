@@ -882,10 +882,15 @@ def test_the_embedded_model_answers_a_pydantic_schema_and_refuses_tools(kjv):
 def test_a_candidate_far_off_pytorch_misses_on_perplexity_rather_than_raising():
     """A candidate whose log-likelihood is thousands of nats below PyTorch's (a broken graph)
     is scored inf and misses the perplexity limit, named, instead of failing with OverflowError."""
+    from hf2triton.kinds.base import Data
     from hf2triton.kinds.limits import misses
     from hf2triton.kinds.lm_reference import perplexity_increase
+    from hf2triton.kinds.text_generation import TextGenerationKind
 
-    far = perplexity_increase(np.array([-9000.0, -10.0, 10.0]))
-    assert far == float("inf")
-    assert misses({"perplexity_increase": far}, {"perplexity_increase": ("<=", 0.2)})
     assert perplexity_increase(np.array([-10.0, -10.0, 10.0])) == 0.0
+    kind = TextGenerationKind.__new__(TextGenerationKind)
+    pytorch = [{"ids": [1, 2], "text": "ab", "logprob": -10.0, "tokens": 11}]
+    far = [{**pytorch[0], "logprob": -9000.0}]
+    metrics, _ = kind.score(pytorch, far, Data(["p"]), None)
+    assert metrics["perplexity"] == metrics["perplexity_increase"] == float("inf")
+    assert misses(metrics, {"perplexity_increase": ("<=", 0.2)})
