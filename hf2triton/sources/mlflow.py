@@ -13,18 +13,27 @@ import tempfile
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from hf2triton.clients.credentials import MlflowCredentials, resolve
 from hf2triton.clients.mlflow import Registry, call_with_credentials
 from hf2triton.errors import MlflowAuthError, SourceError
 from hf2triton.sources.base import SOURCES, FetchResult, Source, inspect_model_dir
 from hf2triton.training.classifier import REGISTERED_EVENT
-from hf2triton.util.specbase import Strict, matching, without_login
+from hf2triton.util.specbase import Strict, without_login
 from hf2triton.util.workspace import cached_step, digest, home, redact_uri
 
-# What MLflow takes as a tracking URI: a scheme and "://", or Databricks' profile forms.
-TRACKING_URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://|databricks(-uc)?($|:))")
+# A server's host and port without the scheme: MLflow would read the host as a scheme.
+HOST_PORT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]*:[0-9]+(/|$)")
+
+
+def _with_scheme(uri: str | None) -> str | None:
+    if uri is not None and HOST_PORT.match(uri):
+        raise ValueError(
+            f"{uri!r} is a host and port without its scheme: write the tracking URI as "
+            f"'http://{uri}' (or https://)"
+        )
+    return uri
 
 
 class MlflowSourceSpec(Strict):
@@ -38,11 +47,7 @@ class MlflowSourceSpec(Strict):
     tracking_uri: Annotated[
         str | None,
         without_login("MLFLOW_TRACKING_USERNAME/PASSWORD or a credentials_block"),
-        matching(
-            TRACKING_URI,
-            "a tracking URI with its scheme, such as 'http://mlflow.internal:5000', "
-            "'sqlite:///mlflow.db' or 'databricks'",
-        ),
+        AfterValidator(_with_scheme),
     ] = Field(
         None,
         description="the registry's URI; default: MLFLOW_TRACKING_URI, else the release's "

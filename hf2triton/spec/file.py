@@ -81,11 +81,15 @@ def _describe(err: ErrorDetails) -> str:
         tag = (err.get("ctx") or {}).get("tag")
         return f"'{key}.{field}' = {tag!r}: use one of {', '.join(repr(t) for t in names)}"
     # A URI's password never reaches an error line, in the value or in the message.
-    msg = redact_text(err["msg"].removeprefix("Value error, "))
+    msg = err["msg"].removeprefix("Value error, ")
+    given = err.get("input")
+    if isinstance(given, str) and "://" in given:
+        msg = msg.replace(given, redact_uri(given))
+    msg = redact_text(msg)
     if err["type"] in ("model_type", "dict_type", "model_attributes_type"):
         msg = "a section is a mapping of keys (key: value lines indented under it)"
-    elif err["type"] == "string_type" and isinstance(err.get("input"), int | float):
-        msg = f"text is wanted here: quote it ('{err['input']}'), as YAML reads it as a number"
+    elif err["type"] == "string_type" and type(err.get("input")) in (int, float):
+        msg = f"text is wanted here: put it in quotes, as YAML reads {err['input']!r} as a number"
     if not loc:  # a rule across keys: the message names them; the input is the whole spec
         return msg
     shown = err.get("input")
@@ -135,24 +139,31 @@ def load_spec(path: str | Path, model: type[M]) -> M:
 
 class _SpecLoader(yaml.SafeLoader):
     """YAML's safe loader refusing a key given twice in one mapping (else the last one wins
-    without a word)."""
+    without a word). Each mapping's own keys are checked once, before merge keys (`<<: *base`)
+    paste another mapping's keys into it."""
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
-        seen: dict[str, int] = {}
-        for key_node, _ in node.value:
-            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag.endswith(":merge"):
-                continue
-            line = key_node.start_mark.line + 1
-            if key_node.value in seen:
-                raise yaml.constructor.ConstructorError(
-                    None,
-                    None,
-                    f"key {key_node.value!r} is given twice (lines {seen[key_node.value]} and "
-                    f"{line}): keep one",
-                    key_node.start_mark,
-                )
-            seen[key_node.value] = line
-        return super().construct_mapping(node, deep)
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._checked: set[int] = set()
+
+    def flatten_mapping(self, node: yaml.MappingNode) -> None:
+        if id(node) not in self._checked:
+            self._checked.add(id(node))
+            seen: dict[str, int] = {}
+            for key_node, _ in node.value:
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag.endswith(":merge"):
+                    continue
+                line = key_node.start_mark.line + 1
+                if key_node.value in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None,
+                        None,
+                        f"key {key_node.value!r} is given twice (lines {seen[key_node.value]} "
+                        f"and {line}): keep one",
+                        key_node.start_mark,
+                    )
+                seen[key_node.value] = line
+        super().flatten_mapping(node)
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:

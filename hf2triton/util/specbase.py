@@ -60,10 +60,10 @@ def matching(pattern: re.Pattern[str], what: str) -> AfterValidator:
 def without_login(where: str) -> BeforeValidator:
     """A validator refusing a URI with a user or password in it (the spec is recorded with
     the release), saying to give the credentials in `where` instead."""
-    from hf2triton.util.workspace import URI_CREDENTIALS
+    from hf2triton.util.workspace import has_login
 
     def check(value: object) -> object:
-        if isinstance(value, str) and URI_CREDENTIALS.search(value):
+        if isinstance(value, str) and has_login(value):
             raise ValueError(
                 "a user or password in the URI would be recorded with the spec: give the URI "
                 f"without it, and the credentials in {where}"

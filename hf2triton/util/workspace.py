@@ -372,7 +372,7 @@ def cached_step(
 
 
 # user[:password]@ after a URI's scheme, wherever it stands in a text.
-URI_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^\s/'\"]+@")
+URI_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^\s/?#'\"]+@")
 
 
 def redact_uri(uri: str) -> str:
@@ -389,6 +389,11 @@ def redact_uri(uri: str) -> str:
         )
     except ValueError:  # an invalid IPv6 netloc, a port that is no number
         return redact_text(uri)
+
+
+def has_login(uri: str) -> bool:
+    """Whether `uri` carries a user or password (however Python parses it, or cannot)."""
+    return bool(URI_CREDENTIALS.search(uri)) or redact_uri(uri) != uri
 
 
 def redact_text(text: str) -> str:

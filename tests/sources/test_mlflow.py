@@ -208,7 +208,7 @@ def test_mlflow_validation_passes_a_candidate_exactly_at_the_champion_less_max_d
 def test_a_tracking_uri_without_its_scheme_is_refused_up_front():
     """`mlflow.internal:5000` would reach MLflow only at fetch, as an unsupported store URI;
     the spec says which key and what a tracking URI looks like."""
-    with pytest.raises(ValueError, match="is not a tracking URI with its scheme"):
+    with pytest.raises(ValueError, match="is a host and port without its scheme: write the "):
         MlflowSourceSpec(model=MODEL, alias="trained", tracking_uri="mlflow.internal:5000")
-    for uri in ("http://mlflow.internal:5000", "sqlite:///m.db", "databricks", None):
+    for uri in ("http://mlflow.internal:5000", "sqlite:///m.db", "databricks", "/srv/mlruns", None):
         assert MlflowSourceSpec(model=MODEL, alias="trained", tracking_uri=uri).tracking_uri == uri

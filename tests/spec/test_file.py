@@ -50,7 +50,7 @@ def test_a_spec_file_loads_with_paths_relative_to_it(tmp_path):
         ("name: Tiny\ndata: d\n", ["'name' = 'Tiny'", "is not a valid name"]),
         ("name: tiny\ndata: d\ninner: {batch: 0}\n", ["'inner.batch' = 0", "greater than"]),
         ("name: tiny\ndata: d\ninner: [4]\n", ["'inner' = [4]: a section is a mapping of keys"]),
-        ("name: tiny\ndata: 3\n", ["'data' = 3: text is wanted here: quote it ('3')"]),
+        ("name: tiny\ndata: 3\n", ["'data' = 3: text is wanted here: put it in quotes"]),
         ("name: tiny\ndata: d\ninner: yes\n", ["'inner' = True: a section is a mapping"]),
         (
             "name: Bad Name\ndata: d\ninner: {batch: -1}\n",
@@ -106,6 +106,14 @@ def test_a_key_given_twice_is_refused_naming_both_lines(tmp_path):
     path = _file(tmp_path, "name: tiny\ndata: d\ninner:\n  batch: 2\n  batch: 4\n")
     with pytest.raises(SpecError, match=r"line 5.*key 'batch' is given twice \(lines 4 and 5\)"):
         load_spec(path, Small)
+    # Merge keys override what they paste, however they chain: that is no key given twice.
+    merged = _file(
+        tmp_path,
+        "x-base: &a {batch: 1}\nx-mid: {m: &b {<<: *a, batch: 2}}\n"
+        "name: tiny\ndata: d\ninner: {<<: *b}\n",
+    )
+    with pytest.raises(SpecError, match="unknown key 'x-base'"):  # parsed: only Small refuses it
+        load_spec(merged, Small)
 
 
 def test_a_yaml_error_names_line_and_column_but_never_quotes_the_text(tmp_path):
@@ -150,6 +158,18 @@ def test_a_yaml_error_names_line_and_column_but_never_quotes_the_text(tmp_path):
                     "alias": "a",
                     "tracking_uri": "http://u:hunter2@mlflow:5000",
                 }
+            }
+        },
+        # A quote is valid in a URI's password: Python's parser still finds the login.
+        {
+            "source": {
+                "mlflow": {"model": "m", "alias": "a", "tracking_uri": "http://u:hunter2'x@h:5"}
+            }
+        },
+        {
+            "deploy": {
+                "target": "local-triton",
+                "model_store": {"kind": "s3", "bucket": "b1", "endpoint": "http://A:hunter2'x@m"},
             }
         },
         # A rule over a section: its keys are named, its values (a password here) are not.
