@@ -894,3 +894,29 @@ def test_a_candidate_far_off_pytorch_misses_on_perplexity_rather_than_raising():
     metrics, _ = kind.score(pytorch, far, Data(["p"]), None)
     assert metrics["perplexity"] == metrics["perplexity_increase"] == float("inf")
     assert misses(metrics, {"perplexity_increase": ("<=", 0.2)})
+
+
+def test_smoke_limits_stay_meaningful_where_greedy_text_moved_with_the_batch():
+    """The gate saw a candidate's greedy continuations part, late, between batched and alone
+    on every prompt: exact_match loosens to nothing, but each prompt's share of tokens up to
+    where two runs part is held to the gate's worst one, so an endpoint that answers
+    something else misses, and one that parts as late as the gate saw does not."""
+    from hf2triton.kinds.base import Data
+    from hf2triton.kinds.limits import misses
+    from hf2triton.kinds.margin import NARROW_TOLERANCE, loosened
+    from hf2triton.kinds.text_generation import TextGenerationKind
+
+    def answer(ids):
+        return {"ids": ids, "text": str(ids), "logprob": -1.0, "tokens": 2}
+
+    kind, data = TextGenerationKind.__new__(TextGenerationKind), Data(["p1", "p2", "p3"])
+    alone = [answer([1, 2, 3, 4, 5]), answer([6, 7, 8, 9]), answer([3, 3, 3, 3])]
+    batched = [answer([1, 2, 3, 4, 6]), answer([6, 7, 8, 1]), answer([3, 3, 3, 4])]
+    itself, _ = kind.score(alone, batched, data, None)
+    assert itself["exact_match"] == 0.0 and itself["min_token_match"] == 0.75
+    limits = loosened(kind.agreement_limits(NARROW_TOLERANCE), itself, NARROW_TOLERANCE)
+    assert limits["exact_match"][1] < 0 and limits["min_token_match"] == (">=", 0.74)
+    garbage = [answer([]), answer([99]), answer([42, 42])]
+    assert "min_token_match" in misses(kind.score(alone, garbage, data, None)[0], limits)
+    one_prompt = Data(["p1"])  # the smoke test's fewer items, parting as late as the gate saw
+    assert misses(kind.score(alone[:1], batched[:1], one_prompt, None)[0], limits) == {}
