@@ -81,22 +81,19 @@ def _describe(err: ErrorDetails) -> str:
         tag = (err.get("ctx") or {}).get("tag")
         return f"'{key}.{field}' = {tag!r}: use one of {', '.join(repr(t) for t in names)}"
     # A URI's password never reaches an error line, in the value or in the message.
-    msg = err["msg"].removeprefix("Value error, ")
-    given = err.get("input")
-    if isinstance(given, str) and "://" in given:
-        msg = msg.replace(given, redact_uri(given))
+    msg, shown = err["msg"].removeprefix("Value error, "), err.get("input")
+    if isinstance(shown, str) and "://" in shown:
+        shown = redact_uri(shown)
+        msg = msg.replace(err["input"], shown)
     msg = redact_text(msg)
     if err["type"] in ("model_type", "dict_type", "model_attributes_type"):
         msg = "a section is a mapping of keys (key: value lines indented under it)"
-    elif err["type"] == "string_type" and type(err.get("input")) in (int, float):
-        msg = f"text is wanted here: put it in quotes, as YAML reads {err['input']!r} as a number"
+    elif err["type"] == "string_type" and type(shown) in (int, float):
+        msg = f"text is wanted here: put it in quotes, as YAML reads {shown!r} as a number"
     if not loc:  # a rule across keys: the message names them; the input is the whole spec
         return msg
-    shown = err.get("input")
     if isinstance(shown, dict):  # a section: its keys, not their values (a password)
         return f"'{key}' (keys given: {', '.join(map(str, shown)) or 'none'}): {msg}{for_variant}"
-    if isinstance(shown, str) and "://" in shown:
-        shown = redact_uri(shown)
     return f"'{key}' = {redact_text(repr(shown))}: {msg}{for_variant}"
 
 
