@@ -152,13 +152,20 @@ def _check_weights(model_dir: Path, names: list[str]) -> None:
 
 
 def check_model_folder(model_dir: Path) -> None:
-    """A model directory exists and has its config.json."""
-    if not model_dir.is_dir():
+    """A model directory exists, can be read and has its config.json."""
+    try:
+        is_dir, has_config = model_dir.is_dir(), (model_dir / "config.json").is_file()
+    except OSError as exc:  # a folder this user may not enter
+        raise SourceError(
+            f"model directory {model_dir} cannot be read ({exc.strerror}): give the user that "
+            "runs hf2triton read access to it, or point the source at a copy it can read"
+        ) from None
+    if not is_dir:
         raise SourceError(
             f"model directory {model_dir} does not exist: point the source at a folder that "
             "save_pretrained() wrote"
         )
-    if not (model_dir / "config.json").is_file():
+    if not has_config:
         raise SourceError(
             f"{model_dir} has no config.json: it is not a Hugging Face model directory (point "
             "the source at a folder that save_pretrained() wrote)"

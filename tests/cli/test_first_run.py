@@ -123,10 +123,11 @@ def test_a_read_only_working_directory_fails_at_once_naming_it(spec, tmp_path):
         # Root ignores directory permissions: run the CLI as an ordinary user instead.
         setpriv = shutil.which("setpriv")
         assert setpriv, "setpriv (util-linux) is needed to drop root for this test"
-        for parent in [*spec.parents, *cwd.parents]:
+        model = Path(_source_path(spec))  # read before the home is made: the user can read it
+        for parent in [*spec.parents, *cwd.parents, model, *model.parents]:
             if parent != Path("/"):
                 parent.chmod(parent.stat().st_mode | stat.S_IXOTH | stat.S_IROTH)
-        for path in spec.parent.rglob("*"):
+        for path in [*spec.parent.rglob("*"), *model.rglob("*")]:
             path.chmod(path.stat().st_mode | stat.S_IROTH)
         prefix = [setpriv, "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
     proc = _release(spec, cwd, _env(HOME="/nonexistent"), timeout=120, prefix=prefix)
